@@ -1,0 +1,125 @@
+//! The alert: one JSON object per line, ECS-style. The field names are a contract that other
+//! tools rely on; add fields freely, never rename or remove one.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Low,
+    Medium,
+    High,
+    Critical,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Low => "low",
+            Severity::Medium => "medium",
+            Severity::High => "high",
+            Severity::Critical => "critical",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Alert {
+    /// RFC 3339 time of the event that fired the rule.
+    #[serde(rename = "@timestamp")]
+    pub timestamp: String,
+    pub event: AlertEvent,
+    pub rule: AlertRule,
+    pub process: AlertProcess,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<AlertFile>,
+    pub package: AlertPackage,
+    pub host: AlertHost,
+    pub user: AlertUser,
+    pub credwatch: AlertCredwatch,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AlertEvent {
+    /// Always `"alert"`.
+    pub kind: String,
+    /// What triggered the rule: `open` or `exec`.
+    pub action: String,
+    /// `alerted`, or `blocked` when the kernel killed the process before the syscall ran.
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AlertRule {
+    pub id: String,
+    pub name: String,
+    pub category: String,
+    pub severity: Severity,
+    pub description: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AlertProcess {
+    pub pid: u32,
+    pub executable: String,
+    pub args: Vec<String>,
+    pub working_directory: String,
+    pub parent: AlertParent,
+    /// Root (the package manager, or CMD under `run`) first, down to the parent.
+    pub ancestors: Vec<AlertAncestor>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AlertParent {
+    pub pid: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AlertAncestor {
+    pub pid: u32,
+    pub executable: String,
+    pub args: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AlertFile {
+    /// Absolute path of the file the kernel opened (or, when unresolved, the path as given).
+    pub path: String,
+    /// The path exactly as the process gave it to the syscall.
+    pub given_path: String,
+    /// `O_*` open flags, symbolic (`O_RDONLY|O_CLOEXEC`).
+    pub flags: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AlertPackage {
+    /// `npm`, `yarn`, `pnpm`, `bun`, `cargo`, `pip`, `uv`, `poetry`, or `run` for a CMD tree.
+    pub manager: String,
+    pub name: Option<String>,
+    pub version: Option<String>,
+    /// `preinstall`, `install`, `postinstall`, `prepare`, `build-script`, `proc-macro`,
+    /// `setup.py`, `build-backend`, ... when known.
+    pub lifecycle: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AlertHost {
+    pub name: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AlertUser {
+    pub id: u32,
+}
+
+/// credwatch's own fields.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AlertCredwatch {
+    /// pid of the tree's root.
+    pub root_pid: u32,
+    /// What to rotate or check now, for a person to act on.
+    pub rotate: Vec<String>,
+    /// Whether this match could have been blocked in the kernel (`kernel`) or only alerted on
+    /// (`userspace`).
+    pub enforcement: String,
+}

@@ -1,0 +1,180 @@
+//! The one event stream: what the live sensor, the trace reader and the importers all produce,
+//! and the only input of the engine. Serialised, it is the body of a trace file.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Environment variables that carry attribution. Only these are kept from an exec's
+/// environment: the rest may hold secrets (`NPM_TOKEN`, ...) that must not reach a trace.
+pub const ATTRIBUTION_ENV: &[&str] = &[
+    "npm_package_name",
+    "npm_package_version",
+    "npm_lifecycle_event",
+    "npm_lifecycle_script",
+    "npm_command",
+    "CARGO_PKG_NAME",
+    "CARGO_PKG_VERSION",
+    "CARGO_CRATE_NAME",
+    "CARGO_MANIFEST_DIR",
+    "CARGO_PRIMARY_PACKAGE",
+];
+
+/// Keeps the `KEY=VALUE` entries of a NUL-separated environment block whose key is in
+/// [`ATTRIBUTION_ENV`].
+pub fn attribution_env(block: &[u8]) -> BTreeMap<String, String> {
+    block
+        .split(|&b| b == 0)
+        .filter_map(|entry| {
+            let entry = String::from_utf8_lossy(entry);
+            let (key, value) = entry.split_once('=')?;
+            ATTRIBUTION_ENV
+                .contains(&key)
+                .then(|| (key.to_owned(), value.to_owned()))
+        })
+        .collect()
+}
+
+/// One thing that happened to a process.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// Wall-clock time, nanoseconds since the Unix epoch.
+    pub time_ns: u64,
+    /// Process id (tgid) the event is about.
+    pub pid: u32,
+    #[serde(flatten)]
+    pub data: EventData,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum EventData {
+    /// The process executed a program, or (with `seeded`) was already running when the
+    /// source started.
+    Exec(Exec),
+    /// The process created a child process (threads are not events).
+    Fork(Fork),
+    /// The process exited.
+    Exit(Exit),
+    /// The process opened (or tried to open) a file.
+    Open(Open),
+    /// The process is the root of a watched tree because the user asked (`credwatch run`).
+    Root(Root),
+    /// A source lost events it could not deliver.
+    Lost(Lost),
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Exec {
+    pub ppid: u32,
+    /// The path given to execve.
+    pub filename: String,
+    /// The absolute path of the executable, as the kernel resolved it.
+    pub executable: String,
+    pub args: Vec<String>,
+    pub cwd: String,
+    pub uid: u32,
+    pub gid: u32,
+    #[serde(default)]
+    pub cgroup_id: u64,
+    /// Attribution variables only ([`ATTRIBUTION_ENV`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Not an exec seen live: the process was already running (seeded from `/proc`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub seeded: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fork {
+    pub child_pid: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Exit {
+    /// Wait status (`exit_code` of the task).
+    pub code: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Open {
+    pub tid: u32,
+    /// `open`, `openat`, `openat2` or `creat`.
+    pub syscall: String,
+    /// dirfd as given; -100 (`AT_FDCWD`) for the current directory.
+    pub dirfd: i32,
+    /// `O_*` flags as given.
+    pub flags: u64,
+    pub mode: u64,
+    /// The path as the process gave it.
+    pub path: String,
+    /// The absolute path of the file opened, when the open succeeded and it could be resolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abs_path: Option<String>,
+    /// `abs_path` lacks leading components (walk limit reached).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+    /// The new fd, or `-errno`.
+    pub ret: i64,
+    /// Device (userspace `st_dev` encoding) and inode of the opened file; 0 when unknown.
+    #[serde(default)]
+    pub dev: u64,
+    #[serde(default)]
+    pub ino: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Root {
+    /// Why the process is a root (`run`).
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lost {
+    /// Which buffer or map lost them (`events`, `marks`).
+    pub source: String,
+    /// Events lost since the previous `Lost` event of this source.
+    pub count: u64,
+}
+
+impl Open {
+    /// The path a rule should match: the kernel's absolute path when known, else the path as
+    /// given.
+    pub fn target_path(&self) -> &str {
+        self.abs_path.as_deref().unwrap_or(&self.path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_only_attribution_variables() {
+        let block = b"HOME=/home/a\0NPM_TOKEN=secret\0npm_package_name=evil\0npm_lifecycle_event=postinstall\0";
+        let env = attribution_env(block);
+        assert_eq!(env.len(), 2);
+        assert_eq!(env["npm_package_name"], "evil");
+        assert_eq!(env["npm_lifecycle_event"], "postinstall");
+    }
+
+    #[test]
+    fn round_trips_through_json() {
+        let event = Event {
+            time_ns: 1,
+            pid: 42,
+            data: EventData::Open(Open {
+                tid: 42,
+                syscall: "openat".into(),
+                dirfd: -100,
+                path: ".npmrc".into(),
+                abs_path: Some("/home/a/.npmrc".into()),
+                ret: 3,
+                ..Open::default()
+            }),
+        };
+        let line = serde_json::to_string(&event).unwrap();
+        assert!(line.contains(r#""kind":"open""#), "{line}");
+        assert_eq!(serde_json::from_str::<Event>(&line).unwrap(), event);
+    }
+}

@@ -1,0 +1,6 @@
+//! credwatch: watches package-manager process trees and alerts when package code touches
+//! credentials. One [`event::Event`] stream, from the live sensor or a trace, feeds one
+//! [`engine::Engine`], which produces [`alert::Alert`]s.
+
+pub mod alert;
+pub mod event;

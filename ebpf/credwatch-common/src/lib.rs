@@ -1,0 +1,305 @@
+//! The ABI between credwatch's kernel programs and its agent.
+//!
+//! Every type here is `#[repr(C)]`, has no implicit padding (explicit `_pad` fields instead) and
+//! uses integers rather than `bool` or Rust enums, so both sides agree on every byte. Event kinds
+//! and flag values are permanent: a number is never reused for something else.
+#![no_std]
+
+/// Bytes kept of a path as the process passed it to a syscall.
+pub const MAX_GIVEN_PATH: usize = 512;
+/// Bytes of a path that the kernel resolved by walking dentries and mounts.
+pub const MAX_RESOLVED_PATH: usize = 4096;
+/// Path components walked before a resolved path is marked truncated.
+pub const MAX_PATH_COMPONENTS: u32 = 64;
+/// Bytes of argv kept at exec (NUL-separated, as in `/proc/<pid>/cmdline`).
+pub const MAX_ARGS: usize = 4096;
+/// Bytes of the environment kept at exec (NUL-separated). npm puts `npm_package_*` after the
+/// inherited environment, so this must hold a typical developer environment and then some.
+pub const MAX_ENV: usize = 16384;
+/// Bytes of a package-manager basename used as a map key (NUL-padded).
+pub const MANAGER_NAME_LEN: usize = 16;
+/// Bytes of the argv words after argv[0] used to recognise `python -m pip`-style roots
+/// (NUL-separated, NUL-padded).
+pub const MODULE_KEY_LEN: usize = 32;
+
+/// Stable numeric kinds of the records sent to userspace.
+pub mod kind {
+    pub const EXEC: u32 = 1;
+    pub const FORK: u32 = 2;
+    pub const EXIT: u32 = 3;
+    pub const OPEN: u32 = 4;
+}
+
+/// Which syscall an [`OpenEvent`] came from.
+pub mod open_syscall {
+    pub const OPEN: u32 = 1;
+    pub const OPENAT: u32 = 2;
+    pub const OPENAT2: u32 = 3;
+    pub const CREAT: u32 = 4;
+}
+
+/// Bits of [`Mark::flags`].
+pub mod mark_flag {
+    /// Marked by the agent (`credwatch run`, or seeded from `/proc`), not by a manager exec.
+    pub const BY_AGENT: u32 = 1;
+}
+
+/// Bits of [`ManagerValue::flags`].
+pub mod manager_flag {
+    /// The basename is an interpreter (python3, ...): it becomes a root only when the argv
+    /// words after argv[0] are a key of the `MANAGER_MODULES` map (`-m\0pip\0`).
+    pub const NEEDS_MODULE: u32 = 1;
+}
+
+/// Bits of [`ResolvedPath::flags`].
+pub mod path_flag {
+    /// The walk stopped at [`MAX_PATH_COMPONENTS`] or the buffer filled: leading components are missing.
+    pub const TRUNCATED: u32 = 1;
+    /// No path could be resolved (failed open, no file, unreadable kernel memory).
+    pub const UNRESOLVED: u32 = 2;
+}
+
+/// Bits of [`Config::flags`].
+pub mod config_flag {
+    /// Mark a process as a package root when it execs a known package manager (`watch`).
+    /// Off in `credwatch run`, which marks CMD itself and watches nothing else.
+    pub const AUTO_ROOTS: u32 = 1;
+}
+
+/// The mark of a process inside a package tree: the value of the `MARKS` map, keyed by tgid.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mark {
+    /// tgid of the package root (the manager, or CMD under `credwatch run`).
+    pub root_pid: u32,
+    /// 0 for the root, parent's depth + 1 at fork.
+    pub depth: u32,
+    /// Index of the manager in the agent's manager table (the order of the rules' managers).
+    pub manager: u32,
+    pub flags: u32,
+}
+
+/// Value of the `MANAGERS` map, keyed by a NUL-padded basename of [`MANAGER_NAME_LEN`] bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ManagerValue {
+    pub manager: u32,
+    pub flags: u32,
+}
+
+/// Kernel struct member offsets, resolved by the agent from `/sys/kernel/btf/vmlinux` at load
+/// time (Rust eBPF has no CO-RE). All are byte offsets from the start of the named struct.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelOffsets {
+    pub task_struct_pid: u32,
+    pub task_struct_tgid: u32,
+    pub task_struct_real_parent: u32,
+    pub task_struct_mm: u32,
+    pub task_struct_fs: u32,
+    pub task_struct_files: u32,
+    pub task_struct_exit_code: u32,
+    pub fs_struct_pwd: u32,
+    pub fs_struct_root: u32,
+    pub files_struct_fdt: u32,
+    pub fdtable_max_fds: u32,
+    pub fdtable_fd: u32,
+    pub file_f_path: u32,
+    pub file_f_inode: u32,
+    pub path_mnt: u32,
+    pub path_dentry: u32,
+    pub dentry_d_parent: u32,
+    pub dentry_d_name: u32,
+    pub qstr_len: u32,
+    pub qstr_name: u32,
+    pub inode_i_ino: u32,
+    pub inode_i_sb: u32,
+    pub super_block_s_dev: u32,
+    /// Offset of `struct vfsmount mnt` inside `struct mount` (`real_mount()` is container_of).
+    pub mount_mnt: u32,
+    pub mount_mnt_parent: u32,
+    pub mount_mnt_mountpoint: u32,
+    pub vfsmount_mnt_root: u32,
+    pub mm_struct_arg_start: u32,
+    pub mm_struct_arg_end: u32,
+    pub mm_struct_env_start: u32,
+    pub mm_struct_env_end: u32,
+    pub mm_struct_exe_file: u32,
+    pub linux_binprm_filename: u32,
+}
+
+/// Agent-wide settings, in the single-entry `CONFIG` array map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    pub offsets: KernelOffsets,
+    /// [`config_flag`] bits.
+    pub flags: u32,
+    /// The agent's own tgid: its activity is never reported.
+    pub agent_tgid: u32,
+}
+
+/// Starts every record in the ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventHeader {
+    /// One of [`kind`].
+    pub kind: u32,
+    /// Total size in bytes of the record, header included.
+    pub size: u32,
+    /// `bpf_ktime_get_boot_ns()`: nanoseconds since boot, suspend included.
+    pub boot_ns: u64,
+    /// tgid of the process the record is about.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub cgroup_id: u64,
+    /// The process's mark at the time of the record.
+    pub mark: Mark,
+}
+
+/// A path resolved in the kernel from a `struct path` (dentry and mount walk).
+///
+/// `data[..len]` holds the components from the leaf up to the root, each followed by `/`
+/// (`id_rsa/.ssh/alice/home/` for `/home/alice/.ssh/id_rsa`): the kernel walks upwards and
+/// appends, and userspace reverses. The root itself is the empty path (`len == 0`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ResolvedPath {
+    pub len: u32,
+    /// [`path_flag`] bits.
+    pub flags: u32,
+    pub data: [u8; MAX_RESOLVED_PATH],
+}
+
+/// Kind [`kind::EXEC`]: sent for an exec by a marked process (after the mark is made, so a
+/// manager's own exec is included).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ExecEvent {
+    pub header: EventHeader,
+    /// tgid of the real parent.
+    pub ppid: u32,
+    /// Bytes used in `filename`, `args` and `env`.
+    pub filename_len: u32,
+    pub args_len: u32,
+    pub env_len: u32,
+    /// The path given to execve (`linux_binprm::filename`).
+    pub filename: [u8; MAX_GIVEN_PATH],
+    /// NUL-separated argv.
+    pub args: [u8; MAX_ARGS],
+    /// NUL-separated environment.
+    pub env: [u8; MAX_ENV],
+    /// The executable (`mm->exe_file`), resolved.
+    pub executable: ResolvedPath,
+    /// The working directory (`fs->pwd`), resolved.
+    pub cwd: ResolvedPath,
+}
+
+/// Kind [`kind::FORK`]: a marked process created a new process (threads are not reported).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ForkEvent {
+    /// `header.pid` is the parent's tgid; `header.mark` the parent's mark.
+    pub header: EventHeader,
+    pub child_pid: u32,
+    /// The mark given to the child.
+    pub child_depth: u32,
+}
+
+/// Kind [`kind::EXIT`]: the last thread of a marked process exited.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExitEvent {
+    pub header: EventHeader,
+    /// `task->exit_code`: wait status as the parent would see it.
+    pub exit_code: u32,
+    pub _pad: u32,
+}
+
+/// Kind [`kind::OPEN`]: an open-family syscall of a marked process, sent at syscall exit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct OpenEvent {
+    pub header: EventHeader,
+    /// One of [`open_syscall`].
+    pub syscall: u32,
+    /// dirfd as given (`AT_FDCWD` is -100); -100 for `open` and `creat`.
+    pub dirfd: i32,
+    /// Open flags (`O_*`) as given (for `openat2`, `open_how.flags`).
+    pub flags: u64,
+    pub mode: u64,
+    /// Syscall result: the new fd, or `-errno`.
+    pub ret: i64,
+    /// Kernel-internal `dev_t` (`MKDEV(major, minor)` = major << 20 | minor) of the opened file.
+    pub dev: u64,
+    pub ino: u64,
+    pub given_len: u32,
+    pub _pad: u32,
+    /// The path as the process gave it.
+    pub given: [u8; MAX_GIVEN_PATH],
+    /// The file the kernel opened (from the new fd's `struct file`); [`path_flag::UNRESOLVED`]
+    /// when the open failed.
+    pub path: ResolvedPath,
+}
+
+/// Index of each ring buffer's failed-reserve counter in the per-CPU `LOST` array.
+pub mod lost_index {
+    pub const EVENTS: u32 = 0;
+    /// The `MARKS` map was full: a process of a package tree went unmarked.
+    pub const MARKS_FULL: u32 = 1;
+    pub const COUNT: u32 = 2;
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all of these are #[repr(C)], Copy, made only of integers and integer arrays,
+    // with no implicit padding (checked by the layout tests), so any byte pattern is valid.
+    unsafe impl aya::Pod for super::Mark {}
+    unsafe impl aya::Pod for super::ManagerValue {}
+    unsafe impl aya::Pod for super::KernelOffsets {}
+    unsafe impl aya::Pod for super::Config {}
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use core::mem::{align_of, offset_of, size_of};
+
+    use super::*;
+
+    #[test]
+    fn header_has_no_padding() {
+        assert_eq!(size_of::<Mark>(), 16);
+        assert_eq!(size_of::<EventHeader>(), 56);
+        assert_eq!(offset_of!(EventHeader, boot_ns), 8);
+        assert_eq!(offset_of!(EventHeader, cgroup_id), 32);
+        assert_eq!(offset_of!(EventHeader, mark), 40);
+        assert_eq!(align_of::<EventHeader>(), 8);
+    }
+
+    #[test]
+    fn records_have_no_padding() {
+        assert_eq!(size_of::<ResolvedPath>(), 8 + MAX_RESOLVED_PATH);
+        assert_eq!(
+            size_of::<ExecEvent>(),
+            56 + 16 + MAX_GIVEN_PATH + MAX_ARGS + MAX_ENV + 2 * size_of::<ResolvedPath>()
+        );
+        assert_eq!(offset_of!(ExecEvent, filename), 72);
+        assert_eq!(size_of::<ForkEvent>(), 64);
+        assert_eq!(size_of::<ExitEvent>(), 64);
+        assert_eq!(offset_of!(OpenEvent, flags), 64);
+        assert_eq!(offset_of!(OpenEvent, given), 112);
+        assert_eq!(offset_of!(OpenEvent, path), 112 + MAX_GIVEN_PATH);
+        assert_eq!(size_of::<OpenEvent>(), 112 + MAX_GIVEN_PATH + size_of::<ResolvedPath>());
+    }
+
+    #[test]
+    fn config_has_no_padding() {
+        assert_eq!(size_of::<KernelOffsets>(), 33 * 4);
+        assert_eq!(size_of::<Config>(), size_of::<KernelOffsets>() + 8);
+        assert_eq!(size_of::<ManagerValue>(), 8);
+    }
+}
