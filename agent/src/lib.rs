@@ -4,3 +4,4 @@
 
 pub mod alert;
 pub mod event;
+pub mod rules;
