@@ -5,3 +5,4 @@
 pub mod alert;
 pub mod event;
 pub mod rules;
+pub mod output;

@@ -1,0 +1,232 @@
+//! Where alerts go: a terminal (readable), JSON lines (for pipelines), a file (JSON lines,
+//! appended). Every string that came from the monitored system is escaped before it reaches a
+//! terminal: a file name can hold escape sequences.
+
+use std::{
+    borrow::Cow,
+    fmt::Write as _,
+    fs::{File, OpenOptions},
+    io::{self, Write},
+    path::Path,
+};
+
+use crate::alert::{Alert, Severity};
+
+/// Makes `text` safe to print on a terminal: control characters (C0, DEL, C1), bidirectional
+/// overrides and backslashes become visible escapes, so a hostile path cannot move the
+/// cursor, recolour the screen or hide part of a line.
+pub fn escape(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(needs_escape) {
+        return Cow::Borrowed(text);
+    }
+    let mut escaped = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\\' => escaped.push_str("\\\\"),
+            '\n' => escaped.push_str("\\n"),
+            '\r' => escaped.push_str("\\r"),
+            '\t' => escaped.push_str("\\t"),
+            c if needs_escape(c) => {
+                let _ = write!(escaped, "\\u{{{:x}}}", c as u32);
+            }
+            c => escaped.push(c),
+        }
+    }
+    Cow::Owned(escaped)
+}
+
+fn needs_escape(c: char) -> bool {
+    c == '\\'
+        || c.is_control()
+        || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}')
+}
+
+/// Joins argv for display, each word escaped and quoted when it holds a space.
+fn command_line(args: &[String], fallback: &str) -> String {
+    if args.is_empty() {
+        return escape(fallback).into_owned();
+    }
+    args.iter()
+        .map(|arg| {
+            let arg = escape(arg);
+            if arg.is_empty() || arg.contains(' ') {
+                format!("'{arg}'")
+            } else {
+                arg.into_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Human rendering: what happened in one line, then the rule, the file, the process tree from
+/// the root down, and what to rotate.
+pub fn render(alert: &Alert, colour: bool) -> String {
+    let (on, off) = if colour { (severity_colour(alert.rule.severity), "\x1b[0m") } else { ("", "") };
+    let package = &alert.package;
+    let mut who = format!("{} package", escape(&package.manager));
+    match (&package.name, &package.version) {
+        (Some(name), Some(version)) => {
+            let _ = write!(who, " {}@{}", escape(name), escape(version));
+        }
+        (Some(name), None) => {
+            let _ = write!(who, " {}", escape(name));
+        }
+        _ => who.push_str(" code"),
+    }
+    if let Some(step) = &package.lifecycle {
+        let _ = write!(who, " ({})", escape(step));
+    }
+    let what = match &alert.file {
+        Some(file) => format!("opened {}", escape(&file.path)),
+        None => format!("ran {}", command_line(&alert.process.args, &alert.process.executable)),
+    };
+    let blocked = if alert.event.outcome == "blocked" { " [BLOCKED]" } else { "" };
+
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{on}[{}]{off}{blocked} {who} {what}",
+        alert.rule.severity.as_str().to_uppercase()
+    );
+    let _ = writeln!(out, "  rule     {} ({}): {}", escape(&alert.rule.id), escape(&alert.rule.category), escape(&alert.rule.name));
+    if let Some(file) = &alert.file {
+        let _ = writeln!(out, "  file     {}  (given as {}, {})", escape(&file.path), escape(&file.given_path), file.flags);
+    }
+    let _ = writeln!(out, "  at       {}  uid {}  host {}", alert.timestamp, alert.user.id, escape(&alert.host.name));
+    out.push_str("  tree\n");
+    let chain = alert
+        .process
+        .ancestors
+        .iter()
+        .map(|a| (a.pid, command_line(&a.args, &a.executable)))
+        .chain(std::iter::once((alert.process.pid, command_line(&alert.process.args, &alert.process.executable))));
+    for (depth, (pid, command)) in chain.enumerate() {
+        let branch = if depth == 0 { String::new() } else { format!("{}└─ ", "   ".repeat(depth - 1)) };
+        let _ = writeln!(out, "           {branch}[{pid}] {command}");
+    }
+    let _ = writeln!(out, "  cwd      {}", escape(&alert.process.working_directory));
+    for item in &alert.credwatch.rotate {
+        let _ = writeln!(out, "  rotate   {}", escape(item));
+    }
+    if alert.event.outcome != "blocked" {
+        let _ = writeln!(out, "  note     matched in {}; the read was not blocked", alert.credwatch.enforcement);
+    }
+    out
+}
+
+fn severity_colour(severity: Severity) -> &'static str {
+    match severity {
+        Severity::Low => "\x1b[36m",
+        Severity::Medium => "\x1b[33m",
+        Severity::High => "\x1b[1;31m",
+        Severity::Critical => "\x1b[1;37;41m",
+    }
+}
+
+/// Writes each alert to stdout (human or JSON lines) and, when asked, appends it as JSON to a file.
+pub struct AlertSink {
+    json: bool,
+    colour: bool,
+    file: Option<File>,
+    written: u64,
+}
+
+impl AlertSink {
+    pub fn new(json: bool, file: Option<&Path>) -> io::Result<AlertSink> {
+        let file = file
+            .map(|path| OpenOptions::new().create(true).append(true).open(path))
+            .transpose()?;
+        let colour = !json && unsafe { libc::isatty(libc::STDOUT_FILENO) } == 1;
+        Ok(AlertSink { json, colour, file, written: 0 })
+    }
+
+    pub fn write(&mut self, alert: &Alert) -> io::Result<()> {
+        let line = serde_json::to_string(alert).map_err(io::Error::other)?;
+        let mut stdout = io::stdout().lock();
+        if self.json {
+            writeln!(stdout, "{line}")?;
+        } else {
+            writeln!(stdout, "{}", render(alert, self.colour))?;
+        }
+        stdout.flush()?;
+        if let Some(file) = &mut self.file {
+            writeln!(file, "{line}")?;
+            file.flush()?;
+        }
+        self.written += 1;
+        Ok(())
+    }
+
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alert::*;
+
+    fn alert() -> Alert {
+        Alert {
+            timestamp: "2026-11-29T20:00:00.000000000Z".into(),
+            event: AlertEvent { kind: "alert".into(), action: "open".into(), outcome: "alerted".into() },
+            rule: AlertRule {
+                id: "cred.registry.npmrc".into(),
+                name: "npm registry token read by package code".into(),
+                category: "registry-token".into(),
+                severity: Severity::High,
+                description: String::new(),
+            },
+            process: AlertProcess {
+                pid: 30,
+                executable: "/usr/bin/node".into(),
+                args: vec!["node".into(), "steal\x1b[2J.js".into()],
+                working_directory: "/p/node_modules/evil".into(),
+                parent: AlertParent { pid: 20 },
+                ancestors: vec![
+                    AlertAncestor { pid: 10, executable: "/usr/bin/npm".into(), args: vec!["npm".into(), "install".into()] },
+                    AlertAncestor { pid: 20, executable: "/bin/sh".into(), args: vec!["sh".into(), "-c".into(), "node steal.js".into()] },
+                ],
+            },
+            file: Some(AlertFile {
+                path: "/home/a/.npmrc".into(),
+                given_path: "../../.npmrc".into(),
+                flags: "O_RDONLY".into(),
+            }),
+            package: AlertPackage {
+                manager: "npm".into(),
+                name: Some("evil".into()),
+                version: Some("1.0.0".into()),
+                lifecycle: Some("postinstall".into()),
+            },
+            host: AlertHost { name: "dev".into() },
+            user: AlertUser { id: 1000 },
+            credwatch: AlertCredwatch {
+                root_pid: 10,
+                rotate: vec!["the npm token in ~/.npmrc".into()],
+                enforcement: "userspace".into(),
+            },
+        }
+    }
+
+    #[test]
+    fn escapes_terminal_controls() {
+        assert_eq!(escape("plain/path"), "plain/path");
+        assert_eq!(escape("a\x1b[31mb\nc\\"), "a\\u{1b}[31mb\\nc\\\\");
+        assert_eq!(escape("x\u{202e}gpj.exe"), "x\\u{202e}gpj.exe");
+        assert_eq!(escape("\u{9b}2J"), "\\u{9b}2J");
+    }
+
+    #[test]
+    fn renders_package_file_tree_and_rotation() {
+        let text = render(&alert(), false);
+        assert!(text.starts_with("[HIGH] npm package evil@1.0.0 (postinstall) opened /home/a/.npmrc\n"), "{text}");
+        assert!(text.contains("[10] npm install\n"), "{text}");
+        assert!(text.contains("└─ [20] sh -c 'node steal.js'\n"), "{text}");
+        assert!(text.contains("   └─ [30] node steal\\u{1b}[2J.js\n"), "{text}");
+        assert!(text.contains("rotate   the npm token in ~/.npmrc"), "{text}");
+        assert!(!text.contains('\x1b'), "raw escape reached the terminal: {text}");
+    }
+}
