@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 /// Environment variables that carry attribution. Only these are kept from an exec's
 /// environment: the rest may hold secrets (`NPM_TOKEN`, ...) that must not reach a trace.
 pub const ATTRIBUTION_ENV: &[&str] = &[
+    // Where `~/` is for this process: throwaway and per-user homes are not under /home.
+    "HOME",
     "npm_package_name",
     "npm_package_version",
     "npm_lifecycle_event",
@@ -153,7 +155,9 @@ mod tests {
     fn keeps_only_attribution_variables() {
         let block = b"HOME=/home/a\0NPM_TOKEN=secret\0npm_package_name=evil\0npm_lifecycle_event=postinstall\0";
         let env = attribution_env(block);
-        assert_eq!(env.len(), 2);
+        assert_eq!(env.len(), 3);
+        assert_eq!(env["HOME"], "/home/a");
+        assert!(!env.contains_key("NPM_TOKEN"));
         assert_eq!(env["npm_package_name"], "evil");
         assert_eq!(env["npm_lifecycle_event"], "postinstall");
     }

@@ -3,6 +3,8 @@
 //! [`engine::Engine`], which produces [`alert::Alert`]s.
 
 pub mod alert;
+pub mod engine;
 pub mod event;
 pub mod rules;
+pub mod sensor;
 pub mod output;

@@ -212,40 +212,73 @@ fn now_ns() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// Starts CMD stopped before its exec: the child waits on a pipe until the sensor has marked it,
-/// so that nothing CMD does happens unwatched.
-fn spawn_held(command: &[String]) -> Result<(Child, PipeWriter)> {
-    let (release_reader, release_writer) = std::io::pipe().context("creating a pipe")?;
-    let mut held = Command::new(&command[0]);
-    held.args(&command[1..]);
-    let mut reader = Some(release_reader);
-    // SAFETY: the closure only calls read(2) on a pipe and drops it, both async-signal-safe.
-    unsafe {
-        held.pre_exec(move || {
-            let mut byte = [0u8; 1];
-            match reader.take() {
-                Some(mut pipe) if pipe.read(&mut byte)? == 1 => Ok(()),
-                _ => Err(io::Error::other("credwatch did not release the command")),
-            }
-        });
+/// CMD, started but held before its exec until the sensor has marked it, so that nothing CMD
+/// does happens unwatched.
+struct HeldCommand {
+    pid: u32,
+    release: PipeWriter,
+    /// `Command::spawn` returns only once the child has exec'd, so it runs on its own thread.
+    spawning: std::thread::JoinHandle<io::Result<Child>>,
+}
+
+impl HeldCommand {
+    fn spawn(command: &[String]) -> Result<HeldCommand> {
+        let (release_reader, release) = std::io::pipe().context("creating a pipe")?;
+        let (mut pid_reader, pid_writer) = std::io::pipe().context("creating a pipe")?;
+        let mut held = Command::new(&command[0]);
+        held.args(&command[1..]);
+        let mut handshake = Some((pid_writer, release_reader));
+        // SAFETY: the closure only calls getpid(2), write(2) and read(2) on pipes, all
+        // async-signal-safe, and allocates nothing.
+        unsafe {
+            held.pre_exec(move || {
+                let (mut pid_writer, mut release_reader) =
+                    handshake.take().ok_or_else(|| io::Error::other("pre-exec hook ran twice"))?;
+                pid_writer.write_all(&std::process::id().to_ne_bytes())?;
+                let mut byte = [0u8; 1];
+                if release_reader.read(&mut byte)? == 1 {
+                    Ok(())
+                } else {
+                    Err(io::Error::other("credwatch did not release the command"))
+                }
+            });
+        }
+        let spawning = std::thread::spawn(move || held.spawn());
+        let mut pid = [0u8; 4];
+        if pid_reader.read_exact(&mut pid).is_err() {
+            // The child never reached its pre-exec hook: spawn failed, and says why.
+            let error = match spawning.join() {
+                Ok(Err(error)) => anyhow::Error::from(error),
+                _ => anyhow::anyhow!("the command did not start"),
+            };
+            return Err(error.context(format!("starting {}", escape(&command[0]))));
+        }
+        Ok(HeldCommand { pid: u32::from_ne_bytes(pid), release, spawning })
     }
-    let child = held.spawn().with_context(|| format!("starting {}", escape(&command[0])))?;
-    Ok((child, release_writer))
+
+    /// Lets CMD exec; returns once it has (or failed to).
+    fn release(mut self, command: &[String]) -> Result<Child> {
+        self.release.write_all(b"go").context("releasing the command")?;
+        drop(self.release);
+        match self.spawning.join() {
+            Ok(child) => child.with_context(|| format!("starting {}", escape(&command[0]))),
+            Err(_) => anyhow::bail!("the thread starting the command panicked"),
+        }
+    }
 }
 
 fn run(args: RunArgs) -> Result<ExitCode> {
     let stop = stop_flag()?;
     let mut session = Session::start(&args.common, args.alerts.as_deref(), false)?;
-    let (mut child, release) = spawn_held(&args.command)?;
-    let root = child.id();
+    let held = HeldCommand::spawn(&args.command)?;
+    let root = held.pid;
     if let Err(error) = session.sensor.mark_root(root) {
-        let _ = child.kill();
+        // SAFETY: kill(2) on our own child, which is still waiting before its exec.
+        unsafe { libc::kill(root as libc::pid_t, libc::SIGKILL) };
         return Err(error).context("marking the command's process");
     }
     session.handle(&Event { time_ns: now_ns(), pid: root, data: EventData::Root(Root { reason: "run".into() }) })?;
-    let mut release = release;
-    release.write_all(b"go").context("releasing the command")?;
-    drop(release);
+    let mut child = held.release(&args.command)?;
 
     let mut status = None;
     let mut cmd_exited_at = None;

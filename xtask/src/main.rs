@@ -1,1 +1,142 @@
-fn main() {}
+//! `cargo xtask toolchain [--dry-run]`, `cargo xtask build`, `cargo xtask test`.
+
+mod toolchain;
+
+use std::{
+    env,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+    time::Instant,
+};
+
+use anyhow::{bail, Context, Result};
+use toolchain::Route;
+
+const USAGE: &str = "usage: cargo xtask <command>
+  toolchain [--dry-run]  check the eBPF toolchain and set it up when missing (--dry-run: only say how)
+  build                  toolchain, then the eBPF object and target/release/credwatch
+  test                   build, set up what the tests need, run the unit tests, then (as root) the
+                         end-to-end tests";
+
+/// The end-to-end crate: it needs root and the release binary, so it runs after the unit tests.
+const E2E_CRATE: &str = "credwatch-e2e";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = env::args().skip(1).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let result = match args.as_slice() {
+        ["toolchain"] => toolchain::ensure(false).map(drop),
+        ["toolchain", "--dry-run"] => toolchain::ensure(true).map(drop),
+        ["build"] => build(),
+        ["test"] => test(),
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("xtask: error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask/ lives in the workspace").to_path_buf()
+}
+
+/// The cargo that runs us (the machine's toolchain), not whatever `cargo` PATH finds first.
+fn cargo() -> Command {
+    let mut command = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    command.current_dir(workspace());
+    command
+}
+
+pub fn is_root() -> bool {
+    // /proc/self belongs to the effective uid of whoever looks at it.
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+fn run(what: &str, command: &mut Command) -> Result<()> {
+    let start = Instant::now();
+    println!("xtask: {what}");
+    let status = command.status().with_context(|| format!("starting {what}"))?;
+    if !status.success() {
+        bail!("{what} failed ({status})");
+    }
+    println!("xtask: {what}: done in {:.1}s", start.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn build() -> Result<()> {
+    let route = toolchain::ensure(false)?.expect("ensure without dry-run returns a route or an error");
+    let ebpf_args =
+        ["build", "-p", "credwatch-ebpf", "--release", "--target", "bpfel-unknown-none", "--target-dir", "target/bpf"];
+    let mut ebpf = match &route {
+        Route::Debian { rustc, llvm_bin } => {
+            let mut command = cargo();
+            command
+                .args(ebpf_args)
+                .env("RUSTC", rustc)
+                // Debian's rustc is stable; the bpf target and its prebuilt core need this.
+                .env("RUSTC_BOOTSTRAP", "1")
+                .env("PATH", toolchain::prefixed_path(llvm_bin));
+            command
+        }
+        Route::Nightly => {
+            let mut command = Command::new("rustup");
+            command
+                .current_dir(workspace())
+                .args(["run", "nightly", "cargo"])
+                .args(ebpf_args)
+                .args(["-Z", "build-std=core"])
+                // A RUSTC from outside would override nightly's rustc.
+                .env_remove("RUSTC");
+            command
+        }
+    };
+    ebpf.env("CARGO_TARGET_BPFEL_UNKNOWN_NONE_RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf");
+    run("build the eBPF object (target/bpf/bpfel-unknown-none/release/credwatch)", &mut ebpf)?;
+    run("build the agent (target/release/credwatch)", cargo().args(["build", "--release", "-p", "credwatch"]))
+}
+
+fn test() -> Result<()> {
+    build()?;
+    test_prerequisites()?;
+    run(
+        "host unit tests",
+        cargo().args(["test", "--workspace", "--exclude", "credwatch-ebpf", "--exclude", E2E_CRATE]),
+    )?;
+    if !is_root() {
+        bail!("the end-to-end tests load eBPF programs and need root: run `sudo -E cargo xtask test`");
+    }
+    run("privileged end-to-end tests", cargo().args(["test", "-p", E2E_CRATE, "--", "--test-threads=1"]))
+}
+
+/// The fixtures run real npm and pip offline; pip builds the sdist with the interpreter's own
+/// setuptools and wheel (no build isolation), so those are installed here, never by a test.
+fn test_prerequisites() -> Result<()> {
+    for program in ["node", "npm", "python3"] {
+        if toolchain::find_in_path(program).is_none() {
+            bail!("the end-to-end tests need `{program}` on PATH");
+        }
+    }
+    let importable = |modules: &str| {
+        Command::new("python3").args(["-c", &format!("import {modules}")]).output().is_ok_and(|o| o.status.success())
+    };
+    if importable("setuptools, wheel") {
+        println!("xtask: test prerequisites: node, npm, python3 with setuptools and wheel: present");
+        return Ok(());
+    }
+    run(
+        "install setuptools and wheel for python3 (the pip fixture builds without isolation)",
+        Command::new("python3").args(["-m", "pip", "install", "--quiet", "setuptools", "wheel"]),
+    )?;
+    if !importable("setuptools, wheel") {
+        bail!("python3 still cannot import setuptools and wheel after installing them");
+    }
+    Ok(())
+}

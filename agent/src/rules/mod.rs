@@ -1,3 +1,378 @@
-//! Rules are data: YAML files with `schema: 1`, embedded defaults plus `--rules DIR`.
+//! Rules are data: YAML files with `schema: 1`, embedded defaults plus `--rules DIR` (the
+//! format is described in `rules/README.md`).
+//!
+//! A file holds `managers` (what makes a process the root of a package tree) and `rules`
+//! (credential targets, who may touch them, and samples). Loading a directory on top of the
+//! defaults replaces a rule or manager of the same id/name and adds the others.
 
 pub mod manager;
+pub mod sample;
+pub mod schema;
+pub mod target;
+
+use std::{
+    fmt, fs, io,
+    path::{Path, PathBuf},
+};
+
+use self::{
+    manager::Manager,
+    schema::Pattern,
+    schema::{Action, Actor, Conditions, FileDoc, RuleDoc, Samples},
+    target::{TargetIndex, Targets},
+};
+use crate::alert::Severity;
+
+mod embedded {
+    include!(concat!(env!("OUT_DIR"), "/default_rules.rs"));
+}
+
+/// The rule files built into the binary: (`rules/<name>.yaml`, text).
+pub use embedded::DEFAULT_RULES;
+
+/// Where something was defined, for error messages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Origin {
+    pub file: String,
+    pub line: Option<usize>,
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{line}", self.file),
+            None => write!(f, "{}", self.file),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RulesError {
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: io::Error },
+    /// Anything wrong in a file: syntax, unknown key, bad value, duplicate, bad reference.
+    #[error("{}{}: {message}", origin, column.map(|c| format!(":{c}")).unwrap_or_default())]
+    Invalid { origin: Origin, column: Option<usize>, message: String },
+    /// Samples that did not do what they promise.
+    #[error("{} sample(s) failed:\n{}", failures.len(), failures.join("\n"))]
+    Samples { failures: Vec<String> },
+}
+
+impl RulesError {
+    fn invalid(file: &str, line: Option<usize>, message: impl Into<String>) -> RulesError {
+        RulesError::Invalid { origin: Origin { file: file.to_owned(), line }, column: None, message: message.into() }
+    }
+
+    fn yaml(file: &str, error: serde_yaml::Error) -> RulesError {
+        let location = error.location();
+        let mut message = error.to_string();
+        if let Some(loc) = &location {
+            // serde_yaml appends the location; it is already in front.
+            let suffix = format!(" at line {} column {}", loc.line(), loc.column());
+            if let Some(stripped) = message.strip_suffix(&suffix) {
+                message = stripped.to_owned();
+            }
+        }
+        RulesError::Invalid {
+            origin: Origin { file: file.to_owned(), line: location.as_ref().map(|l| l.line()) },
+            column: location.as_ref().map(|l| l.column()),
+            message,
+        }
+    }
+}
+
+/// One credential rule.
+#[derive(Clone, Debug)]
+pub struct Rule {
+    pub id: String,
+    pub name: String,
+    pub description: String,
+    pub category: String,
+    pub severity: Severity,
+    pub action: Action,
+    /// The target patterns as written.
+    pub targets: Vec<String>,
+    pub exclude: Vec<String>,
+    pub actors: Vec<Actor>,
+    pub conditions: Conditions,
+    pub rotate: Vec<String>,
+    pub samples: Samples,
+    pub origin: Origin,
+    patterns: Vec<Pattern>,
+    matcher: Targets,
+}
+
+impl Rule {
+    /// Whether the absolute `path` is one of this rule's targets for a process whose `HOME`
+    /// is `home`.
+    pub fn matches_path(&self, path: &str, home: Option<&str>) -> bool {
+        self.matcher.matches(path, home)
+    }
+}
+
+/// A validated set of managers and rules.
+#[derive(Clone, Debug, Default)]
+pub struct RuleSet {
+    managers: Vec<Manager>,
+    manager_origins: Vec<Origin>,
+    rules: Vec<Rule>,
+    index: TargetIndex,
+}
+
+/// What `credwatch rules check` found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckReport {
+    /// Rule files read from the directory.
+    pub files: usize,
+    /// Managers and rules defined in the directory.
+    pub managers: usize,
+    pub rules: usize,
+    /// Samples replayed (defaults and the directory's, as merged), all passing.
+    pub samples: usize,
+}
+
+impl fmt::Display for CheckReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} file(s): {} manager(s), {} rule(s); {} sample(s) replayed over the merged rules, all passed",
+            self.files, self.managers, self.rules, self.samples
+        )
+    }
+}
+
+impl RuleSet {
+    /// The rules built into the binary.
+    pub fn defaults() -> Result<RuleSet, RulesError> {
+        parse_sources(DEFAULT_RULES.iter().map(|(file, text)| ((*file).to_owned(), (*text).to_owned())))?.finish()
+    }
+
+    /// The defaults, then `extra_dir`'s files on top (same id or name replaces, new ones add).
+    pub fn load(extra_dir: Option<&Path>) -> Result<RuleSet, RulesError> {
+        let mut set = parse_sources(DEFAULT_RULES.iter().map(|(file, text)| ((*file).to_owned(), (*text).to_owned())))?;
+        if let Some(dir) = extra_dir {
+            set.overlay(parse_sources(read_dir(dir)?)?);
+        }
+        set.finish()
+    }
+
+    /// Only the files of `dir`.
+    pub fn load_dir(dir: &Path) -> Result<RuleSet, RulesError> {
+        parse_sources(read_dir(dir)?)?.finish()
+    }
+
+    pub fn managers(&self) -> &[Manager] {
+        &self.managers
+    }
+
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// Replays every rule's samples; the failures, one line each.
+    pub fn sample_failures(&self) -> Vec<String> {
+        let mut failures = Vec::new();
+        for rule in &self.rules {
+            for (kind, steps, want) in
+                [("positive", &rule.samples.positive, true), ("negative", &rule.samples.negative, false)]
+            {
+                let alerts = sample::replay(self, steps);
+                let fired = alerts.iter().any(|alert| alert.rule.id == rule.id);
+                if fired != want {
+                    let what = if want { "did not fire the rule" } else { "fired the rule" };
+                    let others: Vec<&str> = alerts.iter().map(|a| a.rule.id.as_str()).collect();
+                    failures.push(format!(
+                        "{}: rule {}: the {kind} sample {what} (alerts: {})",
+                        rule.origin,
+                        rule.id,
+                        if others.is_empty() { "none".to_owned() } else { others.join(", ") }
+                    ));
+                }
+            }
+        }
+        failures
+    }
+
+    fn overlay(&mut self, other: RuleSet) {
+        for (manager, origin) in other.managers.into_iter().zip(other.manager_origins) {
+            match self.managers.iter().position(|m| m.name == manager.name) {
+                Some(i) => {
+                    self.managers[i] = manager;
+                    self.manager_origins[i] = origin;
+                }
+                None => {
+                    self.managers.push(manager);
+                    self.manager_origins.push(origin);
+                }
+            }
+        }
+        for rule in other.rules {
+            match self.rules.iter().position(|r| r.id == rule.id) {
+                Some(i) => self.rules[i] = rule,
+                None => self.rules.push(rule),
+            }
+        }
+    }
+
+    /// Indices (into [`RuleSet::rules`]) of the rules that may match `path`; confirm with
+    /// [`Rule::matches_path`].
+    pub fn candidates(&self, path: &str, home: Option<&str>) -> Vec<usize> {
+        self.index.candidates(path, home)
+    }
+
+    fn finish(mut self) -> Result<RuleSet, RulesError> {
+        self.validate()?;
+        self.index =
+            TargetIndex::build(self.rules.iter().map(|r| r.patterns.as_slice())).map_err(|e| RulesError::Invalid {
+                origin: Origin { file: "rules".into(), line: None },
+                column: None,
+                message: e.to_string(),
+            })?;
+        Ok(self)
+    }
+
+    /// Checks what needs the whole set: references to managers.
+    fn validate(&self) -> Result<(), RulesError> {
+        for (manager, origin) in self.managers.iter().zip(&self.manager_origins) {
+            if manager.execs.is_empty() && manager.modules.is_empty() {
+                return Err(RulesError::Invalid {
+                    origin: origin.clone(),
+                    column: None,
+                    message: format!("manager {:?} has neither `execs` nor `modules`", manager.name),
+                });
+            }
+        }
+        let known = |name: &str| name == "run" || self.managers.iter().any(|m| m.name == name);
+        for rule in &self.rules {
+            let referenced = rule.conditions.managers.iter().chain(rule.actors.iter().flat_map(|a| a.managers.iter()));
+            for name in referenced {
+                if !known(name) {
+                    return Err(RulesError::Invalid {
+                        origin: rule.origin.clone(),
+                        column: None,
+                        message: format!("rule {}: unknown manager {name:?}", rule.id),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `credwatch rules check DIR`: parses and validates `dir`, merges it over the defaults as
+/// `--rules DIR` would, and replays every rule's samples.
+pub fn check_dir(dir: &Path) -> Result<CheckReport, RulesError> {
+    let sources = read_dir(dir)?;
+    let files = sources.len();
+    let own = parse_sources(sources)?;
+    let (managers, rules) = (own.managers.len(), own.rules.len());
+    let mut set = parse_sources(DEFAULT_RULES.iter().map(|(file, text)| ((*file).to_owned(), (*text).to_owned())))?;
+    set.overlay(own);
+    let set = set.finish()?;
+    let failures = set.sample_failures();
+    if !failures.is_empty() {
+        return Err(RulesError::Samples { failures });
+    }
+    Ok(CheckReport { files, managers, rules, samples: set.rules.len() * 2 })
+}
+
+/// The `*.yaml` and `*.yml` files of `dir`, sorted by name: (path, text).
+fn read_dir(dir: &Path) -> Result<Vec<(String, String)>, RulesError> {
+    let io_error = |path: &Path| {
+        let path = path.to_owned();
+        move |source| RulesError::Io { path, source }
+    };
+    let mut paths = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io_error(dir))? {
+        let path = entry.map_err(io_error(dir))?.path();
+        if path.extension().is_some_and(|ext| ext == "yaml" || ext == "yml") && path.is_file() {
+            paths.push(path);
+        }
+    }
+    paths.sort();
+    paths
+        .into_iter()
+        .map(|path| {
+            let text = fs::read_to_string(&path).map_err(io_error(&path))?;
+            Ok((path.display().to_string(), text))
+        })
+        .collect()
+}
+
+/// Parses one set of files (the defaults, or one directory): a rule id or a manager name may
+/// appear once.
+fn parse_sources(sources: impl IntoIterator<Item = (String, String)>) -> Result<RuleSet, RulesError> {
+    let mut set = RuleSet::default();
+    for (file, text) in sources {
+        let doc: FileDoc = serde_yaml::from_str(&text).map_err(|e| RulesError::yaml(&file, e))?;
+        for manager in doc.managers {
+            let line = find_line(&text, "name", &manager.name, 0);
+            if let Some(first) = set.managers.iter().position(|m| m.name == manager.name) {
+                return Err(RulesError::invalid(
+                    &file,
+                    line,
+                    format!("duplicate manager {:?} (first at {})", manager.name, set.manager_origins[first]),
+                ));
+            }
+            set.managers.push(manager);
+            set.manager_origins.push(Origin { file: file.clone(), line });
+        }
+        for doc in doc.rules {
+            let id = doc.id.0.clone();
+            let earlier_here = set.rules.iter().filter(|r| r.id == id && r.origin.file == file).count();
+            let line = find_line(&text, "id", &id, earlier_here);
+            if let Some(first) = set.rules.iter().find(|r| r.id == id) {
+                return Err(RulesError::invalid(
+                    &file,
+                    line,
+                    format!("duplicate rule id {id:?} (first at {})", first.origin),
+                ));
+            }
+            set.rules.push(build_rule(doc, Origin { file: file.clone(), line })?);
+        }
+    }
+    Ok(set)
+}
+
+fn build_rule(doc: RuleDoc, origin: Origin) -> Result<Rule, RulesError> {
+    let matcher = Targets::compile(&doc.targets.0, &doc.exclude).map_err(|e| RulesError::Invalid {
+        origin: origin.clone(),
+        column: None,
+        message: format!("rule {}: {e}", doc.id.0),
+    })?;
+    Ok(Rule {
+        id: doc.id.0,
+        name: doc.name,
+        description: doc.description,
+        category: doc.category,
+        severity: doc.severity,
+        action: doc.action,
+        targets: doc.targets.0.iter().map(|p| p.text.clone()).collect(),
+        exclude: doc.exclude.iter().map(|p| p.text.clone()).collect(),
+        actors: doc.actors,
+        conditions: doc.conditions,
+        rotate: doc.rotate,
+        samples: doc.samples,
+        origin,
+        patterns: doc.targets.0,
+        matcher,
+    })
+}
+
+/// The 1-based line of the `skip`-th `key: value` line (YAML list item or not, quoted or not).
+fn find_line(text: &str, key: &str, value: &str, skip: usize) -> Option<usize> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| {
+            let line = line.trim_start().trim_start_matches("- ").trim_start();
+            line.strip_prefix(key)
+                .and_then(|rest| rest.strip_prefix(':'))
+                .map(|rest| rest.split(" #").next().unwrap_or("").trim().trim_matches(|c| c == '"' || c == '\''))
+                == Some(value)
+        })
+        .nth(skip)
+        .map(|(index, _)| index + 1)
+}
+
+#[cfg(test)]
+mod tests;

@@ -126,6 +126,12 @@ pub struct KernelOffsets {
     pub mm_struct_env_end: u32,
     pub mm_struct_exe_file: u32,
     pub linux_binprm_filename: u32,
+    pub task_struct_signal: u32,
+    /// `signal_struct::live`: threads of the group still running (an `atomic_t`).
+    pub signal_struct_live: u32,
+    /// Not an offset: 1 when the `sched_process_exit` raw tracepoint passes `group_dead` as its
+    /// second argument (Linux 6.16+), else 0 and the program reads `signal->live`.
+    pub exit_has_group_dead: u32,
 }
 
 /// Agent-wide settings, in the single-entry `CONFIG` array map.
@@ -298,7 +304,7 @@ mod tests {
 
     #[test]
     fn config_has_no_padding() {
-        assert_eq!(size_of::<KernelOffsets>(), 33 * 4);
+        assert_eq!(size_of::<KernelOffsets>(), 36 * 4);
         assert_eq!(size_of::<Config>(), size_of::<KernelOffsets>() + 8);
         assert_eq!(size_of::<ManagerValue>(), 8);
     }

@@ -1,9 +1,713 @@
+//! credwatch's kernel programs: process lineage (exec, fork, exit) and file opens of the
+//! processes inside package trees.
+//!
+//! Maps (the agent finds them by these names):
+//! - `MARKS`: tgid -> [`Mark`] of every process in a package tree. Every program starts with a
+//!   lookup here and returns on a miss, so an unmarked process costs one lookup.
+//! - `MANAGERS`: NUL-padded exec basename -> [`ManagerValue`] (filled from the rules).
+//! - `MANAGER_MODULES`: NUL-separated, NUL-padded argv words after argv[0] -> manager index
+//!   (`-m\0pip\0`), for interpreters flagged `NEEDS_MODULE`.
+//! - `CONFIG`: the single [`Config`] (kernel offsets from BTF, flags, the agent's tgid).
+//! - `EVENTS`: the ring buffer of records for userspace.
+//! - `LOST`: per-CPU counters indexed by [`lost_index`].
+//! - `PENDING_OPENS`: tid -> the arguments of an open syscall between its entry and exit.
+//! - `SCRATCH`: per-CPU buffers too large for the 512-byte stack.
 #![no_std]
 #![no_main]
+
+use core::{
+    ffi::c_void,
+    mem::size_of,
+    ptr::{addr_of_mut, read_volatile, write_volatile},
+};
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_current_uid_gid,
+        bpf_ktime_get_boot_ns,
+        generated::{bpf_probe_read_kernel, bpf_probe_read_kernel_str, bpf_probe_read_user, bpf_probe_read_user_str},
+    },
+    macros::{map, raw_tracepoint, tracepoint},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, ring_buf::RingBufEntry},
+    programs::{RawTracePointContext, TracePointContext},
+};
+use credwatch_common::{
+    Config, EventHeader, ExecEvent, ExitEvent, ForkEvent, KernelOffsets, MANAGER_NAME_LEN, MAX_ARGS, MAX_ENV,
+    MAX_GIVEN_PATH, MAX_PATH_COMPONENTS, MAX_RESOLVED_PATH, MODULE_KEY_LEN, ManagerValue, Mark, OpenEvent,
+    ResolvedPath, config_flag, kind, lost_index, manager_flag, open_syscall, path_flag,
+};
+
+/// Processes that can be marked at once; a full map is counted in `LOST[MARKS_FULL]`.
+const MAX_MARKS: u32 = 65536;
+const MAX_MANAGERS: u32 = 256;
+/// Threads with an open syscall in flight (LRU: a lost exit only ages out).
+const MAX_PENDING_OPENS: u32 = 16384;
+const EVENTS_BYTES: u32 = 16 << 20;
+/// Wake the reader only when this much is waiting; otherwise it polls on a short timer.
+const WAKEUP_WATERMARK: u64 = 4 << 20;
+
+/// `bpf_ringbuf_submit` flags and `bpf_ringbuf_query` selector (uapi/linux/bpf.h).
+const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+const BPF_RB_AVAIL_DATA: u64 = 0;
+
+/// A dentry name is at most NAME_MAX (255) bytes plus its NUL.
+const NAME_SPACE: usize = 256;
+/// Bytes of argv examined to find the words after argv[0] for `MANAGER_MODULES`.
+const MODULE_SCAN: usize = 256;
+/// Power-of-two sizes of the scratch buffers, so that masked indexes stay inside them.
+const SCRATCH_NAME: usize = 1024;
+const SCRATCH_ARGS: usize = 512;
+const AT_FDCWD: i32 = -100;
+/// `creat(path, mode)` is `open(path, O_CREAT | O_WRONLY | O_TRUNC, mode)`.
+const CREAT_FLAGS: u64 = 0o100 | 0o1 | 0o1000;
+
+/// Syscall tracepoint records: arguments start at offset 16, 8 bytes each; the result of a
+/// `sys_exit_*` is at 16.
+const TP_ARG0: usize = 16;
+const TP_ARG1: usize = 24;
+const TP_ARG2: usize = 32;
+const TP_ARG3: usize = 40;
+const TP_RET: usize = 16;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct PendingOpen {
+    syscall: u32,
+    dirfd: i32,
+    flags: u64,
+    mode: u64,
+    given_len: u32,
+    _pad: u32,
+    given: [u8; MAX_GIVEN_PATH],
+}
+
+#[repr(C)]
+struct Scratch {
+    pending: PendingOpen,
+    /// See [`launder`].
+    slot: u64,
+    name_key: [u8; MANAGER_NAME_LEN],
+    module_key: [u8; MODULE_KEY_LEN],
+    // Masked indexes plus a key's length: the compiler may add the key offset after masking.
+    name: [u8; SCRATCH_NAME + MANAGER_NAME_LEN],
+    args: [u8; SCRATCH_ARGS + MODULE_KEY_LEN],
+}
+
+#[map]
+static MARKS: HashMap<u32, Mark> = HashMap::with_max_entries(MAX_MARKS, 0);
+#[map]
+static MANAGERS: HashMap<[u8; MANAGER_NAME_LEN], ManagerValue> = HashMap::with_max_entries(MAX_MANAGERS, 0);
+#[map]
+static MANAGER_MODULES: HashMap<[u8; MODULE_KEY_LEN], u32> = HashMap::with_max_entries(MAX_MANAGERS, 0);
+#[map]
+static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
+#[map]
+static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(lost_index::COUNT, 0);
+#[map]
+static PENDING_OPENS: LruHashMap<u32, PendingOpen> = LruHashMap::with_max_entries(MAX_PENDING_OPENS, 0);
+#[map]
+static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+type Res<T> = Result<T, i64>;
+
+/// Reads a `T` at `base + offset` in kernel memory.
+#[inline(always)]
+fn read<T>(base: u64, offset: u32) -> Res<T> {
+    // SAFETY: bpf_probe_read_kernel checks the address; a bad pointer is an error, not a fault.
+    unsafe { aya_ebpf::helpers::bpf_probe_read_kernel((base + offset as u64) as *const T).map_err(|e| e as i64) }
+}
+
+#[inline(always)]
+fn current_mark(tgid: u32) -> Option<Mark> {
+    // SAFETY: the value is copied out at once.
+    unsafe { MARKS.get(&tgid).copied() }
+}
+
+#[inline(always)]
+fn config() -> Option<&'static Config> {
+    CONFIG.get(0)
+}
+
+#[inline(always)]
+fn count_lost(index: u32) {
+    if let Some(counter) = LOST.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot, and programs do not migrate while they run.
+        unsafe { *counter += 1 };
+    }
+}
+
+#[inline(always)]
+fn reserve<T: 'static>() -> Option<RingBufEntry<T>> {
+    let entry = EVENTS.reserve::<T>(0);
+    if entry.is_none() {
+        count_lost(lost_index::EVENTS);
+    }
+    entry
+}
+
+#[inline(always)]
+fn submit<T>(entry: RingBufEntry<T>) {
+    // No wakeup per record: userspace polls on a short timer, and is woken only when the
+    // buffer fills past the watermark.
+    let flags = if EVENTS.query(BPF_RB_AVAIL_DATA) > WAKEUP_WATERMARK { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP };
+    entry.submit(flags);
+}
+
+#[inline(always)]
+unsafe fn fill_header(header: *mut EventHeader, kind: u32, size: usize, pid_tgid: u64, mark: Mark) {
+    let uid_gid = bpf_get_current_uid_gid();
+    // SAFETY: header points into a reserved ring buffer record.
+    unsafe {
+        header.write(EventHeader {
+            kind,
+            size: size as u32,
+            boot_ns: bpf_ktime_get_boot_ns(),
+            pid: (pid_tgid >> 32) as u32,
+            tid: pid_tgid as u32,
+            uid: uid_gid as u32,
+            gid: (uid_gid >> 32) as u32,
+            cgroup_id: bpf_get_current_cgroup_id(),
+            mark,
+        })
+    };
+}
+
+/// Writes the path of `struct path` at `path` into `out`, leaf first (see [`ResolvedPath`]),
+/// walking dentries up to each mount's root and crossing to the parent mount, up to the root of
+/// the mount tree.
+#[inline(never)]
+unsafe fn resolve_path(off: &KernelOffsets, path: u64, out: *mut ResolvedPath) {
+    // SAFETY: out points into a reserved ring buffer record.
+    unsafe {
+        let len = addr_of_mut!((*out).len);
+        write_volatile(len, 0);
+        (*out).flags = match walk(off, path, addr_of_mut!((*out).data) as *mut u8, len) {
+            Ok(flags) => flags,
+            Err(_) => {
+                write_volatile(len, 0);
+                path_flag::UNRESOLVED
+            }
+        };
+    }
+}
+
+/// The length so far lives in the record (`len_slot`), not in a register: read back from
+/// memory it is an unknown scalar, so the verifier sees every iteration alike and prunes,
+/// instead of following each possible length separately.
+#[inline(always)]
+unsafe fn walk(off: &KernelOffsets, path: u64, data: *mut u8, len_slot: *mut u32) -> Res<u32> {
+    let mut dentry: u64 = read(path, off.path_dentry)?;
+    let vfsmount: u64 = read(path, off.path_mnt)?;
+    if dentry == 0 || vfsmount == 0 {
+        return Err(-1);
+    }
+    // struct mount embeds struct vfsmount: container_of.
+    let mut mount = vfsmount - off.mount_mnt as u64;
+    let mut mount_root: u64 = read(vfsmount, off.vfsmount_mnt_root)?;
+    for _ in 0..MAX_PATH_COMPONENTS {
+        if dentry == mount_root {
+            let parent: u64 = read(mount, off.mount_mnt_parent)?;
+            if parent == mount || parent == 0 {
+                return Ok(0);
+            }
+            dentry = read(mount, off.mount_mnt_mountpoint)?;
+            mount = parent;
+            mount_root = read(mount + off.mount_mnt as u64, off.vfsmount_mnt_root)?;
+            continue;
+        }
+        let parent: u64 = read(dentry, off.dentry_d_parent)?;
+        if parent == dentry || parent == 0 {
+            return Ok(0);
+        }
+        // SAFETY: len_slot points into the reserved record.
+        let len = unsafe { read_volatile(len_slot) } as usize;
+        if len > MAX_RESOLVED_PATH - NAME_SPACE {
+            return Ok(path_flag::TRUNCATED);
+        }
+        let name: u64 = read(dentry, off.dentry_d_name + off.qstr_name)?;
+        // SAFETY: len <= MAX_RESOLVED_PATH - NAME_SPACE, so NAME_SPACE bytes fit.
+        let n = unsafe { bpf_probe_read_kernel_str(data.add(len) as *mut c_void, NAME_SPACE as u32, name as *const c_void) };
+        if n <= 1 || n > NAME_SPACE as i64 {
+            return Err(-1);
+        }
+        // The NUL becomes the separator.
+        let end = len + n as usize - 1;
+        if end >= MAX_RESOLVED_PATH {
+            return Err(-1);
+        }
+        // SAFETY: end < MAX_RESOLVED_PATH; len_slot as above.
+        unsafe {
+            *data.add(end) = b'/';
+            write_volatile(len_slot, (end + 1) as u32);
+        }
+        dentry = parent;
+    }
+    Ok(path_flag::TRUNCATED)
+}
+
+/// Passes `value` through memory so that the verifier forgets which constant it was (see
+/// [`walk`]); callers bound it again before use.
+#[inline(always)]
+fn launder(slot: &mut u64, value: u64) -> u64 {
+    // SAFETY: slot is a valid, exclusive reference.
+    unsafe {
+        write_volatile(slot, value);
+        read_volatile(slot)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// exec
+
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn sched_process_exec(ctx: RawTracePointContext) -> i32 {
+    match try_sched_process_exec(&ctx) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
+}
+
+fn try_sched_process_exec(ctx: &RawTracePointContext) -> Res<()> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let mark = current_mark(tgid);
+    let Some(config) = config() else { return Ok(()) };
+    if tgid == config.agent_tgid {
+        return Ok(());
+    }
+    let off = &config.offsets;
+    let bprm: u64 = ctx.arg(2);
+    let mark = match mark {
+        Some(mark) => mark,
+        None if config.flags & config_flag::AUTO_ROOTS != 0 => match manager_root(off, bprm)? {
+            Some(manager) => {
+                let mark = Mark { root_pid: tgid, depth: 0, manager, flags: 0 };
+                if MARKS.insert(&tgid, &mark, 0).is_err() {
+                    count_lost(lost_index::MARKS_FULL);
+                    return Ok(());
+                }
+                mark
+            }
+            None => return Ok(()),
+        },
+        None => return Ok(()),
+    };
+    let Some(mut entry) = reserve::<ExecEvent>() else { return Ok(()) };
+    let event = entry.as_mut_ptr();
+    // SAFETY: event points to a reserved record of the right size.
+    unsafe {
+        fill_header(addr_of_mut!((*event).header), kind::EXEC, size_of::<ExecEvent>(), pid_tgid, mark);
+        fill_exec(off, bprm, event);
+    }
+    submit(entry);
+    Ok(())
+}
+
+/// Index of the manager whose exec this is, per `MANAGERS` and `MANAGER_MODULES`.
+#[inline(never)]
+fn manager_root(off: &KernelOffsets, bprm: u64) -> Res<Option<u32>> {
+    let scratch = SCRATCH.get_ptr_mut(0).ok_or(-1i64)?;
+    // SAFETY: per-CPU scratch owned by this program run.
+    let scratch = unsafe { &mut *scratch };
+    let filename: u64 = read(bprm, off.linux_binprm_filename)?;
+    // SAFETY: the destination is MAX_GIVEN_PATH bytes of the scratch buffer.
+    let n = unsafe {
+        bpf_probe_read_kernel_str(scratch.name.as_mut_ptr() as *mut c_void, MAX_GIVEN_PATH as u32, filename as *const c_void)
+    };
+    if n <= 1 {
+        return Ok(None);
+    }
+    let len = (n as usize - 1) & (SCRATCH_NAME - 1);
+    // Scan back from the end for the last '/': one path through the loop per iteration keeps
+    // the verifier's work linear.
+    let mut start = 0;
+    for i in 1..=MAX_GIVEN_PATH {
+        if i > len {
+            break;
+        }
+        if scratch.name[(len - i) & (SCRATCH_NAME - 1)] == b'/' {
+            start = len - i + 1;
+            break;
+        }
+    }
+    let start = launder(&mut scratch.slot, start as u64) as usize & (SCRATCH_NAME - 1);
+    if start >= len || len - start > MANAGER_NAME_LEN {
+        return Ok(None);
+    }
+    // Keys are built in the scratch map, not on the stack: the verifier tracks stack bytes one
+    // by one (zero or not) and would follow every combination separately.
+    for j in 0..MANAGER_NAME_LEN {
+        let byte = if start + j < len { scratch.name[(start + j) & (SCRATCH_NAME - 1)] } else { 0 };
+        scratch.name_key[j] = byte;
+    }
+    // SAFETY: copied out at once.
+    let Some(value) = (unsafe { MANAGERS.get(&scratch.name_key).copied() }) else { return Ok(None) };
+    if value.flags & manager_flag::NEEDS_MODULE == 0 {
+        return Ok(Some(value.manager));
+    }
+    module_root(off, scratch)
+}
+
+/// For an interpreter: the manager whose argv words after argv[0] (`-m pip`) start this argv.
+#[inline(always)]
+fn module_root(off: &KernelOffsets, scratch: &mut Scratch) -> Res<Option<u32>> {
+    let task = unsafe { bpf_get_current_task() };
+    let mm: u64 = read(task, off.task_struct_mm)?;
+    let arg_start: u64 = read(mm, off.mm_struct_arg_start)?;
+    let arg_end: u64 = read(mm, off.mm_struct_arg_end)?;
+    let mut len = arg_end.saturating_sub(arg_start) as usize;
+    if len > MODULE_SCAN {
+        len = MODULE_SCAN;
+    }
+    // Whatever lies past argv reads as zeros. Volatile, so that it stays a loop of stores and
+    // does not become a call to memset.
+    for i in 0..(MODULE_SCAN + MODULE_KEY_LEN) / 8 {
+        // SAFETY: in bounds of args (MODULE_SCAN + MODULE_KEY_LEN <= its size), 8-byte chunks.
+        unsafe { write_volatile(scratch.args.as_mut_ptr().add(i * 8) as *mut [u8; 8], [0; 8]) };
+    }
+    // SAFETY: len <= MODULE_SCAN <= SCRATCH_ARGS.
+    if unsafe { bpf_probe_read_user(scratch.args.as_mut_ptr() as *mut c_void, len as u32, arg_start as *const c_void) } != 0 {
+        return Ok(None);
+    }
+    let mut first = MODULE_SCAN;
+    for i in 0..MODULE_SCAN {
+        if i >= len {
+            break;
+        }
+        if scratch.args[i & (SCRATCH_ARGS - 1)] == 0 {
+            first = i + 1;
+            break;
+        }
+    }
+    let first = launder(&mut scratch.slot, first as u64) as usize & (SCRATCH_ARGS - 1);
+    // Try the key after each word: `-m\0`, `-m\0pip\0`, ...
+    for j in 0..MODULE_KEY_LEN {
+        scratch.module_key[j] = 0;
+    }
+    let mut previous = 1u8;
+    for j in 0..MODULE_KEY_LEN {
+        let byte = scratch.args[(first + j) & (SCRATCH_ARGS - 1)];
+        scratch.module_key[j] = byte;
+        if byte == 0 {
+            if previous == 0 {
+                break;
+            }
+            // SAFETY: copied out at once.
+            if let Some(manager) = unsafe { MANAGER_MODULES.get(&scratch.module_key).copied() } {
+                return Ok(Some(manager));
+            }
+        }
+        previous = byte;
+    }
+    Ok(None)
+}
+
+#[inline(always)]
+unsafe fn fill_exec(off: &KernelOffsets, bprm: u64, event: *mut ExecEvent) {
+    let task = unsafe { bpf_get_current_task() };
+    // SAFETY: event points into a reserved record; all kernel reads go through probe helpers.
+    unsafe {
+        let parent: u64 = read(task, off.task_struct_real_parent).unwrap_or(0);
+        (*event).ppid = read(parent, off.task_struct_tgid).unwrap_or(0);
+
+        let filename: u64 = read(bprm, off.linux_binprm_filename).unwrap_or(0);
+        let n = bpf_probe_read_kernel_str(
+            addr_of_mut!((*event).filename) as *mut c_void,
+            MAX_GIVEN_PATH as u32,
+            filename as *const c_void,
+        );
+        (*event).filename_len = if n > 0 { (n - 1) as u32 } else { 0 };
+
+        (*event).args_len = 0;
+        (*event).env_len = 0;
+        (*event).executable.len = 0;
+        (*event).executable.flags = path_flag::UNRESOLVED;
+        let mm: u64 = read(task, off.task_struct_mm).unwrap_or(0);
+        if mm != 0 {
+            let start: u64 = read(mm, off.mm_struct_arg_start).unwrap_or(0);
+            let end: u64 = read(mm, off.mm_struct_arg_end).unwrap_or(0);
+            let mut len = end.saturating_sub(start);
+            if len > MAX_ARGS as u64 {
+                len = MAX_ARGS as u64;
+            }
+            if bpf_probe_read_user(addr_of_mut!((*event).args) as *mut c_void, len as u32, start as *const c_void) == 0 {
+                (*event).args_len = len as u32;
+            }
+            let start: u64 = read(mm, off.mm_struct_env_start).unwrap_or(0);
+            let end: u64 = read(mm, off.mm_struct_env_end).unwrap_or(0);
+            let mut len = end.saturating_sub(start);
+            if len > MAX_ENV as u64 {
+                len = MAX_ENV as u64;
+            }
+            if bpf_probe_read_user(addr_of_mut!((*event).env) as *mut c_void, len as u32, start as *const c_void) == 0 {
+                (*event).env_len = len as u32;
+            }
+            let exe: u64 = read(mm, off.mm_struct_exe_file).unwrap_or(0);
+            if exe != 0 {
+                resolve_path(off, exe + off.file_f_path as u64, addr_of_mut!((*event).executable));
+            }
+        }
+        let fs: u64 = read(task, off.task_struct_fs).unwrap_or(0);
+        if fs != 0 {
+            resolve_path(off, fs + off.fs_struct_pwd as u64, addr_of_mut!((*event).cwd));
+        } else {
+            (*event).cwd.len = 0;
+            (*event).cwd.flags = path_flag::UNRESOLVED;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// fork and exit
+
+#[raw_tracepoint(tracepoint = "sched_process_fork")]
+pub fn sched_process_fork(ctx: RawTracePointContext) -> i32 {
+    match try_sched_process_fork(&ctx) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
+}
+
+fn try_sched_process_fork(ctx: &RawTracePointContext) -> Res<()> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let Some(mark) = current_mark(tgid) else { return Ok(()) };
+    let Some(config) = config() else { return Ok(()) };
+    let child: u64 = ctx.arg(1);
+    let child_tgid: u32 = read(child, config.offsets.task_struct_tgid)?;
+    if child_tgid == tgid {
+        // A new thread, not a new process.
+        return Ok(());
+    }
+    let child_mark = Mark { root_pid: mark.root_pid, depth: mark.depth + 1, manager: mark.manager, flags: mark.flags };
+    if MARKS.insert(&child_tgid, &child_mark, 0).is_err() {
+        count_lost(lost_index::MARKS_FULL);
+    }
+    let Some(mut entry) = reserve::<ForkEvent>() else { return Ok(()) };
+    let event = entry.as_mut_ptr();
+    // SAFETY: event points to a reserved record of the right size.
+    unsafe {
+        fill_header(addr_of_mut!((*event).header), kind::FORK, size_of::<ForkEvent>(), pid_tgid, mark);
+        (*event).child_pid = child_tgid;
+        (*event).child_depth = child_mark.depth;
+    }
+    submit(entry);
+    Ok(())
+}
+
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn sched_process_exit(ctx: RawTracePointContext) -> i32 {
+    match try_sched_process_exit(&ctx) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
+}
+
+fn try_sched_process_exit(ctx: &RawTracePointContext) -> Res<()> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let Some(mark) = current_mark(tgid) else { return Ok(()) };
+    let Some(config) = config() else { return Ok(()) };
+    let off = &config.offsets;
+    let task: u64 = ctx.arg(0);
+    // The process is gone when its last thread exits: the tracepoint says so since 6.16;
+    // before, signal->live was already decremented by do_exit() when the tracepoint fires.
+    let group_dead = if off.exit_has_group_dead != 0 {
+        ctx.arg::<u64>(1) & 0xff != 0
+    } else {
+        let signal: u64 = read(task, off.task_struct_signal)?;
+        read::<i32>(signal, off.signal_struct_live)? == 0
+    };
+    // Only the exit that removes the mark reports, so racing last threads report once.
+    if !group_dead || MARKS.remove(&tgid).is_err() {
+        return Ok(());
+    }
+    let exit_code: u32 = read(task, off.task_struct_exit_code)?;
+    let Some(mut entry) = reserve::<ExitEvent>() else { return Ok(()) };
+    let event = entry.as_mut_ptr();
+    // SAFETY: event points to a reserved record of the right size.
+    unsafe {
+        fill_header(addr_of_mut!((*event).header), kind::EXIT, size_of::<ExitEvent>(), pid_tgid, mark);
+        (*event).exit_code = exit_code;
+        (*event)._pad = 0;
+    }
+    submit(entry);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// opens
+
+#[inline(always)]
+fn enter_open(ctx: &TracePointContext, syscall: u32) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if current_mark((pid_tgid >> 32) as u32).is_none() {
+        return 0;
+    }
+    let _ = save_open(ctx, syscall, pid_tgid as u32);
+    0
+}
+
+#[inline(always)]
+fn save_open(ctx: &TracePointContext, syscall: u32, tid: u32) -> Res<()> {
+    let scratch = SCRATCH.get_ptr_mut(0).ok_or(-1i64)?;
+    // SAFETY: per-CPU scratch owned by this program run.
+    let pending = unsafe { &mut (*scratch).pending };
+    // SAFETY: offsets within the syscall tracepoint record (checked against its format).
+    let (dirfd, path, flags, mode) = unsafe {
+        match syscall {
+            open_syscall::OPEN => (AT_FDCWD, ctx.read_at::<u64>(TP_ARG0)?, ctx.read_at::<u64>(TP_ARG1)?, ctx.read_at::<u64>(TP_ARG2)?),
+            open_syscall::CREAT => (AT_FDCWD, ctx.read_at::<u64>(TP_ARG0)?, CREAT_FLAGS, ctx.read_at::<u64>(TP_ARG1)?),
+            open_syscall::OPENAT => (
+                ctx.read_at::<u64>(TP_ARG0)? as i32,
+                ctx.read_at::<u64>(TP_ARG1)?,
+                ctx.read_at::<u64>(TP_ARG2)?,
+                ctx.read_at::<u64>(TP_ARG3)?,
+            ),
+            _ => {
+                // openat2(dfd, filename, struct open_how *how, usize): how = {flags, mode, resolve}.
+                let how = ctx.read_at::<u64>(TP_ARG2)?;
+                let flags = aya_ebpf::helpers::bpf_probe_read_user(how as *const u64).unwrap_or(0);
+                let mode = aya_ebpf::helpers::bpf_probe_read_user((how + 8) as *const u64).unwrap_or(0);
+                (ctx.read_at::<u64>(TP_ARG0)? as i32, ctx.read_at::<u64>(TP_ARG1)?, flags, mode)
+            }
+        }
+    };
+    pending.syscall = syscall;
+    pending.dirfd = dirfd;
+    pending.flags = flags;
+    pending.mode = mode;
+    // SAFETY: the destination is the MAX_GIVEN_PATH-byte buffer.
+    let n = unsafe {
+        bpf_probe_read_user_str(pending.given.as_mut_ptr() as *mut c_void, MAX_GIVEN_PATH as u32, path as *const c_void)
+    };
+    pending.given_len = if n > 0 { (n - 1) as u32 } else { 0 };
+    PENDING_OPENS.insert(&tid, &*pending, 0).map_err(|e| e as i64)
+}
+
+#[inline(always)]
+fn exit_open(ctx: &TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
+    let tid = pid_tgid as u32;
+    let _ = report_open(ctx, pid_tgid, mark, tid);
+    let _ = PENDING_OPENS.remove(&tid);
+    0
+}
+
+#[inline(always)]
+fn report_open(ctx: &TracePointContext, pid_tgid: u64, mark: Mark, tid: u32) -> Res<()> {
+    let Some(pending) = PENDING_OPENS.get_ptr(&tid) else { return Ok(()) };
+    let Some(config) = config() else { return Ok(()) };
+    let off = &config.offsets;
+    // SAFETY: offset of the result in the sys_exit record.
+    let ret: i64 = unsafe { ctx.read_at::<i64>(TP_RET)? };
+    let Some(mut entry) = reserve::<OpenEvent>() else { return Ok(()) };
+    let event = entry.as_mut_ptr();
+    // SAFETY: event points to a reserved record of the right size; pending to a map value.
+    unsafe {
+        fill_header(addr_of_mut!((*event).header), kind::OPEN, size_of::<OpenEvent>(), pid_tgid, mark);
+        (*event).syscall = (*pending).syscall;
+        (*event).dirfd = (*pending).dirfd;
+        (*event).flags = (*pending).flags;
+        (*event).mode = (*pending).mode;
+        (*event).ret = ret;
+        (*event).given_len = (*pending).given_len;
+        (*event)._pad = 0;
+        bpf_probe_read_kernel(
+            addr_of_mut!((*event).given) as *mut c_void,
+            MAX_GIVEN_PATH as u32,
+            addr_of_mut!((*(pending as *mut PendingOpen)).given) as *const c_void,
+        );
+        (*event).dev = 0;
+        (*event).ino = 0;
+        (*event).path.len = 0;
+        (*event).path.flags = path_flag::UNRESOLVED;
+        if ret >= 0 {
+            let _ = opened_file(off, ret as u64, event);
+        }
+    }
+    submit(entry);
+    Ok(())
+}
+
+/// Resolves the file behind the new fd: task->files->fdt->fd[ret].
+#[inline(always)]
+unsafe fn opened_file(off: &KernelOffsets, fd: u64, event: *mut OpenEvent) -> Res<()> {
+    let task = unsafe { bpf_get_current_task() };
+    let files: u64 = read(task, off.task_struct_files)?;
+    let fdt: u64 = read(files, off.files_struct_fdt)?;
+    let max_fds: u32 = read(fdt, off.fdtable_max_fds)?;
+    if fd >= max_fds as u64 {
+        return Err(-1);
+    }
+    let fd_array: u64 = read(fdt, off.fdtable_fd)?;
+    let file: u64 = read(fd_array + fd * 8, 0)?;
+    if file == 0 {
+        return Err(-1);
+    }
+    let inode: u64 = read(file, off.file_f_inode)?;
+    if inode != 0 {
+        let sb: u64 = read(inode, off.inode_i_sb)?;
+        // SAFETY: event points into a reserved record.
+        unsafe {
+            (*event).ino = read(inode, off.inode_i_ino)?;
+            (*event).dev = read::<u32>(sb, off.super_block_s_dev)? as u64;
+        }
+    }
+    // SAFETY: as above.
+    unsafe { resolve_path(off, file + off.file_f_path as u64, addr_of_mut!((*event).path)) };
+    Ok(())
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_open")]
+pub fn sys_enter_open(ctx: TracePointContext) -> u32 {
+    enter_open(&ctx, open_syscall::OPEN)
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_openat")]
+pub fn sys_enter_openat(ctx: TracePointContext) -> u32 {
+    enter_open(&ctx, open_syscall::OPENAT)
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_openat2")]
+pub fn sys_enter_openat2(ctx: TracePointContext) -> u32 {
+    enter_open(&ctx, open_syscall::OPENAT2)
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_creat")]
+pub fn sys_enter_creat(ctx: TracePointContext) -> u32 {
+    enter_open(&ctx, open_syscall::CREAT)
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_open")]
+pub fn sys_exit_open(ctx: TracePointContext) -> u32 {
+    exit_open(&ctx)
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_openat")]
+pub fn sys_exit_openat(ctx: TracePointContext) -> u32 {
+    exit_open(&ctx)
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_openat2")]
+pub fn sys_exit_openat2(ctx: TracePointContext) -> u32 {
+    exit_open(&ctx)
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_creat")]
+pub fn sys_exit_creat(ctx: TracePointContext) -> u32 {
+    exit_open(&ctx)
+}
 
 #[cfg(not(test))]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // A panic path that survives optimisation becomes an infinite loop, which the verifier
+    // rejects at load time instead of it ever running.
     loop {}
 }
 

@@ -1,0 +1,151 @@
+//! Compiled path patterns of one rule: `~/...` patterns are tried against the path relative
+//! to every home it lies under, the others against the absolute path.
+
+use globset::{GlobSet, GlobSetBuilder};
+
+use super::schema::{Anchor, Pattern};
+
+#[derive(Clone, Debug)]
+pub struct Targets {
+    home: GlobSet,
+    absolute: GlobSet,
+    home_exclude: GlobSet,
+    absolute_exclude: GlobSet,
+}
+
+impl Targets {
+    pub fn compile(targets: &[Pattern], exclude: &[Pattern]) -> Result<Targets, globset::Error> {
+        let (home, absolute) = split(targets)?;
+        let (home_exclude, absolute_exclude) = split(exclude)?;
+        Ok(Targets { home, absolute, home_exclude, absolute_exclude })
+    }
+
+    /// Whether the absolute `path` is a target. `home` is the opener's `HOME` when known; the
+    /// homes of `/etc/passwd`'s usual layout (`/root`, `/home/<user>`) are always tried.
+    pub fn matches(&self, path: &str, home: Option<&str>) -> bool {
+        let relatives = home_relatives(path, home);
+        let hit = self.absolute.is_match(path) || relatives.iter().any(|rel| self.home.is_match(rel));
+        hit && !(self.absolute_exclude.is_match(path) || relatives.iter().any(|rel| self.home_exclude.is_match(rel)))
+    }
+}
+
+/// All rules' targets in two glob sets, so that an open costs a few matches however many
+/// rules there are. It yields candidates; [`Targets::matches`] confirms (and applies
+/// exclusions).
+#[derive(Clone, Debug, Default)]
+pub struct TargetIndex {
+    home: GlobSet,
+    absolute: GlobSet,
+    /// Rule index of each glob, in the order the sets were built.
+    home_rules: Vec<usize>,
+    absolute_rules: Vec<usize>,
+}
+
+impl TargetIndex {
+    /// `targets[i]` are the patterns of rule `i`.
+    pub fn build<'a>(targets: impl IntoIterator<Item = &'a [Pattern]>) -> Result<TargetIndex, globset::Error> {
+        let (mut home, mut absolute) = (GlobSetBuilder::new(), GlobSetBuilder::new());
+        let (mut home_rules, mut absolute_rules) = (Vec::new(), Vec::new());
+        for (rule, patterns) in targets.into_iter().enumerate() {
+            for pattern in patterns {
+                match pattern.anchor {
+                    Anchor::Home => {
+                        home.add(pattern.glob.clone());
+                        home_rules.push(rule);
+                    }
+                    Anchor::Absolute => {
+                        absolute.add(pattern.glob.clone());
+                        absolute_rules.push(rule);
+                    }
+                }
+            }
+        }
+        Ok(TargetIndex { home: home.build()?, absolute: absolute.build()?, home_rules, absolute_rules })
+    }
+
+    /// Indices of the rules that may match `path`, sorted, without repeats.
+    pub fn candidates(&self, path: &str, home: Option<&str>) -> Vec<usize> {
+        let mut out: Vec<usize> = self.absolute.matches(path).into_iter().map(|i| self.absolute_rules[i]).collect();
+        for rel in home_relatives(path, home) {
+            out.extend(self.home.matches(rel).into_iter().map(|i| self.home_rules[i]));
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+}
+
+fn split(patterns: &[Pattern]) -> Result<(GlobSet, GlobSet), globset::Error> {
+    let mut home = GlobSetBuilder::new();
+    let mut absolute = GlobSetBuilder::new();
+    for pattern in patterns {
+        match pattern.anchor {
+            Anchor::Home => home.add(pattern.glob.clone()),
+            Anchor::Absolute => absolute.add(pattern.glob.clone()),
+        };
+    }
+    Ok((home.build()?, absolute.build()?))
+}
+
+/// `path` relative to each home it is under.
+fn home_relatives<'a>(path: &'a str, home: Option<&str>) -> Vec<&'a str> {
+    let mut out = Vec::with_capacity(2);
+    if let Some(rel) = path.strip_prefix("/root/") {
+        out.push(rel);
+    }
+    if let Some(rest) = path.strip_prefix("/home/") {
+        if let Some((user, rel)) = rest.split_once('/') {
+            if !user.is_empty() {
+                out.push(rel);
+            }
+        }
+    }
+    // A HOME of "/" (daemons) would make every absolute path home-relative.
+    if let Some(home) = home.map(|h| h.trim_end_matches('/')).filter(|h| !h.is_empty()) {
+        if let Some(rel) = path.strip_prefix(home).and_then(|rest| rest.strip_prefix('/')) {
+            if !out.contains(&rel) {
+                out.push(rel);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn targets(targets: &[&str], exclude: &[&str]) -> Targets {
+        let parse = |list: &[&str]| -> Vec<Pattern> {
+            list.iter().map(|t| Pattern::try_from((*t).to_owned()).unwrap()).collect()
+        };
+        Targets::compile(&parse(targets), &parse(exclude)).unwrap()
+    }
+
+    #[test]
+    fn home_patterns_match_every_home() {
+        let t = targets(&["~/.npmrc", "~/.ssh/**"], &[]);
+        assert!(t.matches("/root/.npmrc", None));
+        assert!(t.matches("/home/alice/.npmrc", None));
+        assert!(t.matches("/home/alice/.ssh/id_ed25519", None));
+        assert!(t.matches("/tmp/xyz/home/.npmrc", Some("/tmp/xyz/home")));
+        assert!(t.matches("/tmp/xyz/home/.ssh/keys/id_rsa", Some("/tmp/xyz/home/")));
+        assert!(!t.matches("/tmp/xyz/home/.npmrc", None));
+        assert!(!t.matches("/home/alice/project/.npmrc", None));
+        assert!(!t.matches("/home/.npmrc", None));
+        assert!(!t.matches("/etc/.npmrc", Some("/")));
+    }
+
+    #[test]
+    fn star_stops_at_slash_and_exclusions_win() {
+        let t =
+            targets(&["**/.env", "**/.env.*", "/etc/ssh/ssh_host_*_key"], &["**/node_modules/**", "**/.env.example"]);
+        assert!(t.matches("/home/alice/app/.env", None));
+        assert!(t.matches("/srv/app/.env.production", None));
+        assert!(!t.matches("/srv/app/.env.example", None));
+        assert!(!t.matches("/srv/app/node_modules/dotenv/.env", None));
+        assert!(t.matches("/etc/ssh/ssh_host_ed25519_key", None));
+        assert!(!t.matches("/etc/ssh/ssh_host_ed25519_key.pub", None));
+        assert!(!t.matches("/etc/ssh/x/ssh_host_a/b_key", None));
+    }
+}

@@ -1,0 +1,258 @@
+use std::{fs, path::Path};
+
+use super::*;
+
+const MINIMAL_RULE: &str = r#"schema: 1
+rules:
+  - id: demo
+    name: Demo
+    description: Demo rule.
+    category: demo
+    severity: high
+    targets: ["~/.demo-token"]
+    samples:
+      positive:
+        - exec: {pid: 1, args: [npm, install]}
+        - open: {pid: 1, path: /home/alice/.demo-token}
+      negative:
+        - exec: {pid: 1, args: [npm, install]}
+        - open: {pid: 1, path: /home/alice/.demo-token.pub}
+"#;
+
+fn write(dir: &Path, name: &str, text: &str) {
+    fs::write(dir.join(name), text).unwrap();
+}
+
+/// The error of loading a directory holding only `text`, and that file's path.
+fn error_for(text: &str) -> (RulesError, String) {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "bad.yaml", text);
+    let file = dir.path().join("bad.yaml").display().to_string();
+    (RuleSet::load_dir(dir.path()).unwrap_err(), file)
+}
+
+fn assert_invalid_at(error: &RulesError, file: &str, line: usize, needle: &str) {
+    match error {
+        RulesError::Invalid { origin, message, .. } => {
+            assert_eq!(origin.file, file, "{error}");
+            assert_eq!(origin.line, Some(line), "{error}");
+            assert!(message.contains(needle), "{needle:?} not in {error}");
+        }
+        other => panic!("expected an Invalid error, got {other}"),
+    }
+    assert!(error.to_string().starts_with(&format!("{file}:{line}")), "{error}");
+}
+
+#[test]
+fn every_default_rule_passes_its_samples() {
+    let set = RuleSet::defaults().unwrap();
+    assert!(set.rules().len() >= 20, "{} rules", set.rules().len());
+    let failures = set.sample_failures();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn default_managers_come_from_the_rules() {
+    let set = RuleSet::defaults().unwrap();
+    let names: Vec<&str> = set.managers().iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(names, ["npm", "yarn", "pnpm", "bun", "cargo", "pip", "uv", "poetry"]);
+    let args = |words: &[&str]| words.iter().map(|w| (*w).to_owned()).collect::<Vec<_>>();
+    let find = |file: &str, argv: &[&str]| {
+        manager::root_manager(set.managers(), file, &args(argv)).map(|i| set.managers()[i].name.as_str())
+    };
+    assert_eq!(find("/usr/bin/npx", &["npx", "nx@latest"]), Some("npm"));
+    assert_eq!(find("/usr/bin/python3.12", &["python3.12", "-m", "pip", "install", "x"]), Some("pip"));
+    assert_eq!(find("/usr/bin/python3.7", &["python3.7", "-m", "pip", "install", "x"]), None);
+    assert_eq!(find("/root/.cargo/bin/cargo", &["cargo", "build"]), Some("cargo"));
+}
+
+#[test]
+fn default_targets_cover_the_credential_paths() {
+    let set = RuleSet::defaults().unwrap();
+    let hits = |path: &str| -> Vec<&str> {
+        let hits: Vec<&str> =
+            set.rules().iter().filter(|r| r.matches_path(path, None)).map(|r| r.id.as_str()).collect();
+        // The merged index finds the same rules (before exclusions).
+        let confirmed: Vec<&str> = set
+            .candidates(path, None)
+            .into_iter()
+            .map(|i| &set.rules()[i])
+            .filter(|r| r.matches_path(path, None))
+            .map(|r| r.id.as_str())
+            .collect();
+        assert_eq!(hits, confirmed, "{path}");
+        hits
+    };
+    for path in [
+        "/home/a/.ssh/id_rsa",
+        "/home/a/.ssh/config",
+        "/home/a/.npmrc",
+        "/home/a/project/.npmrc",
+        "/home/a/.yarnrc.yml",
+        "/home/a/.pypirc",
+        "/home/a/.cargo/credentials.toml",
+        "/home/a/.cargo/credentials",
+        "/home/a/.git-credentials",
+        "/home/a/.config/gh/hosts.yml",
+        "/home/a/.aws/credentials",
+        "/home/a/.aws/config",
+        "/home/a/.config/gcloud/credentials.db",
+        "/home/a/.azure/azureProfile.json",
+        "/home/a/.kube/config",
+        "/home/a/.docker/config.json",
+        "/var/run/secrets/kubernetes.io/serviceaccount/token",
+        "/srv/app/.env",
+        "/srv/app/.env.local",
+        "/home/a/.claude/.credentials.json",
+        "/home/a/.codex/auth.json",
+        "/home/a/.gemini/oauth_creds.json",
+        "/home/a/.netrc",
+        "/home/a/.pgpass",
+        "/home/a/.vault-token",
+        "/home/a/.bash_history",
+        "/home/a/.zsh_history",
+        "/home/a/.ethereum/keystore/UTC--2025-01-01T00-00-00.0Z--abcd",
+        "/home/a/.electrum/wallets/default_wallet",
+        "/home/a/.config/google-chrome/Default/Login Data",
+        "/home/a/.config/chromium/Default/Cookies",
+        "/home/a/.mozilla/firefox/x.default/logins.json",
+        "/etc/shadow",
+        "/proc/1/environ",
+        "/proc/1/mem",
+    ] {
+        assert!(!hits(path).is_empty(), "no rule covers {path}");
+    }
+    for path in [
+        "/home/a/app/index.js",
+        "/home/a/.bashrc",
+        "/srv/app/.env.example",
+        "/srv/app/node_modules/x/.env",
+        "/etc/passwd",
+    ] {
+        assert!(hits(path).is_empty(), "{path} hit {:?}", hits(path));
+    }
+}
+
+#[test]
+fn a_directory_overrides_and_adds_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "mine.yaml", MINIMAL_RULE);
+    let overriding = MINIMAL_RULE
+        .replace("id: demo", "id: vault-token")
+        .replace("severity: high", "severity: low\n    action: kill");
+    write(dir.path(), "override.yml", &overriding);
+    write(dir.path(), "notes.txt", "not a rule file");
+    let defaults = RuleSet::defaults().unwrap();
+    let set = RuleSet::load(Some(dir.path())).unwrap();
+    assert_eq!(set.rules().len(), defaults.rules().len() + 1);
+    let vault = set.rules().iter().find(|r| r.id == "vault-token").unwrap();
+    assert_eq!((vault.severity, vault.action), (Severity::Low, Action::Kill));
+    assert!(vault.origin.file.ends_with("override.yml"));
+    assert!(set.rules().iter().any(|r| r.id == "demo"));
+    assert_eq!(RuleSet::load_dir(dir.path()).unwrap().rules().len(), 2);
+}
+
+#[test]
+fn check_dir_replays_samples_and_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "mine.yaml", MINIMAL_RULE);
+    // Samples may also be written as full events, in the trace's JSON shape.
+    let full_events = MINIMAL_RULE.replace("id: demo", "id: demo-events").replace(
+        "        - open: {pid: 1, path: /home/alice/.demo-token}\n",
+        "        - event: {time_ns: 5, pid: 1, kind: open, tid: 1, syscall: openat, dirfd: -100, flags: 0, mode: 0, path: .demo-token, abs_path: /root/.demo-token, ret: 4}\n",
+    );
+    write(dir.path(), "events.yaml", &full_events);
+    let report = check_dir(dir.path()).unwrap();
+    let defaults = RuleSet::defaults().unwrap().rules().len();
+    assert_eq!(report, CheckReport { files: 2, managers: 0, rules: 2, samples: (defaults + 2) * 2 });
+    fs::remove_file(dir.path().join("events.yaml")).unwrap();
+
+    // A negative sample that fires is reported with the rule's file and line.
+    let broken = MINIMAL_RULE.replace("/home/alice/.demo-token.pub", "/root/.demo-token");
+    write(dir.path(), "mine.yaml", &broken);
+    match check_dir(dir.path()).unwrap_err() {
+        RulesError::Samples { failures } => {
+            assert_eq!(failures.len(), 1, "{failures:?}");
+            assert!(
+                failures[0].contains("mine.yaml:3: rule demo: the negative sample fired the rule"),
+                "{}",
+                failures[0]
+            );
+        }
+        other => panic!("expected sample failures, got {other}"),
+    }
+}
+
+#[test]
+fn unknown_key_names_file_and_line() {
+    let (error, file) =
+        error_for(&MINIMAL_RULE.replace("    category: demo\n", "    category: demo\n    colour: red\n"));
+    assert_invalid_at(&error, &file, 7, "unknown field `colour`");
+}
+
+#[test]
+fn bad_glob_names_file_and_line() {
+    let (error, file) = error_for(&MINIMAL_RULE.replace(r#"["~/.demo-token"]"#, r#"["~/.demo-[token"]"#));
+    assert_invalid_at(&error, &file, 8, "bad glob");
+    let (error, file) = error_for(&MINIMAL_RULE.replace(r#"["~/.demo-token"]"#, r#"["demo-token"]"#));
+    assert_invalid_at(&error, &file, 8, "must start with");
+}
+
+#[test]
+fn bad_severity_names_file_and_line() {
+    let (error, file) = error_for(&MINIMAL_RULE.replace("severity: high", "severity: severe"));
+    assert_invalid_at(&error, &file, 7, "unknown variant `severe`");
+}
+
+#[test]
+fn unsupported_schema_names_file_and_line() {
+    let (error, file) = error_for(&MINIMAL_RULE.replace("schema: 1", "schema: 2"));
+    assert_invalid_at(&error, &file, 1, "unsupported schema version 2");
+}
+
+#[test]
+fn missing_samples_name_file_and_line() {
+    let without = MINIMAL_RULE.split("    samples:").next().unwrap();
+    let (error, file) = error_for(without);
+    assert_invalid_at(&error, &file, 3, "missing field `samples`");
+    let empty = MINIMAL_RULE.replace(
+        "      negative:\n        - exec: {pid: 1, args: [npm, install]}\n        - open: {pid: 1, path: /home/alice/.demo-token.pub}\n",
+        "      negative: []\n",
+    );
+    let (error, file) = error_for(&empty);
+    assert_invalid_at(&error, &file, 3, "the negative sample has no steps");
+}
+
+#[test]
+fn duplicate_ids_name_the_second_definition() {
+    let rule = MINIMAL_RULE.split_once("rules:\n").unwrap().1;
+    let (error, file) = error_for(&format!("{MINIMAL_RULE}{rule}"));
+    assert_invalid_at(&error, &file, 16, "duplicate rule id \"demo\"");
+
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "a.yaml", MINIMAL_RULE);
+    write(dir.path(), "b.yaml", MINIMAL_RULE);
+    let error = RuleSet::load_dir(dir.path()).unwrap_err();
+    assert_invalid_at(&error, &dir.path().join("b.yaml").display().to_string(), 3, "first at");
+}
+
+#[test]
+fn unknown_manager_references_and_bad_actors_are_errors() {
+    let (error, file) = error_for(
+        &MINIMAL_RULE.replace("    severity: high\n", "    severity: high\n    conditions: {managers: [maven]}\n"),
+    );
+    assert_invalid_at(&error, &file, 3, "unknown manager \"maven\"");
+    let (error, file) = error_for(&MINIMAL_RULE.replace(
+        "    severity: high\n",
+        "    severity: high\n    actors:\n      - {manager: true, execs: [git], verdict: low}\n",
+    ));
+    assert_invalid_at(&error, &file, 9, "exactly one of");
+}
+
+#[test]
+fn syntax_errors_and_missing_dirs_do_not_panic() {
+    let (error, file) = error_for("schema: 1\nrules: [\n");
+    assert!(matches!(&error, RulesError::Invalid { origin, .. } if origin.file == file), "{error}");
+    let missing = RuleSet::load_dir(Path::new("/nonexistent/credwatch-rules")).unwrap_err();
+    assert!(matches!(missing, RulesError::Io { .. }), "{missing}");
+}

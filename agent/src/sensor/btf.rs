@@ -1,0 +1,348 @@
+//! A small reader for the kernel's BTF (`/sys/kernel/btf/vmlinux`): just enough to find the
+//! byte offset of a struct member, looking through anonymous structs and unions, because Rust
+//! eBPF has no CO-RE and the programs get their offsets from the agent.
+//!
+//! Format: `include/uapi/linux/btf.h` (a header, a type section, a string section).
+
+use std::{collections::HashMap, path::Path};
+
+use thiserror::Error;
+
+const BTF_MAGIC: u16 = 0xeb9f;
+const KIND_INT: u32 = 1;
+const KIND_PTR: u32 = 2;
+const KIND_ARRAY: u32 = 3;
+const KIND_STRUCT: u32 = 4;
+const KIND_UNION: u32 = 5;
+const KIND_ENUM: u32 = 6;
+const KIND_TYPEDEF: u32 = 8;
+const KIND_VOLATILE: u32 = 9;
+const KIND_CONST: u32 = 10;
+const KIND_RESTRICT: u32 = 11;
+const KIND_FUNC_PROTO: u32 = 13;
+const KIND_VAR: u32 = 14;
+const KIND_DATASEC: u32 = 15;
+const KIND_DECL_TAG: u32 = 17;
+const KIND_TYPE_TAG: u32 = 18;
+const KIND_ENUM64: u32 = 19;
+/// Anonymous members nest only a few levels deep in practice; the bound stops a malformed
+/// (cyclic) blob from recursing forever.
+const MAX_NESTING: u32 = 8;
+
+#[derive(Debug, Error)]
+pub enum BtfError {
+    #[error("reading {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("malformed BTF: {0}")]
+    Malformed(&'static str),
+    #[error("BTF has no struct `{0}`")]
+    NoStruct(String),
+    #[error("BTF struct `{strukt}` has no member `{member}`")]
+    NoMember { strukt: String, member: String },
+    #[error("BTF has no typedef `{0}` of a function prototype")]
+    NoProto(String),
+}
+
+#[derive(Clone, Debug)]
+struct Member {
+    /// Offset in the string section (names are compared there, not copied: vmlinux has
+    /// hundreds of thousands of members).
+    name_off: u32,
+    type_id: u32,
+    /// Offset in bits from the start of the containing struct or union.
+    bit_offset: u32,
+}
+
+#[derive(Clone, Debug)]
+enum Type {
+    Composite { members: Vec<Member> },
+    /// typedef, const, volatile, restrict, type tag: look through to `type_id`.
+    Alias { type_id: u32 },
+    Ptr { type_id: u32 },
+    FuncProto { params: u32 },
+    Other,
+}
+
+/// The parsed type section of a BTF blob.
+pub struct Btf {
+    /// Index = type id (id 0 is `void`).
+    types: Vec<Type>,
+    /// struct names (and typedef names) to ids; the first definition wins.
+    structs: HashMap<String, u32>,
+    typedefs: HashMap<String, u32>,
+    strings: Vec<u8>,
+}
+
+fn u16_at(data: &[u8], at: usize) -> Result<u16, BtfError> {
+    data.get(at..at + 2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        .ok_or(BtfError::Malformed("truncated"))
+}
+
+fn u32_at(data: &[u8], at: usize) -> Result<u32, BtfError> {
+    data.get(at..at + 4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .ok_or(BtfError::Malformed("truncated"))
+}
+
+fn str_at(strings: &[u8], offset: u32) -> Result<String, BtfError> {
+    let tail = strings.get(offset as usize..).ok_or(BtfError::Malformed("string offset out of range"))?;
+    let end = tail.iter().position(|&b| b == 0).ok_or(BtfError::Malformed("unterminated string"))?;
+    Ok(String::from_utf8_lossy(&tail[..end]).into_owned())
+}
+
+impl Btf {
+    pub fn from_sys_fs() -> Result<Btf, BtfError> {
+        Self::from_file(Path::new("/sys/kernel/btf/vmlinux"))
+    }
+
+    pub fn from_file(path: &Path) -> Result<Btf, BtfError> {
+        let data = std::fs::read(path).map_err(|source| BtfError::Read { path: path.display().to_string(), source })?;
+        Self::parse(&data)
+    }
+
+    /// Parses a little-endian BTF blob (the only byte order credwatch runs on).
+    pub fn parse(data: &[u8]) -> Result<Btf, BtfError> {
+        if u16_at(data, 0)? != BTF_MAGIC {
+            return Err(BtfError::Malformed("bad magic"));
+        }
+        let hdr_len = u32_at(data, 4)? as usize;
+        let type_off = u32_at(data, 8)? as usize;
+        let type_len = u32_at(data, 12)? as usize;
+        let str_off = u32_at(data, 16)? as usize;
+        let str_len = u32_at(data, 20)? as usize;
+        let section = |off: usize, len: usize| {
+            hdr_len
+                .checked_add(off)
+                .and_then(|start| Some(start..start.checked_add(len)?))
+                .and_then(|range| data.get(range))
+                .ok_or(BtfError::Malformed("section out of range"))
+        };
+        let type_data = section(type_off, type_len)?;
+        let strings = section(str_off, str_len)?;
+
+        let mut btf =
+            Btf { types: vec![Type::Other], structs: HashMap::new(), typedefs: HashMap::new(), strings: strings.to_vec() };
+        let mut at = 0;
+        while at < type_data.len() {
+            let name_off = u32_at(type_data, at)?;
+            let info = u32_at(type_data, at + 4)?;
+            let size_or_type = u32_at(type_data, at + 8)?;
+            at += 12;
+            let kind = (info >> 24) & 0x1f;
+            let vlen = (info & 0xffff) as usize;
+            let kind_flag = info >> 31 == 1;
+            let id = btf.types.len() as u32;
+            let ty = match kind {
+                KIND_STRUCT | KIND_UNION => {
+                    let mut members = Vec::with_capacity(vlen);
+                    for _ in 0..vlen {
+                        let offset = u32_at(type_data, at + 8)?;
+                        members.push(Member {
+                            name_off: u32_at(type_data, at)?,
+                            type_id: u32_at(type_data, at + 4)?,
+                            // With kind_flag the high 8 bits are a bitfield size.
+                            bit_offset: if kind_flag { offset & 0x00ff_ffff } else { offset },
+                        });
+                        at += 12;
+                    }
+                    if kind == KIND_STRUCT && name_off != 0 {
+                        btf.structs.entry(str_at(strings, name_off)?).or_insert(id);
+                    }
+                    Type::Composite { members }
+                }
+                KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
+                    if kind == KIND_TYPEDEF {
+                        btf.typedefs.entry(str_at(strings, name_off)?).or_insert(id);
+                    }
+                    Type::Alias { type_id: size_or_type }
+                }
+                KIND_PTR => Type::Ptr { type_id: size_or_type },
+                KIND_FUNC_PROTO => {
+                    at += 8 * vlen;
+                    Type::FuncProto { params: vlen as u32 }
+                }
+                _ => {
+                    at += match kind {
+                        KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
+                        KIND_ARRAY => 12,
+                        KIND_ENUM => 8 * vlen,
+                        KIND_DATASEC | KIND_ENUM64 => 12 * vlen,
+                        _ => 0,
+                    };
+                    Type::Other
+                }
+            };
+            btf.types.push(ty);
+        }
+        if at != type_data.len() {
+            return Err(BtfError::Malformed("type section ends inside a type"));
+        }
+        Ok(btf)
+    }
+
+    fn resolve(&self, mut id: u32) -> Option<&Type> {
+        for _ in 0..MAX_NESTING * 4 {
+            match self.types.get(id as usize)? {
+                Type::Alias { type_id } => id = *type_id,
+                other => return Some(other),
+            }
+        }
+        None
+    }
+
+    /// Whether the NUL-terminated string at `offset` is `name`.
+    fn name_is(&self, offset: u32, name: &str) -> bool {
+        let Some(tail) = self.strings.get(offset as usize..) else { return false };
+        tail.strip_prefix(name.as_bytes()).is_some_and(|rest| rest.first() == Some(&0))
+    }
+
+    fn find_member(&self, id: u32, member: &str, depth: u32) -> Option<u32> {
+        if depth > MAX_NESTING {
+            return None;
+        }
+        let Some(Type::Composite { members }) = self.resolve(id) else { return None };
+        if let Some(found) = members.iter().find(|m| self.name_is(m.name_off, member)) {
+            return Some(found.bit_offset);
+        }
+        members
+            .iter()
+            .filter(|m| m.name_off == 0 || self.name_is(m.name_off, ""))
+            .find_map(|m| Some(m.bit_offset + self.find_member(m.type_id, member, depth + 1)?))
+    }
+
+    /// Byte offset of `member` in `struct strukt`, also when it sits in an anonymous struct or
+    /// union.
+    pub fn member_offset(&self, strukt: &str, member: &str) -> Result<u32, BtfError> {
+        let id = *self.structs.get(strukt).ok_or_else(|| BtfError::NoStruct(strukt.to_owned()))?;
+        self.find_member(id, member, 0)
+            .map(|bits| bits / 8)
+            .ok_or_else(|| BtfError::NoMember { strukt: strukt.to_owned(), member: member.to_owned() })
+    }
+
+    /// Number of parameters of the function prototype behind typedef `name` (the raw
+    /// tracepoints are `btf_trace_<name>`: a pointer to a prototype whose first parameter is
+    /// the context).
+    pub fn proto_params(&self, name: &str) -> Result<u32, BtfError> {
+        let mut id = *self.typedefs.get(name).ok_or_else(|| BtfError::NoProto(name.to_owned()))?;
+        // The typedef names a pointer to the prototype.
+        for _ in 0..MAX_NESTING {
+            match self.types.get(id as usize) {
+                Some(Type::FuncProto { params }) => return Ok(*params),
+                Some(Type::Alias { type_id } | Type::Ptr { type_id }) => id = *type_id,
+                _ => break,
+            }
+        }
+        Err(BtfError::NoProto(name.to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A little BTF blob builder: types are (name, info, size_or_type, trailing u32s).
+    struct Blob {
+        types: Vec<u8>,
+        strings: Vec<u8>,
+    }
+
+    impl Blob {
+        fn new() -> Blob {
+            Blob { types: Vec::new(), strings: vec![0] }
+        }
+
+        fn name(&mut self, name: &str) -> u32 {
+            if name.is_empty() {
+                return 0;
+            }
+            let offset = self.strings.len() as u32;
+            self.strings.extend_from_slice(name.as_bytes());
+            self.strings.push(0);
+            offset
+        }
+
+        fn push(&mut self, name: &str, kind: u32, vlen: u32, size_or_type: u32, extra: &[u32]) {
+            let name = self.name(name);
+            for word in [name, kind << 24 | vlen, size_or_type].iter().chain(extra) {
+                self.types.extend_from_slice(&word.to_le_bytes());
+            }
+        }
+
+        /// Members as (name, type id, bit offset).
+        fn composite(&mut self, name: &str, kind: u32, size: u32, members: &[(&str, u32, u32)]) {
+            let extra: Vec<u32> = members.iter().flat_map(|&(n, t, o)| [self.name(n), t, o]).collect();
+            self.push(name, kind, members.len() as u32, size, &extra);
+        }
+
+        fn finish(self) -> Vec<u8> {
+            let mut blob = Vec::new();
+            blob.extend_from_slice(&BTF_MAGIC.to_le_bytes());
+            blob.extend_from_slice(&[1, 0]);
+            for word in [24u32, 0, self.types.len() as u32, self.types.len() as u32, self.strings.len() as u32] {
+                blob.extend_from_slice(&word.to_le_bytes());
+            }
+            blob.extend_from_slice(&self.types);
+            blob.extend_from_slice(&self.strings);
+            blob
+        }
+    }
+
+    fn sample() -> Vec<u8> {
+        let mut blob = Blob::new();
+        blob.push("int", KIND_INT, 0, 4, &[32]); // 1
+        blob.composite("", KIND_STRUCT, 8, &[("hash", 1, 0), ("len", 1, 32)]); // 2
+        blob.composite("", KIND_UNION, 8, &[("", 2, 0), ("hash_len", 1, 0)]); // 3
+        blob.composite("qstr", KIND_STRUCT, 16, &[("", 3, 0), ("name", 1, 64)]); // 4
+        blob.push("", KIND_ENUM, 2, 4, &[0, 0, 0, 1]); // 5: skipped correctly
+        blob.push("", KIND_PTR, 0, 7, &[]); // 6
+        blob.push("", KIND_FUNC_PROTO, 3, 0, &[0, 1, 0, 1, 0, 1]); // 7
+        blob.push("btf_trace_x", KIND_TYPEDEF, 0, 6, &[]); // 8
+        // A bitfield member: with kind_flag, the top 8 bits of the offset are its size.
+        let extra = [blob.name("flag"), 1, 3 << 24 | 40];
+        blob.push("bits", KIND_STRUCT | 1 << 7, 1, 8, &extra); // 9
+        blob.finish()
+    }
+
+    #[test]
+    fn finds_members_through_anonymous_structs_and_unions() {
+        let btf = Btf::parse(&sample()).unwrap();
+        assert_eq!(btf.member_offset("qstr", "len").unwrap(), 4);
+        assert_eq!(btf.member_offset("qstr", "hash_len").unwrap(), 0);
+        assert_eq!(btf.member_offset("qstr", "name").unwrap(), 8);
+        assert_eq!(btf.member_offset("bits", "flag").unwrap(), 5);
+        assert_eq!(btf.proto_params("btf_trace_x").unwrap(), 3);
+    }
+
+    #[test]
+    fn errors_name_the_struct_and_member() {
+        let btf = Btf::parse(&sample()).unwrap();
+        assert_eq!(btf.member_offset("qstr", "nope").unwrap_err().to_string(), "BTF struct `qstr` has no member `nope`");
+        assert_eq!(btf.member_offset("dentry", "d_name").unwrap_err().to_string(), "BTF has no struct `dentry`");
+    }
+
+    #[test]
+    fn rejects_malformed_blobs() {
+        let blob = sample();
+        assert!(matches!(Btf::parse(&blob[..30]), Err(BtfError::Malformed(_))));
+        assert!(matches!(Btf::parse(&[0; 24]), Err(BtfError::Malformed("bad magic"))));
+        let mut cut = blob.clone();
+        // Claim a type section one byte shorter than its types.
+        cut[12] -= 1;
+        assert!(Btf::parse(&cut).is_err());
+    }
+
+    #[test]
+    fn resolves_every_offset_on_this_kernel() {
+        let btf = Btf::from_sys_fs().expect("the test machine has /sys/kernel/btf/vmlinux");
+        let offsets = super::super::offsets::kernel_offsets(&btf).unwrap();
+        // mm_struct's arg_start sits in an anonymous struct on recent kernels; qstr's len in an
+        // anonymous struct inside an anonymous union.
+        assert_eq!(offsets.mm_struct_arg_end, offsets.mm_struct_arg_start + 8);
+        assert_eq!(offsets.mm_struct_env_start, offsets.mm_struct_arg_end + 8);
+        assert_eq!(offsets.qstr_len, 4);
+        assert_eq!(offsets.qstr_name, 8);
+        assert_eq!(offsets.path_dentry, offsets.path_mnt + 8);
+        assert_ne!(offsets.task_struct_tgid, 0);
+    }
+}

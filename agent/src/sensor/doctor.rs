@@ -1,0 +1,137 @@
+//! `credwatch doctor`: what this kernel offers the sensor, probed rather than assumed.
+
+use std::{fmt, fs, path::Path};
+
+use aya::{
+    maps::MapType,
+    programs::{LsmAttachType, ProgramType},
+    sys::{is_map_supported, is_program_supported},
+};
+
+use super::{TRACEFS, btf::Btf, offsets::kernel_offsets};
+
+/// One probed feature: `Ok(true)` loads, `Ok(false)` does not, `Err` the probe itself failed.
+pub type Probe = Result<bool, String>;
+
+#[derive(Debug)]
+pub struct DoctorReport {
+    pub kernel_release: String,
+    /// `/sys/kernel/btf/vmlinux` is there.
+    pub btf: bool,
+    /// Every kernel offset the programs need resolved from BTF, or the first that did not.
+    pub offsets: Result<(), String>,
+    /// The selected lockdown mode (`none`, `integrity`, `confidentiality`), when readable.
+    pub lockdown: Option<String>,
+    /// tracefs is mounted (the sensor mounts it when it is not).
+    pub tracefs: bool,
+    /// Program types and whether they load here.
+    pub programs: Vec<(&'static str, Probe)>,
+    pub ring_buffer: Probe,
+    /// The sensor the agent will use (`None`: no live sensor can run).
+    pub sensor: Option<&'static str>,
+    pub reason: String,
+}
+
+/// An error with its causes (`bpf_prog_load failed: Operation not permitted`).
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+fn probe_program(program_type: ProgramType) -> Probe {
+    is_program_supported(program_type).map_err(|e| chain(&e))
+}
+
+fn kernel_release() -> String {
+    fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_owned()).unwrap_or_else(|_| "unknown".into())
+}
+
+/// The bracketed entry of `/sys/kernel/security/lockdown` (`none [integrity] confidentiality`),
+/// or, when securityfs is not mounted, a `lockdown=` on the kernel command line.
+fn lockdown() -> Option<String> {
+    if let Ok(text) = fs::read_to_string("/sys/kernel/security/lockdown") {
+        let start = text.find('[')? + 1;
+        let end = start + text[start..].find(']')?;
+        return Some(text[start..end].to_owned());
+    }
+    let cmdline = fs::read_to_string("/proc/cmdline").ok()?;
+    let mode = cmdline.split_whitespace().find_map(|word| word.strip_prefix("lockdown="))?;
+    Some(format!("{mode} (from the kernel command line)"))
+}
+
+pub fn doctor() -> DoctorReport {
+    let btf = Path::new("/sys/kernel/btf/vmlinux").is_file();
+    let offsets = Btf::from_sys_fs().and_then(|btf| kernel_offsets(&btf)).map(drop).map_err(|e| e.to_string());
+    let programs = vec![
+        ("tracepoint", probe_program(ProgramType::TracePoint)),
+        ("raw_tracepoint", probe_program(ProgramType::RawTracePoint)),
+        ("tracing (fentry/fexit)", probe_program(ProgramType::Tracing)),
+        ("lsm", probe_program(ProgramType::Lsm(LsmAttachType::Mac))),
+    ];
+    let ring_buffer = is_map_supported(MapType::RingBuf).map_err(|e| chain(&e));
+    let loads = |name: &str| programs.iter().any(|(n, probe)| *n == name && matches!(probe, Ok(true)));
+    let (sensor, reason) = if !btf {
+        (None, "no kernel BTF, so the kernel struct offsets cannot be resolved".to_owned())
+    } else if let Err(error) = &offsets {
+        (None, format!("kernel BTF lacks what the programs need: {error}"))
+    } else if !(loads("tracepoint") && loads("raw_tracepoint")) {
+        (None, "tracepoint and raw_tracepoint programs do not both load".to_owned())
+    } else if !matches!(ring_buffer, Ok(true)) {
+        (None, "BPF ring buffers are not supported".to_owned())
+    } else {
+        (
+            Some("tracepoints"),
+            "tracepoint and raw_tracepoint programs load, the ring buffer works and every offset resolves \
+             from BTF; tracepoints are the only backend built so far (an fentry/LSM backend would be cheaper \
+             where those load)"
+                .to_owned(),
+        )
+    };
+    DoctorReport {
+        kernel_release: kernel_release(),
+        btf,
+        offsets,
+        lockdown: lockdown(),
+        tracefs: Path::new(TRACEFS).join("events").is_dir(),
+        programs,
+        ring_buffer,
+        sensor,
+        reason,
+    }
+}
+
+fn yes_no(probe: &Probe) -> String {
+    match probe {
+        Ok(true) => "yes".into(),
+        Ok(false) => "no".into(),
+        // Lockdown or a missing hook makes the kernel refuse the probe outright.
+        Err(error) => format!("no ({error})"),
+    }
+}
+
+impl fmt::Display for DoctorReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "kernel release:   {}", self.kernel_release)?;
+        writeln!(f, "BTF (vmlinux):    {}", if self.btf { "yes" } else { "no" })?;
+        match &self.offsets {
+            Ok(()) => writeln!(f, "kernel offsets:   all resolved")?,
+            Err(error) => writeln!(f, "kernel offsets:   {error}")?,
+        }
+        writeln!(f, "lockdown:         {}", self.lockdown.as_deref().unwrap_or("unknown (securityfs not mounted, no lockdown= on the command line)"))?;
+        writeln!(f, "tracefs mounted:  {}", if self.tracefs { "yes" } else { "no (the sensor mounts it)" })?;
+        for (name, probe) in &self.programs {
+            writeln!(f, "loads {name:<23} {}", yes_no(probe))?;
+        }
+        writeln!(f, "ring buffer:      {}", yes_no(&self.ring_buffer))?;
+        match self.sensor {
+            Some(sensor) => writeln!(f, "sensor:           {sensor}: {}", self.reason),
+            None => writeln!(f, "sensor:           none: {}", self.reason),
+        }
+    }
+}

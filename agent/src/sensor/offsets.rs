@@ -1,0 +1,50 @@
+//! The kernel struct offsets the programs need, resolved from BTF (see
+//! [`credwatch_common::KernelOffsets`]).
+
+use credwatch_common::KernelOffsets;
+
+use super::btf::{Btf, BtfError};
+
+/// Resolves every field of [`KernelOffsets`]; the error names the struct and member missing.
+pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
+    let m = |strukt: &str, member: &str| btf.member_offset(strukt, member);
+    Ok(KernelOffsets {
+        task_struct_pid: m("task_struct", "pid")?,
+        task_struct_tgid: m("task_struct", "tgid")?,
+        task_struct_real_parent: m("task_struct", "real_parent")?,
+        task_struct_mm: m("task_struct", "mm")?,
+        task_struct_fs: m("task_struct", "fs")?,
+        task_struct_files: m("task_struct", "files")?,
+        task_struct_exit_code: m("task_struct", "exit_code")?,
+        fs_struct_pwd: m("fs_struct", "pwd")?,
+        fs_struct_root: m("fs_struct", "root")?,
+        files_struct_fdt: m("files_struct", "fdt")?,
+        fdtable_max_fds: m("fdtable", "max_fds")?,
+        fdtable_fd: m("fdtable", "fd")?,
+        file_f_path: m("file", "f_path")?,
+        file_f_inode: m("file", "f_inode")?,
+        path_mnt: m("path", "mnt")?,
+        path_dentry: m("path", "dentry")?,
+        dentry_d_parent: m("dentry", "d_parent")?,
+        dentry_d_name: m("dentry", "d_name")?,
+        qstr_len: m("qstr", "len")?,
+        qstr_name: m("qstr", "name")?,
+        inode_i_ino: m("inode", "i_ino")?,
+        inode_i_sb: m("inode", "i_sb")?,
+        super_block_s_dev: m("super_block", "s_dev")?,
+        mount_mnt: m("mount", "mnt")?,
+        mount_mnt_parent: m("mount", "mnt_parent")?,
+        mount_mnt_mountpoint: m("mount", "mnt_mountpoint")?,
+        vfsmount_mnt_root: m("vfsmount", "mnt_root")?,
+        mm_struct_arg_start: m("mm_struct", "arg_start")?,
+        mm_struct_arg_end: m("mm_struct", "arg_end")?,
+        mm_struct_env_start: m("mm_struct", "env_start")?,
+        mm_struct_env_end: m("mm_struct", "env_end")?,
+        mm_struct_exe_file: m("mm_struct", "exe_file")?,
+        linux_binprm_filename: m("linux_binprm", "filename")?,
+        task_struct_signal: m("task_struct", "signal")?,
+        signal_struct_live: m("signal_struct", "live")?,
+        // The prototype's first parameter is the context; (ctx, task, group_dead) since 6.16.
+        exit_has_group_dead: u32::from(btf.proto_params("btf_trace_sched_process_exit")? >= 3),
+    })
+}

@@ -1,0 +1,167 @@
+//! Package trees that were already running when the sensor started, found in `/proc`.
+
+use std::{
+    collections::{BTreeMap, VecDeque},
+    fs, io,
+    os::unix::fs::MetadataExt,
+    path::Path,
+};
+
+use credwatch_common::Mark;
+
+use super::decode::{Decoder, words};
+use crate::{
+    event::{Event, EventData, Exec, attribution_env},
+    rules::manager::{Manager, root_manager},
+};
+
+struct Proc {
+    ppid: u32,
+    start_ticks: u64,
+    exec: Exec,
+}
+
+/// `ppid` and `starttime` (fields 4 and 22) of `/proc/<pid>/stat`; the command name (field 2)
+/// may hold spaces and parentheses, so fields are counted after its last `)`.
+fn parse_stat(stat: &str) -> Option<(u32, u64)> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    Some((fields.get(1)?.parse().ok()?, fields.get(19)?.parse().ok()?))
+}
+
+/// The first (real) id of a `Uid:` or `Gid:` line of `/proc/<pid>/status`.
+fn status_id(status: &str, key: &str) -> u32 {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(key))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|id| id.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The cgroup v2 id of a process: the inode of its cgroup directory.
+fn cgroup_id(dir: &Path) -> u64 {
+    let Ok(cgroups) = fs::read_to_string(dir.join("cgroup")) else { return 0 };
+    cgroups
+        .lines()
+        .find_map(|line| line.strip_prefix("0::"))
+        .and_then(|path| fs::metadata(format!("/sys/fs/cgroup{path}")).ok())
+        .map_or(0, |meta| meta.ino())
+}
+
+fn link(dir: &Path, name: &str) -> String {
+    fs::read_link(dir.join(name)).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// Reads one process; `None` when it vanished or is a kernel thread (no command line).
+fn read_proc(dir: &Path) -> Option<Proc> {
+    let (ppid, start_ticks) = parse_stat(&fs::read_to_string(dir.join("stat")).ok()?)?;
+    let args = words(&fs::read(dir.join("cmdline")).ok()?);
+    if args.is_empty() {
+        return None;
+    }
+    let status = fs::read_to_string(dir.join("status")).unwrap_or_default();
+    let executable = link(dir, "exe");
+    Some(Proc {
+        ppid,
+        start_ticks,
+        exec: Exec {
+            ppid,
+            filename: args[0].clone(),
+            executable,
+            cwd: link(dir, "cwd"),
+            uid: status_id(&status, "Uid:"),
+            gid: status_id(&status, "Gid:"),
+            cgroup_id: cgroup_id(dir),
+            env: attribution_env(&fs::read(dir.join("environ")).unwrap_or_default()),
+            seeded: true,
+            args,
+        },
+    })
+}
+
+/// Whether a running process is a manager: by its executable, or by argv[0] (npm is a script,
+/// so its executable is node).
+fn manager_of(managers: &[Manager], exec: &Exec) -> Option<usize> {
+    root_manager(managers, &exec.executable, &exec.args).or_else(|| root_manager(managers, &exec.filename, &exec.args))
+}
+
+/// Every process in a package tree under `proc_root`, with its mark, parents first. The
+/// outermost manager is the root of a tree (npm under cargo belongs to cargo's tree).
+pub fn scan(proc_root: &Path, managers: &[Manager], agent_pid: u32, decoder: &Decoder) -> io::Result<Vec<(Event, Mark)>> {
+    let mut procs = BTreeMap::new();
+    for entry in fs::read_dir(proc_root)? {
+        let entry = entry?;
+        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) else { continue };
+        if pid == agent_pid {
+            continue;
+        }
+        if let Some(proc) = read_proc(&entry.path()) {
+            procs.insert(pid, proc);
+        }
+    }
+    let mut children: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for (&pid, proc) in &procs {
+        children.entry(proc.ppid).or_default().push(pid);
+    }
+    // Breadth first from the processes whose parent is not listed: parents come first.
+    let mut queue: VecDeque<(u32, Option<Mark>)> =
+        procs.iter().filter(|(_, p)| !procs.contains_key(&p.ppid)).map(|(&pid, _)| (pid, None)).collect();
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100).max(1);
+    let mut found = Vec::new();
+    while let Some((pid, parent_mark)) = queue.pop_front() {
+        let Some(proc) = procs.get(&pid) else { continue };
+        let mark = match parent_mark {
+            Some(parent) => Some(Mark { depth: parent.depth + 1, ..parent }),
+            None => manager_of(managers, &proc.exec)
+                .map(|manager| Mark { root_pid: pid, depth: 0, manager: manager as u32, flags: 0 }),
+        };
+        if let Some(mark) = mark {
+            let boot_ns = proc.start_ticks.saturating_mul(1_000_000_000) / ticks_per_second;
+            found.push((
+                Event { time_ns: decoder.wall_ns(boot_ns), pid, data: EventData::Exec(proc.exec.clone()) },
+                mark,
+            ));
+        }
+        for &child in children.get(&pid).into_iter().flatten() {
+            queue.push_back((child, mark));
+        }
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat_with_awkward_names() {
+        let stat = "1234 (we ird) (name)) S 77 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 0 0";
+        assert_eq!(parse_stat(stat), Some((77, 98765)));
+        assert_eq!(parse_stat("1 (x) S"), None);
+    }
+
+    #[test]
+    fn reads_real_ids() {
+        assert_eq!(status_id("Name:\tx\nUid:\t1000\t0\t0\t0\nGid:\t5\t5\t5\t5\n", "Uid:"), 1000);
+        assert_eq!(status_id("Name:\tx\n", "Gid:"), 0);
+    }
+
+    #[test]
+    fn finds_this_test_as_a_tree_when_its_name_is_a_manager() {
+        // The test binary's own argv[0] basename stands in for a manager: its process and
+        // nothing unrelated is found, and it is a root.
+        let exe = std::env::current_exe().unwrap();
+        let name = exe.file_name().unwrap().to_str().unwrap().to_owned();
+        let managers = vec![Manager { name: "self".into(), execs: vec![name], modules: vec![] }];
+        let found = scan(Path::new("/proc"), &managers, 0, &Decoder::new()).unwrap();
+        let me = std::process::id();
+        let (event, mark) = found.iter().find(|(event, _)| event.pid == me).expect("this process is found");
+        assert_eq!((mark.root_pid, mark.depth), (me, 0));
+        let EventData::Exec(exec) = &event.data else { panic!() };
+        assert!(exec.seeded);
+        assert_eq!(exec.executable, exe.to_string_lossy());
+        assert!(found.iter().all(|(event, _)| event.pid != 1), "init is in no package tree");
+    }
+}

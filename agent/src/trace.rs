@@ -1,0 +1,206 @@
+//! Trace files: the [`Event`] stream serialised as JSON lines behind a header line. The trace
+//! schema is versioned apart from the program (see `docs/trace-format.md`); `.gz` and `.zst`
+//! compression are chosen by file extension when writing and by magic bytes when reading.
+
+use std::{
+    fs::File,
+    io::{self, BufRead, BufReader, BufWriter, Read, Write},
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::Event;
+
+/// The trace schema this build writes.
+pub const TRACE_SCHEMA: u32 = 1;
+/// Trace schemas this build reads.
+pub const READABLE_SCHEMAS: std::ops::RangeInclusive<u32> = 1..=1;
+/// A line longer than this is an error, not an allocation: memory stays bounded on garbage.
+pub const MAX_LINE: usize = 16 << 20;
+
+const GZIP_MAGIC: &[u8] = &[0x1f, 0x8b];
+const ZSTD_MAGIC: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd];
+
+/// The first line of a trace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceHeader {
+    /// The trace schema version ([`TRACE_SCHEMA`]); its presence identifies a credwatch trace.
+    pub credwatch_trace: u32,
+    pub credwatch_version: String,
+    pub host: String,
+    /// Kernel release (`uname -r`) of the recording machine.
+    pub kernel: String,
+    /// RFC 3339 time the recording started.
+    pub start_time: String,
+    /// SHA-256 of the rules in force while recording.
+    pub rules_digest: String,
+    /// `machine` (every package tree) or `command` (one CMD's tree).
+    pub scope: String,
+    /// CMD and its arguments for a `command` trace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("{file}: {source}")]
+    Io { file: String, source: io::Error },
+    #[error("{file}: empty input: a credwatch trace starts with a header line")]
+    Empty { file: String },
+    #[error("{file}:1: not a credwatch trace header: {message}")]
+    BadHeader { file: String, message: String },
+    #[error("{file}: trace schema {version} is not supported (this credwatch reads {first} to {last})", first = READABLE_SCHEMAS.start(), last = READABLE_SCHEMAS.end())]
+    UnsupportedSchema { file: String, version: u32 },
+    #[error("{file}:{line}: {message}")]
+    BadLine { file: String, line: u64, message: String },
+}
+
+/// Writes a trace, compressed by the file's extension.
+pub struct TraceWriter {
+    out: Box<dyn Write + Send>,
+    path: PathBuf,
+}
+
+impl TraceWriter {
+    pub fn create(path: &Path, header: &TraceHeader) -> Result<TraceWriter, TraceError> {
+        let io_error = |source| TraceError::Io { file: path.display().to_string(), source };
+        let file = BufWriter::new(File::create(path).map_err(io_error)?);
+        let out: Box<dyn Write + Send> = match path.extension().and_then(|e| e.to_str()) {
+            Some("gz") => Box::new(flate2::write::GzEncoder::new(file, flate2::Compression::default())),
+            Some("zst") => Box::new(zstd::Encoder::new(file, 3).map_err(io_error)?.auto_finish()),
+            _ => Box::new(file),
+        };
+        let mut writer = TraceWriter { out, path: path.to_owned() };
+        writer.write_line(header)?;
+        Ok(writer)
+    }
+
+    pub fn write(&mut self, event: &Event) -> Result<(), TraceError> {
+        self.write_line(event)
+    }
+
+    fn write_line(&mut self, value: &impl Serialize) -> Result<(), TraceError> {
+        let io_error = |source| TraceError::Io { file: self.path.display().to_string(), source };
+        serde_json::to_writer(&mut self.out, value).map_err(|e| io_error(io::Error::other(e)))?;
+        self.out.write_all(b"\n").map_err(io_error)
+    }
+
+    /// Flushes buffers and ends the compressed stream.
+    pub fn finish(mut self) -> Result<(), TraceError> {
+        let path = self.path.display().to_string();
+        self.out.flush().map_err(|source| TraceError::Io { file: path, source })
+        // Dropping `out` ends the gzip or zstd stream.
+    }
+}
+
+/// Reads a trace: the header, then events one at a time, in constant memory.
+pub struct TraceReader {
+    name: String,
+    input: Box<dyn BufRead + Send>,
+    line: u64,
+    buffer: Vec<u8>,
+    header: TraceHeader,
+}
+
+impl TraceReader {
+    /// Opens `path` (`-` for standard input).
+    pub fn open(path: &Path) -> Result<TraceReader, TraceError> {
+        let name = path.display().to_string();
+        let raw: Box<dyn Read + Send> = if path == Path::new("-") {
+            Box::new(io::stdin())
+        } else {
+            Box::new(File::open(path).map_err(|source| TraceError::Io { file: name.clone(), source })?)
+        };
+        TraceReader::new(name, raw)
+    }
+
+    pub fn new(name: String, raw: Box<dyn Read + Send>) -> Result<TraceReader, TraceError> {
+        let io_error = |source| TraceError::Io { file: name.clone(), source };
+        let mut raw = BufReader::new(raw);
+        let magic = raw.fill_buf().map_err(io_error)?;
+        let input: Box<dyn BufRead + Send> = if magic.starts_with(GZIP_MAGIC) {
+            Box::new(BufReader::new(flate2::bufread::MultiGzDecoder::new(raw)))
+        } else if magic.starts_with(ZSTD_MAGIC) {
+            Box::new(BufReader::new(zstd::Decoder::with_buffer(raw).map_err(io_error)?))
+        } else {
+            Box::new(raw)
+        };
+        let mut reader = TraceReader { name, input, line: 0, buffer: Vec::new(), header: placeholder_header() };
+        let Some(first) = reader.next_line()? else {
+            return Err(TraceError::Empty { file: reader.name });
+        };
+        let header: TraceHeader = serde_json::from_slice(first)
+            .map_err(|e| TraceError::BadHeader { file: reader.name.clone(), message: e.to_string() })?;
+        if !READABLE_SCHEMAS.contains(&header.credwatch_trace) {
+            return Err(TraceError::UnsupportedSchema { file: reader.name, version: header.credwatch_trace });
+        }
+        reader.header = header;
+        Ok(reader)
+    }
+
+    pub fn header(&self) -> &TraceHeader {
+        &self.header
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The next non-empty line, without its newline; `None` at the end.
+    fn next_line(&mut self) -> Result<Option<&[u8]>, TraceError> {
+        loop {
+            self.buffer.clear();
+            let read = (&mut self.input)
+                .take(MAX_LINE as u64 + 1)
+                .read_until(b'\n', &mut self.buffer)
+                .map_err(|e| self.bad_line(self.line + 1, format!("reading: {e}")))?;
+            if read == 0 {
+                return Ok(None);
+            }
+            self.line += 1;
+            if self.buffer.len() > MAX_LINE {
+                return Err(self.bad_line(self.line, format!("line longer than {MAX_LINE} bytes")));
+            }
+            if self.buffer.last() == Some(&b'\n') {
+                self.buffer.pop();
+            } else if !self.buffer.is_empty() {
+                // A last line without a newline is a trace cut short while being written.
+                let text = std::str::from_utf8(&self.buffer).unwrap_or("");
+                if serde_json::from_str::<serde_json::Value>(text).is_err() {
+                    return Err(self.bad_line(self.line, "truncated line (no newline, incomplete JSON)".into()));
+                }
+            }
+            if !self.buffer.iter().all(u8::is_ascii_whitespace) {
+                return Ok(Some(&self.buffer));
+            }
+        }
+    }
+
+    fn bad_line(&self, line: u64, message: String) -> TraceError {
+        TraceError::BadLine { file: self.name.clone(), line, message }
+    }
+
+    /// The next event: `Ok(None)` at the end; a bad line is an error naming the file and line,
+    /// after which reading can go on with the next line.
+    pub fn next_event(&mut self) -> Result<Option<Event>, TraceError> {
+        let Some(line) = self.next_line()? else { return Ok(None) };
+        match serde_json::from_slice::<Event>(line) {
+            Ok(event) => Ok(Some(event)),
+            Err(error) => Err(self.bad_line(self.line, error.to_string())),
+        }
+    }
+}
+
+fn placeholder_header() -> TraceHeader {
+    TraceHeader {
+        credwatch_trace: 0,
+        credwatch_version: String::new(),
+        host: String::new(),
+        kernel: String::new(),
+        start_time: String::new(),
+        rules_digest: String::new(),
+        scope: String::new(),
+        command: Vec::new(),
+    }
+}

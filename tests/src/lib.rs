@@ -1,0 +1,335 @@
+//! Support for the privileged end-to-end tests: a throwaway HOME full of fake credentials, an
+//! environment that keeps npm, cargo and pip offline and away from the real HOME, and a runner
+//! for `target/release/credwatch` that reads back the JSON alerts.
+//!
+//! The tests need root (they load eBPF programs) and the release binary: `cargo xtask test`.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::OnceLock,
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+/// `credwatch run` exits with this when an alert fired.
+pub const EXIT_ALERT: i32 = 10;
+/// No fixture takes this long; a hung run is killed and reported instead of stalling CI.
+const RUN_TIMEOUT: Duration = Duration::from_secs(240);
+
+/// Fake credentials, relative to the fake HOME. None of them is real.
+pub const FAKE_CREDENTIALS: &[(&str, &str)] = &[
+    // `package-lock=false` has a visible effect: no package-lock.json proves npm read this file.
+    (".npmrc", "//registry.npmjs.org/:_authToken=npm_FAKEcredwatchE2E0000000000000000000000\npackage-lock=false\n"),
+    (
+        ".ssh/id_ed25519",
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nFAKE-credwatch-e2e-not-a-key\n-----END OPENSSH PRIVATE KEY-----\n",
+    ),
+    (".ssh/id_rsa", "-----BEGIN RSA PRIVATE KEY-----\nFAKE-credwatch-e2e-not-a-key\n-----END RSA PRIVATE KEY-----\n"),
+    (
+        ".aws/credentials",
+        "[default]\naws_access_key_id = AKIAFAKECREDWATCHE2E\naws_secret_access_key = fake/credwatch/e2e\n",
+    ),
+    (".cargo/credentials.toml", "[registry]\ntoken = \"cio_FAKEcredwatchE2E\"\n"),
+    (".pypirc", "[pypi]\nusername = __token__\npassword = pypi-FAKEcredwatchE2E\n"),
+];
+
+/// The checked-in fixtures.
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
+}
+
+/// The binary under test: `cargo xtask build` leaves it here.
+pub fn credwatch_binary() -> PathBuf {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ lives in the workspace");
+    let binary = workspace.join("target/release/credwatch");
+    assert!(binary.is_file(), "{} is missing: run `cargo xtask build` (or `cargo xtask test`)", binary.display());
+    binary
+}
+
+/// Fails the test at once, with the reason, when it is not root: nothing here works without it.
+pub fn require_root() {
+    let status = fs::read_to_string("/proc/self/status").expect("reading /proc/self/status");
+    let euid = status
+        .lines()
+        .find_map(|line| line.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        .expect("Uid: line in /proc/self/status");
+    assert_eq!(euid, "0", "the end-to-end tests load eBPF programs: run them as root (`cargo xtask test`)");
+}
+
+/// Directories of the real tools, put first on PATH: rustup's and pyenv's shims look in HOME,
+/// which the tests replace.
+fn tool_dirs() -> &'static [PathBuf] {
+    static DIRS: OnceLock<Vec<PathBuf>> = OnceLock::new();
+    DIRS.get_or_init(|| {
+        // cargo sets CARGO for the tests it runs: the toolchain's own cargo, next to its rustc.
+        let cargo = PathBuf::from(std::env::var_os("CARGO").expect("run the tests through cargo (CARGO is unset)"));
+        let python = Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .expect("running python3");
+        assert!(python.status.success(), "python3 -c 'import sys' failed");
+        let python = PathBuf::from(String::from_utf8_lossy(&python.stdout).trim());
+        vec![
+            cargo.parent().expect("cargo has a directory").to_path_buf(),
+            python.parent().expect("python3 has a directory").to_path_buf(),
+        ]
+    })
+}
+
+/// A throwaway HOME with fake credentials, a work directory, and the alerts file.
+pub struct Sandbox {
+    dir: TempDir,
+}
+
+impl Sandbox {
+    pub fn new() -> Sandbox {
+        require_root();
+        let dir = tempfile::Builder::new().prefix("credwatch-e2e-").tempdir().expect("creating a temp dir");
+        let sandbox = Sandbox { dir };
+        for (relative, text) in FAKE_CREDENTIALS {
+            let path = sandbox.home().join(relative);
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(&path, text).unwrap();
+        }
+        fs::create_dir_all(sandbox.work()).unwrap();
+        sandbox
+    }
+
+    pub fn home(&self) -> PathBuf {
+        self.dir.path().join("home")
+    }
+
+    /// Scratch space for projects, tarballs, build outputs and reports.
+    pub fn work(&self) -> PathBuf {
+        self.dir.path().join("work")
+    }
+
+    pub fn alerts_file(&self) -> PathBuf {
+        self.dir.path().join("alerts.jsonl")
+    }
+
+    /// `home/<relative>`, absolute, as credwatch should report it.
+    pub fn credential(&self, relative: &str) -> String {
+        self.home().join(relative).to_string_lossy().into_owned()
+    }
+
+    /// A command with a clean environment: only PATH and what keeps the tools in the sandbox
+    /// and offline. Nothing from the real environment (tokens, the real HOME) leaks in.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut command = Command::new(program);
+        let mut path: Vec<PathBuf> = tool_dirs().to_vec();
+        path.extend(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()));
+        let home = self.home();
+        let scratch = self.dir.path();
+        command
+            .env_clear()
+            .env("PATH", std::env::join_paths(path).unwrap())
+            .env("HOME", &home)
+            .env("LANG", "C.UTF-8")
+            .env("TMPDIR", scratch)
+            .env("npm_config_userconfig", home.join(".npmrc"))
+            .env("npm_config_cache", scratch.join("npm-cache"))
+            .env("npm_config_offline", "true")
+            .env("npm_config_audit", "false")
+            .env("npm_config_fund", "false")
+            .env("npm_config_update_notifier", "false")
+            .env("CARGO_HOME", home.join(".cargo"))
+            .env("CARGO_NET_OFFLINE", "true")
+            .env("PIP_CONFIG_FILE", "/dev/null")
+            .env("PIP_NO_INDEX", "1")
+            .env("PIP_NO_CACHE_DIR", "1")
+            .env("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+            .env("PYTHONNOUSERSITE", "1")
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .current_dir(self.work());
+        command
+    }
+
+    /// Runs a set-up command (not under credwatch) and insists that it succeeds.
+    pub fn setup(&self, what: &str, command: &mut Command) -> String {
+        let output = command.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(
+            output.status.success(),
+            "{what} failed ({}):\n{}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// Copies a fixture directory into the work directory (builds never touch the checkout).
+    pub fn copy_fixture(&self, relative: &str) -> PathBuf {
+        let to = self.work().join(Path::new(relative).file_name().unwrap());
+        copy_dir(&fixtures().join(relative), &to);
+        to
+    }
+
+    /// `npm pack` of a fixture package; returns the tarball's path.
+    pub fn npm_pack(&self, relative: &str) -> PathBuf {
+        let package = self.copy_fixture(relative);
+        let name = self.setup("npm pack", self.command("npm").args(["pack", "--silent"]).current_dir(&package));
+        package.join(name.trim())
+    }
+
+    /// An empty npm project to install into.
+    pub fn npm_project(&self) -> PathBuf {
+        let project = self.work().join("app");
+        fs::create_dir_all(&project).unwrap();
+        fs::write(project.join("package.json"), r#"{ "name": "e2e-app", "version": "1.0.0", "private": true }"#)
+            .unwrap();
+        project
+    }
+
+    /// `credwatch run --json --alerts FILE -- CMD...` in `cwd`, waiting for it to finish.
+    pub fn run(&self, cwd: &Path, cmd: &[&str]) -> Run {
+        self.run_with_env(cwd, cmd, &[])
+    }
+
+    /// [`Sandbox::run`] with extra environment variables (for the fixtures' reports).
+    pub fn run_with_env(&self, cwd: &Path, cmd: &[&str], env: &[(&str, &str)]) -> Run {
+        let child = self.spawn_run_with_env(cwd, cmd, env);
+        self.wait(child)
+    }
+
+    /// Starts `credwatch run` without waiting (see [`Sandbox::wait`]).
+    pub fn spawn_run(&self, cwd: &Path, cmd: &[&str]) -> Child {
+        self.spawn_run_with_env(cwd, cmd, &[])
+    }
+
+    fn spawn_run_with_env(&self, cwd: &Path, cmd: &[&str], env: &[(&str, &str)]) -> Child {
+        let mut command = self.command(credwatch_binary());
+        command.arg("run").arg("--json").arg("--alerts").arg(self.alerts_file()).arg("--").args(cmd);
+        command.current_dir(cwd).envs(env.iter().copied());
+        self.spawn(command)
+    }
+
+    /// Starts any credwatch command with its stdout and stderr captured in the sandbox.
+    pub fn spawn(&self, mut command: Command) -> Child {
+        let stdout = fs::File::create(self.dir.path().join("credwatch.stdout")).unwrap();
+        let stderr = fs::File::create(self.dir.path().join("credwatch.stderr")).unwrap();
+        command.stdin(Stdio::null()).stdout(stdout).stderr(stderr);
+        command.spawn().expect("starting credwatch")
+    }
+
+    /// Waits for a child started by [`Sandbox::spawn`], killing it past [`RUN_TIMEOUT`].
+    pub fn wait(&self, mut child: Child) -> Run {
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if start.elapsed() > RUN_TIMEOUT {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            thread::sleep(Duration::from_millis(50));
+        };
+        self.collect(status, start.elapsed())
+    }
+
+    /// What credwatch printed and wrote so far.
+    pub fn collect(&self, status: Option<ExitStatus>, elapsed: Duration) -> Run {
+        let read = |name: &str| fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
+        Run {
+            status,
+            elapsed,
+            stdout: read("credwatch.stdout"),
+            stderr: read("credwatch.stderr"),
+            alerts_text: fs::read_to_string(self.alerts_file()).unwrap_or_default(),
+        }
+    }
+
+    /// The alerts written so far, parsed.
+    pub fn alerts_now(&self) -> Vec<Value> {
+        parse_alerts(&fs::read_to_string(self.alerts_file()).unwrap_or_default())
+    }
+
+    /// Polls until an alert for `path` is in the alerts file; None after `timeout`.
+    pub fn wait_for_alert(&self, path: &str, timeout: Duration) -> Option<Value> {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Some(alert) = self.alerts_now().into_iter().find(|a| a["file"]["path"] == path) {
+                return Some(alert);
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Sandbox::new()
+    }
+}
+
+/// One finished (or killed) credwatch command.
+pub struct Run {
+    /// None when it was killed for running past the timeout.
+    pub status: Option<ExitStatus>,
+    pub elapsed: Duration,
+    pub stdout: String,
+    pub stderr: String,
+    pub alerts_text: String,
+}
+
+impl Run {
+    pub fn alerts(&self) -> Vec<Value> {
+        parse_alerts(&self.alerts_text)
+    }
+
+    /// The alerts whose `file.path` is `path`.
+    pub fn alerts_for(&self, path: &str) -> Vec<Value> {
+        self.alerts().into_iter().filter(|a| a["file"]["path"] == path).collect()
+    }
+
+    /// Everything needed to understand a failure.
+    pub fn describe(&self) -> String {
+        format!(
+            "credwatch exit: {}, after {:.1}s\n--- stderr ---\n{}\n--- stdout ---\n{}\n--- alerts file ---\n{}",
+            self.status.map_or("killed after the timeout".into(), |s| s.to_string()),
+            self.elapsed.as_secs_f64(),
+            self.stderr,
+            self.stdout,
+            self.alerts_text
+        )
+    }
+
+    pub fn assert_exit(&self, code: i32) {
+        assert_eq!(self.status.and_then(|s| s.code()), Some(code), "expected exit status {code}\n{}", self.describe());
+    }
+
+    /// Exactly the alerts for `path`, at least one; fails with the whole run described.
+    pub fn expect_alert(&self, path: &str) -> Value {
+        self.alerts_for(path).into_iter().next().unwrap_or_else(|| panic!("no alert for {path}\n{}", self.describe()))
+    }
+}
+
+/// Parses JSON lines; a line that is not JSON fails the test (the format is a contract).
+pub fn parse_alerts(text: &str) -> Vec<Value> {
+    text.lines()
+        .filter(|line| !line.trim().is_empty())
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("alert line is not JSON ({e}): {line}")))
+        .collect()
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for entry in fs::read_dir(from).unwrap_or_else(|e| panic!("{}: {e}", from.display())) {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
