@@ -8,3 +8,4 @@ pub mod event;
 pub mod rules;
 pub mod sensor;
 pub mod output;
+pub mod trace;

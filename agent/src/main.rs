@@ -1,32 +1,23 @@
 //! The `credwatch` command.
 
+mod live;
+mod replay;
+
 use std::{
-    io::{self, Read as _, Write as _},
-    io::PipeWriter,
-    os::unix::process::CommandExt as _,
+    io::{self, Write as _},
     path::{Path, PathBuf},
-    process::{Child, Command, ExitCode},
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    process::ExitCode,
+    time::Duration,
 };
 
 use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
 use credwatch::{
-    engine::{Engine, EngineOptions},
-    event::{Event, EventData, Root},
-    output::{escape, AlertSink},
+    output::escape,
     rules::{self, RuleSet},
-    sensor::{self, Sensor},
+    sensor,
 };
-
-/// Exit status of `credwatch run` when any alert fired, whatever CMD did.
-const ALERT_EXIT_STATUS: u8 = 10;
-/// How long one wait for kernel events lasts: bounds alert latency and Ctrl-C response.
-const POLL_INTERVAL: Duration = Duration::from_millis(50);
+use live::Outputs;
 
 #[derive(Parser)]
 #[command(
@@ -48,6 +39,13 @@ enum Commands {
     /// Exit status: 0 when CMD succeeded and no alert fired; CMD's own status when it failed and no
     /// alert fired; 10 when any alert fired.
     Run(RunArgs),
+    /// Record every event of package trees to a trace file (JSON lines; `.gz`, `.zst` by
+    /// extension): CMD's tree with `-- CMD`, else the whole machine until Ctrl-C.
+    Record(RecordArgs),
+    /// Replay trace files (`-` for standard input) through the rules, as if live.
+    ///
+    /// Exit status: 0 when no alert fired, 10 when any did.
+    Replay(ReplayArgs),
     /// Report the kernel features credwatch needs and which sensor it will use.
     Doctor,
     /// Check or list rules.
@@ -90,6 +88,39 @@ struct RunArgs {
     command: Vec<String>,
 }
 
+#[derive(Args)]
+struct RecordArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// The trace file to write.
+    #[arg(short = 'o', long, value_name = "FILE")]
+    output: PathBuf,
+    /// Also append every alert as a JSON line to FILE.
+    #[arg(long, value_name = "FILE")]
+    alerts: Option<PathBuf>,
+    /// As for `run`: how long to wait for CMD's tree after CMD exits.
+    #[arg(long, value_name = "SECS")]
+    linger: Option<f64>,
+    /// The command to record, after `--`.
+    #[arg(last = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+#[derive(Args)]
+struct ReplayArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Skip and count bad lines instead of stopping at the first one.
+    #[arg(long)]
+    keep_going: bool,
+    /// Also append every alert as a JSON line to FILE.
+    #[arg(long, value_name = "FILE")]
+    alerts: Option<PathBuf>,
+    /// Trace files; `-` reads standard input.
+    #[arg(required = true, value_name = "FILE")]
+    files: Vec<PathBuf>,
+}
+
 #[derive(Subcommand)]
 enum RulesCommand {
     /// Parse and validate every rule file in DIR and run each rule's samples.
@@ -108,8 +139,43 @@ enum RulesCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Commands::Watch(args) => watch(args),
-        Commands::Run(args) => run(args),
+        Commands::Watch(args) => live::watch_machine(&Outputs {
+            json: args.common.json,
+            rules: args.common.rules.as_deref(),
+            alerts_file: args.output.as_deref(),
+            trace: None,
+        }),
+        Commands::Run(args) => linger(args.linger).and_then(|linger| {
+            let outputs = Outputs {
+                json: args.common.json,
+                rules: args.common.rules.as_deref(),
+                alerts_file: args.alerts.as_deref(),
+                trace: None,
+            };
+            live::run_command(&outputs, &args.command, linger)
+        }),
+        Commands::Record(args) => linger(args.linger).and_then(|linger| {
+            let outputs = Outputs {
+                json: args.common.json,
+                rules: args.common.rules.as_deref(),
+                alerts_file: args.alerts.as_deref(),
+                trace: Some(&args.output),
+            };
+            if args.command.is_empty() {
+                live::watch_machine(&outputs)
+            } else {
+                live::run_command(&outputs, &args.command, linger)
+            }
+        }),
+        Commands::Replay(args) => replay::replay(
+            &args.files,
+            &replay::ReplayOptions {
+                json: args.common.json,
+                rules: args.common.rules.as_deref(),
+                keep_going: args.keep_going,
+                alerts_file: args.alerts.as_deref(),
+            },
+        ),
         Commands::Doctor => {
             print!("{}", sensor::doctor());
             Ok(ExitCode::SUCCESS)
@@ -123,217 +189,10 @@ fn main() -> ExitCode {
     })
 }
 
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|name| name.trim().to_owned())
-        .unwrap_or_default()
-}
-
-/// Set by SIGINT or SIGTERM: the loops finish their round and print a summary.
-fn stop_flag() -> Result<Arc<AtomicBool>> {
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, Arc::clone(&stop)).context("installing signal handlers")?;
-    }
-    Ok(stop)
-}
-
-/// The sensor, the engine and the outputs, wired together.
-struct Session {
-    sensor: Sensor,
-    engine: Engine,
-    sink: AlertSink,
-    batch: Vec<Event>,
-    started: Instant,
-}
-
-impl Session {
-    fn start(common: &CommonArgs, output: Option<&Path>, auto_roots: bool) -> Result<Session> {
-        let started = Instant::now();
-        let rules = RuleSet::load(common.rules.as_deref()).context("loading rules")?;
-        let sensor = Sensor::start(rules.managers(), auto_roots).context("starting the eBPF sensor")?;
-        let sink = AlertSink::new(common.json, output)
-            .with_context(|| format!("opening {}", output.map(Path::display).map(|d| d.to_string()).unwrap_or_default()))?;
-        let engine = Engine::new(rules, EngineOptions { host_name: host_name() });
-        Ok(Session { sensor, engine, sink, batch: Vec::new(), started })
-    }
-
-    fn handle(&mut self, event: &Event) -> Result<()> {
-        for alert in self.engine.handle(event) {
-            self.sink.write(&alert).context("writing an alert")?;
-        }
-        Ok(())
-    }
-
-    /// Waits for kernel events once and runs them through the engine.
-    fn pump(&mut self) -> Result<()> {
-        let mut batch = std::mem::take(&mut self.batch);
-        self.sensor.poll(POLL_INTERVAL, &mut batch).context("reading kernel events")?;
-        for event in batch.drain(..) {
-            self.handle(&event)?;
-        }
-        self.batch = batch;
-        Ok(())
-    }
-
-    fn summary(&self) {
-        let sensor = self.sensor.stats();
-        let engine = self.engine.stats();
-        eprintln!(
-            "credwatch: {} events, {} lost, {} alerts in {:.1}s",
-            engine.events,
-            sensor.lost + sensor.marks_full,
-            self.sink.written(),
-            self.started.elapsed().as_secs_f64()
-        );
-    }
-}
-
-fn watch(args: WatchArgs) -> Result<ExitCode> {
-    let stop = stop_flag()?;
-    let mut session = Session::start(&args.common, args.output.as_deref(), true)?;
-    let managers = session.engine.rules().managers().to_vec();
-    for event in session.sensor.seed(&managers).context("seeding running package trees from /proc")? {
-        session.handle(&event)?;
-    }
-    eprintln!(
-        "credwatch: watching package trees ({} rules) after {} ms; Ctrl-C to stop",
-        session.engine.rules().rules().len(),
-        session.started.elapsed().as_millis()
-    );
-    while !stop.load(Ordering::Relaxed) {
-        session.pump()?;
-    }
-    session.summary();
-    Ok(ExitCode::SUCCESS)
-}
-
-fn now_ns() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
-}
-
-/// CMD, started but held before its exec until the sensor has marked it, so that nothing CMD
-/// does happens unwatched.
-struct HeldCommand {
-    pid: u32,
-    release: PipeWriter,
-    /// `Command::spawn` returns only once the child has exec'd, so it runs on its own thread.
-    spawning: std::thread::JoinHandle<io::Result<Child>>,
-}
-
-impl HeldCommand {
-    fn spawn(command: &[String]) -> Result<HeldCommand> {
-        let (release_reader, release) = std::io::pipe().context("creating a pipe")?;
-        let (mut pid_reader, pid_writer) = std::io::pipe().context("creating a pipe")?;
-        let mut held = Command::new(&command[0]);
-        held.args(&command[1..]);
-        let mut handshake = Some((pid_writer, release_reader));
-        // SAFETY: the closure only calls getpid(2), write(2) and read(2) on pipes, all
-        // async-signal-safe, and allocates nothing.
-        unsafe {
-            held.pre_exec(move || {
-                let (mut pid_writer, mut release_reader) =
-                    handshake.take().ok_or_else(|| io::Error::other("pre-exec hook ran twice"))?;
-                pid_writer.write_all(&std::process::id().to_ne_bytes())?;
-                let mut byte = [0u8; 1];
-                if release_reader.read(&mut byte)? == 1 {
-                    Ok(())
-                } else {
-                    Err(io::Error::other("credwatch did not release the command"))
-                }
-            });
-        }
-        let spawning = std::thread::spawn(move || held.spawn());
-        let mut pid = [0u8; 4];
-        if pid_reader.read_exact(&mut pid).is_err() {
-            // The child never reached its pre-exec hook: spawn failed, and says why.
-            let error = match spawning.join() {
-                Ok(Err(error)) => anyhow::Error::from(error),
-                _ => anyhow::anyhow!("the command did not start"),
-            };
-            return Err(error.context(format!("starting {}", escape(&command[0]))));
-        }
-        Ok(HeldCommand { pid: u32::from_ne_bytes(pid), release, spawning })
-    }
-
-    /// Lets CMD exec; returns once it has (or failed to).
-    fn release(mut self, command: &[String]) -> Result<Child> {
-        self.release.write_all(b"go").context("releasing the command")?;
-        drop(self.release);
-        match self.spawning.join() {
-            Ok(child) => child.with_context(|| format!("starting {}", escape(&command[0]))),
-            Err(_) => anyhow::bail!("the thread starting the command panicked"),
-        }
-    }
-}
-
-fn run(args: RunArgs) -> Result<ExitCode> {
-    let stop = stop_flag()?;
-    let mut session = Session::start(&args.common, args.alerts.as_deref(), false)?;
-    let held = HeldCommand::spawn(&args.command)?;
-    let root = held.pid;
-    if let Err(error) = session.sensor.mark_root(root) {
-        // SAFETY: kill(2) on our own child, which is still waiting before its exec.
-        unsafe { libc::kill(root as libc::pid_t, libc::SIGKILL) };
-        return Err(error).context("marking the command's process");
-    }
-    session.handle(&Event { time_ns: now_ns(), pid: root, data: EventData::Root(Root { reason: "run".into() }) })?;
-    let mut child = held.release(&args.command)?;
-
-    let mut status = None;
-    let mut cmd_exited_at = None;
-    let linger = args.linger.map(Duration::from_secs_f64);
-    loop {
-        session.pump()?;
-        if status.is_none() {
-            status = child.try_wait().context("waiting for the command")?;
-            if status.is_some() {
-                cmd_exited_at = Some(Instant::now());
-            }
-        }
-        if stop.load(Ordering::Relaxed) {
-            eprintln!("credwatch: interrupted");
-            break;
-        }
-        let Some(exited_at) = cmd_exited_at else { continue };
-        let still_running: Vec<(u32, String)> =
-            session.engine.live_tree(root).into_iter().filter(|(pid, _)| process_exists(*pid)).collect();
-        if still_running.is_empty() {
-            // One more round so that the last processes' final events are in.
-            session.pump()?;
-            break;
-        }
-        if linger.is_some_and(|linger| exited_at.elapsed() >= linger) {
-            eprintln!("credwatch: stopped waiting; still running in the command's tree:");
-            for (pid, description) in still_running {
-                eprintln!("  [{pid}] {}", escape(&description));
-            }
-            break;
-        }
-    }
-    session.summary();
-
-    if session.sink.written() > 0 {
-        return Ok(ExitCode::from(ALERT_EXIT_STATUS));
-    }
-    Ok(match status {
-        Some(status) if status.success() => ExitCode::SUCCESS,
-        Some(status) => ExitCode::from(exit_byte(status)),
-        None => ExitCode::FAILURE,
-    })
-}
-
-/// CMD's exit status as a shell reports it: the code, or 128 + signal.
-fn exit_byte(status: std::process::ExitStatus) -> u8 {
-    use std::os::unix::process::ExitStatusExt as _;
-    status
-        .code()
-        .or_else(|| status.signal().map(|signal| 128 + signal))
-        .map_or(1, |code| u8::try_from(code).unwrap_or(1))
-}
-
-fn process_exists(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
+fn linger(seconds: Option<f64>) -> Result<Option<Duration>> {
+    seconds
+        .map(|s| Duration::try_from_secs_f64(s).with_context(|| format!("--linger {s}: not a number of seconds")))
+        .transpose()
 }
 
 fn rules_check(dir: &Path) -> Result<ExitCode> {

@@ -117,6 +117,9 @@ pub struct RuleSet {
     manager_origins: Vec<Origin>,
     rules: Vec<Rule>,
     index: TargetIndex,
+    /// SHA-256 over every source file (name and text) in load order: names the rules in force
+    /// in a trace header.
+    digest: sha2::Sha256,
 }
 
 /// What `credwatch rules check` found.
@@ -144,12 +147,12 @@ impl fmt::Display for CheckReport {
 impl RuleSet {
     /// The rules built into the binary.
     pub fn defaults() -> Result<RuleSet, RulesError> {
-        parse_sources(DEFAULT_RULES.iter().map(|(file, text)| ((*file).to_owned(), (*text).to_owned())))?.finish()
+        parse_sources(default_sources())?.finish()
     }
 
     /// The defaults, then `extra_dir`'s files on top (same id or name replaces, new ones add).
     pub fn load(extra_dir: Option<&Path>) -> Result<RuleSet, RulesError> {
-        let mut set = parse_sources(DEFAULT_RULES.iter().map(|(file, text)| ((*file).to_owned(), (*text).to_owned())))?;
+        let mut set = parse_sources(default_sources())?;
         if let Some(dir) = extra_dir {
             set.overlay(parse_sources(read_dir(dir)?)?);
         }
@@ -167,6 +170,12 @@ impl RuleSet {
 
     pub fn rules(&self) -> &[Rule] {
         &self.rules
+    }
+
+    /// Hex SHA-256 of the rule sources in force.
+    pub fn digest(&self) -> String {
+        use sha2::Digest as _;
+        self.digest.clone().finalize().iter().map(|byte| format!("{byte:02x}")).collect()
     }
 
     /// Replays every rule's samples; the failures, one line each.
@@ -194,6 +203,8 @@ impl RuleSet {
     }
 
     fn overlay(&mut self, other: RuleSet) {
+        use sha2::Digest as _;
+        self.digest.update(other.digest.finalize());
         for (manager, origin) in other.managers.into_iter().zip(other.manager_origins) {
             match self.managers.iter().position(|m| m.name == manager.name) {
                 Some(i) => {
@@ -266,7 +277,7 @@ pub fn check_dir(dir: &Path) -> Result<CheckReport, RulesError> {
     let files = sources.len();
     let own = parse_sources(sources)?;
     let (managers, rules) = (own.managers.len(), own.rules.len());
-    let mut set = parse_sources(DEFAULT_RULES.iter().map(|(file, text)| ((*file).to_owned(), (*text).to_owned())))?;
+    let mut set = parse_sources(default_sources())?;
     set.overlay(own);
     let set = set.finish()?;
     let failures = set.sample_failures();
@@ -301,9 +312,17 @@ fn read_dir(dir: &Path) -> Result<Vec<(String, String)>, RulesError> {
 
 /// Parses one set of files (the defaults, or one directory): a rule id or a manager name may
 /// appear once.
+fn default_sources() -> impl Iterator<Item = (String, String)> {
+    DEFAULT_RULES.iter().map(|(file, text)| ((*file).to_owned(), (*text).to_owned()))
+}
+
 fn parse_sources(sources: impl IntoIterator<Item = (String, String)>) -> Result<RuleSet, RulesError> {
+    use sha2::Digest as _;
     let mut set = RuleSet::default();
     for (file, text) in sources {
+        for part in [file.as_bytes(), &[0], text.as_bytes(), &[0]] {
+            set.digest.update(part);
+        }
         let doc: FileDoc = serde_yaml::from_str(&text).map_err(|e| RulesError::yaml(&file, e))?;
         for manager in doc.managers {
             let line = find_line(&text, "name", &manager.name, 0);

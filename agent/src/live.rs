@@ -1,0 +1,278 @@
+//! Live modes: `watch`, `run` and `record` wire the sensor, the engine, the outputs and (when
+//! recording) a trace writer together.
+
+use std::{
+    io::{self, PipeWriter, Read as _, Write as _},
+    os::unix::process::{CommandExt as _, ExitStatusExt as _},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitCode, ExitStatus},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context as _, Result};
+use credwatch::{
+    engine::{Engine, EngineOptions},
+    event::{Event, EventData, Root},
+    output::{escape, AlertSink},
+    rules::RuleSet,
+    sensor::Sensor,
+    trace::{TraceHeader, TraceWriter, TRACE_SCHEMA},
+};
+
+/// Exit status of `credwatch run` (and `replay`) when any alert fired, whatever CMD did.
+pub const ALERT_EXIT_STATUS: u8 = 10;
+/// How long one wait for kernel events lasts: bounds alert latency and Ctrl-C response.
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
+
+/// What a live session prints and writes.
+pub struct Outputs<'a> {
+    pub json: bool,
+    pub rules: Option<&'a Path>,
+    /// Appends every alert as a JSON line.
+    pub alerts_file: Option<&'a Path>,
+    /// Records every event to a trace file.
+    pub trace: Option<&'a Path>,
+}
+
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|name| name.trim().to_owned()).unwrap_or_default()
+}
+
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|release| release.trim().to_owned()).unwrap_or_default()
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// Set by SIGINT or SIGTERM: the loops finish their round and print a summary.
+fn stop_flag() -> Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop)).context("installing signal handlers")?;
+    }
+    Ok(stop)
+}
+
+/// The sensor, the engine and the outputs, wired together.
+struct Session {
+    sensor: Sensor,
+    engine: Engine,
+    sink: AlertSink,
+    recorder: Option<TraceWriter>,
+    batch: Vec<Event>,
+    started: Instant,
+}
+
+impl Session {
+    /// `command` is CMD for a `run`, empty to watch the whole machine.
+    fn start(outputs: &Outputs, command: &[String]) -> Result<Session> {
+        let started = Instant::now();
+        let rules = RuleSet::load(outputs.rules).context("loading rules")?;
+        let recorder = outputs.trace.map(|path| open_trace(path, &rules, command)).transpose()?;
+        let sensor = Sensor::start(rules.managers(), command.is_empty()).context("starting the eBPF sensor")?;
+        let sink = AlertSink::new(outputs.json, outputs.alerts_file)
+            .with_context(|| format!("opening {}", outputs.alerts_file.unwrap_or(Path::new("")).display()))?;
+        let engine = Engine::new(rules, EngineOptions { host_name: host_name() });
+        Ok(Session { sensor, engine, sink, recorder, batch: Vec::new(), started })
+    }
+
+    fn handle(&mut self, event: &Event) -> Result<()> {
+        if let Some(recorder) = &mut self.recorder {
+            recorder.write(event)?;
+        }
+        for alert in self.engine.handle(event) {
+            self.sink.write(&alert).context("writing an alert")?;
+        }
+        Ok(())
+    }
+
+    /// Waits for kernel events once and runs them through the engine.
+    fn pump(&mut self) -> Result<()> {
+        let mut batch = std::mem::take(&mut self.batch);
+        self.sensor.poll(POLL_INTERVAL, &mut batch).context("reading kernel events")?;
+        for event in batch.drain(..) {
+            self.handle(&event)?;
+        }
+        self.batch = batch;
+        Ok(())
+    }
+
+    /// Prints the summary and closes the trace.
+    fn finish(self) -> Result<u64> {
+        let sensor = self.sensor.stats();
+        let engine = self.engine.stats();
+        eprintln!(
+            "credwatch: {} events, {} lost, {} alerts in {:.1}s",
+            engine.events,
+            sensor.lost + sensor.marks_full,
+            self.sink.written(),
+            self.started.elapsed().as_secs_f64()
+        );
+        if let Some(recorder) = self.recorder {
+            recorder.finish()?;
+        }
+        Ok(self.sink.written())
+    }
+}
+
+fn open_trace(path: &Path, rules: &RuleSet, command: &[String]) -> Result<TraceWriter> {
+    let start_time = time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .context("formatting the start time")?;
+    let header = TraceHeader {
+        credwatch_trace: TRACE_SCHEMA,
+        credwatch_version: env!("CARGO_PKG_VERSION").to_owned(),
+        host: host_name(),
+        kernel: kernel_release(),
+        start_time,
+        rules_digest: rules.digest(),
+        scope: if command.is_empty() { "machine" } else { "command" }.to_owned(),
+        command: command.to_vec(),
+    };
+    Ok(TraceWriter::create(path, &header)?)
+}
+
+/// `watch`, or `record` without CMD: every package tree on the machine until Ctrl-C.
+pub fn watch_machine(outputs: &Outputs) -> Result<ExitCode> {
+    let stop = stop_flag()?;
+    let mut session = Session::start(outputs, &[])?;
+    let managers = session.engine.rules().managers().to_vec();
+    for event in session.sensor.seed(&managers).context("seeding running package trees from /proc")? {
+        session.handle(&event)?;
+    }
+    eprintln!(
+        "credwatch: watching package trees ({} rules) after {} ms; Ctrl-C to stop",
+        session.engine.rules().rules().len(),
+        session.started.elapsed().as_millis()
+    );
+    while !stop.load(Ordering::Relaxed) {
+        session.pump()?;
+    }
+    session.finish()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// CMD, started but held before its exec until the sensor has marked it, so that nothing CMD
+/// does happens unwatched.
+struct HeldCommand {
+    pid: u32,
+    release: PipeWriter,
+    /// `Command::spawn` returns only once the child has exec'd, so it runs on its own thread.
+    spawning: std::thread::JoinHandle<io::Result<Child>>,
+}
+
+impl HeldCommand {
+    fn spawn(command: &[String]) -> Result<HeldCommand> {
+        let (release_reader, release) = std::io::pipe().context("creating a pipe")?;
+        let (mut pid_reader, pid_writer) = std::io::pipe().context("creating a pipe")?;
+        let mut held = Command::new(&command[0]);
+        held.args(&command[1..]);
+        let mut handshake = Some((pid_writer, release_reader));
+        // SAFETY: the closure only calls getpid(2), write(2) and read(2) on pipes, all
+        // async-signal-safe, and allocates nothing.
+        unsafe {
+            held.pre_exec(move || {
+                let (mut pid_writer, mut release_reader) =
+                    handshake.take().ok_or_else(|| io::Error::other("pre-exec hook ran twice"))?;
+                pid_writer.write_all(&std::process::id().to_ne_bytes())?;
+                let mut byte = [0u8; 1];
+                if release_reader.read(&mut byte)? == 1 {
+                    Ok(())
+                } else {
+                    Err(io::Error::other("credwatch did not release the command"))
+                }
+            });
+        }
+        let spawning = std::thread::spawn(move || held.spawn());
+        let mut pid = [0u8; 4];
+        if pid_reader.read_exact(&mut pid).is_err() {
+            // The child never reached its pre-exec hook: spawn failed, and says why.
+            let error = match spawning.join() {
+                Ok(Err(error)) => anyhow::Error::from(error),
+                _ => anyhow::anyhow!("the command did not start"),
+            };
+            return Err(error.context(format!("starting {}", escape(&command[0]))));
+        }
+        Ok(HeldCommand { pid: u32::from_ne_bytes(pid), release, spawning })
+    }
+
+    /// Lets CMD exec; returns once it has (or failed to).
+    fn release(mut self, command: &[String]) -> Result<Child> {
+        self.release.write_all(b"go").context("releasing the command")?;
+        drop(self.release);
+        match self.spawning.join() {
+            Ok(child) => child.with_context(|| format!("starting {}", escape(&command[0]))),
+            Err(_) => anyhow::bail!("the thread starting the command panicked"),
+        }
+    }
+}
+
+/// `run`, or `record -- CMD`: CMD's tree only, until every process of it has exited (or
+/// `linger` has passed since CMD exited).
+pub fn run_command(outputs: &Outputs, command: &[String], linger: Option<Duration>) -> Result<ExitCode> {
+    let stop = stop_flag()?;
+    let mut session = Session::start(outputs, command)?;
+    let held = HeldCommand::spawn(command)?;
+    let root = held.pid;
+    if let Err(error) = session.sensor.mark_root(root) {
+        // SAFETY: kill(2) on our own child, which is still waiting before its exec.
+        unsafe { libc::kill(root as libc::pid_t, libc::SIGKILL) };
+        return Err(error).context("marking the command's process");
+    }
+    session.handle(&Event { time_ns: now_ns(), pid: root, data: EventData::Root(Root { reason: "run".into() }) })?;
+    let mut child = held.release(command)?;
+
+    let mut status = None;
+    let mut cmd_exited_at = None;
+    loop {
+        session.pump()?;
+        if status.is_none() {
+            status = child.try_wait().context("waiting for the command")?;
+            if status.is_some() {
+                cmd_exited_at = Some(Instant::now());
+            }
+        }
+        if stop.load(Ordering::Relaxed) {
+            eprintln!("credwatch: interrupted");
+            break;
+        }
+        let Some(exited_at) = cmd_exited_at else { continue };
+        let still_running: Vec<(u32, String)> =
+            session.engine.live_tree(root).into_iter().filter(|(pid, _)| process_exists(*pid)).collect();
+        if still_running.is_empty() {
+            // One more round so that the last processes' final events are in.
+            session.pump()?;
+            break;
+        }
+        if linger.is_some_and(|linger| exited_at.elapsed() >= linger) {
+            eprintln!("credwatch: stopped waiting; still running in the command's tree:");
+            for (pid, description) in still_running {
+                eprintln!("  [{pid}] {}", escape(&description));
+            }
+            break;
+        }
+    }
+    if session.finish()? > 0 {
+        return Ok(ExitCode::from(ALERT_EXIT_STATUS));
+    }
+    Ok(match status {
+        Some(status) if status.success() => ExitCode::SUCCESS,
+        Some(status) => ExitCode::from(exit_byte(status)),
+        None => ExitCode::FAILURE,
+    })
+}
+
+/// CMD's exit status as a shell reports it: the code, or 128 + signal.
+fn exit_byte(status: ExitStatus) -> u8 {
+    status.code().or_else(|| status.signal().map(|signal| 128 + signal)).map_or(1, |code| u8::try_from(code).unwrap_or(1))
+}
+
+fn process_exists(pid: u32) -> bool {
+    PathBuf::from(format!("/proc/{pid}")).exists()
+}
