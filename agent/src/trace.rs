@@ -160,6 +160,7 @@ impl TraceReader {
             }
             self.line += 1;
             if self.buffer.len() > MAX_LINE {
+                self.skip_rest_of_line()?;
                 return Err(self.bad_line(self.line, format!("line longer than {MAX_LINE} bytes")));
             }
             if self.buffer.last() == Some(&b'\n') {
@@ -173,6 +174,20 @@ impl TraceReader {
             }
             if !self.buffer.iter().all(u8::is_ascii_whitespace) {
                 return Ok(Some(&self.buffer));
+            }
+        }
+    }
+
+    /// Discards input up to the next newline, in bounded pieces.
+    fn skip_rest_of_line(&mut self) -> Result<(), TraceError> {
+        loop {
+            self.buffer.clear();
+            let read = (&mut self.input)
+                .take(64 << 10)
+                .read_until(b'\n', &mut self.buffer)
+                .map_err(|e| self.bad_line(self.line, format!("reading: {e}")))?;
+            if read == 0 || self.buffer.last() == Some(&b'\n') {
+                return Ok(());
             }
         }
     }
@@ -202,5 +217,96 @@ fn placeholder_header() -> TraceHeader {
         rules_digest: String::new(),
         scope: String::new(),
         command: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{EventData, Exit};
+
+    fn header() -> TraceHeader {
+        TraceHeader {
+            credwatch_trace: TRACE_SCHEMA,
+            credwatch_version: "0.1.0".into(),
+            host: "h".into(),
+            kernel: "6.18".into(),
+            start_time: "2026-11-29T00:00:00Z".into(),
+            rules_digest: "00".into(),
+            scope: "machine".into(),
+            command: vec![],
+        }
+    }
+
+    fn event(pid: u32) -> Event {
+        Event { time_ns: 1, pid, data: EventData::Exit(Exit { code: 0 }) }
+    }
+
+    fn reader(text: &str) -> Result<TraceReader, TraceError> {
+        TraceReader::new("t.jsonl".into(), Box::new(io::Cursor::new(text.as_bytes().to_vec())))
+    }
+
+    fn header_line() -> String {
+        serde_json::to_string(&header()).unwrap()
+    }
+
+    #[test]
+    fn round_trips_plain_gzip_and_zstd() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["t.jsonl", "t.jsonl.gz", "t.jsonl.zst"] {
+            let path = dir.path().join(name);
+            let mut writer = TraceWriter::create(&path, &header()).unwrap();
+            for pid in 1..=3 {
+                writer.write(&event(pid)).unwrap();
+            }
+            writer.finish().unwrap();
+            let mut reader = TraceReader::open(&path).unwrap();
+            assert_eq!(reader.header(), &header(), "{name}");
+            let pids: Vec<u32> = std::iter::from_fn(|| reader.next_event().unwrap()).map(|e| e.pid).collect();
+            assert_eq!(pids, [1, 2, 3], "{name}");
+        }
+    }
+
+    #[test]
+    fn bad_lines_name_file_and_line_and_reading_goes_on() {
+        let good = serde_json::to_string(&event(7)).unwrap();
+        let text = format!("{}\n{good}\n\n{{\"kind\":\"exec\"\n\u{1b}[2J\x00\x01garbage\n{good}\n", header_line());
+        let mut reader = reader(&text).unwrap();
+        assert_eq!(reader.next_event().unwrap().unwrap().pid, 7);
+        let first = reader.next_event().unwrap_err().to_string();
+        assert!(first.starts_with("t.jsonl:4: "), "{first}");
+        let second = reader.next_event().unwrap_err().to_string();
+        assert!(second.starts_with("t.jsonl:5: "), "{second}");
+        assert_eq!(reader.next_event().unwrap().unwrap().pid, 7);
+        assert!(reader.next_event().unwrap().is_none());
+    }
+
+    #[test]
+    fn a_cut_last_line_is_an_error() {
+        let good = serde_json::to_string(&event(7)).unwrap();
+        let mut reader = reader(&format!("{}\n{}", header_line(), &good[..good.len() - 3])).unwrap();
+        let error = reader.next_event().unwrap_err().to_string();
+        assert!(error.contains("t.jsonl:2: truncated line"), "{error}");
+    }
+
+    #[test]
+    fn rejects_what_is_not_a_readable_trace() {
+        assert!(matches!(reader(""), Err(TraceError::Empty { .. })));
+        assert!(matches!(reader("\u{7f}ELF\x02\x01\n"), Err(TraceError::BadHeader { .. })));
+        let future = header_line().replace("\"credwatch_trace\":1", "\"credwatch_trace\":99");
+        let error = reader(&future).err().unwrap();
+        assert!(matches!(error, TraceError::UnsupportedSchema { version: 99, .. }), "{error}");
+        assert!(error.to_string().contains("schema 99 is not supported"), "{error}");
+    }
+
+    #[test]
+    fn an_overlong_line_is_an_error_not_an_allocation() {
+        let good = serde_json::to_string(&event(7)).unwrap();
+        let long = format!("{}\n{}\n{good}\n", header_line(), "x".repeat(MAX_LINE + 100_000));
+        let mut reader = reader(&long).unwrap();
+        let error = reader.next_event().unwrap_err().to_string();
+        assert!(error.starts_with("t.jsonl:2: line longer than"), "{error}");
+        assert_eq!(reader.next_event().unwrap().unwrap().pid, 7);
+        assert!(reader.next_event().unwrap().is_none());
     }
 }

@@ -6,6 +6,7 @@
 
 use std::{
     fs,
+    os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
     sync::OnceLock,
@@ -19,7 +20,7 @@ use tempfile::TempDir;
 /// `credwatch run` exits with this when an alert fired.
 pub const EXIT_ALERT: i32 = 10;
 /// No fixture takes this long; a hung run is killed and reported instead of stalling CI.
-const RUN_TIMEOUT: Duration = Duration::from_secs(240);
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Fake credentials, relative to the fake HOME. None of them is real.
 pub const FAKE_CREDENTIALS: &[(&str, &str)] = &[
@@ -214,7 +215,8 @@ impl Sandbox {
     pub fn spawn(&self, mut command: Command) -> Child {
         let stdout = fs::File::create(self.dir.path().join("credwatch.stdout")).unwrap();
         let stderr = fs::File::create(self.dir.path().join("credwatch.stderr")).unwrap();
-        command.stdin(Stdio::null()).stdout(stdout).stderr(stderr);
+        // Its own process group, so that a hung run is killed with CMD's whole tree.
+        command.stdin(Stdio::null()).stdout(stdout).stderr(stderr).process_group(0);
         command.spawn().expect("starting credwatch")
     }
 
@@ -226,7 +228,8 @@ impl Sandbox {
                 break Some(status);
             }
             if start.elapsed() > RUN_TIMEOUT {
-                let _ = child.kill();
+                let group = format!("-{}", child.id());
+                let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
                 let _ = child.wait();
                 break None;
             }
