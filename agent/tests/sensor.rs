@@ -4,7 +4,7 @@
 use std::{
     fs,
     io::Write as _,
-    os::unix::fs::{MetadataExt as _, symlink},
+    os::unix::fs::{symlink, MetadataExt as _},
     path::{Path, PathBuf},
     process::{Command, Stdio},
     sync::Mutex,
@@ -14,7 +14,7 @@ use std::{
 use credwatch::{
     event::{Event, EventData, Open},
     rules::manager::{Manager, ModuleRoot},
-    sensor::Sensor,
+    sensor::{doctor, Sensor},
 };
 
 /// The tests share kernel tracepoints; one sensor at a time keeps their event streams apart.
@@ -46,7 +46,7 @@ child = os.fork()
 if child == 0:
     os.setsid()
     if os.fork() == 0:
-        time.sleep(0.5)
+        time.sleep(1)
         os.close(os.open(d + "/late.txt", os.O_RDONLY))
         os._exit(0)
     os._exit(0)
@@ -221,13 +221,17 @@ fn exec_of_a_manager_or_interpreter_module_makes_a_root() {
         Manager {
             name: "fakepip".into(),
             execs: vec![],
-            modules: vec![ModuleRoot { interpreters: vec!["python3".into()], args: vec!["-m".into(), "fakepip".into()] }],
+            modules: vec![ModuleRoot {
+                interpreters: vec!["python3".into()],
+                args: vec!["-m".into(), "fakepip".into()],
+            }],
         },
     ];
     let mut sensor = Sensor::start(&managers, true).unwrap();
 
     let manager = fake_manager(&fx.root, "fakemgr");
-    let status = Command::new(&manager).args(["-c", "cat secret.txt >/dev/null"]).current_dir(&fx.root).status().unwrap();
+    let status =
+        Command::new(&manager).args(["-c", "cat secret.txt >/dev/null"]).current_dir(&fx.root).status().unwrap();
     assert!(status.success());
     // The same interpreter without the module is not a root.
     let plain = Command::new(PYTHON).args(["-c", "open('secret.txt').close()"]).current_dir(&fx.root).spawn().unwrap();
@@ -295,4 +299,21 @@ fn seed_marks_trees_that_were_already_running() {
     let cat = forks_of(&events, child);
     assert_eq!(cat.len(), 1, "{events:#?}");
     assert_eq!(open_of(&events, cat[0], "secret.txt").abs_path.as_deref(), Some(secret.as_str()));
+}
+
+#[test]
+fn doctor_finds_what_this_kernel_offers() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // Starting a sensor mounts tracefs when the machine booted without it.
+    drop(Sensor::start(&[], false).unwrap());
+    let report = doctor();
+    assert!(report.btf);
+    assert_eq!(report.offsets, Ok(()));
+    assert!(report.tracefs);
+    let loads = |name: &str| report.programs.iter().any(|(n, probe)| *n == name && *probe == Ok(true));
+    assert!(loads("tracepoint") && loads("raw_tracepoint"), "{report}");
+    assert_eq!(report.ring_buffer, Ok(true));
+    assert_eq!(report.sensor, Some("tracepoints"), "{report}");
+    let text = report.to_string();
+    assert!(text.contains(&report.kernel_release) && text.contains("sensor:           tracepoints"), "{text}");
 }

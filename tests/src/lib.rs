@@ -257,9 +257,14 @@ impl Sandbox {
 
     /// Polls until an alert for `path` is in the alerts file; None after `timeout`.
     pub fn wait_for_alert(&self, path: &str, timeout: Duration) -> Option<Value> {
+        self.wait_for(|a| a["file"]["path"] == path, timeout)
+    }
+
+    /// Polls until an alert that `wanted` accepts is in the alerts file; None after `timeout`.
+    pub fn wait_for(&self, wanted: impl Fn(&Value) -> bool, timeout: Duration) -> Option<Value> {
         let start = Instant::now();
         while start.elapsed() < timeout {
-            if let Some(alert) = self.alerts_now().into_iter().find(|a| a["file"]["path"] == path) {
+            if let Some(alert) = self.alerts_now().into_iter().find(|a| wanted(a)) {
                 return Some(alert);
             }
             thread::sleep(Duration::from_millis(20));
@@ -306,11 +311,13 @@ impl Run {
         )
     }
 
+    #[track_caller]
     pub fn assert_exit(&self, code: i32) {
         assert_eq!(self.status.and_then(|s| s.code()), Some(code), "expected exit status {code}\n{}", self.describe());
     }
 
-    /// Exactly the alerts for `path`, at least one; fails with the whole run described.
+    /// The first alert for `path`; fails with the whole run described when there is none.
+    #[track_caller]
     pub fn expect_alert(&self, path: &str) -> Value {
         self.alerts_for(path).into_iter().next().unwrap_or_else(|| panic!("no alert for {path}\n{}", self.describe()))
     }

@@ -17,6 +17,7 @@ fn report(sandbox: &Sandbox, name: &str, run: &Run) -> Value {
     serde_json::from_str(&text).unwrap()
 }
 
+#[track_caller]
 fn assert_field(alert: &Value, pointer: &str, expected: &str, run: &Run) {
     assert_eq!(
         alert.pointer(pointer).and_then(Value::as_str),
@@ -27,6 +28,7 @@ fn assert_field(alert: &Value, pointer: &str, expected: &str, run: &Run) {
 }
 
 /// The alert's ancestry runs from the tree's root down; the root here is CMD itself.
+#[track_caller]
 fn assert_ancestry_starts_at(alert: &Value, program: &str, run: &Run) {
     let ancestors = alert["process"]["ancestors"].as_array().cloned().unwrap_or_default();
     let root = ancestors.first().unwrap_or_else(|| panic!("no process.ancestors in {alert:#}\n{}", run.describe()));
@@ -53,6 +55,7 @@ fn npm_postinstall_reading_npmrc_is_reported_within_a_second() {
     run.assert_exit(EXIT_ALERT);
     let alert = run.expect_alert(&sandbox.credential(".npmrc"));
     assert_field(&alert, "/event/kind", "alert", &run);
+    assert_field(&alert, "/rule/category", "registry", &run);
     assert_field(&alert, "/package/manager", "npm", &run);
     assert_field(&alert, "/package/name", "evil-postinstall", &run);
     assert_field(&alert, "/package/version", "1.2.3", &run);
@@ -89,6 +92,7 @@ fn daemonised_preinstall_reading_ssh_key_after_npm_exits_is_reported() {
     run.assert_exit(EXIT_ALERT);
     let alert = run.expect_alert(&sandbox.credential(".ssh/id_ed25519"));
     assert_eq!(alert["process"]["pid"], payload["pid"], "the alert names another process: {alert:#}");
+    assert_field(&alert, "/rule/category", "ssh", &run);
     assert_field(&alert, "/package/manager", "npm", &run);
     assert_field(&alert, "/package/name", "evil-preinstall", &run);
     assert_field(&alert, "/package/lifecycle", "preinstall", &run);
@@ -118,6 +122,7 @@ fn cargo_build_script_reading_cargo_credentials_is_reported() {
 
     run.assert_exit(EXIT_ALERT);
     let alert = run.expect_alert(&sandbox.credential(".cargo/credentials.toml"));
+    assert_field(&alert, "/rule/category", "registry", &run);
     assert_field(&alert, "/package/manager", "cargo", &run);
     assert_field(&alert, "/package/name", "evil-build", &run);
     assert_field(&alert, "/package/lifecycle", "build-script", &run);
@@ -133,12 +138,15 @@ fn proc_macro_reading_aws_credentials_inside_rustc_is_reported() {
 
     run.assert_exit(EXIT_ALERT);
     let alert = run.expect_alert(&sandbox.credential(".aws/credentials"));
+    assert_field(&alert, "/rule/category", "cloud", &run);
     assert_field(&alert, "/package/manager", "cargo", &run);
     assert!(
         alert["process"]["executable"].as_str().is_some_and(|e| e.ends_with("/rustc")),
         "the read happens inside rustc: {alert:#}"
     );
     assert_field(&alert, "/package/lifecycle", "proc-macro", &run);
+    // rustc's `--extern` names the macro crate it loaded.
+    assert_field(&alert, "/package/name", "evil_macro", &run);
 }
 
 #[test]
@@ -171,7 +179,12 @@ fn pip_sdist_setup_py_reading_pypirc_is_reported() {
     run.assert_exit(EXIT_ALERT);
     assert!(target.join("evil_sdist.py").exists(), "pip did not install the sdist\n{}", run.describe());
     let alert = run.expect_alert(&sandbox.credential(".pypirc"));
+    assert_field(&alert, "/rule/category", "registry", &run);
     assert_field(&alert, "/package/manager", "pip", &run);
+    // Named from the archive pip is building; the read happened in setup.py.
+    assert_field(&alert, "/package/name", "evil_sdist", &run);
+    assert_field(&alert, "/package/version", "4.5.6", &run);
+    assert_field(&alert, "/package/lifecycle", "setup.py", &run);
 }
 
 #[test]
@@ -183,8 +196,10 @@ fn relative_and_dirfd_opens_are_reported_with_absolute_paths() {
     run.assert_exit(EXIT_ALERT);
     let rsa = run.expect_alert(&sandbox.credential(".ssh/id_rsa"));
     assert_field(&rsa, "/file/given_path", "id_rsa", &run);
+    assert_field(&rsa, "/rule/category", "ssh", &run);
     let aws = run.expect_alert(&sandbox.credential(".aws/credentials"));
     assert_field(&aws, "/file/given_path", "credentials", &run);
+    assert_field(&aws, "/rule/category", "cloud", &run);
 }
 
 /// A process outside the watched tree reads the same files while credwatch is live: nothing.
@@ -256,7 +271,7 @@ fn watch_reports_an_npm_script_started_after_it() {
             panic!("credwatch watch exited early\n{}", sandbox.collect(Some(status), start.elapsed()).describe());
         }
         sandbox.setup("npm run steal", sandbox.command("npm").args(["run", "--silent", "steal"]).current_dir(&project));
-        alert = sandbox.wait_for_alert(&npmrc, Duration::from_secs(2));
+        alert = sandbox.wait_for(|a| a["file"]["path"] == npmrc && is_cat(a), Duration::from_secs(2));
     }
     // SIGTERM detaches cleanly (and prints a summary).
     let stopped = Command::new("kill").args(["-TERM", &watcher.id().to_string()]).status().unwrap();
@@ -265,7 +280,11 @@ fn watch_reports_an_npm_script_started_after_it() {
     run.assert_exit(0);
     let alert = alert.unwrap_or_else(|| panic!("no alert from watch within 60 s\n{}", run.describe()));
     assert_field(&alert, "/package/manager", "npm", &run);
+    assert_field(&alert, "/package/name", "e2e-app", &run);
     assert_field(&alert, "/package/lifecycle", "steal", &run);
-    // The script's cat, not npm reading its own configuration.
-    assert!(alert["process"]["executable"].as_str().is_some_and(|e| e.ends_with("/cat")), "{alert:#}");
+}
+
+/// The alert is about the script's `cat`, not npm reading its own configuration.
+fn is_cat(alert: &Value) -> bool {
+    alert["process"]["executable"].as_str().is_some_and(|e| e.ends_with("/cat"))
 }

@@ -113,7 +113,10 @@ fn test() -> Result<()> {
     if !is_root() {
         bail!("the end-to-end tests load eBPF programs and need root: run `sudo -E cargo xtask test`");
     }
-    run("privileged end-to-end tests", cargo().args(["test", "-p", E2E_CRATE, "--", "--test-threads=1"]))
+    run(
+        "privileged end-to-end tests",
+        cargo().args(["test", "-p", E2E_CRATE, "--", "--test-threads=1", "--show-output"]),
+    )
 }
 
 /// The fixtures run real npm and pip offline; pip builds the sdist with the interpreter's own

@@ -55,11 +55,19 @@ struct Member {
 
 #[derive(Clone, Debug)]
 enum Type {
-    Composite { members: Vec<Member> },
+    Composite {
+        members: Vec<Member>,
+    },
     /// typedef, const, volatile, restrict, type tag: look through to `type_id`.
-    Alias { type_id: u32 },
-    Ptr { type_id: u32 },
-    FuncProto { params: u32 },
+    Alias {
+        type_id: u32,
+    },
+    Ptr {
+        type_id: u32,
+    },
+    FuncProto {
+        params: u32,
+    },
     Other,
 }
 
@@ -74,15 +82,11 @@ pub struct Btf {
 }
 
 fn u16_at(data: &[u8], at: usize) -> Result<u16, BtfError> {
-    data.get(at..at + 2)
-        .map(|b| u16::from_le_bytes([b[0], b[1]]))
-        .ok_or(BtfError::Malformed("truncated"))
+    data.get(at..at + 2).map(|b| u16::from_le_bytes([b[0], b[1]])).ok_or(BtfError::Malformed("truncated"))
 }
 
 fn u32_at(data: &[u8], at: usize) -> Result<u32, BtfError> {
-    data.get(at..at + 4)
-        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .ok_or(BtfError::Malformed("truncated"))
+    data.get(at..at + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).ok_or(BtfError::Malformed("truncated"))
 }
 
 fn str_at(strings: &[u8], offset: u32) -> Result<String, BtfError> {
@@ -121,8 +125,12 @@ impl Btf {
         let type_data = section(type_off, type_len)?;
         let strings = section(str_off, str_len)?;
 
-        let mut btf =
-            Btf { types: vec![Type::Other], structs: HashMap::new(), typedefs: HashMap::new(), strings: strings.to_vec() };
+        let mut btf = Btf {
+            types: vec![Type::Other],
+            structs: HashMap::new(),
+            typedefs: HashMap::new(),
+            strings: strings.to_vec(),
+        };
         let mut at = 0;
         while at < type_data.len() {
             let name_off = u32_at(type_data, at)?;
@@ -298,7 +306,7 @@ mod tests {
         blob.push("", KIND_PTR, 0, 7, &[]); // 6
         blob.push("", KIND_FUNC_PROTO, 3, 0, &[0, 1, 0, 1, 0, 1]); // 7
         blob.push("btf_trace_x", KIND_TYPEDEF, 0, 6, &[]); // 8
-        // A bitfield member: with kind_flag, the top 8 bits of the offset are its size.
+                                                           // A bitfield member: with kind_flag, the top 8 bits of the offset are its size.
         let extra = [blob.name("flag"), 1, 3 << 24 | 40];
         blob.push("bits", KIND_STRUCT | 1 << 7, 1, 8, &extra); // 9
         blob.finish()
@@ -317,7 +325,10 @@ mod tests {
     #[test]
     fn errors_name_the_struct_and_member() {
         let btf = Btf::parse(&sample()).unwrap();
-        assert_eq!(btf.member_offset("qstr", "nope").unwrap_err().to_string(), "BTF struct `qstr` has no member `nope`");
+        assert_eq!(
+            btf.member_offset("qstr", "nope").unwrap_err().to_string(),
+            "BTF struct `qstr` has no member `nope`"
+        );
         assert_eq!(btf.member_offset("dentry", "d_name").unwrap_err().to_string(), "BTF has no struct `dentry`");
     }
 

@@ -5,11 +5,11 @@
 use std::mem::size_of;
 
 use credwatch_common::{
-    EventHeader, ExecEvent, ExitEvent, ForkEvent, OpenEvent, ResolvedPath, kind, open_syscall, path_flag,
+    kind, open_syscall, path_flag, EventHeader, ExecEvent, ExitEvent, ForkEvent, OpenEvent, ResolvedPath,
 };
 use thiserror::Error;
 
-use crate::event::{Event, EventData, Exec, Exit, Fork, Open, attribution_env};
+use crate::event::{attribution_env, Event, EventData, Exec, Exit, Fork, Open};
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum DecodeError {
@@ -197,7 +197,7 @@ fn open(event: &OpenEvent) -> Open {
 
 #[cfg(test)]
 mod tests {
-    use credwatch_common::{MAX_RESOLVED_PATH, Mark};
+    use credwatch_common::{Mark, MAX_RESOLVED_PATH};
 
     use super::*;
 

@@ -8,7 +8,7 @@ use aya::{
     sys::{is_map_supported, is_program_supported},
 };
 
-use super::{TRACEFS, btf::Btf, offsets::kernel_offsets};
+use super::{btf::Btf, offsets::kernel_offsets, TRACEFS};
 
 /// One probed feature: `Ok(true)` loads, `Ok(false)` does not, `Err` the probe itself failed.
 pub type Probe = Result<bool, String>;
@@ -123,7 +123,11 @@ impl fmt::Display for DoctorReport {
             Ok(()) => writeln!(f, "kernel offsets:   all resolved")?,
             Err(error) => writeln!(f, "kernel offsets:   {error}")?,
         }
-        writeln!(f, "lockdown:         {}", self.lockdown.as_deref().unwrap_or("unknown (securityfs not mounted, no lockdown= on the command line)"))?;
+        writeln!(
+            f,
+            "lockdown:         {}",
+            self.lockdown.as_deref().unwrap_or("unknown (securityfs not mounted, no lockdown= on the command line)")
+        )?;
         writeln!(f, "tracefs mounted:  {}", if self.tracefs { "yes" } else { "no (the sensor mounts it)" })?;
         for (name, probe) in &self.programs {
             writeln!(f, "loads {name:<23} {}", yes_no(probe))?;

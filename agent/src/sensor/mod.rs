@@ -15,17 +15,16 @@ use std::{
 };
 
 use aya::{
-    Ebpf, EbpfError, EbpfLoader,
     maps::{Array, HashMap, MapData, MapError, PerCpuArray, RingBuf},
     programs::{ProgramError, RawTracePoint, TracePoint},
+    Ebpf, EbpfError, EbpfLoader,
 };
 use credwatch_common::{
-    Config, MANAGER_NAME_LEN, MODULE_KEY_LEN, ManagerValue, Mark, config_flag, lost_index, manager_flag,
-    mark_flag,
+    config_flag, lost_index, manager_flag, mark_flag, Config, ManagerValue, Mark, MANAGER_NAME_LEN, MODULE_KEY_LEN,
 };
 use thiserror::Error;
 
-pub use self::doctor::{DoctorReport, doctor};
+pub use self::doctor::{doctor, DoctorReport};
 use self::{btf::BtfError, decode::Decoder};
 use crate::{
     event::{Event, EventData, Lost},
@@ -264,7 +263,8 @@ impl Sensor {
     /// already marked keeps its mark.
     pub fn seed(&mut self, managers: &[Manager]) -> Result<Vec<Event>, SensorError> {
         let decoder = self.decoder;
-        let found = seed::scan(Path::new("/proc"), managers, std::process::id(), &decoder).map_err(SensorError::Proc)?;
+        let found =
+            seed::scan(Path::new("/proc"), managers, std::process::id(), &decoder).map_err(SensorError::Proc)?;
         let mut marks = self.marks()?;
         let mut events = Vec::with_capacity(found.len());
         for (event, mark) in found {
@@ -373,7 +373,10 @@ mod tests {
             Manager {
                 name: "pip".into(),
                 execs: vec!["pip3".into()],
-                modules: vec![ModuleRoot { interpreters: vec!["python3".into()], args: vec!["-m".into(), "pip".into()] }],
+                modules: vec![ModuleRoot {
+                    interpreters: vec!["python3".into()],
+                    args: vec!["-m".into(), "pip".into()],
+                }],
             },
         ];
         let (names, modules) = manager_keys(&managers).unwrap();

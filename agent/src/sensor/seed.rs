@@ -9,10 +9,10 @@ use std::{
 
 use credwatch_common::Mark;
 
-use super::decode::{Decoder, words};
+use super::decode::{words, Decoder};
 use crate::{
-    event::{Event, EventData, Exec, attribution_env},
-    rules::manager::{Manager, root_manager},
+    event::{attribution_env, Event, EventData, Exec},
+    rules::manager::{root_manager, Manager},
 };
 
 struct Proc {
@@ -88,7 +88,12 @@ fn manager_of(managers: &[Manager], exec: &Exec) -> Option<usize> {
 
 /// Every process in a package tree under `proc_root`, with its mark, parents first. The
 /// outermost manager is the root of a tree (npm under cargo belongs to cargo's tree).
-pub fn scan(proc_root: &Path, managers: &[Manager], agent_pid: u32, decoder: &Decoder) -> io::Result<Vec<(Event, Mark)>> {
+pub fn scan(
+    proc_root: &Path,
+    managers: &[Manager],
+    agent_pid: u32,
+    decoder: &Decoder,
+) -> io::Result<Vec<(Event, Mark)>> {
     let mut procs = BTreeMap::new();
     for entry in fs::read_dir(proc_root)? {
         let entry = entry?;
@@ -114,8 +119,12 @@ pub fn scan(proc_root: &Path, managers: &[Manager], agent_pid: u32, decoder: &De
         let Some(proc) = procs.get(&pid) else { continue };
         let mark = match parent_mark {
             Some(parent) => Some(Mark { depth: parent.depth + 1, ..parent }),
-            None => manager_of(managers, &proc.exec)
-                .map(|manager| Mark { root_pid: pid, depth: 0, manager: manager as u32, flags: 0 }),
+            None => manager_of(managers, &proc.exec).map(|manager| Mark {
+                root_pid: pid,
+                depth: 0,
+                manager: manager as u32,
+                flags: 0,
+            }),
         };
         if let Some(mark) = mark {
             let boot_ns = proc.start_ticks.saturating_mul(1_000_000_000) / ticks_per_second;

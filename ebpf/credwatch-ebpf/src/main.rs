@@ -12,6 +12,17 @@
 //! - `LOST`: per-CPU counters indexed by [`lost_index`].
 //! - `PENDING_OPENS`: tid -> the arguments of an open syscall between its entry and exit.
 //! - `SCRATCH`: per-CPU buffers too large for the 512-byte stack.
+//!
+//! Notes:
+//! - A process is gone when the last thread of its group exits: `sched_process_exit` passes
+//!   `group_dead` since Linux 6.16; before, `do_exit()` has already decremented `signal->live`
+//!   when the tracepoint fires, so `live == 0` says the same (two last threads racing may both
+//!   see 0; only the one whose delete of the mark succeeds reports).
+//! - Records are submitted without a wakeup; the agent polls every 50 ms and is woken only when
+//!   more than [`WAKEUP_WATERMARK`] bytes wait.
+//! - Verifier cost: values that would otherwise be followed one by one (a path's length, where
+//!   a basename starts, map keys built byte by byte) go through memory, where the verifier
+//!   keeps no per-value state, and are bounded again after.
 #![no_std]
 #![no_main]
 
@@ -28,13 +39,13 @@ use aya_ebpf::{
         generated::{bpf_probe_read_kernel, bpf_probe_read_kernel_str, bpf_probe_read_user, bpf_probe_read_user_str},
     },
     macros::{map, raw_tracepoint, tracepoint},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, ring_buf::RingBufEntry},
+    maps::{ring_buf::RingBufEntry, Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::{RawTracePointContext, TracePointContext},
 };
 use credwatch_common::{
-    Config, EventHeader, ExecEvent, ExitEvent, ForkEvent, KernelOffsets, MANAGER_NAME_LEN, MAX_ARGS, MAX_ENV,
-    MAX_GIVEN_PATH, MAX_PATH_COMPONENTS, MAX_RESOLVED_PATH, MODULE_KEY_LEN, ManagerValue, Mark, OpenEvent,
-    ResolvedPath, config_flag, kind, lost_index, manager_flag, open_syscall, path_flag,
+    config_flag, kind, lost_index, manager_flag, open_syscall, path_flag, Config, EventHeader, ExecEvent, ExitEvent,
+    ForkEvent, KernelOffsets, ManagerValue, Mark, OpenEvent, ResolvedPath, MANAGER_NAME_LEN, MAX_ARGS, MAX_ENV,
+    MAX_GIVEN_PATH, MAX_PATH_COMPONENTS, MAX_RESOLVED_PATH, MODULE_KEY_LEN,
 };
 
 /// Processes that can be marked at once; a full map is counted in `LOST[MARKS_FULL]`.
@@ -79,6 +90,8 @@ struct PendingOpen {
     mode: u64,
     given_len: u32,
     _pad: u32,
+    /// The user pointer, to read the path again at exit when it could not be read at entry.
+    given_ptr: u64,
     given: [u8; MAX_GIVEN_PATH],
 }
 
@@ -229,7 +242,9 @@ unsafe fn walk(off: &KernelOffsets, path: u64, data: *mut u8, len_slot: *mut u32
         }
         let name: u64 = read(dentry, off.dentry_d_name + off.qstr_name)?;
         // SAFETY: len <= MAX_RESOLVED_PATH - NAME_SPACE, so NAME_SPACE bytes fit.
-        let n = unsafe { bpf_probe_read_kernel_str(data.add(len) as *mut c_void, NAME_SPACE as u32, name as *const c_void) };
+        let n = unsafe {
+            bpf_probe_read_kernel_str(data.add(len) as *mut c_void, NAME_SPACE as u32, name as *const c_void)
+        };
         if n <= 1 || n > NAME_SPACE as i64 {
             return Err(-1);
         }
@@ -315,7 +330,11 @@ fn manager_root(off: &KernelOffsets, bprm: u64) -> Res<Option<u32>> {
     let filename: u64 = read(bprm, off.linux_binprm_filename)?;
     // SAFETY: the destination is MAX_GIVEN_PATH bytes of the scratch buffer.
     let n = unsafe {
-        bpf_probe_read_kernel_str(scratch.name.as_mut_ptr() as *mut c_void, MAX_GIVEN_PATH as u32, filename as *const c_void)
+        bpf_probe_read_kernel_str(
+            scratch.name.as_mut_ptr() as *mut c_void,
+            MAX_GIVEN_PATH as u32,
+            filename as *const c_void,
+        )
     };
     if n <= 1 {
         return Ok(None);
@@ -369,7 +388,9 @@ fn module_root(off: &KernelOffsets, scratch: &mut Scratch) -> Res<Option<u32>> {
         unsafe { write_volatile(scratch.args.as_mut_ptr().add(i * 8) as *mut [u8; 8], [0; 8]) };
     }
     // SAFETY: len <= MODULE_SCAN <= SCRATCH_ARGS.
-    if unsafe { bpf_probe_read_user(scratch.args.as_mut_ptr() as *mut c_void, len as u32, arg_start as *const c_void) } != 0 {
+    if unsafe { bpf_probe_read_user(scratch.args.as_mut_ptr() as *mut c_void, len as u32, arg_start as *const c_void) }
+        != 0
+    {
         return Ok(None);
     }
     let mut first = MODULE_SCAN;
@@ -433,7 +454,8 @@ unsafe fn fill_exec(off: &KernelOffsets, bprm: u64, event: *mut ExecEvent) {
             if len > MAX_ARGS as u64 {
                 len = MAX_ARGS as u64;
             }
-            if bpf_probe_read_user(addr_of_mut!((*event).args) as *mut c_void, len as u32, start as *const c_void) == 0 {
+            if bpf_probe_read_user(addr_of_mut!((*event).args) as *mut c_void, len as u32, start as *const c_void) == 0
+            {
                 (*event).args_len = len as u32;
             }
             let start: u64 = read(mm, off.mm_struct_env_start).unwrap_or(0);
@@ -559,7 +581,9 @@ fn save_open(ctx: &TracePointContext, syscall: u32, tid: u32) -> Res<()> {
     // SAFETY: offsets within the syscall tracepoint record (checked against its format).
     let (dirfd, path, flags, mode) = unsafe {
         match syscall {
-            open_syscall::OPEN => (AT_FDCWD, ctx.read_at::<u64>(TP_ARG0)?, ctx.read_at::<u64>(TP_ARG1)?, ctx.read_at::<u64>(TP_ARG2)?),
+            open_syscall::OPEN => {
+                (AT_FDCWD, ctx.read_at::<u64>(TP_ARG0)?, ctx.read_at::<u64>(TP_ARG1)?, ctx.read_at::<u64>(TP_ARG2)?)
+            }
             open_syscall::CREAT => (AT_FDCWD, ctx.read_at::<u64>(TP_ARG0)?, CREAT_FLAGS, ctx.read_at::<u64>(TP_ARG1)?),
             open_syscall::OPENAT => (
                 ctx.read_at::<u64>(TP_ARG0)? as i32,
@@ -585,6 +609,7 @@ fn save_open(ctx: &TracePointContext, syscall: u32, tid: u32) -> Res<()> {
         bpf_probe_read_user_str(pending.given.as_mut_ptr() as *mut c_void, MAX_GIVEN_PATH as u32, path as *const c_void)
     };
     pending.given_len = if n > 0 { (n - 1) as u32 } else { 0 };
+    pending.given_ptr = path;
     PENDING_OPENS.insert(&tid, &*pending, 0).map_err(|e| e as i64)
 }
 
@@ -617,11 +642,19 @@ fn report_open(ctx: &TracePointContext, pid_tgid: u64, mark: Mark, tid: u32) -> 
         (*event).ret = ret;
         (*event).given_len = (*pending).given_len;
         (*event)._pad = 0;
-        bpf_probe_read_kernel(
-            addr_of_mut!((*event).given) as *mut c_void,
-            MAX_GIVEN_PATH as u32,
-            addr_of_mut!((*(pending as *mut PendingOpen)).given) as *const c_void,
-        );
+        let given = addr_of_mut!((*event).given) as *mut c_void;
+        if (*pending).given_len > 0 {
+            bpf_probe_read_kernel(
+                given,
+                MAX_GIVEN_PATH as u32,
+                addr_of_mut!((*(pending as *mut PendingOpen)).given) as *const c_void,
+            );
+        } else {
+            // At entry the string may have sat in a page not yet faulted in (BPF cannot fault
+            // it in); the syscall itself has read it since.
+            let n = bpf_probe_read_user_str(given, MAX_GIVEN_PATH as u32, (*pending).given_ptr as *const c_void);
+            (*event).given_len = if n > 0 { (n - 1) as u32 } else { 0 };
+        }
         (*event).dev = 0;
         (*event).ino = 0;
         (*event).path.len = 0;

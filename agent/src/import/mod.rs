@@ -1,0 +1,601 @@
+//! Importers: other tools' traces (strace, auditd, Tetragon, Tracee) and credwatch's own,
+//! turned into the one [`Event`] stream. Each is a thin, streaming translator: bounded state,
+//! no detection logic, a bad line is an error naming the file and line after which reading
+//! goes on. What each format gives and cannot give is in `docs/importers.md`.
+
+mod auditd;
+mod strace;
+mod tetragon;
+mod tracee;
+
+use std::{
+    collections::{HashMap, VecDeque},
+    fmt,
+    fs::File,
+    io::{self, BufRead, BufReader, Read},
+    path::{Path, PathBuf},
+};
+
+use crate::{
+    event::{Event, EventData, Fork},
+    trace::{TraceError, TraceReader, MAX_LINE},
+};
+
+/// The formats credwatch reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Format {
+    /// credwatch's own trace (`credwatch record`).
+    Credwatch,
+    /// `strace -f -tt -y [-v] [-s N]` output, one file or the `-ff` files of one run.
+    Strace,
+    /// Raw `audit.log` (RAW or ENRICHED).
+    Auditd,
+    /// Tetragon JSON export (one event per line).
+    Tetragon,
+    /// Tracee JSON events, legacy `trace.Event` or `v1beta1.Event`.
+    Tracee,
+}
+
+impl Format {
+    pub const ALL: [Format; 5] = [Format::Credwatch, Format::Strace, Format::Auditd, Format::Tetragon, Format::Tracee];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Credwatch => "credwatch",
+            Format::Strace => "strace",
+            Format::Auditd => "auditd",
+            Format::Tetragon => "tetragon",
+            Format::Tracee => "tracee",
+        }
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Format {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Format, String> {
+        Format::ALL.into_iter().find(|f| f.as_str() == s).ok_or_else(|| {
+            format!("unknown trace format {s:?} (expected credwatch, strace, auditd, tetragon or tracee)")
+        })
+    }
+}
+
+/// A problem with the input. With `line`, it is about that line; `recoverable` says whether
+/// reading can go on with the next line (`--keep-going` skips and counts those).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}{}: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
+pub struct ImportError {
+    pub file: String,
+    pub line: Option<u64>,
+    pub message: String,
+    pub recoverable: bool,
+}
+
+impl ImportError {
+    pub fn fatal(file: &str, message: impl Into<String>) -> ImportError {
+        ImportError { file: file.to_owned(), line: None, message: message.into(), recoverable: false }
+    }
+
+    pub fn bad_line(file: &str, line: u64, message: impl Into<String>) -> ImportError {
+        ImportError { file: file.to_owned(), line: Some(line), message: message.into(), recoverable: true }
+    }
+}
+
+impl From<TraceError> for ImportError {
+    fn from(error: TraceError) -> ImportError {
+        match error {
+            TraceError::BadLine { file, line, message } => ImportError::bad_line(&file, line, message),
+            TraceError::BadHeader { ref file, .. } => {
+                ImportError { file: file.clone(), line: Some(1), message: error.to_string(), recoverable: false }
+            }
+            TraceError::Io { ref file, .. } | TraceError::Empty { ref file } | TraceError::UnsupportedSchema { ref file, .. } => {
+                let message = error.to_string();
+                let message = message.strip_prefix(&format!("{file}: ")).unwrap_or(&message).to_owned();
+                ImportError::fatal(file, message)
+            }
+        }
+    }
+}
+
+/// A stream of events from one history (one engine's worth of input).
+pub trait EventSource: Send {
+    /// The next event; `Ok(None)` at the end. After an error with `recoverable`, calling again
+    /// goes on with the next line; after any other error the source is finished.
+    fn next_event(&mut self) -> Result<Option<Event>, ImportError>;
+    /// The input's name for messages (file name, or `prefix.*` for strace `-ff` sets).
+    fn name(&self) -> &str;
+    fn format(&self) -> Format;
+    /// `host.name` for alerts, when the format records it.
+    fn host(&self) -> Option<String> {
+        None
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ImportOptions {
+    /// The date of strace `-tt` times (they carry none). Default: the UTC date of the file's
+    /// modification time; for standard input, 1970-01-01.
+    pub date: Option<time::Date>,
+}
+
+/// The format of an input from its first bytes (already decompressed), or None.
+pub fn detect(first_bytes: &[u8]) -> Option<Format> {
+    let text = String::from_utf8_lossy(first_bytes);
+    let line = text.lines().map(str::trim).find(|l| !l.is_empty())?;
+    if line.starts_with('{') {
+        if line.contains("\"credwatch_trace\"") {
+            return Some(Format::Credwatch);
+        }
+        if tetragon::EVENT_KEYS.iter().any(|k| line.contains(&format!("\"{k}\""))) {
+            return Some(Format::Tetragon);
+        }
+        if line.contains("\"eventName\"") || line.contains("\"workload\"") || line.contains("\"policies\"") {
+            return Some(Format::Tracee);
+        }
+        return None;
+    }
+    if auditd::looks_like(line) {
+        return Some(Format::Auditd);
+    }
+    if strace::looks_like(line) {
+        return Some(Format::Strace);
+    }
+    None
+}
+
+/// Opens one input (`-` for standard input) as `from`, or as the format detected from its
+/// first bytes. `.gz` and `.zst` are recognised by their magic bytes.
+pub fn open(path: &Path, from: Option<Format>, options: &ImportOptions) -> Result<Box<dyn EventSource>, ImportError> {
+    let name = path.display().to_string();
+    let mut input = Input::open(path)?;
+    let format = match from {
+        Some(format) => format,
+        None => detect(input.peek()?).ok_or_else(|| {
+            ImportError::fatal(&name, "unrecognised trace format (use --from credwatch|strace|auditd|tetragon|tracee)")
+        })?,
+    };
+    Ok(match format {
+        Format::Credwatch => Box::new(CredwatchSource(TraceReader::new(name, input.into_read())?)),
+        Format::Strace => {
+            let date = strace_date(path, options)?;
+            Box::new(strace::StraceSource::new(vec![(input.into_lines(), ff_pid(path))], name, date))
+        }
+        Format::Auditd => Box::new(auditd::AuditdSource::new(input.into_lines())),
+        Format::Tetragon => Box::new(tetragon::TetragonSource::new(input.into_lines())),
+        Format::Tracee => Box::new(tracee::TraceeSource::new(input.into_lines())),
+    })
+}
+
+/// Opens the `-ff` files of one strace run (`prefix.<pid>` each) as one source, merged by time.
+pub fn open_strace_ff(paths: &[PathBuf], options: &ImportOptions) -> Result<Box<dyn EventSource>, ImportError> {
+    let Some(first) = paths.first() else {
+        return Err(ImportError::fatal("", "no strace -ff files"));
+    };
+    let date = strace_date(first, options)?;
+    let mut inputs = Vec::new();
+    for path in paths {
+        let Some(pid) = ff_pid(path) else {
+            return Err(ImportError::fatal(&path.display().to_string(), "not an strace -ff file (no .<pid> suffix)"));
+        };
+        inputs.push((Input::open(path)?.into_lines(), Some(pid)));
+    }
+    let name = format!("{}.*", first.display().to_string().rsplit_once('.').map_or("", |(p, _)| p));
+    Ok(Box::new(strace::StraceSource::new(inputs, name, date)))
+}
+
+/// The sources for the files of one `replay` command: each file is one history, except that
+/// strace `-ff` files sharing a `prefix.` (two or more `prefix.<pid>` files detected or
+/// declared as strace) form one.
+pub fn open_all(
+    paths: &[PathBuf],
+    from: Option<Format>,
+    options: &ImportOptions,
+) -> Result<Vec<Box<dyn EventSource>>, ImportError> {
+    let mut groups: Vec<(Option<String>, Vec<PathBuf>)> = Vec::new();
+    for path in paths {
+        let prefix = ff_pid(path).map(|_| path.display().to_string().rsplit_once('.').expect("has a suffix").0.to_owned());
+        let is_strace = prefix.is_some()
+            && match from {
+                Some(format) => format == Format::Strace,
+                None => Input::open(path).and_then(|mut i| Ok(detect(i.peek()?))).ok().flatten() == Some(Format::Strace),
+            };
+        let key = if is_strace { prefix } else { None };
+        match groups.iter_mut().find(|(k, _)| key.is_some() && *k == key) {
+            Some((_, group)) => group.push(path.clone()),
+            None => groups.push((key, vec![path.clone()])),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(key, group)| match key {
+            Some(_) if group.len() > 1 => open_strace_ff(&group, options),
+            _ => open(&group[0], from, options),
+        })
+        .collect()
+}
+
+/// The pid of an strace `-ff` file name (`prefix.<pid>`).
+fn ff_pid(path: &Path) -> Option<u32> {
+    let name = path.file_name()?.to_str()?;
+    let (_, suffix) = name.rsplit_once('.')?;
+    (!suffix.is_empty() && suffix.bytes().all(|b| b.is_ascii_digit())).then(|| suffix.parse().ok()).flatten()
+}
+
+fn strace_date(path: &Path, options: &ImportOptions) -> Result<time::Date, ImportError> {
+    if let Some(date) = options.date {
+        return Ok(date);
+    }
+    if path == Path::new("-") {
+        return Ok(time::Date::from_calendar_date(1970, time::Month::January, 1).expect("valid date"));
+    }
+    let modified = std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .map_err(|e| ImportError::fatal(&path.display().to_string(), e.to_string()))?;
+    Ok(time::OffsetDateTime::from(modified).date())
+}
+
+/// credwatch's own trace, through the same interface.
+struct CredwatchSource(TraceReader);
+
+impl EventSource for CredwatchSource {
+    fn next_event(&mut self) -> Result<Option<Event>, ImportError> {
+        self.0.next_event().map_err(ImportError::from)
+    }
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn format(&self) -> Format {
+        Format::Credwatch
+    }
+    fn host(&self) -> Option<String> {
+        Some(self.0.header().host.clone())
+    }
+}
+
+const GZIP_MAGIC: &[u8] = &[0x1f, 0x8b];
+const ZSTD_MAGIC: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd];
+/// Bytes looked at to detect the format.
+const PEEK: usize = 64 << 10;
+
+/// An opened input, decompressed, with its first bytes available for detection.
+struct Input {
+    name: String,
+    reader: BufReader<Box<dyn Read + Send>>,
+}
+
+impl Input {
+    fn open(path: &Path) -> Result<Input, ImportError> {
+        let name = path.display().to_string();
+        let raw: Box<dyn Read + Send> = if path == Path::new("-") {
+            Box::new(io::stdin())
+        } else {
+            Box::new(File::open(path).map_err(|e| ImportError::fatal(&name, e.to_string()))?)
+        };
+        Input::new(name, raw)
+    }
+
+    fn new(name: String, raw: Box<dyn Read + Send>) -> Result<Input, ImportError> {
+        let mut raw = BufReader::new(raw);
+        let magic = raw.fill_buf().map_err(|e| ImportError::fatal(&name, e.to_string()))?;
+        let decoded: Box<dyn Read + Send> = if magic.starts_with(GZIP_MAGIC) {
+            Box::new(flate2::bufread::MultiGzDecoder::new(raw))
+        } else if magic.starts_with(ZSTD_MAGIC) {
+            Box::new(zstd::Decoder::with_buffer(raw).map_err(|e| ImportError::fatal(&name, e.to_string()))?)
+        } else {
+            Box::new(raw)
+        };
+        Ok(Input { name, reader: BufReader::with_capacity(PEEK, decoded) })
+    }
+
+    fn peek(&mut self) -> Result<&[u8], ImportError> {
+        let name = &self.name;
+        self.reader.fill_buf().map_err(|e| ImportError::fatal(name, e.to_string()))
+    }
+
+    fn into_read(self) -> Box<dyn Read + Send> {
+        Box::new(self.reader)
+    }
+
+    fn into_lines(self) -> Lines {
+        Lines { name: self.name, input: Box::new(self.reader), line: 0, buffer: Vec::new(), done: false }
+    }
+}
+
+/// Lines of an input, bounded in length, numbered from 1.
+pub(crate) struct Lines {
+    name: String,
+    input: Box<dyn BufRead + Send>,
+    line: u64,
+    buffer: Vec<u8>,
+    done: bool,
+}
+
+impl Lines {
+    #[cfg(test)]
+    pub(crate) fn from_bytes(name: &str, bytes: &[u8]) -> Lines {
+        Input::new(name.to_owned(), Box::new(io::Cursor::new(bytes.to_vec()))).expect("in memory").into_lines()
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The next line without its newline and its number. A line longer than `MAX_LINE` and a
+    /// last line without a newline (a file cut while being written) are recoverable errors.
+    pub(crate) fn next(&mut self) -> Result<Option<(u64, &[u8])>, ImportError> {
+        if self.done {
+            return Ok(None);
+        }
+        self.buffer.clear();
+        let read = (&mut self.input)
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut self.buffer)
+            .map_err(|e| self.read_error(e))?;
+        if read == 0 {
+            self.done = true;
+            return Ok(None);
+        }
+        self.line += 1;
+        if self.buffer.len() > MAX_LINE {
+            self.skip_rest_of_line()?;
+            return Err(ImportError::bad_line(&self.name, self.line, format!("line longer than {MAX_LINE} bytes")));
+        }
+        if self.buffer.last() == Some(&b'\n') {
+            self.buffer.pop();
+            if self.buffer.last() == Some(&b'\r') {
+                self.buffer.pop();
+            }
+        } else {
+            self.done = true;
+            return Err(ImportError::bad_line(&self.name, self.line, "truncated line (no newline at the end of the input)"));
+        }
+        Ok(Some((self.line, &self.buffer)))
+    }
+
+    fn skip_rest_of_line(&mut self) -> Result<(), ImportError> {
+        loop {
+            self.buffer.clear();
+            let read =
+                (&mut self.input).take(64 << 10).read_until(b'\n', &mut self.buffer).map_err(|e| self.read_error(e))?;
+            if read == 0 || self.buffer.last() == Some(&b'\n') {
+                return Ok(());
+            }
+        }
+    }
+
+    fn read_error(&mut self, error: io::Error) -> ImportError {
+        // A read error (corrupt compressed stream) ends the input.
+        self.done = true;
+        ImportError { file: self.name.clone(), line: Some(self.line + 1), message: format!("reading: {error}"), recoverable: false }
+    }
+}
+
+/// Most processes whose lineage an importer remembers. Past it the oldest are forgotten: their
+/// children then look like new processes (`Fork` events may be missing), never memory growth.
+const MAX_KNOWN: usize = 1 << 16;
+
+/// Processes an importer has announced to the engine (by a fork or a first event), so that
+/// formats that report lineage only as a parent pid on each record (auditd, Tetragon, Tracee)
+/// emit one `Fork` per child, before the child's first event, and a late fork record does not
+/// announce the child again.
+#[derive(Default)]
+pub(crate) struct Known {
+    pids: HashMap<u32, u64>,
+    order: VecDeque<(u32, u64)>,
+    next: u64,
+}
+
+impl Known {
+    pub(crate) fn contains(&self, pid: u32) -> bool {
+        self.pids.contains_key(&pid)
+    }
+
+    pub(crate) fn insert(&mut self, pid: u32) {
+        if self.pids.contains_key(&pid) {
+            return;
+        }
+        while self.pids.len() >= MAX_KNOWN {
+            let Some((old, stamp)) = self.order.pop_front() else { break };
+            if self.pids.get(&old) == Some(&stamp) {
+                self.pids.remove(&old);
+            }
+        }
+        self.next += 1;
+        self.pids.insert(pid, self.next);
+        self.order.push_back((pid, self.next));
+        // Exits leave stale entries in `order`; drop them now and then so it stays bounded.
+        if self.order.len() > 2 * MAX_KNOWN {
+            let pids = &self.pids;
+            self.order.retain(|(p, s)| pids.get(p) == Some(s));
+        }
+    }
+
+    pub(crate) fn remove(&mut self, pid: u32) {
+        self.pids.remove(&pid);
+    }
+
+    /// A `Fork` from `ppid` announcing `pid`, when `pid` is new (and the parent is a real one).
+    pub(crate) fn announce(&mut self, time_ns: u64, ppid: u32, pid: u32) -> Option<Event> {
+        if self.contains(pid) {
+            return None;
+        }
+        self.insert(pid);
+        (ppid != 0 && ppid != pid).then_some(Event { time_ns, pid: ppid, data: EventData::Fork(Fork { child_pid: pid }) })
+    }
+}
+
+/// `path` with `.` and `..` resolved lexically and `/` doubled removed.
+pub(crate) fn normalize(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            _ => parts.push(part),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
+/// `path` made absolute against `dir` when it is relative and `dir` is known.
+pub(crate) fn join(dir: Option<&str>, path: &str) -> Option<String> {
+    if path.starts_with('/') {
+        return Some(normalize(path));
+    }
+    dir.filter(|d| d.starts_with('/')).map(|d| normalize(&format!("{d}/{path}")))
+}
+
+/// `O_*` flag values (x86_64, the same on aarch64 but for the directory flags).
+const OPEN_FLAGS: &[(&str, u64)] = &[
+    ("O_RDONLY", 0),
+    ("O_WRONLY", 0o1),
+    ("O_RDWR", 0o2),
+    ("O_CREAT", 0o100),
+    ("O_EXCL", 0o200),
+    ("O_NOCTTY", 0o400),
+    ("O_TRUNC", 0o1000),
+    ("O_APPEND", 0o2000),
+    ("O_NONBLOCK", 0o4000),
+    ("O_NDELAY", 0o4000),
+    ("O_DSYNC", 0o10000),
+    ("O_ASYNC", 0o20000),
+    ("FASYNC", 0o20000),
+    ("O_DIRECT", 0o40000),
+    ("O_LARGEFILE", 0o100000),
+    ("O_DIRECTORY", 0o200000),
+    ("O_NOFOLLOW", 0o400000),
+    ("O_NOATIME", 0o1000000),
+    ("O_CLOEXEC", 0o2000000),
+    ("O_SYNC", 0o4010000),
+    ("O_PATH", 0o10000000),
+    ("O_TMPFILE", 0o20200000),
+];
+
+/// Symbolic `O_RDONLY|O_CLOEXEC` (or a number, or a mix) to the flag bits; None if a name is
+/// unknown.
+pub(crate) fn parse_open_flags(text: &str) -> Option<u64> {
+    let mut flags = 0;
+    for part in text.split('|').map(str::trim) {
+        flags |= match OPEN_FLAGS.iter().find(|(name, _)| *name == part) {
+            Some((_, value)) => *value,
+            None => parse_int(part)? as u64,
+        };
+    }
+    Some(flags)
+}
+
+/// A C integer literal: decimal, `0x` hex or `0` octal, with an optional sign.
+pub(crate) fn parse_int(text: &str) -> Option<i64> {
+    let (negative, digits) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let value = if let Some(hex) = digits.strip_prefix("0x").or_else(|| digits.strip_prefix("0X")) {
+        u64::from_str_radix(hex, 16).ok()? as i64
+    } else if digits.len() > 1 && digits.starts_with('0') {
+        i64::from_str_radix(&digits[1..], 8).ok()?
+    } else {
+        digits.parse::<i64>().ok()?
+    };
+    Some(if negative { -value } else { value })
+}
+
+/// Userspace `st_dev` encoding (glibc `makedev`) of a device number.
+pub(crate) fn makedev(major: u64, minor: u64) -> u64 {
+    ((major & 0xffff_f000) << 32) | ((major & 0xfff) << 8) | ((minor & 0xffff_ff00) << 12) | (minor & 0xff)
+}
+
+/// Signal numbers (x86_64) for exit statuses given by name.
+pub(crate) fn signal_number(name: &str) -> Option<u32> {
+    const SIGNALS: &[&str] = &[
+        "SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", "SIGKILL", "SIGUSR1",
+        "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGSTKFLT", "SIGCHLD", "SIGCONT", "SIGSTOP",
+        "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGURG", "SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH",
+        "SIGIO", "SIGPWR", "SIGSYS",
+    ];
+    SIGNALS.iter().position(|s| *s == name).map(|i| i as u32 + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_each_format_from_its_first_line() {
+        let cases: &[(&str, Option<Format>)] = &[
+            (r#"{"credwatch_trace":1,"host":"h"}"#, Some(Format::Credwatch)),
+            (r#"{"process_exec":{"process":{"pid":1}},"node_name":"n","time":"2024-01-01T00:00:00Z"}"#, Some(Format::Tetragon)),
+            (r#"{"timestamp":1,"processId":2,"eventName":"openat","args":[]}"#, Some(Format::Tracee)),
+            (r#"{"timestamp":{"seconds":"1"},"name":"openat","workload":{}}"#, Some(Format::Tracee)),
+            ("type=SYSCALL msg=audit(1364481363.243:24287): arch=c000003e syscall=2", Some(Format::Auditd)),
+            ("node=web1 type=EXECVE msg=audit(1.2:3): argc=1 a0=\"ls\"", Some(Format::Auditd)),
+            ("12727 19:32:01.821869 execve(\"/usr/bin/sh\", [\"sh\"], 0x7ff /* 39 vars */) = 0", Some(Format::Strace)),
+            ("19:32:01.821869 openat(AT_FDCWD, \"x\", O_RDONLY) = 3", Some(Format::Strace)),
+            ("[pid  12] 1700000000.000001 +++ exited with 0 +++", Some(Format::Strace)),
+            ("\n\n12 vfork( <unfinished ...>", Some(Format::Strace)),
+            ("\u{7f}ELF\u{2}\u{1}\u{1}", None),
+            (r#"{"something":"else"}"#, None),
+            ("hello world", None),
+            ("", None),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(detect(text.as_bytes()), *expected, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn parses_flags_and_integers() {
+        assert_eq!(parse_open_flags("O_RDONLY|O_CLOEXEC"), Some(0o2000000));
+        assert_eq!(parse_open_flags("O_WRONLY|O_CREAT|O_TRUNC"), Some(0o1101));
+        assert_eq!(parse_open_flags("O_RDONLY|0x20"), Some(0x20));
+        assert_eq!(parse_open_flags("O_BOGUS"), None);
+        assert_eq!(parse_int("-100"), Some(-100));
+        assert_eq!(parse_int("0666"), Some(0o666));
+        assert_eq!(parse_int("0"), Some(0));
+        assert_eq!(parse_int("0x1f"), Some(31));
+    }
+
+    #[test]
+    fn lines_report_truncation_and_overlong_lines() {
+        let mut lines = Lines::from_bytes("f", b"a\r\nb\nc");
+        assert_eq!(lines.next().unwrap(), Some((1, &b"a"[..])));
+        assert_eq!(lines.next().unwrap(), Some((2, &b"b"[..])));
+        let error = lines.next().unwrap_err();
+        assert_eq!(error.to_string(), "f:3: truncated line (no newline at the end of the input)");
+        assert!(lines.next().unwrap().is_none());
+    }
+
+    #[test]
+    fn known_announces_each_child_once() {
+        let mut known = Known::default();
+        assert!(known.announce(1, 10, 11).is_some());
+        assert!(known.announce(2, 10, 11).is_none());
+        known.remove(11);
+        assert!(known.announce(3, 10, 11).is_some(), "a reused pid is a new process");
+        assert!(known.announce(4, 0, 12).is_none(), "no parent: nothing to announce");
+        assert!(known.contains(12));
+    }
+
+    #[test]
+    fn groups_strace_ff_files_and_opens_others_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("run.100");
+        let b = dir.path().join("run.101");
+        let c = dir.path().join("other.jsonl");
+        std::fs::write(&a, "10:00:00.000001 clone(child_stack=NULL, flags=SIGCHLD) = 101\n").unwrap();
+        std::fs::write(&b, "10:00:00.000002 exit_group(0) = ?\n10:00:00.000003 +++ exited with 0 +++\n").unwrap();
+        std::fs::write(&c, r#"{"timestamp":1,"processId":2,"eventName":"close","args":[]}"#.to_owned() + "\n").unwrap();
+        let options = ImportOptions { date: Some(time::macros::date!(2026 - 11 - 29)) };
+        let sources = open_all(&[a, b, c], None, &options).unwrap();
+        let formats: Vec<Format> = sources.iter().map(|s| s.format()).collect();
+        assert_eq!(formats, [Format::Strace, Format::Tracee]);
+        assert!(sources[0].name().ends_with("run.*"), "{}", sources[0].name());
+    }
+}
