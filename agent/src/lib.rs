@@ -8,4 +8,5 @@ pub mod event;
 pub mod rules;
 pub mod sensor;
 pub mod output;
+pub mod report;
 pub mod trace;

@@ -76,7 +76,7 @@ impl Session {
         let rules = RuleSet::load(outputs.rules).context("loading rules")?;
         let recorder = outputs.trace.map(|path| open_trace(path, &rules, command)).transpose()?;
         let sensor = Sensor::start(rules.managers(), command.is_empty()).context("starting the eBPF sensor")?;
-        let sink = AlertSink::new(outputs.json, outputs.alerts_file)
+        let sink = AlertSink::new(outputs.json, outputs.alerts_file, false)
             .with_context(|| format!("opening {}", outputs.alerts_file.unwrap_or(Path::new("")).display()))?;
         let engine = Engine::new(rules, EngineOptions { host_name: host_name() });
         Ok(Session { sensor, engine, sink, recorder, batch: Vec::new(), started })
@@ -253,7 +253,8 @@ pub fn run_command(outputs: &Outputs, command: &[String], linger: Option<Duratio
         if linger.is_some_and(|linger| exited_at.elapsed() >= linger) {
             eprintln!("credwatch: stopped waiting; still running in the command's tree:");
             for (pid, description) in still_running {
-                eprintln!("  [{pid}] {}", escape(&description));
+                // Already escaped by the engine.
+                eprintln!("  [{pid}] {description}");
             }
             break;
         }

@@ -116,6 +116,13 @@ struct ReplayArgs {
     /// Also append every alert as a JSON line to FILE.
     #[arg(long, value_name = "FILE")]
     alerts: Option<PathBuf>,
+    /// Print a responder's report (per package: steps, commands, credential files touched with
+    /// each incident's process tree, and what to rotate) instead of each alert.
+    #[arg(long)]
+    report: bool,
+    /// The report's format.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value = "text")]
+    report_format: replay::ReportFormat,
     /// Trace files; `-` reads standard input.
     #[arg(required = true, value_name = "FILE")]
     files: Vec<PathBuf>,
@@ -174,6 +181,7 @@ fn main() -> ExitCode {
                 rules: args.common.rules.as_deref(),
                 keep_going: args.keep_going,
                 alerts_file: args.alerts.as_deref(),
+                report: args.report.then_some(args.report_format),
             },
         ),
         Commands::Doctor => {

@@ -42,7 +42,7 @@ fn needs_escape(c: char) -> bool {
 }
 
 /// Joins argv for display, each word escaped and quoted when it holds a space.
-fn command_line(args: &[String], fallback: &str) -> String {
+pub fn command_line(args: &[String], fallback: &str) -> String {
     if args.is_empty() {
         return escape(fallback).into_owned();
     }
@@ -57,6 +57,24 @@ fn command_line(args: &[String], fallback: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// The alert's process chain from the root down to the process, one escaped line each, drawn
+/// as a tree (`[pid] command`).
+pub fn process_tree(alert: &Alert) -> Vec<String> {
+    let chain = alert
+        .process
+        .ancestors
+        .iter()
+        .map(|a| (a.pid, command_line(&a.args, &a.executable)))
+        .chain(std::iter::once((alert.process.pid, command_line(&alert.process.args, &alert.process.executable))));
+    chain
+        .enumerate()
+        .map(|(depth, (pid, command))| {
+            let branch = if depth == 0 { String::new() } else { format!("{}└─ ", "   ".repeat(depth - 1)) };
+            format!("{branch}[{pid}] {command}")
+        })
+        .collect()
 }
 
 /// Human rendering: what happened in one line, then the rule, the file, the process tree from
@@ -95,15 +113,8 @@ pub fn render(alert: &Alert, colour: bool) -> String {
     }
     let _ = writeln!(out, "  at       {}  uid {}  host {}", alert.timestamp, alert.user.id, escape(&alert.host.name));
     out.push_str("  tree\n");
-    let chain = alert
-        .process
-        .ancestors
-        .iter()
-        .map(|a| (a.pid, command_line(&a.args, &a.executable)))
-        .chain(std::iter::once((alert.process.pid, command_line(&alert.process.args, &alert.process.executable))));
-    for (depth, (pid, command)) in chain.enumerate() {
-        let branch = if depth == 0 { String::new() } else { format!("{}└─ ", "   ".repeat(depth - 1)) };
-        let _ = writeln!(out, "           {branch}[{pid}] {command}");
+    for line in process_tree(alert) {
+        let _ = writeln!(out, "           {line}");
     }
     let _ = writeln!(out, "  cwd      {}", escape(&alert.process.working_directory));
     for item in &alert.credwatch.rotate {
@@ -127,29 +138,33 @@ fn severity_colour(severity: Severity) -> &'static str {
 /// Writes each alert to stdout (human or JSON lines) and, when asked, appends it as JSON to a file.
 pub struct AlertSink {
     json: bool,
+    /// Nothing to stdout (it carries something else, such as a report).
+    quiet: bool,
     colour: bool,
     file: Option<File>,
     written: u64,
 }
 
 impl AlertSink {
-    pub fn new(json: bool, file: Option<&Path>) -> io::Result<AlertSink> {
+    pub fn new(json: bool, file: Option<&Path>, quiet: bool) -> io::Result<AlertSink> {
         let file = file
             .map(|path| OpenOptions::new().create(true).append(true).open(path))
             .transpose()?;
         let colour = !json && unsafe { libc::isatty(libc::STDOUT_FILENO) } == 1;
-        Ok(AlertSink { json, colour, file, written: 0 })
+        Ok(AlertSink { json, quiet, colour, file, written: 0 })
     }
 
     pub fn write(&mut self, alert: &Alert) -> io::Result<()> {
         let line = serde_json::to_string(alert).map_err(io::Error::other)?;
-        let mut stdout = io::stdout().lock();
-        if self.json {
-            writeln!(stdout, "{line}")?;
-        } else {
-            writeln!(stdout, "{}", render(alert, self.colour))?;
+        if !self.quiet {
+            let mut stdout = io::stdout().lock();
+            if self.json {
+                writeln!(stdout, "{line}")?;
+            } else {
+                writeln!(stdout, "{}", render(alert, self.colour))?;
+            }
+            stdout.flush()?;
         }
-        stdout.flush()?;
         if let Some(file) = &mut self.file {
             writeln!(file, "{line}")?;
             file.flush()?;

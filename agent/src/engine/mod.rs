@@ -376,6 +376,20 @@ impl Engine {
         alerts
     }
 
+    /// The package a live process of a tree runs for, as its alerts would name it.
+    pub fn package_of(&self, pid: u32) -> Option<AlertPackage> {
+        self.live(pid).map(|id| self.package(&self.procs[&id]))
+    }
+
+    fn package(&self, p: &Proc) -> AlertPackage {
+        AlertPackage {
+            manager: self.manager_name(p).to_owned(),
+            name: p.attribution.name.clone(),
+            version: p.attribution.version.clone(),
+            lifecycle: p.attribution.lifecycle.clone(),
+        }
+    }
+
     fn manager_name(&self, p: &Proc) -> &str {
         p.manager.map(|m| self.rules.managers()[m].name.as_str()).unwrap_or("run")
     }
@@ -459,12 +473,7 @@ impl Engine {
                 given_path: open.path.clone(),
                 flags: open_flags(open.flags),
             }),
-            package: AlertPackage {
-                manager: self.manager_name(p).to_owned(),
-                name: p.attribution.name.clone(),
-                version: p.attribution.version.clone(),
-                lifecycle: p.attribution.lifecycle.clone(),
-            },
+            package: self.package(p),
             host: AlertHost { name: self.options.host_name.clone() },
             user: AlertUser { id: p.uid },
             credwatch: AlertCredwatch {
@@ -581,17 +590,10 @@ pub fn open_flags(flags: u64) -> String {
     names.join("|")
 }
 
-/// One line, control characters escaped.
+/// One line of at most [`DESCRIPTION_MAX`] characters, escaped for a terminal.
 fn escape_line(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars().take(DESCRIPTION_MAX) {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    let line: String = text.chars().take(DESCRIPTION_MAX).collect();
+    crate::output::escape(&line).into_owned()
 }
 
 #[cfg(test)]

@@ -55,7 +55,16 @@ fn kernel_release() -> String {
 /// The bracketed entry of `/sys/kernel/security/lockdown` (`none [integrity] confidentiality`),
 /// or, when securityfs is not mounted, a `lockdown=` on the kernel command line.
 fn lockdown() -> Option<String> {
-    if let Ok(text) = fs::read_to_string("/sys/kernel/security/lockdown") {
+    const LOCKDOWN: &str = "/sys/kernel/security/lockdown";
+    if !Path::new(LOCKDOWN).exists() {
+        // Some machines boot without securityfs; as root, mounting it is harmless and lets us
+        // read the mode. Failure just leaves the command-line fallback below.
+        // SAFETY: mount(2) with valid NUL-terminated strings and no data.
+        unsafe {
+            libc::mount(c"securityfs".as_ptr(), c"/sys/kernel/security".as_ptr(), c"securityfs".as_ptr(), 0, std::ptr::null());
+        }
+    }
+    if let Ok(text) = fs::read_to_string(LOCKDOWN) {
         let start = text.find('[')? + 1;
         let end = start + text[start..].find(']')?;
         return Some(text[start..end].to_owned());

@@ -1,0 +1,226 @@
+//! The responder's report: per package, the lifecycle steps it ran, the commands, the credential
+//! files it touched with the process tree of each incident, and what to rotate. Built while
+//! events stream through the engine, in bounded memory.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt::Write as _,
+};
+
+use serde::Serialize;
+
+use crate::{
+    alert::{Alert, AlertPackage, Severity},
+    engine::Engine,
+    event::{Event, EventData},
+    output::{command_line, escape, process_tree},
+};
+
+/// Commands kept per package; past this they are only counted.
+const MAX_COMMANDS: usize = 100;
+/// Incidents kept per package; past this they are only counted.
+const MAX_INCIDENTS: usize = 100;
+/// Packages kept; later ones are only counted.
+const MAX_PACKAGES: usize = 10_000;
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct PackageKey {
+    pub manager: String,
+    pub name: Option<String>,
+    pub version: Option<String>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct PackageReport {
+    /// Lifecycle steps seen running (`postinstall`, `build-script`, ...).
+    pub steps: BTreeSet<String>,
+    /// Distinct commands its processes executed, in order.
+    pub commands: Vec<String>,
+    pub commands_not_shown: u64,
+    /// Credential files touched: path to the rule ids that fired.
+    pub files: BTreeMap<String, BTreeSet<String>>,
+    pub incidents: Vec<Incident>,
+    pub incidents_not_shown: u64,
+    pub worst: Option<Severity>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Incident {
+    pub timestamp: String,
+    pub rule: String,
+    pub severity: Severity,
+    pub file: Option<String>,
+    /// Root first, down to the process.
+    pub tree: Vec<String>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Report {
+    pub packages: BTreeMap<String, (PackageKey, PackageReport)>,
+    pub packages_not_shown: u64,
+    /// What to rotate, from every rule that fired.
+    pub rotate: BTreeSet<String>,
+    pub events: u64,
+    pub alerts: u64,
+}
+
+fn key(package: &AlertPackage) -> PackageKey {
+    PackageKey { manager: package.manager.clone(), name: package.name.clone(), version: package.version.clone() }
+}
+
+fn label(key: &PackageKey) -> String {
+    match (&key.name, &key.version) {
+        (Some(name), Some(version)) => format!("{} package {name}@{version}", key.manager),
+        (Some(name), None) => format!("{} package {name}", key.manager),
+        _ => format!("{} (no package named)", key.manager),
+    }
+}
+
+impl Report {
+    /// Takes in one event after the engine handled it, with the alerts it fired.
+    pub fn observe(&mut self, engine: &Engine, event: &Event, alerts: &[Alert]) {
+        self.events += 1;
+        if let EventData::Exec(exec) = &event.data {
+            if let Some(package) = engine.package_of(event.pid) {
+                if let Some(entry) = self.entry(&package) {
+                    if let Some(step) = &package.lifecycle {
+                        entry.steps.insert(step.clone());
+                    }
+                    let command = command_line(&exec.args, &exec.executable);
+                    if !entry.commands.contains(&command) {
+                        if entry.commands.len() < MAX_COMMANDS {
+                            entry.commands.push(command);
+                        } else {
+                            entry.commands_not_shown += 1;
+                        }
+                    }
+                }
+            }
+        }
+        for alert in alerts {
+            self.alerts += 1;
+            self.rotate.extend(alert.credwatch.rotate.iter().cloned());
+            let Some(entry) = self.entry(&alert.package) else { continue };
+            if let Some(step) = &alert.package.lifecycle {
+                entry.steps.insert(step.clone());
+            }
+            entry.worst = entry.worst.max(Some(alert.rule.severity));
+            if let Some(file) = &alert.file {
+                entry.files.entry(file.path.clone()).or_default().insert(alert.rule.id.clone());
+            }
+            if entry.incidents.len() < MAX_INCIDENTS {
+                entry.incidents.push(Incident {
+                    timestamp: alert.timestamp.clone(),
+                    rule: alert.rule.id.clone(),
+                    severity: alert.rule.severity,
+                    file: alert.file.as_ref().map(|f| f.path.clone()),
+                    tree: process_tree(alert),
+                });
+            } else {
+                entry.incidents_not_shown += 1;
+            }
+        }
+    }
+
+    fn entry(&mut self, package: &AlertPackage) -> Option<&mut PackageReport> {
+        let key = key(package);
+        let id = label(&key);
+        if !self.packages.contains_key(&id) && self.packages.len() >= MAX_PACKAGES {
+            self.packages_not_shown += 1;
+            return None;
+        }
+        Some(&mut self.packages.entry(id).or_insert_with(|| (key, PackageReport::default())).1)
+    }
+
+    /// Packages with alerts first (worst first), then the rest by name.
+    fn ordered(&self) -> Vec<(&String, &PackageReport)> {
+        let mut packages: Vec<(&String, &PackageReport)> = self.packages.iter().map(|(id, (_, p))| (id, p)).collect();
+        packages.sort_by(|a, b| b.1.worst.cmp(&a.1.worst).then_with(|| a.0.cmp(b.0)));
+        packages
+    }
+
+    /// Readable text for a terminal; every string from the trace is escaped.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "credwatch report: {} events, {} alerts, {} packages\n", self.events, self.alerts, self.packages.len());
+        for (id, package) in self.ordered() {
+            let worst = package.worst.map_or("no alerts".to_owned(), |s| s.as_str().to_uppercase());
+            let _ = writeln!(out, "{} [{worst}]", escape(id));
+            let steps: Vec<String> = package.steps.iter().map(|s| escape(s).into_owned()).collect();
+            let _ = writeln!(out, "  steps      {}", if steps.is_empty() { "-".into() } else { steps.join(", ") });
+            for (path, rules) in &package.files {
+                let rules: Vec<&str> = rules.iter().map(String::as_str).collect();
+                let _ = writeln!(out, "  touched    {} ({})", escape(path), escape(&rules.join(", ")));
+            }
+            for command in &package.commands {
+                let _ = writeln!(out, "  ran        {command}");
+            }
+            if package.commands_not_shown > 0 {
+                let _ = writeln!(out, "  ran        ... and {} more commands", package.commands_not_shown);
+            }
+            for incident in &package.incidents {
+                let file = incident.file.as_deref().map(|f| escape(f).into_owned()).unwrap_or_default();
+                let _ = writeln!(out, "  incident   {} {} {} {file}", incident.timestamp, incident.severity.as_str(), escape(&incident.rule));
+                for line in &incident.tree {
+                    let _ = writeln!(out, "               {line}");
+                }
+            }
+            if package.incidents_not_shown > 0 {
+                let _ = writeln!(out, "  incident   ... and {} more", package.incidents_not_shown);
+            }
+            out.push('\n');
+        }
+        if self.packages_not_shown > 0 {
+            let _ = writeln!(out, "... and {} more packages\n", self.packages_not_shown);
+        }
+        out.push_str("Rotate these:\n");
+        if self.rotate.is_empty() {
+            out.push_str("  nothing: no credential was touched\n");
+        }
+        for item in &self.rotate {
+            let _ = writeln!(out, "  - {}", escape(item));
+        }
+        out
+    }
+
+    /// Markdown for a ticket: paths and commands in code spans or blocks, escaped.
+    pub fn to_markdown(&self) -> String {
+        let code = |text: &str| format!("`{}`", escape(text).replace('`', "'"));
+        let mut out = String::from("# credwatch incident report\n\n");
+        let _ = writeln!(out, "{} events, {} alerts, {} packages.\n", self.events, self.alerts, self.packages.len());
+        for (id, package) in self.ordered() {
+            let worst = package.worst.map_or("no alerts", Severity::as_str);
+            let _ = writeln!(out, "## {} ({worst})\n", code(id));
+            let steps: Vec<String> = package.steps.iter().map(|s| code(s)).collect();
+            let _ = writeln!(out, "- Steps: {}", if steps.is_empty() { "none seen".into() } else { steps.join(", ") });
+            for (path, rules) in &package.files {
+                let rules: Vec<String> = rules.iter().map(|r| code(r)).collect();
+                let _ = writeln!(out, "- Touched {} ({})", code(path), rules.join(", "));
+            }
+            if !package.commands.is_empty() {
+                out.push_str("- Commands:\n");
+                for command in &package.commands {
+                    let _ = writeln!(out, "  - {}", code(command));
+                }
+            }
+            for incident in &package.incidents {
+                let file = incident.file.as_deref().map(code).unwrap_or_default();
+                let _ = writeln!(out, "\n### {} {} {}\n", incident.timestamp, code(&incident.rule), file);
+                out.push_str("```\n");
+                for line in &incident.tree {
+                    let _ = writeln!(out, "{}", line.replace("```", "'''"));
+                }
+                out.push_str("```\n");
+            }
+            out.push('\n');
+        }
+        out.push_str("## Rotate these\n\n");
+        if self.rotate.is_empty() {
+            out.push_str("Nothing: no credential was touched.\n");
+        }
+        for item in &self.rotate {
+            let _ = writeln!(out, "- [ ] {}", escape(item));
+        }
+        out
+    }
+}
