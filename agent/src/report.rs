@@ -224,3 +224,86 @@ impl Report {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::{
+        engine::EngineOptions,
+        event::{Exec, Fork, Open},
+        rules::RuleSet,
+    };
+
+    fn exec(pid: u32, ppid: u32, args: &[&str], env: &[(&str, &str)]) -> Event {
+        Event {
+            time_ns: 1_000,
+            pid,
+            data: EventData::Exec(Exec {
+                ppid,
+                filename: format!("/usr/bin/{}", args[0]),
+                executable: format!("/usr/bin/{}", args[0]),
+                args: args.iter().map(|a| (*a).to_owned()).collect(),
+                cwd: "/home/alice/app".into(),
+                env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect::<BTreeMap<_, _>>(),
+                ..Exec::default()
+            }),
+        }
+    }
+
+    fn report_of(events: &[Event]) -> Report {
+        let mut engine = Engine::new(RuleSet::defaults().unwrap(), EngineOptions { host_name: "h".into() });
+        let mut report = Report::default();
+        for event in events {
+            let alerts = engine.handle(event);
+            report.observe(&engine, event, &alerts);
+        }
+        report
+    }
+
+    #[test]
+    fn names_package_steps_commands_files_and_rotation() {
+        let env = [("npm_package_name", "evil"), ("npm_package_version", "1.0.0"), ("npm_lifecycle_event", "postinstall")];
+        let report = report_of(&[
+            exec(100, 1, &["npm", "install"], &[("HOME", "/home/alice")]),
+            Event { time_ns: 2_000, pid: 100, data: EventData::Fork(Fork { child_pid: 101 }) },
+            exec(101, 100, &["sh", "-c", "node steal\x1b[2J.js"], &env),
+            Event { time_ns: 3_000, pid: 101, data: EventData::Fork(Fork { child_pid: 102 }) },
+            exec(102, 101, &["node", "steal.js"], &env),
+            Event {
+                time_ns: 4_000,
+                pid: 102,
+                data: EventData::Open(Open {
+                    tid: 102,
+                    syscall: "openat".into(),
+                    dirfd: -100,
+                    path: "/home/alice/.npmrc".into(),
+                    abs_path: Some("/home/alice/.npmrc".into()),
+                    ret: 3,
+                    ..Open::default()
+                }),
+            },
+        ]);
+        assert_eq!(report.alerts, 1);
+        let text = report.to_text();
+        assert!(text.contains("npm package evil@1.0.0 [HIGH]"), "{text}");
+        assert!(text.contains("steps      postinstall"), "{text}");
+        assert!(text.contains("touched    /home/alice/.npmrc (npm-registry-token)"), "{text}");
+        assert!(text.contains("ran        sh -c 'node steal\\u{1b}[2J.js'"), "{text}");
+        assert!(text.contains("└─ [101] sh -c"), "{text}");
+        assert!(text.contains("Rotate these:\n  - "), "{text}");
+        assert!(!text.contains('\x1b'), "raw escape in the report: {text}");
+        let markdown = report.to_markdown();
+        assert!(markdown.contains("## `npm package evil@1.0.0` (high)"), "{markdown}");
+        assert!(markdown.contains("- [ ] "), "{markdown}");
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["alerts"], 1);
+    }
+
+    #[test]
+    fn a_quiet_trace_says_nothing_to_rotate() {
+        let report = report_of(&[exec(100, 1, &["npm", "install"], &[])]);
+        assert!(report.to_text().contains("nothing: no credential was touched"));
+    }
+}
