@@ -1,10 +1,17 @@
 //! `credwatch replay`: traces through the same engine and rules as the live modes, with the
-//! same alert output.
+//! same alert output. Files are replayed in parallel, each with an engine of its own (traces are
+//! separate histories), each streamed in constant memory.
 
 use std::{
+    io::IsTerminal as _,
     path::{Path, PathBuf},
     process::ExitCode,
-    time::Instant,
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    thread,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result};
@@ -20,6 +27,8 @@ use crate::live::ALERT_EXIT_STATUS;
 
 /// Bad lines reported one by one under `--keep-going`; past this only the count is given.
 const BAD_LINES_SHOWN: u64 = 10;
+/// How often the progress line on a terminal is redrawn.
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(250);
 
 pub struct ReplayOptions<'a> {
     pub json: bool,
@@ -38,44 +47,76 @@ pub enum ReportFormat {
     Md,
 }
 
-/// Replays each file in turn, each with an engine of its own (traces are separate histories).
+/// What every worker adds to.
+#[derive(Default)]
+struct Totals {
+    events: AtomicU64,
+    bad_lines: AtomicU64,
+    /// Per open file, the bytes read so far (for progress and MB/s).
+    consumed: Mutex<Vec<Arc<AtomicU64>>>,
+}
+
+impl Totals {
+    fn bytes(&self) -> u64 {
+        self.consumed.lock().map(|all| all.iter().map(|c| c.load(Ordering::Relaxed)).sum()).unwrap_or(0)
+    }
+}
+
 pub fn replay(files: &[PathBuf], options: &ReplayOptions) -> Result<ExitCode> {
     let rules = RuleSet::load(options.rules).context("loading rules")?;
-    let mut report = options.report.map(|_| Report::default());
     // With a report, stdout carries the report: alerts go only to the alerts file.
-    let quiet = report.is_some();
-    let mut sink = AlertSink::new(options.json, options.alerts_file, quiet)
-        .with_context(|| format!("opening {}", options.alerts_file.unwrap_or(Path::new("")).display()))?;
+    let sink = Mutex::new(
+        AlertSink::new(options.json, options.alerts_file, options.report.is_some())
+            .with_context(|| format!("opening {}", options.alerts_file.unwrap_or(Path::new("")).display()))?,
+    );
+    let totals = Totals::default();
+    let next_file = AtomicUsize::new(0);
+    let workers = thread::available_parallelism().map_or(1, usize::from).min(files.len()).max(1);
+    let total_size: Option<u64> = files.iter().map(|f| std::fs::metadata(f).ok().map(|m| m.len())).sum();
+    let show_progress = std::io::stderr().is_terminal() && total_size.is_some_and(|size| size > 0);
     let started = Instant::now();
-    let (mut events, mut bad_lines) = (0u64, 0u64);
-    for file in files {
-        let mut reader = TraceReader::open(file)?;
-        let host = reader.header().host.clone();
-        let mut engine = Engine::new(rules.clone(), EngineOptions { host_name: host });
-        loop {
-            match reader.next_event() {
-                Ok(Some(event)) => {
-                    events += 1;
-                    let alerts = engine.handle(&event);
-                    for alert in &alerts {
-                        sink.write(alert).context("writing an alert")?;
+
+    let results: Vec<Result<Option<Report>>> = thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut report = options.report.map(|_| Report::default());
+                    loop {
+                        let index = next_file.fetch_add(1, Ordering::Relaxed);
+                        let Some(file) = files.get(index) else { return Ok(report) };
+                        replay_file(file, &rules, &sink, report.as_mut(), options, &totals)?;
                     }
-                    if let Some(report) = &mut report {
-                        report.observe(&engine, &event, &alerts);
-                    }
-                }
-                Ok(None) => break,
-                Err(error @ TraceError::BadLine { .. }) if options.keep_going => {
-                    bad_lines += 1;
-                    if bad_lines <= BAD_LINES_SHOWN {
-                        eprintln!("credwatch: skipped {}", escape(&error.to_string()));
-                    }
-                }
-                Err(error) => return Err(error.into()),
+                })
+            })
+            .collect();
+        if show_progress {
+            while !handles.iter().all(|h| h.is_finished()) {
+                thread::sleep(PROGRESS_INTERVAL);
+                let seconds = started.elapsed().as_secs_f64();
+                eprint!(
+                    "\rreplaying: {:5.1}% of {:.1} MB, {:.0} events/s ",
+                    100.0 * totals.bytes() as f64 / total_size.unwrap_or(1) as f64,
+                    total_size.unwrap_or(0) as f64 / 1e6,
+                    totals.events.load(Ordering::Relaxed) as f64 / seconds.max(1e-9)
+                );
+            }
+            eprint!("\r\x1b[K");
+        }
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a replay thread panicked")))).collect()
+    });
+
+    let mut report: Option<Report> = None;
+    for result in results {
+        if let Some(part) = result? {
+            match &mut report {
+                Some(report) => report.merge(part),
+                None => report = Some(part),
             }
         }
     }
-    let seconds = started.elapsed().as_secs_f64();
+    let seconds = started.elapsed().as_secs_f64().max(1e-9);
+    let events = totals.events.load(Ordering::Relaxed);
+    let alerts = sink.lock().map(|s| s.written()).unwrap_or(0);
     if let (Some(report), Some(format)) = (&report, options.report) {
         match format {
             ReportFormat::Text => print!("{}", report.to_text()),
@@ -84,10 +125,48 @@ pub fn replay(files: &[PathBuf], options: &ReplayOptions) -> Result<ExitCode> {
         }
     }
     eprintln!(
-        "credwatch: replayed {} file(s): {events} events, {} alerts, {bad_lines} bad lines skipped, {:.0} events/s",
+        "credwatch: replayed {} file(s): {events} events, {alerts} alerts, {} bad lines skipped in {seconds:.1}s ({:.0} events/s, {:.1} MB/s)",
         files.len(),
-        sink.written(),
-        events as f64 / seconds.max(1e-9)
+        totals.bad_lines.load(Ordering::Relaxed),
+        events as f64 / seconds,
+        totals.bytes() as f64 / 1e6 / seconds,
     );
-    Ok(if sink.written() > 0 { ExitCode::from(ALERT_EXIT_STATUS) } else { ExitCode::SUCCESS })
+    Ok(if alerts > 0 { ExitCode::from(ALERT_EXIT_STATUS) } else { ExitCode::SUCCESS })
+}
+
+fn replay_file(
+    file: &Path,
+    rules: &RuleSet,
+    sink: &Mutex<AlertSink>,
+    mut report: Option<&mut Report>,
+    options: &ReplayOptions,
+    totals: &Totals,
+) -> Result<()> {
+    let mut reader = TraceReader::open(file)?;
+    totals.consumed.lock().map_err(|_| anyhow::anyhow!("progress lock poisoned"))?.push(reader.consumed());
+    let mut engine = Engine::new(rules.clone(), EngineOptions { host_name: reader.header().host.clone() });
+    loop {
+        match reader.next_event() {
+            Ok(Some(event)) => {
+                totals.events.fetch_add(1, Ordering::Relaxed);
+                let alerts = engine.handle(&event);
+                if !alerts.is_empty() {
+                    let mut sink = sink.lock().map_err(|_| anyhow::anyhow!("output lock poisoned"))?;
+                    for alert in &alerts {
+                        sink.write(alert).context("writing an alert")?;
+                    }
+                }
+                if let Some(report) = report.as_deref_mut() {
+                    report.observe(&engine, &event, &alerts);
+                }
+            }
+            Ok(None) => return Ok(()),
+            Err(error @ TraceError::BadLine { .. }) if options.keep_going => {
+                if totals.bad_lines.fetch_add(1, Ordering::Relaxed) < BAD_LINES_SHOWN {
+                    eprintln!("credwatch: skipped {}", escape(&error.to_string()));
+                }
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
 }

@@ -122,6 +122,40 @@ impl Report {
         }
     }
 
+    /// Adds another file's report to this one (replay builds one per worker thread).
+    pub fn merge(&mut self, other: Report) {
+        self.events += other.events;
+        self.alerts += other.alerts;
+        self.packages_not_shown += other.packages_not_shown;
+        self.rotate.extend(other.rotate);
+        for (id, (key, theirs)) in other.packages {
+            if !self.packages.contains_key(&id) && self.packages.len() >= MAX_PACKAGES {
+                self.packages_not_shown += 1;
+                continue;
+            }
+            let ours = &mut self.packages.entry(id).or_insert_with(|| (key, PackageReport::default())).1;
+            ours.steps.extend(theirs.steps);
+            ours.commands_not_shown += theirs.commands_not_shown;
+            for command in theirs.commands {
+                if ours.commands.contains(&command) {
+                    continue;
+                }
+                if ours.commands.len() < MAX_COMMANDS {
+                    ours.commands.push(command);
+                } else {
+                    ours.commands_not_shown += 1;
+                }
+            }
+            for (path, rules) in theirs.files {
+                ours.files.entry(path).or_default().extend(rules);
+            }
+            let room = MAX_INCIDENTS.saturating_sub(ours.incidents.len());
+            ours.incidents_not_shown += theirs.incidents_not_shown + theirs.incidents.len().saturating_sub(room) as u64;
+            ours.incidents.extend(theirs.incidents.into_iter().take(room));
+            ours.worst = ours.worst.max(theirs.worst);
+        }
+    }
+
     fn entry(&mut self, package: &AlertPackage) -> Option<&mut PackageReport> {
         let key = key(package);
         let id = label(&key);
@@ -299,6 +333,16 @@ mod tests {
         assert!(markdown.contains("- [ ] "), "{markdown}");
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["alerts"], 1);
+    }
+
+    #[test]
+    fn merging_reports_adds_them_up() {
+        let mut one = report_of(&[exec(100, 1, &["npm", "install"], &[])]);
+        let two = report_of(&[exec(200, 1, &["npm", "ci"], &[])]);
+        one.merge(two);
+        assert_eq!(one.events, 2);
+        let (_, npm) = &one.packages["npm (no package named)"];
+        assert_eq!(npm.commands, ["npm install", "npm ci"]);
     }
 
     #[test]

@@ -6,6 +6,10 @@ use std::{
     fs::File,
     io::{self, BufRead, BufReader, BufWriter, Read, Write},
     path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
 };
 
 use serde::{Deserialize, Serialize};
@@ -94,9 +98,24 @@ impl TraceWriter {
     }
 }
 
+/// Counts the bytes read from the file itself (before decompression), for progress.
+struct Counting<R> {
+    inner: R,
+    count: Arc<AtomicU64>,
+}
+
+impl<R: Read> Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let read = self.inner.read(buf)?;
+        self.count.fetch_add(read as u64, Ordering::Relaxed);
+        Ok(read)
+    }
+}
+
 /// Reads a trace: the header, then events one at a time, in constant memory.
 pub struct TraceReader {
     name: String,
+    consumed: Arc<AtomicU64>,
     input: Box<dyn BufRead + Send>,
     line: u64,
     buffer: Vec<u8>,
@@ -117,7 +136,8 @@ impl TraceReader {
 
     pub fn new(name: String, raw: Box<dyn Read + Send>) -> Result<TraceReader, TraceError> {
         let io_error = |source| TraceError::Io { file: name.clone(), source };
-        let mut raw = BufReader::new(raw);
+        let consumed = Arc::new(AtomicU64::new(0));
+        let mut raw = BufReader::new(Counting { inner: raw, count: Arc::clone(&consumed) });
         let magic = raw.fill_buf().map_err(io_error)?;
         let input: Box<dyn BufRead + Send> = if magic.starts_with(GZIP_MAGIC) {
             Box::new(BufReader::new(flate2::bufread::MultiGzDecoder::new(raw)))
@@ -126,7 +146,8 @@ impl TraceReader {
         } else {
             Box::new(raw)
         };
-        let mut reader = TraceReader { name, input, line: 0, buffer: Vec::new(), header: placeholder_header() };
+        let mut reader =
+            TraceReader { name, consumed, input, line: 0, buffer: Vec::new(), header: placeholder_header() };
         let Some(first) = reader.next_line()? else {
             return Err(TraceError::Empty { file: reader.name });
         };
@@ -145,6 +166,12 @@ impl TraceReader {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Bytes of the input read so far (compressed bytes for a compressed trace), shared so
+    /// another thread can show progress.
+    pub fn consumed(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.consumed)
     }
 
     /// The next non-empty line, without its newline; `None` at the end.
