@@ -60,6 +60,11 @@ pub enum EventData {
     Exit(Exit),
     /// The process opened (or tried to open) a file.
     Open(Open),
+    /// The process renamed or linked a file (persistence and tamper writes land this way too).
+    Rename(Rename),
+    /// The process made a syscall that matters on its own (ptrace, process_vm_readv, bpf,
+    /// module loading, signals to the agent, io_uring set-up, ...).
+    Syscall(Syscall),
     /// The process is the root of a watched tree because the user asked (`credwatch run`).
     Root(Root),
     /// A source lost events it could not deliver.
@@ -123,6 +128,49 @@ pub struct Open {
     pub dev: u64,
     #[serde(default)]
     pub ino: u64,
+    /// The sensor's inode table says the opened file is this credential file (same device and
+    /// inode): a hardlink, a renamed copy or a bind mount of it still names the original.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_file_as: Option<String>,
+    /// The kernel killed the process before the open returned (`--enforce`): nothing was read.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub blocked: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rename {
+    pub tid: u32,
+    /// `rename`, `renameat`, `renameat2`, `link`, `linkat`, `symlink` or `symlinkat`.
+    pub syscall: String,
+    /// The source (for `symlink`, the link's target text) and destination, as given.
+    pub old_path: String,
+    pub new_path: String,
+    /// Both made absolute by the sensor where it could (dirfd and cwd resolved in the kernel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old_abs: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_abs: Option<String>,
+    /// 0, or `-errno`.
+    pub ret: i64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Syscall {
+    pub tid: u32,
+    /// The syscall's name (`ptrace`, `process_vm_readv`, `bpf`, `init_module`, `kill`, ...).
+    pub name: String,
+    /// The process it acts on, for those that act on one (ptrace, process_vm_*, kill, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_pid: Option<u32>,
+    /// The operation, where the syscall has one (`PTRACE_ATTACH`, `BPF_PROG_LOAD`, a signal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<String>,
+    /// The result, or `-errno`; absent when the process was killed before it returned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ret: Option<i64>,
+    /// The kernel killed the process at syscall entry (`--enforce`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub blocked: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -5,6 +5,7 @@
 pub mod alert;
 pub mod engine;
 pub mod event;
+pub mod import;
 pub mod rules;
 pub mod sensor;
 pub mod output;

@@ -16,10 +16,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::event::Event;
 
-/// The trace schema this build writes.
-pub const TRACE_SCHEMA: u32 = 1;
-/// Trace schemas this build reads.
-pub const READABLE_SCHEMAS: std::ops::RangeInclusive<u32> = 1..=1;
+/// The trace schema this build writes. 2 added the `rename` and `syscall` kinds and the
+/// `same_file_as` and `blocked` fields of `open`.
+pub const TRACE_SCHEMA: u32 = 2;
+/// Trace schemas this build reads: every schema is a subset of the next.
+pub const READABLE_SCHEMAS: std::ops::RangeInclusive<u32> = 1..=2;
 /// A line longer than this is an error, not an allocation: memory stays bounded on garbage.
 pub const MAX_LINE: usize = 16 << 20;
 
@@ -320,7 +321,7 @@ mod tests {
     fn rejects_what_is_not_a_readable_trace() {
         assert!(matches!(reader(""), Err(TraceError::Empty { .. })));
         assert!(matches!(reader("\u{7f}ELF\x02\x01\n"), Err(TraceError::BadHeader { .. })));
-        let future = header_line().replace("\"credwatch_trace\":1", "\"credwatch_trace\":99");
+        let future = header_line().replace("\"credwatch_trace\":2", "\"credwatch_trace\":99");
         let error = reader(&future).err().unwrap();
         assert!(matches!(error, TraceError::UnsupportedSchema { version: 99, .. }), "{error}");
         assert!(error.to_string().contains("schema 99 is not supported"), "{error}");

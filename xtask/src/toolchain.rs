@@ -131,7 +131,9 @@ pub fn survey(layout: &Layout) -> Survey {
         Err(why) => debian_missing.push(Missing::BpfLinker(why)),
     }
 
-    Survey { debian_missing, debian_summary: parts.join(", "), nightly_missing: nightly_missing() }
+    // Route B is only looked at when route A is incomplete.
+    let nightly_missing = if debian_missing.is_empty() { Vec::new() } else { nightly_missing() };
+    Survey { debian_missing, debian_summary: parts.join(", "), nightly_missing }
 }
 
 /// Decides from the survey, whether we may install (root with apt-get), what to do.

@@ -178,6 +178,8 @@ impl Engine {
                 Vec::new()
             }
             EventData::Open(open) => self.open(event, open),
+            // Rules over renames and syscalls come with the persistence and tamper rules.
+            EventData::Rename(_) | EventData::Syscall(_) => Vec::new(),
             EventData::Lost(lost) => {
                 self.stats.lost += lost.count;
                 Vec::new()

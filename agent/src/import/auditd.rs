@@ -33,7 +33,6 @@ fn strip_node(line: &str) -> &str {
 #[derive(Default)]
 struct Partial {
     time_ns: u64,
-    line: u64,
     syscall: Option<BTreeMap<String, String>>,
     cwd: Option<String>,
     /// PATH records: (item, name, nametype, dev, inode).
@@ -58,7 +57,7 @@ impl AuditdSource {
         AuditdSource { lines, open: BTreeMap::new(), known: Known::default(), host: None, out: VecDeque::new(), done: false }
     }
 
-    fn record(&mut self, number: u64, line: &str) -> Result<(), String> {
+    fn record(&mut self, line: &str) -> Result<(), String> {
         if let Some(rest) = line.strip_prefix("node=") {
             if self.host.is_none() {
                 self.host = rest.split_once(' ').map(|(node, _)| node.to_owned());
@@ -91,7 +90,7 @@ impl AuditdSource {
                 self.finish(oldest);
             }
         }
-        let partial = self.open.entry(serial).or_insert_with(|| Partial { time_ns, line: number, ..Partial::default() });
+        let partial = self.open.entry(serial).or_insert_with(|| Partial { time_ns, ..Partial::default() });
         match kind {
             "SYSCALL" => {
                 for (key, value) in parse_fields(enriched)? {
@@ -241,6 +240,8 @@ impl AuditdSource {
                     time_ns: time,
                     pid,
                     data: EventData::Open(Open {
+                        same_file_as: None,
+                        blocked: false,
                         tid: pid,
                         syscall: name.clone(),
                         dirfd,
@@ -275,7 +276,7 @@ impl EventSource for AuditdSource {
                     if line.trim().is_empty() {
                         continue;
                     }
-                    if let Err(message) = self.record(number, &line) {
+                    if let Err(message) = self.record(&line) {
                         return Err(ImportError::bad_line(self.lines.name(), number, message));
                     }
                 }

@@ -178,24 +178,23 @@ impl StraceSource {
         self.tgid.get(&tid).copied().unwrap_or(tid)
     }
 
-    fn line(&mut self, input: usize, number: u64, text: &str) -> Result<(), ImportError> {
-        let bad = |message: &str| ImportError::bad_line(self.inputs[input].lines.name(), number, message.to_owned());
+    fn line(&mut self, input: usize, text: &str) -> Result<(), String> {
         let (pid, stamp, body) = split_prefix(text);
         let Some(tid) = pid.or(self.inputs[input].pid) else {
             if body.is_empty() {
                 return Ok(());
             }
-            return Err(bad("no process id (trace with -f, or name -ff files prefix.<pid>)"));
+            return Err("no process id (trace with -f, or name -ff files prefix.<pid>)".into());
         };
         let time = self.time_ns(stamp);
         if let Some(status) = body.strip_prefix("+++ ") {
-            return self.status_line(time, tid, status).map_err(|m| bad(&m));
+            return self.status_line(time, tid, status);
         }
         if body.starts_with("--- ") || body.starts_with("????") {
             return Ok(());
         }
         if let Some(rest) = body.strip_prefix("<... ") {
-            let Some((_, tail)) = rest.split_once(" resumed>") else { return Err(bad("malformed <... resumed> line")) };
+            let Some((_, tail)) = rest.split_once(" resumed>") else { return Err("malformed <... resumed> line".into()) };
             let Some(pending) = self.pending.remove(&tid) else {
                 // The call started before strace attached, or its start was dropped.
                 return Ok(());
@@ -204,12 +203,12 @@ impl StraceSource {
                 self.forks_pending -= 1;
             }
             let full = format!("{}{}", pending.text, tail.trim_start_matches(' '));
-            return self.call(time, tid, &full).map_err(|m| bad(&m));
+            return self.call(time, tid, &full);
         }
         if let Some(head) = body.strip_suffix("<unfinished ...>") {
             let head = head.trim_end();
             if !looks_like(head) {
-                return Err(bad("not an strace line"));
+                return Err("not an strace line".into());
             }
             let is_fork = matches!(call_name(head), Some("clone" | "clone3" | "fork" | "vfork"));
             self.unfinished(tid, head.to_owned(), is_fork);
@@ -219,9 +218,9 @@ impl StraceSource {
             return Ok(());
         }
         if call_name(body).is_none() {
-            return Err(bad("not an strace line"));
+            return Err("not an strace line".into());
         }
-        self.call(time, tid, body).map_err(|m| bad(&m))
+        self.call(time, tid, body)
     }
 
     fn unfinished(&mut self, tid: u32, text: String, is_fork: bool) {
@@ -443,7 +442,9 @@ impl EventSource for StraceSource {
             }
             match self.next_line()? {
                 Some((input, number, text)) => {
-                    self.line(input, number, &text)?;
+                    if let Err(message) = self.line(input, &text) {
+                        return Err(ImportError::bad_line(self.inputs[input].lines.name(), number, message));
+                    }
                     if self.forks_pending == 0 && !self.held.is_empty() {
                         self.release_held();
                     }

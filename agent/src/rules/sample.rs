@@ -72,6 +72,8 @@ pub fn events(steps: &[Step]) -> Vec<Event> {
 fn open_event(open: &OpenStep) -> Open {
     let ok = open.ret >= 0;
     Open {
+        same_file_as: None,
+        blocked: false,
         tid: open.pid,
         syscall: "openat".into(),
         dirfd: -100,

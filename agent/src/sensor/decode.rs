@@ -181,6 +181,8 @@ pub fn syscall_name(syscall: u32) -> &'static str {
 fn open(event: &OpenEvent) -> Open {
     let (abs_path, truncated) = if event.ret >= 0 { resolved_path(&event.path) } else { (None, false) };
     Open {
+        same_file_as: None,
+        blocked: false,
         tid: event.header.tid,
         syscall: syscall_name(event.syscall).to_owned(),
         dirfd: event.dirfd,
