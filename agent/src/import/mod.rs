@@ -123,6 +123,11 @@ pub struct ImportOptions {
     pub date: Option<time::Date>,
 }
 
+/// The first non-empty line of `bytes`, if complete.
+fn first_line(bytes: &[u8]) -> Option<&[u8]> {
+    bytes.split(|&b| b == b'\n').find(|l| !l.iter().all(u8::is_ascii_whitespace)).filter(|l| l.len() < bytes.len())
+}
+
 /// The format of an input from its first bytes (already decompressed), or None.
 pub fn detect(first_bytes: &[u8]) -> Option<Format> {
     let text = String::from_utf8_lossy(first_bytes);
@@ -166,7 +171,11 @@ pub fn open(path: &Path, from: Option<Format>, options: &ImportOptions) -> Resul
             Box::new(strace::StraceSource::new(vec![(input.into_lines(), ff_pid(path))], name, date))
         }
         Format::Auditd => Box::new(auditd::AuditdSource::new(input.into_lines())),
-        Format::Tetragon => Box::new(tetragon::TetragonSource::new(input.into_lines())),
+        Format::Tetragon => {
+            // The host is wanted before the first event (for the engine's alerts).
+            let host = first_line(input.peek()?).and_then(tetragon::node_name);
+            Box::new(tetragon::TetragonSource::new(input.into_lines(), host))
+        }
         Format::Tracee => Box::new(tracee::TraceeSource::new(input.into_lines())),
     })
 }

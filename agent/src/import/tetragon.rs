@@ -35,8 +35,8 @@ pub(super) struct TetragonSource {
 }
 
 impl TetragonSource {
-    pub(super) fn new(lines: Lines) -> TetragonSource {
-        TetragonSource { lines, known: Known::default(), host: None, out: VecDeque::new() }
+    pub(super) fn new(lines: Lines, host: Option<String>) -> TetragonSource {
+        TetragonSource { lines, known: Known::default(), host, out: VecDeque::new() }
     }
 
     fn line(&mut self, text: &[u8]) -> Result<(), String> {
@@ -97,6 +97,12 @@ impl TetragonSource {
         }
         Ok(())
     }
+}
+
+/// `node_name` of an event line.
+pub(super) fn node_name(line: &[u8]) -> Option<String> {
+    let value: Value = serde_json::from_slice(line).ok()?;
+    value.get("node_name")?.as_str().map(str::to_owned)
 }
 
 /// An `Open` from a hook with file arguments, for the hooks that mean an open or a read.
@@ -226,7 +232,7 @@ mod tests {
             r#"{"process_kprobe":{"process":{"pid":11},"parent":{"pid":10},"function_name":"tcp_connect","args":[]},"time":"2024-04-14T02:18:14.6Z"}"#, "\n",
             r#"{"process_exit":{"process":{"pid":11,"binary":"/bin/sh"},"parent":{"pid":10},"signal":"SIGKILL","status":0},"node_name":"n1","time":"2024-04-14T02:18:14.7Z"}"#, "\n",
         );
-        let mut source = TetragonSource::new(Lines::from_bytes("t.json", text.as_bytes()));
+        let mut source = TetragonSource::new(Lines::from_bytes("t.json", text.as_bytes()), None);
         let events: Vec<Event> = std::iter::from_fn(|| source.next_event().unwrap()).collect();
         assert_eq!(source.host().as_deref(), Some("n1"));
         let kinds: Vec<String> = events.iter().map(|e| format!("{}:{}", e.pid, serde_json::to_value(&e.data).unwrap()["kind"].as_str().unwrap())).collect();
@@ -242,7 +248,7 @@ mod tests {
     #[test]
     fn bad_lines_are_recoverable_errors() {
         let text = "{\"process_exec\":{\"process\":{\"pid\":1}}}\n[1,2]\n{\"foo\":1}\n{\"process_exec\":{}}\n{\"process_exit\":{\"process\":{\"pid\":1}}\n";
-        let mut source = TetragonSource::new(Lines::from_bytes("t.json", text.as_bytes()));
+        let mut source = TetragonSource::new(Lines::from_bytes("t.json", text.as_bytes()), None);
         let mut errors = Vec::new();
         let mut events = 0;
         loop {
