@@ -144,6 +144,36 @@ fn strace_ff_files_of_a_reproduction_alert() {
     assert_npmrc_alert(&alerts, &repro.path("home/.npmrc").display().to_string(), "evil-pkg");
 }
 
+#[test]
+fn strace_paths_with_newlines_escapes_and_brackets_decode_faithfully() {
+    assert!(strace_available(), "strace is needed (apt-get install strace)");
+    let dir = tempfile::tempdir().unwrap();
+    let name = "a>b,c\nd\x1b[1m";
+    fs::write(dir.path().join(name), "x").unwrap();
+    let out = dir.path().join("t.txt");
+    let status = Command::new("strace")
+        .args(["-f", "-tt", "-y", "-o"])
+        .arg(&out)
+        .args(["cat", &format!("./{name}")])
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut source = import::open(&out, None, &options()).unwrap();
+    let (events, errors) = drain(source.as_mut());
+    assert!(errors.is_empty(), "{errors:?}");
+    let open = events
+        .iter()
+        .find_map(|e| match &e.data {
+            EventData::Open(o) if o.path == format!("./{name}") => Some(o),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no open of the odd name in {events:#?}"));
+    let expected = format!("{}/{name}", dir.path().canonicalize().unwrap().display());
+    assert_eq!(open.abs_path.as_deref(), Some(expected.as_str()));
+}
+
 /// A private auditd writing to a temp dir, and an audit rule for one login uid. Dropping it
 /// removes the rule, stops the daemon and restores the audit `enabled` flag.
 struct Audit {
@@ -187,7 +217,7 @@ impl Audit {
         .map(|s| (*s).to_owned())
         .chain(["-F".into(), format!("auid={auid}"), "-k".into(), "credwatch-import-test".into()])
         .collect();
-        let mut audit = Audit { daemon, rule, was_enabled: field("enabled"), log };
+        let audit = Audit { daemon, rule, was_enabled: field("enabled"), log };
         let deadline = Instant::now() + Duration::from_secs(10);
         while !audit.log.exists() {
             if Instant::now() > deadline {

@@ -10,6 +10,8 @@ use crate::event::{Event, EventData, Exec, Exit, Fork, Open};
 
 /// Events being assembled at once; past it the oldest is finished as it is.
 const MAX_OPEN_EVENTS: usize = 64;
+/// PATH records kept per event (the kernel writes a handful).
+const MAX_PATHS: usize = 64;
 /// Bytes of EXECVE arguments kept per event.
 const MAX_ARGS_BYTES: usize = 1 << 20;
 const AT_FDCWD: i32 = -100;
@@ -21,6 +23,13 @@ const ARCH_AARCH64: &str = "c00000b7";
 pub(super) fn looks_like(line: &str) -> bool {
     let line = strip_node(line);
     line.starts_with("type=") && line.contains(" msg=audit(")
+}
+
+/// The `node=` of a record written with `name_format` set.
+pub(super) fn node_name(line: &[u8]) -> Option<String> {
+    let rest = line.strip_prefix(b"node=")?;
+    let end = rest.iter().position(|&b| b == b' ')?;
+    Some(String::from_utf8_lossy(&rest[..end]).into_owned())
 }
 
 fn strip_node(line: &str) -> &str {
@@ -53,15 +62,13 @@ pub(super) struct AuditdSource {
 }
 
 impl AuditdSource {
-    pub(super) fn new(lines: Lines) -> AuditdSource {
-        AuditdSource { lines, open: BTreeMap::new(), known: Known::default(), host: None, out: VecDeque::new(), done: false }
+    pub(super) fn new(lines: Lines, host: Option<String>) -> AuditdSource {
+        AuditdSource { lines, open: BTreeMap::new(), known: Known::default(), host, out: VecDeque::new(), done: false }
     }
 
     fn record(&mut self, line: &str) -> Result<(), String> {
-        if let Some(rest) = line.strip_prefix("node=") {
-            if self.host.is_none() {
-                self.host = rest.split_once(' ').map(|(node, _)| node.to_owned());
-            }
+        if self.host.is_none() {
+            self.host = node_name(line.as_bytes());
         }
         let line = strip_node(line);
         let Some(rest) = line.strip_prefix("type=") else { return Err("not an audit record (no type=)".into()) };
@@ -109,7 +116,9 @@ impl AuditdSource {
                     Some(makedev(u64::from_str_radix(major, 16).ok()?, u64::from_str_radix(minor, 16).ok()?))
                 });
                 let inode = fields.get("inode").and_then(|i| i.parse().ok()).unwrap_or(0);
-                partial.paths.push((item, name, nametype, dev.unwrap_or(0), inode));
+                if partial.paths.len() < MAX_PATHS {
+                    partial.paths.push((item, name, nametype, dev.unwrap_or(0), inode));
+                }
             }
             "EXECVE" => {
                 for (key, value) in &fields {
@@ -384,7 +393,7 @@ mod tests {
     use super::*;
 
     fn events(text: &str) -> (Vec<Event>, Vec<String>) {
-        let mut source = AuditdSource::new(Lines::from_bytes("audit.log", text.as_bytes()));
+        let mut source = AuditdSource::new(Lines::from_bytes("audit.log", text.as_bytes()), None);
         let (mut events, mut errors) = (Vec::new(), Vec::new());
         loop {
             match source.next_event() {

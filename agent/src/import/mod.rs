@@ -170,7 +170,10 @@ pub fn open(path: &Path, from: Option<Format>, options: &ImportOptions) -> Resul
             let date = strace_date(path, options)?;
             Box::new(strace::StraceSource::new(vec![(input.into_lines(), ff_pid(path))], name, date))
         }
-        Format::Auditd => Box::new(auditd::AuditdSource::new(input.into_lines())),
+        Format::Auditd => {
+            let host = first_line(input.peek()?).and_then(auditd::node_name);
+            Box::new(auditd::AuditdSource::new(input.into_lines(), host))
+        }
         Format::Tetragon => {
             // The host is wanted before the first event (for the engine's alerts).
             let host = first_line(input.peek()?).and_then(tetragon::node_name);
