@@ -88,3 +88,37 @@ fn checked_in_traces_of_every_schema_replay() {
     }
     assert!(seen >= 2, "expected a trace for schema 1 and 2 in {}", traces.display());
 }
+
+/// Bad lines stop a replay with the file and line named, or with `--keep-going` are skipped and
+/// counted; hostile strings reach the terminal escaped; nothing panics.
+#[test]
+fn bad_input_is_named_skipped_on_request_and_escaped() {
+    let sandbox = Sandbox::new();
+    let work = sandbox.work();
+    let good = fs::read_to_string(fixtures().join("traces/schema-2-npm-postinstall.jsonl")).unwrap();
+    let mut lines: Vec<String> = good.lines().map(str::to_owned).collect();
+    // A path with a newline and a terminal escape, as a hostile package could create.
+    for line in &mut lines {
+        *line = line.replace("/.ssh/id_ed25519", "/.ssh/id_ed25519\\n\\u001b[2Jx");
+    }
+    lines.insert(3, "{\"time_ns\":1,\"pid\":7,\"kind\":\"open\",\"tid\":".to_owned());
+    lines.insert(5, "\u{0}\u{1}\u{7f}ELF garbage".to_owned());
+    let bad = work.join("bad.jsonl");
+    fs::write(&bad, lines.join("\n") + "\n").unwrap();
+
+    let stop = credwatch(&sandbox, &work, &["replay", bad.to_str().unwrap()]);
+    stop.assert_exit(1);
+    assert!(stop.stderr.contains("bad.jsonl:4: "), "the first bad line is not named\n{}", stop.describe());
+
+    let skip = credwatch(&sandbox, &work, &["replay", "--keep-going", bad.to_str().unwrap()]);
+    skip.assert_exit(EXIT_ALERT);
+    assert!(skip.stderr.contains("2 bad lines skipped"), "{}", skip.describe());
+    assert!(skip.stdout.contains("id_ed25519\\n\\u{1b}[2Jx"), "the hostile path is not shown escaped\n{}", skip.describe());
+    assert!(!skip.stdout.contains('\u{1b}') && !skip.stderr.contains('\u{1b}'), "a raw escape reached the terminal\n{}", skip.describe());
+
+    let unknown = work.join("future.jsonl");
+    fs::write(&unknown, good.replacen("\"credwatch_trace\":2", "\"credwatch_trace\":99", 1)).unwrap();
+    let future = credwatch(&sandbox, &work, &["replay", unknown.to_str().unwrap()]);
+    future.assert_exit(1);
+    assert!(future.stderr.contains("trace schema 99 is not supported"), "{}", future.describe());
+}
