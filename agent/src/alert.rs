@@ -43,7 +43,7 @@ pub struct Alert {
 pub struct AlertEvent {
     /// Always `"alert"`.
     pub kind: String,
-    /// What triggered the rule: `open` or `exec`.
+    /// What triggered the rule: `open`, `exec`, `rename`, `link`, `symlink` or `syscall`.
     pub action: String,
     /// `alerted`, or `blocked` when the kernel killed the process before the syscall ran.
     pub outcome: String,
@@ -81,14 +81,24 @@ pub struct AlertAncestor {
     pub args: Vec<String>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct AlertFile {
     /// Absolute path of the file the kernel opened (or, when unresolved, the path as given).
     pub path: String,
     /// The path exactly as the process gave it to the syscall.
     pub given_path: String,
-    /// `O_*` open flags, symbolic (`O_RDONLY|O_CLOEXEC`).
+    /// `O_*` open flags, symbolic (`O_RDONLY|O_CLOEXEC`); empty for a rename or link.
     pub flags: String,
+    /// The credential file this one is (same device and inode: a hardlink, a moved copy, a
+    /// bind mount), when the rule matched that file rather than `path`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_file_as: Option<String>,
+    /// For a rename or link onto `path`: where it came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renamed_from: Option<String>,
+    /// For a rename or link of `path` (a credential file) elsewhere: where it went.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renamed_to: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -113,7 +123,7 @@ pub struct AlertUser {
 }
 
 /// credwatch's own fields.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct AlertCredwatch {
     /// pid of the tree's root.
     pub root_pid: u32,
@@ -122,4 +132,50 @@ pub struct AlertCredwatch {
     /// Whether this match could have been blocked in the kernel (`kernel`) or only alerted on
     /// (`userspace`).
     pub enforcement: String,
+    /// On a repeat of an identical alert (same rule, tree and file or command): how many
+    /// times it has happened. Repeats are reported at the 10th, 100th, 1000th, ... time only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    /// On a credential sweep alert: what the tree touched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<AlertSweep>,
+    /// On a syscall alert: the syscall.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syscall: Option<AlertSyscall>,
+    /// On an exec alert about a file the tree wrote: that file (the program or its script).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub written_file: Option<String>,
+}
+
+/// One tree reading many kinds of credentials.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AlertSweep {
+    /// Credential categories touched, sorted.
+    pub categories: Vec<String>,
+    /// Ids of the rules that fired, sorted.
+    pub rules: Vec<String>,
+    /// Credential alerts of the tree folded into the sweep after it fired (not printed).
+    pub folded: u64,
+    /// `folded`, by category.
+    pub folded_by_category: std::collections::BTreeMap<String, u64>,
+    /// The window the categories fell in.
+    pub window_s: u64,
+    /// The final summary, emitted when the tree ends or the stream does (`false` on the alert
+    /// that started the sweep).
+    #[serde(rename = "final")]
+    pub is_final: bool,
+}
+
+/// The syscall a syscall alert is about.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AlertSyscall {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<String>,
+    /// The process it acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_pid: Option<u32>,
+    /// The result or `-errno`; absent when the process was killed before it returned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ret: Option<i64>,
 }

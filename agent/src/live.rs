@@ -19,7 +19,7 @@ use credwatch::{
     event::{Event, EventData, Root},
     output::{escape, AlertSink},
     rules::RuleSet,
-    sensor::Sensor,
+    sensor::{credentials::system_homes, lost_source, Protection, Sensor},
     trace::{TraceHeader, TraceWriter, TRACE_SCHEMA},
 };
 
@@ -36,6 +36,9 @@ pub struct Outputs<'a> {
     pub alerts_file: Option<&'a Path>,
     /// Records every event to a trace file.
     pub trace: Option<&'a Path>,
+    /// Kill package code in the kernel when it opens a `kill` rule's target or makes a
+    /// blockable tamper syscall.
+    pub enforce: bool,
 }
 
 pub fn host_name() -> String {
@@ -75,7 +78,10 @@ impl Session {
         let started = Instant::now();
         let rules = RuleSet::load(outputs.rules).context("loading rules")?;
         let recorder = outputs.trace.map(|path| open_trace(path, &rules, command)).transpose()?;
-        let sensor = Sensor::start(rules.managers(), command.is_empty()).context("starting the eBPF sensor")?;
+        let mut sensor = Sensor::start(rules.managers(), command.is_empty()).context("starting the eBPF sensor")?;
+        sensor
+            .protect(Protection { rules: rules.rules().to_vec(), homes: system_homes(), enforce: outputs.enforce })
+            .context("registering credential files with the kernel")?;
         let sink = AlertSink::new(outputs.json, outputs.alerts_file, false)
             .with_context(|| format!("opening {}", outputs.alerts_file.unwrap_or(Path::new("")).display()))?;
         let engine = Engine::new(rules, EngineOptions { host_name: host_name() });
@@ -83,6 +89,11 @@ impl Session {
     }
 
     fn handle(&mut self, event: &Event) -> Result<()> {
+        if let EventData::Lost(lost) = &event.data {
+            if lost.source == lost_source::DETACHED {
+                eprintln!("credwatch: WARNING: the kernel programs stopped reporting (detached?): events are being missed");
+            }
+        }
         if let Some(recorder) = &mut self.recorder {
             recorder.write(event)?;
         }
@@ -103,14 +114,17 @@ impl Session {
         Ok(())
     }
 
-    /// Prints the summary and closes the trace.
-    fn finish(self) -> Result<u64> {
+    /// Emits the engine's end-of-stream alerts, prints the summary and closes the trace.
+    fn finish(mut self) -> Result<u64> {
+        for alert in self.engine.flush() {
+            self.sink.write(&alert).context("writing an alert")?;
+        }
         let sensor = self.sensor.stats();
         let engine = self.engine.stats();
         eprintln!(
             "credwatch: {} events, {} lost, {} alerts in {:.1}s",
             engine.events,
-            sensor.lost + sensor.marks_full,
+            sensor.lost + sensor.priority_lost + sensor.marks_full,
             self.sink.written(),
             self.started.elapsed().as_secs_f64()
         );

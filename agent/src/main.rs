@@ -64,9 +64,20 @@ struct CommonArgs {
 }
 
 #[derive(Args)]
+struct EnforceArgs {
+    /// Block in the kernel: kill package code when it opens a file of a rule whose action is
+    /// `kill` (before the open returns), or calls bpf(), loads a kernel module, ptraces or
+    /// signals credwatch.
+    #[arg(long)]
+    enforce: bool,
+}
+
+#[derive(Args)]
 struct WatchArgs {
     #[command(flatten)]
     common: CommonArgs,
+    #[command(flatten)]
+    enforce: EnforceArgs,
     /// Also append every alert as a JSON line to FILE.
     #[arg(long, value_name = "FILE")]
     output: Option<PathBuf>,
@@ -76,6 +87,8 @@ struct WatchArgs {
 struct RunArgs {
     #[command(flatten)]
     common: CommonArgs,
+    #[command(flatten)]
+    enforce: EnforceArgs,
     /// Also append every alert as a JSON line to FILE.
     #[arg(long, value_name = "FILE")]
     alerts: Option<PathBuf>,
@@ -92,6 +105,8 @@ struct RunArgs {
 struct RecordArgs {
     #[command(flatten)]
     common: CommonArgs,
+    #[command(flatten)]
+    enforce: EnforceArgs,
     /// The trace file to write.
     #[arg(short = 'o', long, value_name = "FILE")]
     output: PathBuf,
@@ -123,6 +138,13 @@ struct ReplayArgs {
     /// The report's format.
     #[arg(long, value_enum, value_name = "FORMAT", default_value = "text")]
     report_format: replay::ReportFormat,
+    /// The files' format: credwatch, strace, auditd, tetragon or tracee (detected when omitted).
+    #[arg(long, value_name = "FORMAT")]
+    from: Option<credwatch::import::Format>,
+    /// The date (YYYY-MM-DD, UTC) of strace `-t`/`-tt` times, which carry none (default: the
+    /// date of the file's modification time).
+    #[arg(long, value_name = "DATE", value_parser = parse_date)]
+    date: Option<time::Date>,
     /// Trace files; `-` reads standard input.
     #[arg(required = true, value_name = "FILE")]
     files: Vec<PathBuf>,
@@ -151,6 +173,7 @@ fn main() -> ExitCode {
             rules: args.common.rules.as_deref(),
             alerts_file: args.output.as_deref(),
             trace: None,
+            enforce: args.enforce.enforce,
         }),
         Commands::Run(args) => linger(args.linger).and_then(|linger| {
             let outputs = Outputs {
@@ -158,6 +181,7 @@ fn main() -> ExitCode {
                 rules: args.common.rules.as_deref(),
                 alerts_file: args.alerts.as_deref(),
                 trace: None,
+                enforce: args.enforce.enforce,
             };
             live::run_command(&outputs, &args.command, linger)
         }),
@@ -167,6 +191,7 @@ fn main() -> ExitCode {
                 rules: args.common.rules.as_deref(),
                 alerts_file: args.alerts.as_deref(),
                 trace: Some(&args.output),
+                enforce: args.enforce.enforce,
             };
             if args.command.is_empty() {
                 live::watch_machine(&outputs)
@@ -182,6 +207,8 @@ fn main() -> ExitCode {
                 keep_going: args.keep_going,
                 alerts_file: args.alerts.as_deref(),
                 report: args.report.then_some(args.report_format),
+                from: args.from,
+                import: credwatch::import::ImportOptions { date: args.date },
             },
         ),
         Commands::Doctor => {
@@ -195,6 +222,11 @@ fn main() -> ExitCode {
         eprintln!("credwatch: {}", escape(&format!("{error:#}")));
         ExitCode::FAILURE
     })
+}
+
+fn parse_date(text: &str) -> Result<time::Date, String> {
+    time::Date::parse(text, time::macros::format_description!("[year]-[month]-[day]"))
+        .map_err(|e| format!("{text:?} is not a date YYYY-MM-DD: {e}"))
 }
 
 fn linger(seconds: Option<f64>) -> Result<Option<Duration>> {

@@ -209,6 +209,7 @@ mod tests {
                 path: "/home/a/.npmrc".into(),
                 given_path: "../../.npmrc".into(),
                 flags: "O_RDONLY".into(),
+                ..AlertFile::default()
             }),
             package: AlertPackage {
                 manager: "npm".into(),
@@ -222,6 +223,7 @@ mod tests {
                 root_pid: 10,
                 rotate: vec!["the npm token in ~/.npmrc".into()],
                 enforcement: "userspace".into(),
+                ..AlertCredwatch::default()
             },
         }
     }

@@ -18,9 +18,9 @@ use anyhow::{Context as _, Result};
 use credwatch::{
     engine::{Engine, EngineOptions},
     output::{escape, AlertSink},
+    import::{self, Format, ImportOptions},
     report::Report,
     rules::RuleSet,
-    trace::{TraceError, TraceReader},
 };
 
 use crate::live::ALERT_EXIT_STATUS;
@@ -38,6 +38,9 @@ pub struct ReplayOptions<'a> {
     pub alerts_file: Option<&'a Path>,
     /// Print a responder's report instead of each alert.
     pub report: Option<ReportFormat>,
+    /// The files' format; detected from each file's first bytes when None.
+    pub from: Option<Format>,
+    pub import: ImportOptions,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -70,8 +73,10 @@ pub fn replay(files: &[PathBuf], options: &ReplayOptions) -> Result<ExitCode> {
             .with_context(|| format!("opening {}", options.alerts_file.unwrap_or(Path::new("")).display()))?,
     );
     let totals = Totals::default();
+    // strace -ff files of one run are one history: one engine, one worker.
+    let groups = import::group_inputs(files, options.from);
     let next_file = AtomicUsize::new(0);
-    let workers = thread::available_parallelism().map_or(1, usize::from).min(files.len()).max(1);
+    let workers = thread::available_parallelism().map_or(1, usize::from).min(groups.len()).max(1);
     let total_size: Option<u64> = files.iter().map(|f| std::fs::metadata(f).ok().map(|m| m.len())).sum();
     let show_progress = std::io::stderr().is_terminal() && total_size.is_some_and(|size| size > 0);
     let started = Instant::now();
@@ -83,8 +88,8 @@ pub fn replay(files: &[PathBuf], options: &ReplayOptions) -> Result<ExitCode> {
                     let mut report = options.report.map(|_| Report::default());
                     loop {
                         let index = next_file.fetch_add(1, Ordering::Relaxed);
-                        let Some(file) = files.get(index) else { return Ok(report) };
-                        replay_file(file, &rules, &sink, report.as_mut(), options, &totals)?;
+                        let Some(group) = groups.get(index) else { return Ok(report) };
+                        replay_file(group, &rules, &sink, report.as_mut(), options, &totals)?;
                     }
                 })
             })
@@ -135,16 +140,17 @@ pub fn replay(files: &[PathBuf], options: &ReplayOptions) -> Result<ExitCode> {
 }
 
 fn replay_file(
-    file: &Path,
+    group: &[PathBuf],
     rules: &RuleSet,
     sink: &Mutex<AlertSink>,
     mut report: Option<&mut Report>,
     options: &ReplayOptions,
     totals: &Totals,
 ) -> Result<()> {
-    let mut reader = TraceReader::open(file)?;
+    let mut reader = import::open_group(group, options.from, &options.import)?;
     totals.consumed.lock().map_err(|_| anyhow::anyhow!("progress lock poisoned"))?.push(reader.consumed());
-    let mut engine = Engine::new(rules.clone(), EngineOptions { host_name: reader.header().host.clone() });
+    let host_name = reader.host().unwrap_or_default();
+    let mut engine = Engine::new(rules.clone(), EngineOptions { host_name });
     loop {
         match reader.next_event() {
             Ok(Some(event)) => {
@@ -160,8 +166,18 @@ fn replay_file(
                     report.observe(&engine, &event, &alerts);
                 }
             }
-            Ok(None) => return Ok(()),
-            Err(error @ TraceError::BadLine { .. }) if options.keep_going => {
+            Ok(None) => {
+                // End of the file: sweep summaries of trees still running.
+                let alerts = engine.flush();
+                if !alerts.is_empty() {
+                    let mut sink = sink.lock().map_err(|_| anyhow::anyhow!("output lock poisoned"))?;
+                    for alert in &alerts {
+                        sink.write(alert).context("writing an alert")?;
+                    }
+                }
+                return Ok(());
+            }
+            Err(error) if error.recoverable && options.keep_going => {
                 if totals.bad_lines.fetch_add(1, Ordering::Relaxed) < BAD_LINES_SHOWN {
                     eprintln!("credwatch: skipped {}", escape(&error.to_string()));
                 }

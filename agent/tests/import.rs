@@ -40,7 +40,8 @@ impl Repro {
         for sub in ["home", "bin", "project"] {
             fs::create_dir(dir.path().join(sub)).unwrap();
         }
-        fs::write(dir.path().join("home/.npmrc"), "//registry.npmjs.org/:_authToken=npm_FAKE_TOKEN_FOR_TESTS\n").unwrap();
+        fs::write(dir.path().join("home/.npmrc"), "//registry.npmjs.org/:_authToken=npm_FAKE_TOKEN_FOR_TESTS\n")
+            .unwrap();
         let npm = dir.path().join("bin/npm");
         fs::write(&npm, NPM).unwrap();
         fs::set_permissions(&npm, fs::Permissions::from_mode(0o755)).unwrap();
@@ -76,6 +77,7 @@ fn engine_alerts(source: &mut dyn EventSource) -> (Vec<Alert>, Vec<Event>) {
         alerts.extend(engine.handle(&event));
         events.push(event);
     }
+    alerts.extend(engine.flush());
     (alerts, events)
 }
 
@@ -140,8 +142,14 @@ fn strace_ff_files_of_a_reproduction_alert() {
     assert!(files.len() >= 4, "one file per process: {files:?}");
     let mut sources = import::open_all(&files, None, &options()).unwrap();
     assert_eq!(sources.len(), 1, "the -ff files of one run are one history");
-    let (alerts, _) = engine_alerts(sources[0].as_mut());
-    assert_npmrc_alert(&alerts, &repro.path("home/.npmrc").display().to_string(), "evil-pkg");
+    let (alerts, events) = engine_alerts(sources[0].as_mut());
+    let npmrc = repro.path("home/.npmrc").display().to_string();
+    assert_npmrc_alert(&alerts, &npmrc, "evil-pkg");
+    let reads = events
+        .iter()
+        .filter(|e| matches!(&e.data, EventData::Open(o) if o.abs_path.as_deref() == Some(npmrc.as_str())))
+        .count();
+    assert_eq!(reads, 2, "both reads, as in the single file: {events:#?}");
 }
 
 #[test]
@@ -191,8 +199,10 @@ impl Audit {
         let field = |name: &str| {
             status.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ').map(str::to_owned)).unwrap_or_default()
         };
-        if field("pid") != "0" {
-            return Err(format!("an audit daemon is already running (pid {})", field("pid")));
+        // The kernel forgets a stopped daemon's pid lazily: only a live one is in the way.
+        let daemon_pid = field("pid");
+        if daemon_pid != "0" && Path::new("/proc").join(&daemon_pid).exists() {
+            return Err(format!("an audit daemon is already running (pid {daemon_pid})"));
         }
         let log = dir.join("audit.log");
         let conf = format!(
@@ -211,7 +221,11 @@ impl Audit {
             .spawn()
             .map_err(|e| format!("auditd: {e}"))?;
         let rule: Vec<String> = [
-            "always,exit", "-F", "arch=b64", "-S", "execve,execveat,open,openat,openat2,creat,clone,clone3,fork,vfork,exit_group",
+            "always,exit",
+            "-F",
+            "arch=b64",
+            "-S",
+            "execve,execveat,open,openat,openat2,creat,clone,clone3,fork,vfork,exit_group",
         ]
         .iter()
         .map(|s| (*s).to_owned())
@@ -271,8 +285,11 @@ fn auditd_log_of_a_reproduction_alerts() {
     let repro = Repro::new();
     let log = match audit_log_of_reproduction(&repro) {
         Ok(log) => log,
+        // CI's machines have a working audit subsystem and auditd (`cargo xtask test` installs
+        // it): there, not running is a failure. Elsewhere the checked-in log made by the same
+        // steps still runs (next test).
+        Err(reason) if std::env::var_os("CI").is_some() => panic!("kernel audit not usable in CI: {reason}"),
         Err(reason) => {
-            // The checked-in log made by the same steps still runs (next test).
             eprintln!("kernel audit not usable here ({reason}): the live auditd reproduction is skipped");
             return;
         }

@@ -12,9 +12,12 @@ use std::{
 };
 
 use credwatch::{
-    event::{Event, EventData, Open},
-    rules::manager::{Manager, ModuleRoot},
-    sensor::{doctor, Sensor},
+    event::{Event, EventData, Lost, Open, Rename, Syscall},
+    rules::{
+        manager::{Manager, ModuleRoot},
+        RuleSet,
+    },
+    sensor::{doctor, lost_source, Protection, Sensor},
 };
 
 /// The tests share kernel tracepoints; one sensor at a time keeps their event streams apart.
@@ -316,4 +319,486 @@ fn doctor_finds_what_this_kernel_offers() {
     assert_eq!(report.sensor, Some("tracepoints"), "{report}");
     let text = report.to_string();
     assert!(text.contains(&report.kernel_release) && text.contains("sensor:           tracepoints"), "{text}");
+}
+
+/// Rules for a throwaway home: `~/.ssh/**` is a `kill` rule, `~/.npmrc` an alert rule.
+const RULES: &str = r#"schema: 1
+rules:
+  - id: test-ssh
+    name: ssh
+    description: ssh keys
+    category: ssh
+    severity: critical
+    action: kill
+    targets: ["~/.ssh/**"]
+    samples:
+      positive:
+        - exec: {pid: 100, args: [npm, install], cwd: /home/alice/app}
+        - open: {pid: 100, path: /home/alice/.ssh/id_rsa}
+      negative:
+        - exec: {pid: 100, args: [npm, install], cwd: /home/alice/app}
+        - open: {pid: 100, path: /home/alice/app/x}
+  - id: test-bpf
+    name: bpf
+    description: bpf by package code
+    category: tamper
+    severity: critical
+    action: kill
+    syscalls:
+      names: [bpf]
+    samples:
+      positive:
+        - exec: {pid: 100, args: [npm, install], cwd: /home/alice/app}
+        - syscall: {pid: 100, name: bpf, operation: BPF_PROG_LOAD, ret: -1}
+      negative:
+        - exec: {pid: 100, args: [npm, install], cwd: /home/alice/app}
+        - syscall: {pid: 100, name: ptrace, operation: PTRACE_TRACEME, ret: 0}
+  - id: test-npmrc
+    name: npmrc
+    description: npm token
+    category: registry
+    severity: high
+    targets: ["~/.npmrc"]
+    samples:
+      positive:
+        - exec: {pid: 100, args: [npm, install], cwd: /home/alice/app}
+        - open: {pid: 100, path: /home/alice/.npmrc}
+      negative:
+        - exec: {pid: 100, args: [npm, install], cwd: /home/alice/app}
+        - open: {pid: 100, path: /home/alice/app/x}
+"#;
+
+const SECRET: &str = "FAKE-PRIVATE-KEY-do-not-use";
+
+/// A throwaway home with fake keys, a work dir beside it, and the test rules.
+struct Home {
+    _dir: tempfile::TempDir,
+    home: PathBuf,
+    work: PathBuf,
+    rules: RuleSet,
+}
+
+fn home() -> Home {
+    let dir = tempfile::tempdir().unwrap();
+    let root = fs::canonicalize(dir.path()).unwrap();
+    let home = root.join("home");
+    let work = root.join("work");
+    fs::create_dir_all(home.join(".ssh")).unwrap();
+    fs::create_dir_all(&work).unwrap();
+    fs::write(home.join(".ssh/id_rsa"), format!("{SECRET}\n")).unwrap();
+    fs::write(home.join(".ssh/id_ed25519"), format!("{SECRET}-2\n")).unwrap();
+    fs::write(home.join(".npmrc"), "//registry.npmjs.org/:_authToken=fake\n").unwrap();
+    let rules_dir = root.join("rules");
+    fs::create_dir(&rules_dir).unwrap();
+    fs::write(rules_dir.join("test.yaml"), RULES).unwrap();
+    let rules = RuleSet::load_dir(&rules_dir).unwrap();
+    Home { _dir: dir, home, work, rules }
+}
+
+fn protected_sensor(h: &Home, enforce: bool) -> Sensor {
+    let mut sensor = Sensor::start(&[], false).expect("sensor starts (run as root)");
+    sensor.protect(Protection { rules: h.rules.rules().to_vec(), homes: vec![h.home.clone()], enforce }).unwrap();
+    assert_eq!(sensor.stats().credential_files, 3, "id_rsa, id_ed25519, .npmrc");
+    sensor
+}
+
+/// `program args...`, marked as a root before it execs.
+fn spawn_marked(sensor: &mut Sensor, program: &str, args: &[&str]) -> std::process::Child {
+    let mut child = Command::new("/bin/sh")
+        .arg("-c")
+        .arg("read go && exec \"$@\"")
+        .arg("sh")
+        .arg(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    sensor.mark_root(child.id()).unwrap();
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    child
+}
+
+fn python_marked(sensor: &mut Sensor, script: &str, args: &[&str]) -> std::process::Child {
+    let mut all = vec!["-c", script];
+    all.extend_from_slice(args);
+    spawn_marked(sensor, PYTHON, &all)
+}
+
+fn renames(events: &[Event]) -> Vec<&Rename> {
+    events
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::Rename(rename) => Some(rename),
+            _ => None,
+        })
+        .collect()
+}
+
+fn syscalls(events: &[Event]) -> Vec<(u32, &Syscall)> {
+    events
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::Syscall(syscall) => Some((e.pid, syscall)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn lost(events: &[Event], source: &str) -> u64 {
+    events
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::Lost(Lost { source: s, count }) if s == source => Some(*count),
+            _ => None,
+        })
+        .sum()
+}
+
+fn path(p: &Path) -> String {
+    p.to_str().unwrap().to_owned()
+}
+
+const INODE_HELPER: &str = r#"
+import ctypes, os, sys
+home, work = sys.argv[1], sys.argv[2]
+key = home + "/.ssh/id_rsa"
+os.link(key, work + "/hard")
+os.close(os.open(work + "/hard", os.O_RDONLY))
+os.rename(home + "/.ssh/id_ed25519", work + "/moved")
+os.close(os.open(work + "/moved", os.O_RDONLY))
+libc = ctypes.CDLL(None, use_errno=True)
+class Handle(ctypes.Structure):
+    _fields_ = [("handle_bytes", ctypes.c_uint), ("handle_type", ctypes.c_int), ("f_handle", ctypes.c_ubyte * 128)]
+handle = Handle()
+handle.handle_bytes = 128
+mount_id = ctypes.c_int()
+# id_rsa now has two names and a handle opens either: use a file with one.
+npmrc = home + "/.npmrc"
+assert libc.name_to_handle_at(-100, npmrc.encode(), ctypes.byref(handle), ctypes.byref(mount_id), 0) == 0, ctypes.get_errno()
+mount_fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
+fd = libc.open_by_handle_at(mount_fd, ctypes.byref(handle), os.O_RDONLY)
+assert fd >= 0, ctypes.get_errno()
+os.close(fd)
+os.chdir(work)
+with open("planted", "w") as f:
+    f.write("ssh-ed25519 AAAA attacker\n")
+ssh = os.open(home + "/.ssh", os.O_RDONLY | os.O_DIRECTORY)
+os.rename("planted", "authorized_keys", dst_dir_fd=ssh)
+"#;
+
+#[test]
+fn credential_inodes_catch_hardlinks_renamed_keys_and_handles_and_renames_are_absolute() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = home();
+    let mut sensor = protected_sensor(&h, false);
+    let key = path(&h.home.join(".ssh/id_rsa"));
+    let ed25519 = path(&h.home.join(".ssh/id_ed25519"));
+    let mut child = python_marked(&mut sensor, INODE_HELPER, &[&path(&h.home), &path(&h.work)]);
+    let root = child.id();
+    let mut events = Vec::new();
+    collect(&mut sensor, &mut events, |events| exited(events, root).is_some());
+    assert!(child.wait().unwrap().success());
+
+    let hard = open_of(&events, root, &path(&h.work.join("hard")));
+    assert_eq!(hard.same_file_as.as_deref(), Some(key.as_str()), "hardlink");
+    assert_eq!(hard.abs_path.as_deref(), Some(path(&h.work.join("hard")).as_str()));
+    assert!(!hard.blocked, "no --enforce, no block");
+    let moved = open_of(&events, root, &path(&h.work.join("moved")));
+    assert_eq!(moved.same_file_as.as_deref(), Some(ed25519.as_str()), "renamed key");
+
+    let by_handle = opens(&events)
+        .map(|(_, open)| open)
+        .find(|open| open.syscall == "open_by_handle_at")
+        .expect("open_by_handle_at is reported");
+    let npmrc = path(&h.home.join(".npmrc"));
+    assert_eq!(by_handle.abs_path.as_deref(), Some(npmrc.as_str()));
+    assert_eq!(by_handle.same_file_as.as_deref(), Some(npmrc.as_str()));
+    assert!(by_handle.ret >= 0);
+
+    let renames = renames(&events);
+    let link = renames.iter().find(|r| r.syscall.starts_with("link")).expect("link reported");
+    assert_eq!(link.old_abs.as_deref(), Some(key.as_str()));
+    assert_eq!(link.new_abs.as_deref(), Some(path(&h.work.join("hard")).as_str()));
+    assert_eq!(link.ret, 0);
+    let away = renames.iter().find(|r| r.old_path == ed25519).expect("rename of the key reported");
+    assert_eq!(away.new_abs.as_deref(), Some(path(&h.work.join("moved")).as_str()));
+    let planted = renames.iter().find(|r| r.old_path == "planted").expect("relative rename reported");
+    assert_eq!(planted.syscall, "renameat");
+    assert_eq!(planted.new_path, "authorized_keys");
+    assert_eq!(planted.old_abs.as_deref(), Some(path(&h.work.join("planted")).as_str()));
+    assert_eq!(planted.new_abs.as_deref(), Some(path(&h.home.join(".ssh/authorized_keys")).as_str()));
+    assert_eq!(sensor.stats().priority_lost, 0);
+}
+
+const TAMPER_HELPER: &str = r#"
+import ctypes, os, subprocess, sys
+sys_bpf, sys_io_uring_setup, agent = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+target = subprocess.Popen(["sleep", "30"])
+assert libc.ptrace(16, target.pid, None, None) == 0, ctypes.get_errno()
+os.waitpid(target.pid, 0)
+libc.ptrace(17, target.pid, None, None)
+libc.process_vm_readv(target.pid, None, 0, None, 0, 0)
+assert libc.syscall(sys_bpf, 5, None, 0) < 0
+params = ctypes.create_string_buffer(120)
+fd = libc.syscall(sys_io_uring_setup, 4, params)
+assert fd >= 0, ctypes.get_errno()
+os.close(fd)
+os.kill(agent, 0)
+target.kill()
+target.wait()
+"#;
+
+#[test]
+fn tamper_syscalls_of_marked_processes_are_reported() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut sensor = Sensor::start(&[], false).unwrap();
+    let agent = std::process::id();
+    let args = [libc::SYS_bpf.to_string(), libc::SYS_io_uring_setup.to_string(), agent.to_string()];
+    let mut child = python_marked(&mut sensor, TAMPER_HELPER, &[&args[0], &args[1], &args[2]]);
+    let root = child.id();
+    let mut events = Vec::new();
+    collect(&mut sensor, &mut events, |events| exited(events, root).is_some());
+    assert!(child.wait().unwrap().success());
+    let target = forks_of(&events, root);
+    let calls = syscalls(&events);
+    let find = |name: &str, operation: Option<&str>| {
+        calls
+            .iter()
+            .find(|(pid, s)| *pid == root && s.name == name && s.operation.as_deref() == operation)
+            .map(|(_, s)| *s)
+            .unwrap_or_else(|| panic!("no {name} {operation:?} in {calls:#?}"))
+    };
+    let attach = find("ptrace", Some("PTRACE_ATTACH"));
+    assert_eq!(attach.ret, Some(0));
+    assert!(target.contains(&attach.target_pid.unwrap()), "{attach:?} not one of {target:?}");
+    find("ptrace", Some("PTRACE_DETACH"));
+    let readv = find("process_vm_readv", None);
+    assert_eq!(readv.target_pid, attach.target_pid);
+    let bpf = find("bpf", Some("BPF_PROG_LOAD"));
+    assert!(bpf.ret.unwrap() < 0 && !bpf.blocked);
+    assert!(find("io_uring_setup", None).ret.unwrap() >= 0);
+    let signal = find("kill", Some("0"));
+    assert_eq!((signal.target_pid, signal.ret), (Some(agent), Some(0)));
+    // kill(sleep, SIGKILL) is not aimed at the agent: not reported.
+    assert!(calls.iter().all(|(_, s)| s.name != "kill" || s.target_pid == Some(agent)), "{calls:#?}");
+}
+
+const COPY_PAYLOAD: &str = r#"
+import sys
+key, out = sys.argv[1], sys.argv[2]
+with open(out, "w") as copy:
+    copy.write("started\n")
+    copy.flush()
+    with open(key) as f:
+        copy.write(f.read())
+"#;
+
+const BPF_PAYLOAD: &str = r#"
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall(int(sys.argv[1]), 5, None, 0)
+open(sys.argv[2], "w").write("survived\n")
+"#;
+
+/// Runs the copy payload and the bpf payload, with or without `--enforce`.
+fn run_payloads(enforce: bool) -> (Home, Vec<Event>, [std::process::ExitStatus; 2]) {
+    let h = home();
+    let mut sensor = protected_sensor(&h, enforce);
+    let key = path(&h.home.join(".ssh/id_rsa"));
+    let copy = path(&h.work.join("copy"));
+    let survived = path(&h.work.join("survived"));
+    let mut copier = python_marked(&mut sensor, COPY_PAYLOAD, &[&key, &copy]);
+    let mut bpf = python_marked(&mut sensor, BPF_PAYLOAD, &[&libc::SYS_bpf.to_string(), &survived]);
+    let (copier_pid, bpf_pid) = (copier.id(), bpf.id());
+    let mut events = Vec::new();
+    collect(&mut sensor, &mut events, |events| {
+        exited(events, copier_pid).is_some() && exited(events, bpf_pid).is_some()
+    });
+    let statuses = [copier.wait().unwrap(), bpf.wait().unwrap()];
+    (h, events, statuses)
+}
+
+#[test]
+fn enforce_kills_before_the_secret_is_read_and_blocks_tamper_syscalls() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (h, events, [copier, bpf]) = run_payloads(true);
+    let key = path(&h.home.join(".ssh/id_rsa"));
+    assert_eq!(copier.signal(), Some(libc::SIGKILL), "the copier is killed");
+    let copied = fs::read_to_string(h.work.join("copy")).unwrap();
+    assert_eq!(copied, "started\n", "the payload ran, but the secret never reached it");
+    let open = opens(&events).map(|(_, o)| o).find(|o| o.path == key).expect("the blocked open is reported");
+    assert!(open.blocked && open.ret >= 0, "{open:?}");
+    assert_eq!(open.same_file_as.as_deref(), Some(key.as_str()));
+
+    assert_eq!(bpf.signal(), Some(libc::SIGKILL), "the bpf() caller is killed");
+    assert!(!h.work.join("survived").exists());
+    let calls = syscalls(&events);
+    let (_, blocked) = calls.iter().find(|(_, s)| s.name == "bpf").expect("bpf reported");
+    assert!(blocked.blocked && blocked.ret.is_none(), "{blocked:?}");
+}
+
+#[test]
+fn without_enforce_the_same_payloads_survive() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (h, events, [copier, bpf]) = run_payloads(false);
+    let key = path(&h.home.join(".ssh/id_rsa"));
+    assert!(copier.success() && bpf.success());
+    assert!(fs::read_to_string(h.work.join("copy")).unwrap().contains(SECRET));
+    assert!(h.work.join("survived").exists());
+    let open = opens(&events).map(|(_, o)| o).find(|o| o.path == key).unwrap();
+    assert!(!open.blocked);
+    assert_eq!(open.same_file_as.as_deref(), Some(key.as_str()));
+    assert!(syscalls(&events).iter().all(|(_, s)| !s.blocked));
+}
+
+/// Compiles a C helper into `dir`.
+fn compile(dir: &Path, name: &str, source: &str) -> PathBuf {
+    let c = dir.join(format!("{name}.c"));
+    fs::write(&c, source).unwrap();
+    let binary = dir.join(name);
+    let status = Command::new("cc").arg("-O2").arg("-o").arg(&binary).arg(&c).status().unwrap();
+    assert!(status.success(), "compiling {name}");
+    binary
+}
+
+/// Opens argv[1] with an io_uring IORING_OP_OPENAT and reads it: no open syscall at all.
+const URING_OPEN: &str = r#"
+#include <fcntl.h>
+#include <linux/io_uring.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    struct io_uring_params p;
+    memset(&p, 0, sizeof p);
+    int ring = syscall(__NR_io_uring_setup, 4, &p);
+    if (ring < 0) return 2;
+    char *sq = mmap(0, p.sq_off.array + p.sq_entries * sizeof(unsigned), PROT_READ | PROT_WRITE,
+                    MAP_SHARED | MAP_POPULATE, ring, IORING_OFF_SQ_RING);
+    char *cq = mmap(0, p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe), PROT_READ | PROT_WRITE,
+                    MAP_SHARED | MAP_POPULATE, ring, IORING_OFF_CQ_RING);
+    struct io_uring_sqe *sqes = mmap(0, p.sq_entries * sizeof(struct io_uring_sqe), PROT_READ | PROT_WRITE,
+                                     MAP_SHARED | MAP_POPULATE, ring, IORING_OFF_SQES);
+    if (sq == MAP_FAILED || cq == MAP_FAILED || sqes == MAP_FAILED) return 3;
+    unsigned *tail = (unsigned *)(sq + p.sq_off.tail);
+    unsigned index = *tail & *(unsigned *)(sq + p.sq_off.ring_mask);
+    memset(&sqes[index], 0, sizeof sqes[index]);
+    sqes[index].opcode = IORING_OP_OPENAT;
+    sqes[index].fd = AT_FDCWD;
+    sqes[index].addr = (unsigned long)argv[1];
+    sqes[index].open_flags = O_RDONLY;
+    ((unsigned *)(sq + p.sq_off.array))[index] = index;
+    __atomic_store_n(tail, *tail + 1, __ATOMIC_RELEASE);
+    if (syscall(__NR_io_uring_enter, ring, 1, 1, IORING_ENTER_GETEVENTS, NULL, 0) != 1) return 4;
+    unsigned head = *(unsigned *)(cq + p.cq_off.head) & *(unsigned *)(cq + p.cq_off.ring_mask);
+    int fd = ((struct io_uring_cqe *)(cq + p.cq_off.cqes))[head].res;
+    char buf[64];
+    if (fd < 0 || read(fd, buf, sizeof buf) <= 0) return 5;
+    return 0;
+}
+"#;
+
+#[test]
+fn io_uring_openat_is_reported_by_its_opcode() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = home();
+    let binary = compile(&h.work, "uring", URING_OPEN);
+    let mut sensor = Sensor::start(&[], false).unwrap();
+    let key = path(&h.home.join(".ssh/id_rsa"));
+    let mut child = spawn_marked(&mut sensor, binary.to_str().unwrap(), &[&key]);
+    let root = child.id();
+    let mut events = Vec::new();
+    collect(&mut sensor, &mut events, |events| exited(events, root).is_some());
+    assert!(child.wait().unwrap().success(), "the io_uring open worked");
+    let calls = syscalls(&events);
+    assert!(calls.iter().any(|(pid, s)| *pid == root && s.name == "io_uring_setup"), "{calls:#?}");
+    assert!(
+        calls.iter().any(|(pid, s)| *pid == root
+            && s.name == "io_uring_submit_req"
+            && s.operation.as_deref() == Some("IORING_OP_OPENAT")),
+        "{calls:#?}"
+    );
+    // Why the submission matters: the open itself passes no syscall tracepoint.
+    assert!(opens(&events).all(|(_, open)| open.path != key));
+}
+
+const FLOOD: &str = r#"
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    long n = atol(argv[1]);
+    char buf[64];
+    for (long i = 0; i < n; i++) {
+        int fd = open("/dev/null", O_RDONLY);
+        if (fd >= 0) close(fd);
+        if (i == n / 2) {
+            int key = open(argv[2], O_RDONLY);
+            if (key < 0 || read(key, buf, sizeof buf) <= 0) return 1;
+            close(key);
+        }
+    }
+    return 0;
+}
+"#;
+
+#[test]
+fn a_flood_of_bulk_opens_does_not_push_out_the_key_record() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = home();
+    let binary = compile(&h.work, "flood", FLOOD);
+    let mut sensor = protected_sensor(&h, false);
+    let key = path(&h.home.join(".ssh/id_rsa"));
+    // The agent does not read while the flood runs: the bulk buffer overflows for sure.
+    let mut child = spawn_marked(&mut sensor, binary.to_str().unwrap(), &["1000000", &key]);
+    assert!(child.wait().unwrap().success());
+    let root = child.id();
+    let mut events = Vec::new();
+    collect(&mut sensor, &mut events, |events| {
+        opens(events).any(|(_, o)| o.path == key) && lost(events, lost_source::EVENTS) > 0
+    });
+    let open = open_of(&events, root, &key);
+    assert_eq!(open.same_file_as.as_deref(), Some(key.as_str()));
+    let stats = sensor.stats();
+    assert!(stats.lost > 900_000, "bulk losses are counted: {stats:?}");
+    assert_eq!(stats.priority_lost, 0);
+    assert_eq!(lost(&events, lost_source::PRIORITY), 0);
+}
+
+/// Replaces every BPF link and perf event fd of this process with /dev/null: the programs
+/// are detached, as if someone had closed them.
+fn detach_all_programs() -> usize {
+    let null = fs::File::open("/dev/null").unwrap();
+    let mut detached = 0;
+    for entry in fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(target) = fs::read_link(entry.path()) else { continue };
+        let target = target.to_string_lossy();
+        if target == "anon_inode:bpf_link" || target == "anon_inode:[perf_event]" {
+            let fd: i32 = entry.file_name().to_str().unwrap().parse().unwrap();
+            // SAFETY: dup2 onto an fd the sensor owns; it closes the /dev/null copy later.
+            assert!(unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), fd) } >= 0);
+            detached += 1;
+        }
+    }
+    detached
+}
+
+#[test]
+fn detached_programs_are_noticed() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut sensor = Sensor::start(&[], false).unwrap();
+    // A first canary comes back: nothing is reported.
+    let mut events = Vec::new();
+    let quiet_until = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < quiet_until {
+        sensor.poll(Duration::from_millis(200), &mut events).unwrap();
+    }
+    assert_eq!(lost(&events, lost_source::DETACHED), 0, "{events:#?}");
+    assert!(detach_all_programs() > 0);
+    collect(&mut sensor, &mut events, |events| lost(events, lost_source::DETACHED) > 0);
+    assert_eq!(sensor.stats().detached, 1);
 }

@@ -1,5 +1,11 @@
-//! `cargo xtask toolchain [--dry-run]`, `cargo xtask build`, `cargo xtask test`.
+//! `cargo xtask toolchain [--dry-run]`, `cargo xtask build`, `cargo xtask test`,
+//! `cargo xtask bench [--quick] [--no-build] [--only SECTION,...]`.
 
+mod bench;
+mod bench_events;
+mod bench_install;
+mod bench_replay;
+mod bench_syscalls;
 mod toolchain;
 
 use std::{
@@ -17,7 +23,11 @@ const USAGE: &str = "usage: cargo xtask <command>
   toolchain [--dry-run]  check the eBPF toolchain and set it up when missing (--dry-run: only say how)
   build                  toolchain, then the eBPF object and target/release/credwatch
   test                   build, set up what the tests need, run the unit tests, then (as root) the
-                         end-to-end tests";
+                         end-to-end tests
+  bench [--quick] [--no-build] [--only syscalls,install,throughput,replay,memory]
+                         (root) build, then measure overhead, install workloads, event and replay
+                         throughput, memory and start-up, side by side with the hook's floor,
+                         bpftrace, auditd and strace: target/bench/bench.md and bench.json";
 
 /// The end-to-end crate: it needs root and the release binary, so it runs after the unit tests.
 const E2E_CRATE: &str = "credwatch-e2e";
@@ -30,6 +40,13 @@ fn main() -> ExitCode {
         ["toolchain", "--dry-run"] => toolchain::ensure(true).map(drop),
         ["build"] => build(),
         ["test"] => test(),
+        ["bench", options @ ..] => bench::bench(options),
+        #[cfg(feature = "bench-trace")]
+        ["bench-gen-trace", file, bytes] => {
+            bytes.parse().context("trace size").and_then(|bytes| bench_replay::generate(Path::new(file), bytes))
+        }
+        #[cfg(feature = "bench-trace")]
+        ["bench-parse", file] => bench_replay::parse_only(Path::new(file)),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
@@ -130,8 +147,27 @@ fn test_prerequisites() -> Result<()> {
     let importable = |modules: &str| {
         Command::new("python3").args(["-c", &format!("import {modules}")]).output().is_ok_and(|o| o.status.success())
     };
+    // The importer tests run the real strace and auditd to make their traces.
+    let missing: Vec<&str> = [("strace", "strace"), ("auditd", "auditd")]
+        .iter()
+        .filter(|(program, _)| toolchain::find_in_path(program).is_none())
+        .map(|(_, package)| *package)
+        .collect();
+    if !missing.is_empty() {
+        if !is_root() || toolchain::find_in_path("apt-get").is_none() {
+            bail!(
+                "the importer tests need {} (as root with apt-get, `cargo xtask test` installs them)",
+                missing.join(" and ")
+            );
+        }
+        run("refresh the package lists", Command::new("apt-get").args(["update", "-q"]))?;
+        run(
+            &format!("install {} (the importer tests run them)", missing.join(" and ")),
+            Command::new("apt-get").args(["install", "-y", "--no-install-recommends"]).args(&missing),
+        )?;
+    }
     if importable("setuptools, wheel") {
-        println!("xtask: test prerequisites: node, npm, python3 with setuptools and wheel: present");
+        println!("xtask: test prerequisites: node, npm, strace, auditd, python3 with setuptools and wheel: present");
         return Ok(());
     }
     run(

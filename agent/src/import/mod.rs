@@ -14,6 +14,10 @@ use std::{
     fs::File,
     io::{self, BufRead, BufReader, Read},
     path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
 };
 
 use crate::{
@@ -90,10 +94,15 @@ impl From<TraceError> for ImportError {
     fn from(error: TraceError) -> ImportError {
         match error {
             TraceError::BadLine { file, line, message } => ImportError::bad_line(&file, line, message),
-            TraceError::BadHeader { ref file, .. } => {
-                ImportError { file: file.clone(), line: Some(1), message: error.to_string(), recoverable: false }
-            }
-            TraceError::Io { ref file, .. } | TraceError::Empty { ref file } | TraceError::UnsupportedSchema { ref file, .. } => {
+            TraceError::BadHeader { file, message } => ImportError {
+                file,
+                line: Some(1),
+                message: format!("not a credwatch trace header: {message}"),
+                recoverable: false,
+            },
+            TraceError::Io { ref file, .. }
+            | TraceError::Empty { ref file }
+            | TraceError::UnsupportedSchema { ref file, .. } => {
                 let message = error.to_string();
                 let message = message.strip_prefix(&format!("{file}: ")).unwrap_or(&message).to_owned();
                 ImportError::fatal(file, message)
@@ -114,6 +123,9 @@ pub trait EventSource: Send {
     fn host(&self) -> Option<String> {
         None
     }
+    /// Bytes of the input files read so far (compressed bytes for compressed files), shared so
+    /// another thread can show progress.
+    fn consumed(&self) -> Arc<AtomicU64>;
 }
 
 #[derive(Clone, Debug, Default)]
@@ -157,7 +169,7 @@ pub fn detect(first_bytes: &[u8]) -> Option<Format> {
 /// first bytes. `.gz` and `.zst` are recognised by their magic bytes.
 pub fn open(path: &Path, from: Option<Format>, options: &ImportOptions) -> Result<Box<dyn EventSource>, ImportError> {
     let name = path.display().to_string();
-    let mut input = Input::open(path)?;
+    let mut input = Input::open(path, Arc::default())?;
     let format = match from {
         Some(format) => format,
         None => detect(input.peek()?).ok_or_else(|| {
@@ -165,6 +177,12 @@ pub fn open(path: &Path, from: Option<Format>, options: &ImportOptions) -> Resul
         })?,
     };
     Ok(match format {
+        // A regular file is reopened so that its progress counts the file's own bytes (a pipe
+        // cannot be: its first bytes were read for detection).
+        Format::Credwatch if path != Path::new("-") && std::fs::metadata(path).is_ok_and(|m| m.is_file()) => {
+            drop(input);
+            Box::new(CredwatchSource(TraceReader::open(path)?))
+        }
         Format::Credwatch => Box::new(CredwatchSource(TraceReader::new(name, input.into_read())?)),
         Format::Strace => {
             let date = strace_date(path, options)?;
@@ -189,32 +207,32 @@ pub fn open_strace_ff(paths: &[PathBuf], options: &ImportOptions) -> Result<Box<
         return Err(ImportError::fatal("", "no strace -ff files"));
     };
     let date = strace_date(first, options)?;
+    let consumed = Arc::new(AtomicU64::new(0));
     let mut inputs = Vec::new();
     for path in paths {
         let Some(pid) = ff_pid(path) else {
             return Err(ImportError::fatal(&path.display().to_string(), "not an strace -ff file (no .<pid> suffix)"));
         };
-        inputs.push((Input::open(path)?.into_lines(), Some(pid)));
+        inputs.push((Input::open(path, Arc::clone(&consumed))?.into_lines(), Some(pid)));
     }
     let name = format!("{}.*", first.display().to_string().rsplit_once('.').map_or("", |(p, _)| p));
     Ok(Box::new(strace::StraceSource::new(inputs, name, date)))
 }
 
-/// The sources for the files of one `replay` command: each file is one history, except that
-/// strace `-ff` files sharing a `prefix.` (two or more `prefix.<pid>` files detected or
-/// declared as strace) form one.
-pub fn open_all(
-    paths: &[PathBuf],
-    from: Option<Format>,
-    options: &ImportOptions,
-) -> Result<Vec<Box<dyn EventSource>>, ImportError> {
+/// The inputs of one `replay` command grouped into histories (one engine each): each file is
+/// one, except that strace `-ff` files sharing a `prefix.` (two or more `prefix.<pid>` files
+/// detected or declared as strace) form one. Files that cannot be read stay alone, for
+/// [`open_group`] to report.
+pub fn group_inputs(paths: &[PathBuf], from: Option<Format>) -> Vec<Vec<PathBuf>> {
     let mut groups: Vec<(Option<String>, Vec<PathBuf>)> = Vec::new();
     for path in paths {
-        let prefix = ff_pid(path).map(|_| path.display().to_string().rsplit_once('.').expect("has a suffix").0.to_owned());
+        let prefix = ff_pid(path).and_then(|_| Some(path.to_str()?.rsplit_once('.')?.0.to_owned()));
         let is_strace = prefix.is_some()
             && match from {
                 Some(format) => format == Format::Strace,
-                None => Input::open(path).and_then(|mut i| Ok(detect(i.peek()?))).ok().flatten() == Some(Format::Strace),
+                None => Input::open(path, Arc::default())
+                    .and_then(|mut input| Ok(detect(input.peek()?)))
+                    .is_ok_and(|format| format == Some(Format::Strace)),
             };
         let key = if is_strace { prefix } else { None };
         match groups.iter_mut().find(|(k, _)| key.is_some() && *k == key) {
@@ -222,13 +240,28 @@ pub fn open_all(
             None => groups.push((key, vec![path.clone()])),
         }
     }
-    groups
-        .into_iter()
-        .map(|(key, group)| match key {
-            Some(_) if group.len() > 1 => open_strace_ff(&group, options),
-            _ => open(&group[0], from, options),
-        })
-        .collect()
+    groups.into_iter().map(|(_, group)| group).collect()
+}
+
+/// Opens one group of [`group_inputs`].
+pub fn open_group(
+    group: &[PathBuf],
+    from: Option<Format>,
+    options: &ImportOptions,
+) -> Result<Box<dyn EventSource>, ImportError> {
+    match group {
+        [one] => open(one, from, options),
+        _ => open_strace_ff(group, options),
+    }
+}
+
+/// [`group_inputs`] and [`open_group`] in one call.
+pub fn open_all(
+    paths: &[PathBuf],
+    from: Option<Format>,
+    options: &ImportOptions,
+) -> Result<Vec<Box<dyn EventSource>>, ImportError> {
+    group_inputs(paths, from).iter().map(|group| open_group(group, from, options)).collect()
 }
 
 /// The pid of an strace `-ff` file name (`prefix.<pid>`).
@@ -267,6 +300,9 @@ impl EventSource for CredwatchSource {
     fn host(&self) -> Option<String> {
         Some(self.0.header().host.clone())
     }
+    fn consumed(&self) -> Arc<AtomicU64> {
+        self.0.consumed()
+    }
 }
 
 const GZIP_MAGIC: &[u8] = &[0x1f, 0x8b];
@@ -274,25 +310,41 @@ const ZSTD_MAGIC: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd];
 /// Bytes looked at to detect the format.
 const PEEK: usize = 64 << 10;
 
+/// Counts the bytes read from the file itself (before decompression), for progress.
+struct Counting<R> {
+    inner: R,
+    count: Arc<AtomicU64>,
+}
+
+impl<R: Read> Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let read = self.inner.read(buf)?;
+        self.count.fetch_add(read as u64, Ordering::Relaxed);
+        Ok(read)
+    }
+}
+
 /// An opened input, decompressed, with its first bytes available for detection.
 struct Input {
     name: String,
     reader: BufReader<Box<dyn Read + Send>>,
+    consumed: Arc<AtomicU64>,
 }
 
 impl Input {
-    fn open(path: &Path) -> Result<Input, ImportError> {
+    /// Opens `path` (`-`: standard input), adding the bytes it reads to `consumed`.
+    fn open(path: &Path, consumed: Arc<AtomicU64>) -> Result<Input, ImportError> {
         let name = path.display().to_string();
         let raw: Box<dyn Read + Send> = if path == Path::new("-") {
             Box::new(io::stdin())
         } else {
             Box::new(File::open(path).map_err(|e| ImportError::fatal(&name, e.to_string()))?)
         };
-        Input::new(name, raw)
+        Input::new(name, raw, consumed)
     }
 
-    fn new(name: String, raw: Box<dyn Read + Send>) -> Result<Input, ImportError> {
-        let mut raw = BufReader::new(raw);
+    fn new(name: String, raw: Box<dyn Read + Send>, consumed: Arc<AtomicU64>) -> Result<Input, ImportError> {
+        let mut raw = BufReader::new(Counting { inner: raw, count: Arc::clone(&consumed) });
         let magic = raw.fill_buf().map_err(|e| ImportError::fatal(&name, e.to_string()))?;
         let decoded: Box<dyn Read + Send> = if magic.starts_with(GZIP_MAGIC) {
             Box::new(flate2::bufread::MultiGzDecoder::new(raw))
@@ -301,7 +353,7 @@ impl Input {
         } else {
             Box::new(raw)
         };
-        Ok(Input { name, reader: BufReader::with_capacity(PEEK, decoded) })
+        Ok(Input { name, reader: BufReader::with_capacity(PEEK, decoded), consumed })
     }
 
     fn peek(&mut self) -> Result<&[u8], ImportError> {
@@ -314,7 +366,14 @@ impl Input {
     }
 
     fn into_lines(self) -> Lines {
-        Lines { name: self.name, input: Box::new(self.reader), line: 0, buffer: Vec::new(), done: false }
+        Lines {
+            name: self.name,
+            input: Box::new(self.reader),
+            consumed: self.consumed,
+            line: 0,
+            buffer: Vec::new(),
+            done: false,
+        }
     }
 }
 
@@ -322,6 +381,7 @@ impl Input {
 pub(crate) struct Lines {
     name: String,
     input: Box<dyn BufRead + Send>,
+    consumed: Arc<AtomicU64>,
     line: u64,
     buffer: Vec<u8>,
     done: bool,
@@ -330,15 +390,22 @@ pub(crate) struct Lines {
 impl Lines {
     #[cfg(test)]
     pub(crate) fn from_bytes(name: &str, bytes: &[u8]) -> Lines {
-        Input::new(name.to_owned(), Box::new(io::Cursor::new(bytes.to_vec()))).expect("in memory").into_lines()
+        Input::new(name.to_owned(), Box::new(io::Cursor::new(bytes.to_vec())), Arc::default())
+            .expect("in memory")
+            .into_lines()
     }
 
     pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
+    pub(crate) fn consumed(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.consumed)
+    }
+
     /// The next line without its newline and its number. A line longer than `MAX_LINE` and a
-    /// last line without a newline (a file cut while being written) are recoverable errors.
+    /// last line without a newline (a file cut while being written) that is not a complete
+    /// JSON object are recoverable errors.
     pub(crate) fn next(&mut self) -> Result<Option<(u64, &[u8])>, ImportError> {
         if self.done {
             return Ok(None);
@@ -364,7 +431,16 @@ impl Lines {
             }
         } else {
             self.done = true;
-            return Err(ImportError::bad_line(&self.name, self.line, "truncated line (no newline at the end of the input)"));
+            // A JSON object complete without its newline is fine; anything else was cut short.
+            let complete_json = self.buffer.first() == Some(&b'{')
+                && serde_json::from_slice::<serde::de::IgnoredAny>(&self.buffer).is_ok();
+            if !complete_json {
+                return Err(ImportError::bad_line(
+                    &self.name,
+                    self.line,
+                    "truncated line (no newline at the end of the input)",
+                ));
+            }
         }
         Ok(Some((self.line, &self.buffer)))
     }
@@ -383,7 +459,12 @@ impl Lines {
     fn read_error(&mut self, error: io::Error) -> ImportError {
         // A read error (corrupt compressed stream) ends the input.
         self.done = true;
-        ImportError { file: self.name.clone(), line: Some(self.line + 1), message: format!("reading: {error}"), recoverable: false }
+        ImportError {
+            file: self.name.clone(),
+            line: Some(self.line + 1),
+            message: format!("reading: {error}"),
+            recoverable: false,
+        }
     }
 }
 
@@ -437,7 +518,11 @@ impl Known {
             return None;
         }
         self.insert(pid);
-        (ppid != 0 && ppid != pid).then_some(Event { time_ns, pid: ppid, data: EventData::Fork(Fork { child_pid: pid }) })
+        (ppid != 0 && ppid != pid).then_some(Event {
+            time_ns,
+            pid: ppid,
+            data: EventData::Fork(Fork { child_pid: pid }),
+        })
     }
 }
 
@@ -516,7 +601,11 @@ pub(crate) fn parse_int(text: &str) -> Option<i64> {
     } else {
         digits.parse::<i64>().ok()?
     };
-    Some(if negative { -value } else { value })
+    if negative {
+        value.checked_neg()
+    } else {
+        Some(value)
+    }
 }
 
 /// Userspace `st_dev` encoding (glibc `makedev`) of a device number.
@@ -527,10 +616,37 @@ pub(crate) fn makedev(major: u64, minor: u64) -> u64 {
 /// Signal numbers (x86_64) for exit statuses given by name.
 pub(crate) fn signal_number(name: &str) -> Option<u32> {
     const SIGNALS: &[&str] = &[
-        "SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", "SIGKILL", "SIGUSR1",
-        "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGSTKFLT", "SIGCHLD", "SIGCONT", "SIGSTOP",
-        "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGURG", "SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH",
-        "SIGIO", "SIGPWR", "SIGSYS",
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGILL",
+        "SIGTRAP",
+        "SIGABRT",
+        "SIGBUS",
+        "SIGFPE",
+        "SIGKILL",
+        "SIGUSR1",
+        "SIGSEGV",
+        "SIGUSR2",
+        "SIGPIPE",
+        "SIGALRM",
+        "SIGTERM",
+        "SIGSTKFLT",
+        "SIGCHLD",
+        "SIGCONT",
+        "SIGSTOP",
+        "SIGTSTP",
+        "SIGTTIN",
+        "SIGTTOU",
+        "SIGURG",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGWINCH",
+        "SIGIO",
+        "SIGPWR",
+        "SIGSYS",
     ];
     SIGNALS.iter().position(|s| *s == name).map(|i| i as u32 + 1)
 }
@@ -543,7 +659,10 @@ mod tests {
     fn detects_each_format_from_its_first_line() {
         let cases: &[(&str, Option<Format>)] = &[
             (r#"{"credwatch_trace":1,"host":"h"}"#, Some(Format::Credwatch)),
-            (r#"{"process_exec":{"process":{"pid":1}},"node_name":"n","time":"2024-01-01T00:00:00Z"}"#, Some(Format::Tetragon)),
+            (
+                r#"{"process_exec":{"process":{"pid":1}},"node_name":"n","time":"2024-01-01T00:00:00Z"}"#,
+                Some(Format::Tetragon),
+            ),
             (r#"{"timestamp":1,"processId":2,"eventName":"openat","args":[]}"#, Some(Format::Tracee)),
             (r#"{"timestamp":{"seconds":"1"},"name":"openat","workload":{}}"#, Some(Format::Tracee)),
             ("type=SYSCALL msg=audit(1364481363.243:24287): arch=c000003e syscall=2", Some(Format::Auditd)),
@@ -562,6 +681,57 @@ mod tests {
         }
     }
 
+    /// Every importer on cut and corrupted copies of real input: errors, never a panic.
+    #[test]
+    fn cut_and_corrupted_input_never_panics() {
+        const STRACE: &str = concat!(
+            "100 10:00:00.000001 execve(\"/tmp/bin/npm\", [\"npm\", \"i\"], [\"HOME=/h\"]) = 0\n",
+            "100 10:00:00.000002 clone3({flags=CLONE_VM|CLONE_VFORK, exit_signal=SIGCHLD}, 88 <unfinished ...>\n",
+            "101 10:00:00.000003 openat(AT_FDCWD</w\\76x>, \"a\\nb\\33[\", O_RDONLY|O_CLOEXEC) = 3</w\\76x/a\\nb\\33[>\n",
+            "100 10:00:00.000004 <... clone3 resumed>) = 101\n",
+            "101 10:00:00.000005 renameat2(AT_FDCWD, \"a\", 3</e>, \"b\", 0) = -1 EXDEV (Invalid cross-device link)\n",
+            "101 10:00:00.000006 +++ killed by SIGKILL (core dumped) +++\n",
+        );
+        let samples: [(Format, &[u8]); 4] = [
+            (Format::Strace, STRACE.as_bytes()),
+            (Format::Auditd, include_bytes!("../../tests/fixtures/import/auditd/npm-install.log")),
+            (Format::Tetragon, include_bytes!("../../tests/fixtures/import/tetragon/npm-install.jsonl")),
+            (Format::Tracee, include_bytes!("../../tests/fixtures/import/tracee/npm-install-v1beta1.jsonl")),
+        ];
+        let run = |format: Format, bytes: &[u8]| {
+            let lines = Lines::from_bytes("f", bytes);
+            let mut source: Box<dyn EventSource> = match format {
+                Format::Strace => Box::new(strace::StraceSource::new(
+                    vec![(lines, None)],
+                    "f".into(),
+                    time::macros::date!(2026 - 11 - 29),
+                )),
+                Format::Auditd => Box::new(auditd::AuditdSource::new(lines, None)),
+                Format::Tetragon => Box::new(tetragon::TetragonSource::new(lines, None)),
+                _ => Box::new(tracee::TraceeSource::new(lines)),
+            };
+            for _ in 0..100_000 {
+                match source.next_event() {
+                    Ok(None) => return,
+                    Ok(Some(_)) => {}
+                    Err(error) => assert!(error.recoverable || error.line.is_some(), "{error}"),
+                }
+            }
+            panic!("{format}: no end");
+        };
+        for (format, sample) in samples {
+            let step = (sample.len() / 100).max(1);
+            for cut in (0..sample.len()).step_by(step) {
+                run(format, &sample[..cut]);
+                for byte in [b'"', b'<', b'>', b'(', b')', b'\\', b'[', b'{', b'\n', b' ', 0xff, 0] {
+                    let mut corrupted = sample.to_vec();
+                    corrupted[cut] = byte;
+                    run(format, &corrupted);
+                }
+            }
+        }
+    }
+
     #[test]
     fn parses_flags_and_integers() {
         assert_eq!(parse_open_flags("O_RDONLY|O_CLOEXEC"), Some(0o2000000));
@@ -576,6 +746,8 @@ mod tests {
 
     #[test]
     fn lines_report_truncation_and_overlong_lines() {
+        let mut json = Lines::from_bytes("j", b"{\"a\":1}");
+        assert_eq!(json.next().unwrap(), Some((1, &b"{\"a\":1}"[..])));
         let mut lines = Lines::from_bytes("f", b"a\r\nb\nc");
         assert_eq!(lines.next().unwrap(), Some((1, &b"a"[..])));
         assert_eq!(lines.next().unwrap(), Some((2, &b"b"[..])));

@@ -6,7 +6,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::{join, parse_int, parse_open_flags, signal_number, EventSource, Format, ImportError, Known, Lines};
-use crate::event::{attribution_env, Event, EventData, Exec, Exit, Fork, Open};
+use crate::event::{attribution_env, Event, EventData, Exec, Exit, Fork, Open, Rename, Syscall};
 
 /// Unfinished calls remembered (one per thread at most); past it the oldest is dropped.
 const MAX_PENDING: usize = 4096;
@@ -16,6 +16,21 @@ const MAX_HELD: usize = 4096;
 const MAX_TABLE: usize = 1 << 16;
 const NS_PER_DAY: u64 = 86_400 * 1_000_000_000;
 const AT_FDCWD: i32 = -100;
+/// Calls that rename or link files ([`Rename`] events).
+const RENAMES: &[&str] = &["rename", "renameat", "renameat2", "link", "linkat", "symlink", "symlinkat"];
+/// Calls that matter on their own ([`Syscall`] events), as the sensor reports them.
+const SYSCALLS: &[&str] = &[
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "bpf",
+    "init_module",
+    "finit_module",
+    "kill",
+    "tkill",
+    "tgkill",
+    "io_uring_setup",
+];
 
 /// Whether `line` is a line of strace output.
 pub(super) fn looks_like(line: &str) -> bool {
@@ -64,7 +79,8 @@ fn parse_stamp(text: &str) -> Option<Stamp> {
     if !fraction.bytes().all(|b| b.is_ascii_digit()) || fraction.len() > 9 {
         return None;
     }
-    let nanos = if fraction.is_empty() { 0 } else { fraction.parse::<u64>().ok()? * 10u64.pow(9 - fraction.len() as u32) };
+    let nanos =
+        if fraction.is_empty() { 0 } else { fraction.parse::<u64>().ok()? * 10u64.pow(9 - fraction.len() as u32) };
     let parts: Vec<&str> = whole.split(':').collect();
     if parts.iter().any(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit())) {
         return None;
@@ -74,7 +90,9 @@ fn parse_stamp(text: &str) -> Option<Stamp> {
             let (h, m, s): (u64, u64, u64) = (h.parse().ok()?, m.parse().ok()?, s.parse().ok()?);
             (h < 24 && m < 60 && s < 61).then_some(Stamp::OfDay((h * 3600 + m * 60 + s) * 1_000_000_000 + nanos))
         }
-        [secs] if !fraction.is_empty() => Some(Stamp::Epoch(secs.parse::<u64>().ok()?.checked_mul(1_000_000_000)? + nanos)),
+        [secs] if !fraction.is_empty() => {
+            Some(Stamp::Epoch(secs.parse::<u64>().ok()?.checked_mul(1_000_000_000)?.checked_add(nanos)?))
+        }
         _ => None,
     }
 }
@@ -152,7 +170,8 @@ impl StraceSource {
                 None => 0,
             })
         };
-        let best = (0..self.inputs.len()).filter(|&i| self.inputs[i].peeked.is_some()).min_by_key(|&i| key(&self.inputs[i]));
+        let best =
+            (0..self.inputs.len()).filter(|&i| self.inputs[i].peeked.is_some()).min_by_key(|&i| key(&self.inputs[i]));
         Ok(best.map(|i| {
             let (number, text) = self.inputs[i].peeked.take().expect("filtered");
             (i, number, text)
@@ -168,9 +187,11 @@ impl StraceSource {
                     self.days += 1;
                 }
                 self.last_of_day = ns;
-                self.midnight_ns + self.days * NS_PER_DAY + ns
+                self.midnight_ns.saturating_add(self.days.saturating_mul(NS_PER_DAY)).saturating_add(ns)
             }
-            None => self.midnight_ns + self.days * NS_PER_DAY + self.last_of_day,
+            None => {
+                self.midnight_ns.saturating_add(self.days.saturating_mul(NS_PER_DAY)).saturating_add(self.last_of_day)
+            }
         }
     }
 
@@ -194,7 +215,9 @@ impl StraceSource {
             return Ok(());
         }
         if let Some(rest) = body.strip_prefix("<... ") {
-            let Some((_, tail)) = rest.split_once(" resumed>") else { return Err("malformed <... resumed> line".into()) };
+            let Some((_, tail)) = rest.split_once(" resumed>") else {
+                return Err("malformed <... resumed> line".into());
+            };
             let Some(pending) = self.pending.remove(&tid) else {
                 // The call started before strace attached, or its start was dropped.
                 return Ok(());
@@ -281,9 +304,22 @@ impl StraceSource {
         let Some(name) = call_name(text) else { return Err("not a system call".into()) };
         if !matches!(
             name,
-            "execve" | "execveat" | "clone" | "clone3" | "fork" | "vfork" | "open" | "openat" | "openat2" | "creat"
-                | "chdir" | "fchdir" | "exit_group"
-        ) {
+            "execve"
+                | "execveat"
+                | "clone"
+                | "clone3"
+                | "fork"
+                | "vfork"
+                | "open"
+                | "openat"
+                | "openat2"
+                | "creat"
+                | "chdir"
+                | "fchdir"
+                | "exit_group"
+        ) && !RENAMES.contains(&name)
+            && !SYSCALLS.contains(&name)
+        {
             return Ok(());
         }
         let (args, result) = split_call(&text[name.len()..])?;
@@ -338,7 +374,8 @@ impl StraceSource {
             }
             "open" | "openat" | "openat2" | "creat" => {
                 let at = usize::from(matches!(name, "openat" | "openat2"));
-                let (dirfd, dir) = if at == 1 { fd_arg(args.first().copied().unwrap_or("")) } else { (Some(AT_FDCWD), None) };
+                let (dirfd, dir) =
+                    if at == 1 { fd_arg(args.first().copied().unwrap_or("")) } else { (Some(AT_FDCWD), None) };
                 let dirfd = dirfd.ok_or("bad dirfd")?;
                 if dirfd == AT_FDCWD {
                     if let Some(dir) = &dir {
@@ -350,7 +387,10 @@ impl StraceSource {
                     "creat" => (0o1101, args.get(1).and_then(|m| parse_int(m)).unwrap_or(0) as u64),
                     "openat2" => {
                         let how = args.get(2).copied().unwrap_or("");
-                        (struct_field(how, "flags").and_then(parse_open_flags).unwrap_or(0), struct_field(how, "mode").and_then(parse_int).unwrap_or(0) as u64)
+                        (
+                            struct_field(how, "flags").and_then(parse_open_flags).unwrap_or(0),
+                            struct_field(how, "mode").and_then(parse_int).unwrap_or(0) as u64,
+                        )
                     }
                     _ => (
                         args.get(at + 1).and_then(|f| parse_open_flags(f)).ok_or("bad open flags")?,
@@ -401,6 +441,69 @@ impl StraceSource {
                 let code = args.first().and_then(|c| parse_int(c)).unwrap_or(0) as u32;
                 bounded_insert(&mut self.group_exited, tgid, ());
                 self.exit(time, tgid, (code & 0xff) << 8);
+            }
+            _ if RENAMES.contains(&name) => {
+                let Some(ret) = ret else { return Ok(()) };
+                // (dirfd index, path index) of the source and of the destination.
+                let (old, new) = match name {
+                    "rename" | "link" | "symlink" => ((None, 0), (None, 1)),
+                    "symlinkat" => ((None, 0), (Some(1), 2)),
+                    _ => ((Some(0), 1), (Some(2), 3)),
+                };
+                let cwd = self.cwd.get(&tgid).cloned();
+                let side = |(dirfd, path): (Option<usize>, usize)| -> Result<(String, Option<String>), String> {
+                    let path = args.get(path).and_then(|a| decode_string(a)).ok_or("rename without a path")?;
+                    let (fd, dir) =
+                        dirfd.map(|i| fd_arg(args.get(i).copied().unwrap_or(""))).unwrap_or((Some(AT_FDCWD), None));
+                    let base = if fd == Some(AT_FDCWD) { dir.or_else(|| cwd.clone()) } else { dir };
+                    let abs = join(base.as_deref(), &path);
+                    Ok((path, abs))
+                };
+                let (old_path, mut old_abs) = side(old)?;
+                let (new_path, new_abs) = side(new)?;
+                if name.starts_with("symlink") {
+                    // A symlink's source is the link's text, not a file name to resolve.
+                    old_abs = None;
+                }
+                self.emit(Event {
+                    time_ns: time,
+                    pid: tgid,
+                    data: EventData::Rename(Rename {
+                        tid,
+                        syscall: name.to_owned(),
+                        old_path,
+                        new_path,
+                        old_abs,
+                        new_abs,
+                        ret,
+                    }),
+                });
+            }
+            _ if SYSCALLS.contains(&name) => {
+                let number = |i: usize| args.get(i).and_then(|a| parse_int(a)).and_then(|n| u32::try_from(n).ok());
+                let word = |i: usize| {
+                    args.get(i).filter(|a| a.starts_with(|c: char| c.is_ascii_uppercase())).map(|a| (*a).to_owned())
+                };
+                let (target_pid, operation) = match name {
+                    "ptrace" => (number(1), word(0)),
+                    "process_vm_readv" | "process_vm_writev" | "pidfd_open" => (number(0), None),
+                    "kill" | "tkill" => (number(0), word(1)),
+                    "tgkill" => (number(0), word(2)),
+                    "bpf" => (None, word(0)),
+                    _ => (None, None),
+                };
+                self.emit(Event {
+                    time_ns: time,
+                    pid: tgid,
+                    data: EventData::Syscall(Syscall {
+                        tid,
+                        name: name.to_owned(),
+                        target_pid,
+                        operation,
+                        ret,
+                        blocked: false,
+                    }),
+                });
             }
             _ => unreachable!("filtered above"),
         }
@@ -462,6 +565,10 @@ impl EventSource for StraceSource {
     fn format(&self) -> Format {
         Format::Strace
     }
+
+    fn consumed(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+        self.inputs[0].lines.consumed()
+    }
 }
 
 fn bounded_insert<V>(map: &mut HashMap<u32, V>, key: u32, value: V) {
@@ -518,7 +625,7 @@ fn split_call(text: &str) -> Result<(Vec<&str>, &str), String> {
     Err("unbalanced parentheses (truncated line?)".into())
 }
 
-/// The index of the closing `end` from `i`, skipping backslash escapes; the last index if none.
+/// The index of the closing `end` from `i`, skipping backslash escapes; `bytes.len()` if none.
 fn skip_quoted(bytes: &[u8], mut i: usize, end: u8) -> usize {
     while i < bytes.len() {
         match bytes[i] {
@@ -527,7 +634,7 @@ fn skip_quoted(bytes: &[u8], mut i: usize, end: u8) -> usize {
             _ => i += 1,
         }
     }
-    bytes.len() - 1
+    bytes.len()
 }
 
 /// The return value (`-errno` for failures) and the `-y` annotation of a result.
@@ -579,6 +686,10 @@ fn string_array(arg: &str) -> Vec<String> {
     while i < bytes.len() {
         if bytes[i] == b'"' {
             let end = skip_quoted(bytes, i + 1, b'"');
+            if end == bytes.len() {
+                // An unterminated string: a cut line.
+                break;
+            }
             out.push(String::from_utf8_lossy(&unescape(&inner[i + 1..end])).into_owned());
             i = end;
         }
@@ -635,12 +746,39 @@ fn struct_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
 
 fn errno_number(name: &str) -> Option<i64> {
     const ERRNO: &[(&str, i64)] = &[
-        ("EPERM", 1), ("ENOENT", 2), ("ESRCH", 3), ("EINTR", 4), ("EIO", 5), ("ENXIO", 6), ("E2BIG", 7),
-        ("ENOEXEC", 8), ("EBADF", 9), ("ECHILD", 10), ("EAGAIN", 11), ("ENOMEM", 12), ("EACCES", 13),
-        ("EFAULT", 14), ("EBUSY", 16), ("EEXIST", 17), ("EXDEV", 18), ("ENODEV", 19), ("ENOTDIR", 20),
-        ("EISDIR", 21), ("EINVAL", 22), ("ENFILE", 23), ("EMFILE", 24), ("ETXTBSY", 26), ("EFBIG", 27),
-        ("ENOSPC", 28), ("EROFS", 30), ("EMLINK", 31), ("ENAMETOOLONG", 36), ("ENOSYS", 38), ("ELOOP", 40),
-        ("EOPNOTSUPP", 95), ("EDQUOT", 122),
+        ("EPERM", 1),
+        ("ENOENT", 2),
+        ("ESRCH", 3),
+        ("EINTR", 4),
+        ("EIO", 5),
+        ("ENXIO", 6),
+        ("E2BIG", 7),
+        ("ENOEXEC", 8),
+        ("EBADF", 9),
+        ("ECHILD", 10),
+        ("EAGAIN", 11),
+        ("ENOMEM", 12),
+        ("EACCES", 13),
+        ("EFAULT", 14),
+        ("EBUSY", 16),
+        ("EEXIST", 17),
+        ("EXDEV", 18),
+        ("ENODEV", 19),
+        ("ENOTDIR", 20),
+        ("EISDIR", 21),
+        ("EINVAL", 22),
+        ("ENFILE", 23),
+        ("EMFILE", 24),
+        ("ETXTBSY", 26),
+        ("EFBIG", 27),
+        ("ENOSPC", 28),
+        ("EROFS", 30),
+        ("EMLINK", 31),
+        ("ENAMETOOLONG", 36),
+        ("ENOSYS", 38),
+        ("ELOOP", 40),
+        ("EOPNOTSUPP", 95),
+        ("EDQUOT", 122),
     ];
     ERRNO.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
 }
@@ -699,7 +837,10 @@ mod tests {
 "#;
         let (events, errors) = events(text);
         assert!(errors.is_empty(), "{errors:?}");
-        let kinds: Vec<String> = events.iter().map(|e| format!("{}:{}", e.pid, serde_json::to_value(&e.data).unwrap()["kind"].as_str().unwrap())).collect();
+        let kinds: Vec<String> = events
+            .iter()
+            .map(|e| format!("{}:{}", e.pid, serde_json::to_value(&e.data).unwrap()["kind"].as_str().unwrap()))
+            .collect();
         assert_eq!(kinds, ["100:exec", "100:fork", "101:exec", "101:open", "101:open", "101:exit", "100:exit"]);
         let EventData::Exec(exec) = &events[0].data else { panic!() };
         assert_eq!(exec.env.get("npm_package_name").map(String::as_str), Some("evil"));
@@ -755,6 +896,50 @@ mod tests {
             })
             .collect();
         assert_eq!(paths, ["/a", "/c\nd\x1b[2J"]);
+    }
+
+    #[test]
+    fn renames_and_syscalls_that_matter() {
+        let text = r#"400 10:00:00.000001 chdir("/w") = 0
+400 10:00:00.000002 renameat2(AT_FDCWD</w>, "a", 3</etc>, "b", RENAME_NOREPLACE) = 0
+400 10:00:00.000003 symlink("/home/u/.npmrc", "x") = 0
+400 10:00:00.000004 ptrace(PTRACE_ATTACH, 123) = -1 EPERM (Operation not permitted)
+400 10:00:00.000005 kill(99, SIGTERM) = 0
+"#;
+        let (events, errors) = events(text);
+        assert!(errors.is_empty(), "{errors:?}");
+        let EventData::Rename(rename) = &events[0].data else { panic!("{events:?}") };
+        assert_eq!((rename.old_abs.as_deref(), rename.new_abs.as_deref()), (Some("/w/a"), Some("/etc/b")));
+        let EventData::Rename(symlink) = &events[1].data else { panic!() };
+        assert_eq!((symlink.old_abs.as_deref(), symlink.new_abs.as_deref()), (None, Some("/w/x")));
+        let EventData::Syscall(ptrace) = &events[2].data else { panic!() };
+        assert_eq!(
+            (ptrace.target_pid, ptrace.operation.as_deref(), ptrace.ret),
+            (Some(123), Some("PTRACE_ATTACH"), Some(-1))
+        );
+        let EventData::Syscall(kill) = &events[3].data else { panic!() };
+        assert_eq!((kill.target_pid, kill.operation.as_deref()), (Some(99), Some("SIGTERM")));
+    }
+
+    #[test]
+    fn state_stays_bounded_whatever_the_input() {
+        let mut text = String::new();
+        for tid in 0..(MAX_PENDING as u32 + 1000) {
+            text.push_str(&format!(
+                "{} 10:00:00.000001 clone(child_stack=NULL, flags=SIGCHLD <unfinished ...>\n",
+                tid + 10
+            ));
+            text.push_str(&format!("{} 10:00:00.000002 exit_group(0) = ?\n", tid + 100_000));
+        }
+        let lines = Lines::from_bytes("s.txt", text.as_bytes());
+        let mut source = StraceSource::new(vec![(lines, None)], "s.txt".into(), date!(2026 - 11 - 29));
+        let mut events = 0;
+        while source.next_event().unwrap().is_some() {
+            events += 1;
+            assert!(source.pending.len() <= MAX_PENDING && source.held.len() <= MAX_HELD);
+            assert!(source.pending_order.len() <= 2 * MAX_PENDING + 1);
+        }
+        assert_eq!(events, MAX_PENDING + 1000, "every exit comes out, held or not");
     }
 
     #[test]

@@ -83,7 +83,11 @@ impl TetragonSource {
                 let status = uint(body, "status").unwrap_or(0);
                 let signal = body.get("signal").and_then(Value::as_str).and_then(signal_number).unwrap_or(0);
                 self.known.remove(pid);
-                self.out.push_back(Event { time_ns: time, pid, data: EventData::Exit(Exit { code: ((status & 0xff) << 8) | signal }) });
+                self.out.push_back(Event {
+                    time_ns: time,
+                    pid,
+                    data: EventData::Exit(Exit { code: ((status & 0xff) << 8) | signal }),
+                });
             }
             "process_kprobe" | "process_lsm" => {
                 let function = body.get("function_name").and_then(Value::as_str).unwrap_or("");
@@ -159,6 +163,10 @@ impl EventSource for TetragonSource {
         Format::Tetragon
     }
 
+    fn consumed(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+        self.lines.consumed()
+    }
+
     fn host(&self) -> Option<String> {
         self.host.clone()
     }
@@ -226,16 +234,24 @@ mod tests {
     #[test]
     fn maps_exec_kprobe_and_exit() {
         let text = concat!(
-            r#"{"process_exec":{"process":{"exec_id":"a","pid":10,"uid":1000,"cwd":"/home/alice/app","binary":"/usr/bin/npm","arguments":"install","flags":"execve clone","parent_exec_id":"p"},"parent":{"pid":1,"binary":"/bin/bash"}},"node_name":"n1","time":"2024-04-14T02:18:14.376304204Z"}"#, "\n",
-            r#"{"process_exec":{"process":{"exec_id":"b","pid":11,"uid":1000,"cwd":"/home/alice/app","binary":"/bin/sh","arguments":"-c \"cat ~/.npmrc\"","flags":"execve clone"},"parent":{"pid":10,"binary":"/usr/bin/npm"}},"node_name":"n1","time":"2024-04-14T02:18:14.4Z"}"#, "\n",
-            r#"{"process_kprobe":{"process":{"exec_id":"b","pid":11,"tid":12,"binary":"/bin/sh"},"parent":{"pid":10},"function_name":"security_file_permission","args":[{"file_arg":{"path":"/home/alice/.npmrc","permission":"-rw-------"}},{"int_arg":4}],"return":{"int_arg":0},"action":"KPROBE_ACTION_POST","policy_name":"file-monitoring"},"node_name":"n1","time":"2024-04-14T02:18:14.5Z"}"#, "\n",
-            r#"{"process_kprobe":{"process":{"pid":11},"parent":{"pid":10},"function_name":"tcp_connect","args":[]},"time":"2024-04-14T02:18:14.6Z"}"#, "\n",
-            r#"{"process_exit":{"process":{"pid":11,"binary":"/bin/sh"},"parent":{"pid":10},"signal":"SIGKILL","status":0},"node_name":"n1","time":"2024-04-14T02:18:14.7Z"}"#, "\n",
+            r#"{"process_exec":{"process":{"exec_id":"a","pid":10,"uid":1000,"cwd":"/home/alice/app","binary":"/usr/bin/npm","arguments":"install","flags":"execve clone","parent_exec_id":"p"},"parent":{"pid":1,"binary":"/bin/bash"}},"node_name":"n1","time":"2024-04-14T02:18:14.376304204Z"}"#,
+            "\n",
+            r#"{"process_exec":{"process":{"exec_id":"b","pid":11,"uid":1000,"cwd":"/home/alice/app","binary":"/bin/sh","arguments":"-c \"cat ~/.npmrc\"","flags":"execve clone"},"parent":{"pid":10,"binary":"/usr/bin/npm"}},"node_name":"n1","time":"2024-04-14T02:18:14.4Z"}"#,
+            "\n",
+            r#"{"process_kprobe":{"process":{"exec_id":"b","pid":11,"tid":12,"binary":"/bin/sh"},"parent":{"pid":10},"function_name":"security_file_permission","args":[{"file_arg":{"path":"/home/alice/.npmrc","permission":"-rw-------"}},{"int_arg":4}],"return":{"int_arg":0},"action":"KPROBE_ACTION_POST","policy_name":"file-monitoring"},"node_name":"n1","time":"2024-04-14T02:18:14.5Z"}"#,
+            "\n",
+            r#"{"process_kprobe":{"process":{"pid":11},"parent":{"pid":10},"function_name":"tcp_connect","args":[]},"time":"2024-04-14T02:18:14.6Z"}"#,
+            "\n",
+            r#"{"process_exit":{"process":{"pid":11,"binary":"/bin/sh"},"parent":{"pid":10},"signal":"SIGKILL","status":0},"node_name":"n1","time":"2024-04-14T02:18:14.7Z"}"#,
+            "\n",
         );
         let mut source = TetragonSource::new(Lines::from_bytes("t.json", text.as_bytes()), None);
         let events: Vec<Event> = std::iter::from_fn(|| source.next_event().unwrap()).collect();
         assert_eq!(source.host().as_deref(), Some("n1"));
-        let kinds: Vec<String> = events.iter().map(|e| format!("{}:{}", e.pid, serde_json::to_value(&e.data).unwrap()["kind"].as_str().unwrap())).collect();
+        let kinds: Vec<String> = events
+            .iter()
+            .map(|e| format!("{}:{}", e.pid, serde_json::to_value(&e.data).unwrap()["kind"].as_str().unwrap()))
+            .collect();
         assert_eq!(kinds, ["1:fork", "10:exec", "10:fork", "11:exec", "11:open", "11:exit"]);
         assert_eq!(events[1].time_ns, 1_713_061_094_376_304_204);
         let EventData::Exec(sh) = &events[3].data else { panic!() };

@@ -58,10 +58,9 @@ fn field<'a>(value: &'a Value, keys: &[&str]) -> Option<&'a Value> {
 fn legacy(object: &Map<String, Value>) -> Result<Common<'_>, String> {
     let get = |key: &str| object.get(key).and_then(number);
     let args = match object.get("args") {
-        Some(Value::Array(args)) => args
-            .iter()
-            .filter_map(|a| Some((a.get("name")?.as_str()?, a.get("value")?)))
-            .collect(),
+        Some(Value::Array(args)) => {
+            args.iter().filter_map(|a| Some((a.get("name")?.as_str()?, a.get("value")?))).collect()
+        }
         _ => Vec::new(),
     };
     let pid = get("hostProcessId").or_else(|| get("processId")).ok_or("no hostProcessId or processId")?;
@@ -82,7 +81,8 @@ fn v1beta1(value: &Value) -> Result<Common<'_>, String> {
         Some(Value::String(text)) => rfc3339_ns(text).ok_or_else(|| format!("bad timestamp {text:?}"))?,
         Some(stamp @ Value::Object(_)) => {
             let seconds = stamp.get("seconds").and_then(number).unwrap_or(0).max(0) as u64;
-            seconds * 1_000_000_000 + stamp.get("nanos").and_then(number).unwrap_or(0).max(0) as u64
+            let nanos = stamp.get("nanos").and_then(number).unwrap_or(0).max(0) as u64;
+            seconds.saturating_mul(1_000_000_000).saturating_add(nanos)
         }
         _ => 0,
     };
@@ -105,7 +105,11 @@ fn v1beta1(value: &Value) -> Result<Common<'_>, String> {
             .collect(),
         _ => Vec::new(),
     };
-    let ret = args.iter().find(|(n, _)| matches!(*n, "returnValue" | "return_value")).and_then(|(_, v)| number(v)).unwrap_or(0);
+    let ret = args
+        .iter()
+        .find(|(n, _)| matches!(*n, "returnValue" | "return_value"))
+        .and_then(|(_, v)| number(v))
+        .unwrap_or(0);
     Ok(Common {
         name: value.get("name").and_then(Value::as_str).unwrap_or(""),
         time,
@@ -167,7 +171,9 @@ impl TraceeSource {
             "sched_process_fork" => {
                 let child = e.int("child_pid").or_else(|| e.int("child_ns_pid"));
                 let child_tid = e.int("child_tid").or_else(|| e.int("child_ns_tid"));
-                let Some(child) = child.filter(|&c| c > 0) else { return Err("sched_process_fork without child_pid".into()) };
+                let Some(child) = child.filter(|&c| c > 0) else {
+                    return Err("sched_process_fork without child_pid".into());
+                };
                 if child_tid.is_some_and(|t| t != child) {
                     // A new thread, not a process.
                     return Ok(());
@@ -175,7 +181,11 @@ impl TraceeSource {
                 let parent = e.int("parent_pid").unwrap_or(e.pid as i64) as u32;
                 if !self.known.contains(child as u32) {
                     self.known.insert(child as u32);
-                    self.out.push_back(Event { time_ns: e.time, pid: parent, data: EventData::Fork(Fork { child_pid: child as u32 }) });
+                    self.out.push_back(Event {
+                        time_ns: e.time,
+                        pid: parent,
+                        data: EventData::Fork(Fork { child_pid: child as u32 }),
+                    });
                 }
             }
             "sched_process_exit" => {
@@ -204,7 +214,10 @@ impl TraceeSource {
                 // security_file_open's pathname is the kernel's path of the opened file; the
                 // path the process gave is syscall_pathname, when present.
                 let (path, abs_path) = if lsm {
-                    (e.str("syscall_pathname").filter(|p| !p.is_empty()).unwrap_or_else(|| pathname.clone()), Some(pathname))
+                    (
+                        e.str("syscall_pathname").filter(|p| !p.is_empty()).unwrap_or_else(|| pathname.clone()),
+                        Some(pathname),
+                    )
                 } else {
                     (pathname.clone(), pathname.starts_with('/').then_some(pathname))
                 };
@@ -264,6 +277,10 @@ impl EventSource for TraceeSource {
     fn format(&self) -> Format {
         Format::Tracee
     }
+
+    fn consumed(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+        self.lines.consumed()
+    }
 }
 
 #[cfg(test)]
@@ -283,17 +300,25 @@ mod tests {
     }
 
     fn kinds(events: &[Event]) -> Vec<String> {
-        events.iter().map(|e| format!("{}:{}", e.pid, serde_json::to_value(&e.data).unwrap()["kind"].as_str().unwrap())).collect()
+        events
+            .iter()
+            .map(|e| format!("{}:{}", e.pid, serde_json::to_value(&e.data).unwrap()["kind"].as_str().unwrap()))
+            .collect()
     }
 
     #[test]
     fn reads_the_legacy_schema() {
         let text = concat!(
-            r#"{"timestamp":1657291777566819000,"processId":1,"threadId":1,"parentProcessId":0,"hostProcessId":300,"hostThreadId":300,"hostParentProcessId":299,"userId":1000,"processName":"sh","eventName":"sched_process_fork","argsNum":4,"returnValue":0,"args":[{"name":"parent_tid","type":"int","value":300},{"name":"parent_pid","type":"int","value":300},{"name":"child_tid","type":"int","value":301},{"name":"child_pid","type":"int","value":301}]}"#, "\n",
-            r#"{"timestamp":1657291777566819100,"processId":301,"threadId":301,"parentProcessId":300,"hostProcessId":301,"hostThreadId":301,"hostParentProcessId":300,"userId":1000,"processName":"cat","eventName":"sched_process_exec","argsNum":3,"returnValue":0,"args":[{"name":"cmdpath","type":"const char*","value":"/bin/cat"},{"name":"pathname","type":"const char*","value":"/usr/bin/cat"},{"name":"argv","type":"const char**","value":["cat","/home/alice/.npmrc"]},{"name":"env","type":"const char**","value":["NPM_TOKEN=secret","npm_package_name=evil"]}]}"#, "\n",
-            r#"{"timestamp":1657291777566819200,"processId":301,"threadId":302,"parentProcessId":300,"hostProcessId":301,"hostThreadId":302,"hostParentProcessId":300,"userId":1000,"processName":"cat","eventName":"openat","argsNum":4,"returnValue":3,"args":[{"name":"dirfd","type":"int","value":-100},{"name":"pathname","type":"const char*","value":"/home/alice/.npmrc"},{"name":"flags","type":"int","value":524288},{"name":"mode","type":"mode_t","value":0}]}"#, "\n",
-            r#"{"timestamp":1657291777566819300,"processId":301,"threadId":301,"parentProcessId":300,"hostProcessId":301,"hostThreadId":301,"hostParentProcessId":300,"userId":1000,"processName":"cat","eventName":"security_file_open","argsNum":6,"returnValue":0,"args":[{"name":"pathname","type":"const char*","value":"/home/alice/.npmrc"},{"name":"flags","type":"string","value":"O_RDONLY|O_LARGEFILE"},{"name":"dev","type":"dev_t","value":265289729},{"name":"inode","type":"unsigned long","value":4242},{"name":"ctime","type":"unsigned long","value":1},{"name":"syscall_pathname","type":"const char*","value":"../.npmrc"}]}"#, "\n",
-            r#"{"timestamp":1657291777566819400,"processId":301,"threadId":301,"parentProcessId":300,"hostProcessId":301,"hostThreadId":301,"hostParentProcessId":300,"userId":1000,"processName":"cat","eventName":"sched_process_exit","argsNum":2,"returnValue":0,"args":[{"name":"exit_code","type":"long","value":0},{"name":"process_group_exit","type":"bool","value":true}]}"#, "\n",
+            r#"{"timestamp":1657291777566819000,"processId":1,"threadId":1,"parentProcessId":0,"hostProcessId":300,"hostThreadId":300,"hostParentProcessId":299,"userId":1000,"processName":"sh","eventName":"sched_process_fork","argsNum":4,"returnValue":0,"args":[{"name":"parent_tid","type":"int","value":300},{"name":"parent_pid","type":"int","value":300},{"name":"child_tid","type":"int","value":301},{"name":"child_pid","type":"int","value":301}]}"#,
+            "\n",
+            r#"{"timestamp":1657291777566819100,"processId":301,"threadId":301,"parentProcessId":300,"hostProcessId":301,"hostThreadId":301,"hostParentProcessId":300,"userId":1000,"processName":"cat","eventName":"sched_process_exec","argsNum":3,"returnValue":0,"args":[{"name":"cmdpath","type":"const char*","value":"/bin/cat"},{"name":"pathname","type":"const char*","value":"/usr/bin/cat"},{"name":"argv","type":"const char**","value":["cat","/home/alice/.npmrc"]},{"name":"env","type":"const char**","value":["NPM_TOKEN=secret","npm_package_name=evil"]}]}"#,
+            "\n",
+            r#"{"timestamp":1657291777566819200,"processId":301,"threadId":302,"parentProcessId":300,"hostProcessId":301,"hostThreadId":302,"hostParentProcessId":300,"userId":1000,"processName":"cat","eventName":"openat","argsNum":4,"returnValue":3,"args":[{"name":"dirfd","type":"int","value":-100},{"name":"pathname","type":"const char*","value":"/home/alice/.npmrc"},{"name":"flags","type":"int","value":524288},{"name":"mode","type":"mode_t","value":0}]}"#,
+            "\n",
+            r#"{"timestamp":1657291777566819300,"processId":301,"threadId":301,"parentProcessId":300,"hostProcessId":301,"hostThreadId":301,"hostParentProcessId":300,"userId":1000,"processName":"cat","eventName":"security_file_open","argsNum":6,"returnValue":0,"args":[{"name":"pathname","type":"const char*","value":"/home/alice/.npmrc"},{"name":"flags","type":"string","value":"O_RDONLY|O_LARGEFILE"},{"name":"dev","type":"dev_t","value":265289729},{"name":"inode","type":"unsigned long","value":4242},{"name":"ctime","type":"unsigned long","value":1},{"name":"syscall_pathname","type":"const char*","value":"../.npmrc"}]}"#,
+            "\n",
+            r#"{"timestamp":1657291777566819400,"processId":301,"threadId":301,"parentProcessId":300,"hostProcessId":301,"hostThreadId":301,"hostParentProcessId":300,"userId":1000,"processName":"cat","eventName":"sched_process_exit","argsNum":2,"returnValue":0,"args":[{"name":"exit_code","type":"long","value":0},{"name":"process_group_exit","type":"bool","value":true}]}"#,
+            "\n",
         );
         let (events, errors) = events(text);
         assert!(errors.is_empty(), "{errors:?}");
@@ -304,7 +329,10 @@ mod tests {
         let EventData::Open(open) = &events[2].data else { panic!() };
         assert_eq!((open.tid, open.ret, open.flags, open.dirfd), (302, 3, 524288, -100));
         let EventData::Open(lsm) = &events[3].data else { panic!() };
-        assert_eq!((lsm.path.as_str(), lsm.abs_path.as_deref(), lsm.ino), ("../.npmrc", Some("/home/alice/.npmrc"), 4242));
+        assert_eq!(
+            (lsm.path.as_str(), lsm.abs_path.as_deref(), lsm.ino),
+            ("../.npmrc", Some("/home/alice/.npmrc"), 4242)
+        );
         assert_eq!(lsm.dev, makedev(253, 1));
         assert_eq!(lsm.flags, 0o100000);
     }
@@ -312,8 +340,10 @@ mod tests {
     #[test]
     fn reads_the_v1beta1_schema() {
         let text = concat!(
-            r#"{"timestamp":{"seconds":"1732454400","nanos":123456789},"id":"sched_process_exec","name":"sched_process_exec","policies":{"matched":["default-policy"]},"workload":{"process":{"thread":{"name":"sh","host_tid":12345,"tid":12345,"syscall":"execve"},"pid":{"value":12345},"real_user":{"id":{"value":1000}},"executable":{"path":"/usr/bin/sh"},"ancestors":[{"unique_id":9876543210,"host_pid":1234,"pid":1234}]}},"data":[{"name":"pathname","str":"/usr/bin/sh"},{"name":"argv","str_array":{"value":["sh","-c","cat ~/.npmrc"]}}]}"#, "\n",
-            r#"{"timestamp":{"seconds":"1732454401","nanos":0},"id":"security_file_open","name":"security_file_open","workload":{"process":{"thread":{"host_tid":12345,"tid":12345},"pid":{"value":12345},"ancestors":[{"host_pid":1234}]}},"data":[{"name":"pathname","str":"/home/alice/.npmrc"},{"name":"flags","int32":32768}]}"#, "\n",
+            r#"{"timestamp":{"seconds":"1732454400","nanos":123456789},"id":"sched_process_exec","name":"sched_process_exec","policies":{"matched":["default-policy"]},"workload":{"process":{"thread":{"name":"sh","host_tid":12345,"tid":12345,"syscall":"execve"},"pid":{"value":12345},"real_user":{"id":{"value":1000}},"executable":{"path":"/usr/bin/sh"},"ancestors":[{"unique_id":9876543210,"host_pid":1234,"pid":1234}]}},"data":[{"name":"pathname","str":"/usr/bin/sh"},{"name":"argv","str_array":{"value":["sh","-c","cat ~/.npmrc"]}}]}"#,
+            "\n",
+            r#"{"timestamp":{"seconds":"1732454401","nanos":0},"id":"security_file_open","name":"security_file_open","workload":{"process":{"thread":{"host_tid":12345,"tid":12345},"pid":{"value":12345},"ancestors":[{"host_pid":1234}]}},"data":[{"name":"pathname","str":"/home/alice/.npmrc"},{"name":"flags","int32":32768}]}"#,
+            "\n",
         );
         let (events, errors) = events(text);
         assert!(errors.is_empty(), "{errors:?}");

@@ -11,6 +11,7 @@ pub mod schema;
 pub mod target;
 
 use std::{
+    collections::HashMap,
     fmt, fs, io,
     path::{Path, PathBuf},
 };
@@ -18,7 +19,7 @@ use std::{
 use self::{
     manager::Manager,
     schema::Pattern,
-    schema::{Action, Actor, Conditions, FileDoc, RuleDoc, Samples},
+    schema::{Access, Action, Actor, Conditions, ExecMatch, FileDoc, RuleDoc, Samples, Sweep, SyscallMatch},
     target::{TargetIndex, Targets},
 };
 use crate::alert::Severity;
@@ -81,7 +82,15 @@ impl RulesError {
     }
 }
 
-/// One credential rule.
+/// What a rule matches: opens (and renames) of its targets, execs, or syscalls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuleKind {
+    Target(Access),
+    Exec,
+    Syscall,
+}
+
+/// One rule.
 #[derive(Clone, Debug)]
 pub struct Rule {
     pub id: String,
@@ -90,9 +99,13 @@ pub struct Rule {
     pub category: String,
     pub severity: Severity,
     pub action: Action,
-    /// The target patterns as written.
+    pub kind: RuleKind,
+    /// The target patterns as written (empty for exec and syscall rules).
     pub targets: Vec<String>,
+    /// Paths that are never targets, or (exec rules) executed files that never match.
     pub exclude: Vec<String>,
+    pub exec: Option<ExecMatch>,
+    pub syscalls: Option<SyscallMatch>,
     pub actors: Vec<Actor>,
     pub conditions: Conditions,
     pub rotate: Vec<String>,
@@ -108,6 +121,16 @@ impl Rule {
     pub fn matches_path(&self, path: &str, home: Option<&str>) -> bool {
         self.matcher.matches(path, home)
     }
+
+    /// Whether `path` is in the rule's `exclude`.
+    pub fn excludes(&self, path: &str, home: Option<&str>) -> bool {
+        self.matcher.excludes(path, home)
+    }
+
+    /// A rule about reading credentials: these make up sweeps.
+    pub fn is_credential(&self) -> bool {
+        self.kind == RuleKind::Target(Access::Read)
+    }
 }
 
 /// A validated set of managers and rules.
@@ -117,6 +140,12 @@ pub struct RuleSet {
     manager_origins: Vec<Origin>,
     rules: Vec<Rule>,
     index: TargetIndex,
+    /// Exec rules by the basenames they name, and those that name none.
+    exec_by_name: HashMap<String, Vec<usize>>,
+    exec_any: Vec<usize>,
+    /// Syscall rules by syscall name.
+    syscall_by_name: HashMap<String, Vec<usize>>,
+    sweep: Option<(Sweep, Origin)>,
     /// SHA-256 over every source file (name and text) in load order: names the rules in force
     /// in a trace header.
     digest: sha2::Sha256,
@@ -172,6 +201,34 @@ impl RuleSet {
         &self.rules
     }
 
+    /// The rules whose action is `kill`: the kernel's blocking set. Target rules give paths
+    /// (`targets`, `exclude`), syscall rules syscall names and operations (`syscalls`); their
+    /// `actors` say who the kernel should spare.
+    pub fn kill_rules(&self) -> impl Iterator<Item = &Rule> {
+        self.rules.iter().filter(|rule| rule.action == Action::Kill)
+    }
+
+    /// The sweep settings, if any file defines them.
+    pub fn sweep(&self) -> Option<&Sweep> {
+        self.sweep.as_ref().map(|(sweep, _)| sweep)
+    }
+
+    /// Indices of the exec rules that may match an exec of `names` (its basenames).
+    pub fn exec_candidates(&self, names: &[&str]) -> Vec<usize> {
+        let mut out: Vec<usize> = self.exec_any.clone();
+        for name in names {
+            out.extend(self.exec_by_name.get(*name).into_iter().flatten());
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Indices of the syscall rules about the syscall `name`.
+    pub fn syscall_candidates(&self, name: &str) -> &[usize] {
+        self.syscall_by_name.get(name).map(Vec::as_slice).unwrap_or_default()
+    }
+
     /// Hex SHA-256 of the rule sources in force.
     pub fn digest(&self) -> String {
         use sha2::Digest as _;
@@ -217,6 +274,9 @@ impl RuleSet {
                 }
             }
         }
+        if other.sweep.is_some() {
+            self.sweep = other.sweep;
+        }
         for rule in other.rules {
             match self.rules.iter().position(|r| r.id == rule.id) {
                 Some(i) => self.rules[i] = rule,
@@ -239,6 +299,21 @@ impl RuleSet {
                 column: None,
                 message: e.to_string(),
             })?;
+        for (index, rule) in self.rules.iter().enumerate() {
+            if let Some(exec) = &rule.exec {
+                if exec.names.is_empty() {
+                    self.exec_any.push(index);
+                }
+                for name in &exec.names {
+                    self.exec_by_name.entry(name.clone()).or_default().push(index);
+                }
+            }
+            if let Some(syscalls) = &rule.syscalls {
+                for name in &syscalls.names.0 {
+                    self.syscall_by_name.entry(name.clone()).or_default().push(index);
+                }
+            }
+        }
         Ok(self)
     }
 
@@ -324,6 +399,13 @@ fn parse_sources(sources: impl IntoIterator<Item = (String, String)>) -> Result<
             set.digest.update(part);
         }
         let doc: FileDoc = serde_yaml::from_str(&text).map_err(|e| RulesError::yaml(&file, e))?;
+        if let Some(sweep) = doc.sweep {
+            let line = text.lines().position(|l| l.starts_with("sweep:")).map(|i| i + 1);
+            if let Some((_, first)) = &set.sweep {
+                return Err(RulesError::invalid(&file, line, format!("duplicate `sweep` (first at {first})")));
+            }
+            set.sweep = Some((sweep, Origin { file: file.clone(), line }));
+        }
         for manager in doc.managers {
             let line = find_line(&text, "name", &manager.name, 0);
             if let Some(first) = set.managers.iter().position(|m| m.name == manager.name) {
@@ -354,11 +436,25 @@ fn parse_sources(sources: impl IntoIterator<Item = (String, String)>) -> Result<
 }
 
 fn build_rule(doc: RuleDoc, origin: Origin) -> Result<Rule, RulesError> {
-    let matcher = Targets::compile(&doc.targets.0, &doc.exclude).map_err(|e| RulesError::Invalid {
+    let invalid = |message: String| RulesError::Invalid {
         origin: origin.clone(),
         column: None,
-        message: format!("rule {}: {e}", doc.id.0),
-    })?;
+        message: format!("rule {}: {message}", doc.id.0),
+    };
+    let kind = match (&doc.targets, &doc.exec, &doc.syscalls) {
+        (Some(_), None, None) => RuleKind::Target(doc.access.unwrap_or_default()),
+        (None, Some(_), None) => RuleKind::Exec,
+        (None, None, Some(_)) => RuleKind::Syscall,
+        _ => return Err(invalid("needs exactly one of `targets`, `exec` and `syscalls`".into())),
+    };
+    if doc.access.is_some() && doc.targets.is_none() {
+        return Err(invalid("`access` goes with `targets`".into()));
+    }
+    if !doc.exclude.is_empty() && doc.syscalls.is_some() {
+        return Err(invalid("`exclude` goes with `targets` or `exec`, not with `syscalls`".into()));
+    }
+    let patterns = doc.targets.map(|t| t.0).unwrap_or_default();
+    let matcher = Targets::compile(&patterns, &doc.exclude).map_err(|e| invalid(e.to_string()))?;
     Ok(Rule {
         id: doc.id.0,
         name: doc.name,
@@ -366,14 +462,17 @@ fn build_rule(doc: RuleDoc, origin: Origin) -> Result<Rule, RulesError> {
         category: doc.category,
         severity: doc.severity,
         action: doc.action,
-        targets: doc.targets.0.iter().map(|p| p.text.clone()).collect(),
+        kind,
+        targets: patterns.iter().map(|p| p.text.clone()).collect(),
         exclude: doc.exclude.iter().map(|p| p.text.clone()).collect(),
+        exec: doc.exec,
+        syscalls: doc.syscalls,
         actors: doc.actors,
         conditions: doc.conditions,
         rotate: doc.rotate,
         samples: doc.samples,
         origin,
-        patterns: doc.targets.0,
+        patterns,
         matcher,
     })
 }

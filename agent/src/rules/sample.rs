@@ -3,13 +3,13 @@
 use std::collections::HashSet;
 
 use super::{
-    schema::{OpenStep, Step},
+    schema::{OpenStep, RenameStep, Step, SyscallStep},
     RuleSet,
 };
 use crate::{
     alert::Alert,
     engine::{Engine, EngineOptions},
-    event::{Event, EventData, Exec, Exit, Fork, Open, Root},
+    event::{Event, EventData, Exec, Exit, Fork, Open, Rename, Root, Syscall},
 };
 
 /// Samples start at this (arbitrary, fixed) time so that alerts are reproducible.
@@ -57,6 +57,8 @@ pub fn events(steps: &[Step]) -> Vec<Event> {
                 seen.insert(root.pid);
             }
             Step::Open(open) => push(&mut out, open.pid, EventData::Open(open_event(open))),
+            Step::Rename(rename) => push(&mut out, rename.pid, EventData::Rename(rename_event(rename))),
+            Step::Syscall(syscall) => push(&mut out, syscall.pid, EventData::Syscall(syscall_event(syscall))),
             Step::Event(event) => {
                 seen.insert(event.pid);
                 if let EventData::Fork(fork) = &event.data {
@@ -72,12 +74,12 @@ pub fn events(steps: &[Step]) -> Vec<Event> {
 fn open_event(open: &OpenStep) -> Open {
     let ok = open.ret >= 0;
     Open {
-        same_file_as: None,
-        blocked: false,
+        same_file_as: open.same_file_as.clone(),
+        blocked: open.blocked,
         tid: open.pid,
-        syscall: "openat".into(),
+        syscall: open.syscall.clone().unwrap_or_else(|| "openat".into()),
         dirfd: -100,
-        flags: open.flags,
+        flags: open.flags.0,
         mode: 0,
         path: open.given.clone().unwrap_or_else(|| open.path.clone()),
         abs_path: (ok && open.path.starts_with('/')).then(|| open.path.clone()),
@@ -88,8 +90,35 @@ fn open_event(open: &OpenStep) -> Open {
     }
 }
 
-/// Replays `steps` through a fresh engine over `rules`.
+fn rename_event(rename: &RenameStep) -> Rename {
+    let syscall = rename.syscall.clone().unwrap_or_else(|| "renameat2".into());
+    let symlink = syscall.starts_with("symlink");
+    Rename {
+        tid: rename.pid,
+        old_abs: (!symlink).then(|| rename.old.clone()),
+        new_abs: Some(rename.new.clone()),
+        syscall,
+        old_path: rename.old.clone(),
+        new_path: rename.new.clone(),
+        ret: rename.ret,
+    }
+}
+
+fn syscall_event(syscall: &SyscallStep) -> Syscall {
+    Syscall {
+        tid: syscall.pid,
+        name: syscall.name.clone(),
+        target_pid: syscall.target,
+        operation: syscall.operation.clone(),
+        ret: syscall.ret,
+        blocked: syscall.blocked,
+    }
+}
+
+/// Replays `steps` through a fresh engine over `rules`, end of stream included.
 pub fn replay(rules: &RuleSet, steps: &[Step]) -> Vec<Alert> {
     let mut engine = Engine::new(rules.clone(), EngineOptions { host_name: "sample".into() });
-    events(steps).iter().flat_map(|event| engine.handle(event)).collect()
+    let mut alerts: Vec<Alert> = events(steps).iter().flat_map(|event| engine.handle(event)).collect();
+    alerts.extend(engine.flush());
+    alerts
 }

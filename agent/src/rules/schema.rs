@@ -20,6 +20,9 @@ pub(crate) struct FileDoc {
     pub managers: Vec<Manager>,
     #[serde(default)]
     pub rules: Vec<RuleDoc>,
+    /// When one tree's credential alerts become one sweep alert.
+    #[serde(default)]
+    pub sweep: Option<Sweep>,
 }
 
 /// The only schema this build reads.
@@ -50,7 +53,16 @@ pub(crate) struct RuleDoc {
     pub severity: Severity,
     #[serde(default)]
     pub action: Action,
-    pub targets: NonEmpty<Pattern>,
+    /// Exactly one of `targets`, `exec` and `syscalls` says what the rule matches.
+    #[serde(default)]
+    pub targets: Option<NonEmpty<Pattern>>,
+    /// With `targets`: which opens count (default `read`).
+    #[serde(default)]
+    pub access: Option<Access>,
+    #[serde(default)]
+    pub exec: Option<ExecMatch>,
+    #[serde(default)]
+    pub syscalls: Option<SyscallMatch>,
     #[serde(default)]
     pub exclude: Vec<Pattern>,
     #[serde(default)]
@@ -149,6 +161,158 @@ impl TryFrom<String> for Pattern {
     }
 }
 
+/// Which accesses to a target a rule is about.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Access {
+    /// Opens that can read (`O_RDONLY`, `O_RDWR`), and `link`/`rename` of the file elsewhere.
+    #[default]
+    Read,
+    /// Opens that can write or create (`O_WRONLY`, `O_RDWR`, `O_CREAT`, `O_TRUNC`,
+    /// `O_APPEND`, `creat`), and `rename`/`link`/`symlink` onto the path.
+    Write,
+}
+
+/// An argv word pattern: a glob where `*` also crosses `/` (`/:*` is any mount of `/`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(try_from = "String")]
+pub struct WordPattern {
+    pub text: String,
+    pub matcher: globset::GlobMatcher,
+}
+
+impl TryFrom<String> for WordPattern {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        let glob = Glob::new(&text).map_err(|e| format!("bad argument pattern {text:?}: {}", e.kind()))?;
+        Ok(WordPattern { matcher: glob.compile_matcher(), text })
+    }
+}
+
+/// A regular expression over a command line.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(try_from = "String")]
+pub struct CommandPattern {
+    pub text: String,
+    pub regex: regex_automata::meta::Regex,
+}
+
+impl TryFrom<String> for CommandPattern {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        let regex = regex_automata::meta::Regex::new(&text).map_err(|e| {
+            let why = e.syntax_error().map_or_else(|| e.to_string(), |syntax| syntax.to_string());
+            format!("bad command regex {text:?}: {}", why.replace('\n', " "))
+        })?;
+        Ok(CommandPattern { text, regex })
+    }
+}
+
+/// What an exec rule matches, on the exec events of tree members below the root. Every part
+/// that is set must hold.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(try_from = "ExecMatchDoc")]
+pub struct ExecMatch {
+    /// Basenames of the executed file (the path given to execve or the resolved executable);
+    /// empty: any (then `written_by_tree` is required, so that not every exec is a candidate).
+    pub names: Vec<String>,
+    /// Each must match some argv word after argv[0].
+    pub all_args: Vec<WordPattern>,
+    /// One of them must match some argv word after argv[0] (when any are given).
+    pub any_args: Vec<WordPattern>,
+    /// Must match somewhere in the argv words after argv[0], joined by single spaces.
+    pub command: Option<CommandPattern>,
+    /// The executed file (or, for one of `interpreters`, its script: the first argument that
+    /// is not an option) was created or written by this tree, not by the manager itself.
+    pub written_by_tree: bool,
+    pub interpreters: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExecMatchDoc {
+    #[serde(default)]
+    names: Vec<String>,
+    #[serde(default)]
+    all_args: Vec<WordPattern>,
+    #[serde(default)]
+    any_args: Vec<WordPattern>,
+    #[serde(default)]
+    command: Option<CommandPattern>,
+    #[serde(default)]
+    written_by_tree: bool,
+    #[serde(default)]
+    interpreters: Vec<String>,
+}
+
+impl TryFrom<ExecMatchDoc> for ExecMatch {
+    type Error = &'static str;
+    fn try_from(doc: ExecMatchDoc) -> Result<Self, &'static str> {
+        if doc.names.is_empty() && !doc.written_by_tree {
+            return Err("an exec match needs `names` or `written_by_tree: true`");
+        }
+        if !doc.interpreters.is_empty() && !doc.written_by_tree {
+            return Err("`interpreters` goes with `written_by_tree: true`");
+        }
+        if doc.names.iter().chain(&doc.interpreters).any(|n| n.is_empty() || n.contains('/')) {
+            return Err("`names` and `interpreters` are basenames: not empty, no `/`");
+        }
+        Ok(ExecMatch {
+            names: doc.names,
+            all_args: doc.all_args,
+            any_args: doc.any_args,
+            command: doc.command,
+            written_by_tree: doc.written_by_tree,
+            interpreters: doc.interpreters,
+        })
+    }
+}
+
+/// What a syscall rule matches, on the syscall events of tree members.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyscallMatch {
+    /// Syscall names as the event gives them (`ptrace`, `bpf`, `io_uring_submit_req`, ...).
+    pub names: NonEmpty<String>,
+    /// The operation must be one of these (`PTRACE_ATTACH`, `BPF_PROG_LOAD`); empty: any.
+    #[serde(default)]
+    pub operations: Vec<String>,
+}
+
+/// The sweep: one tree whose credential alerts (rules with `targets` read, at `min_severity`
+/// or above) cover `min_categories` categories within `window_s` seconds of event time gets
+/// one alert of this rule instead, and its later credential alerts are folded into it.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sweep {
+    pub id: RuleId,
+    pub name: String,
+    pub description: String,
+    pub category: String,
+    pub severity: Severity,
+    pub min_categories: NonZero,
+    pub window_s: NonZero,
+    pub min_severity: Severity,
+    #[serde(default)]
+    pub rotate: Vec<String>,
+}
+
+/// A count or duration that must not be 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "u64")]
+pub struct NonZero(pub u64);
+
+impl TryFrom<u64> for NonZero {
+    type Error = &'static str;
+    fn try_from(n: u64) -> Result<Self, &'static str> {
+        if n == 0 {
+            Err("must be at least 1")
+        } else {
+            Ok(NonZero(n))
+        }
+    }
+}
+
 /// Who may touch a rule's targets. The first actor that matches the opening process decides.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(try_from = "ActorDoc")]
@@ -237,9 +401,14 @@ pub struct Conditions {
     pub min_depth: Option<u32>,
     #[serde(default)]
     pub max_depth: Option<u32>,
-    /// The path is under `/proc/<pid>/` of a process other than the opener.
+    /// The path is under `/proc/<pid>/` of a process other than the opener; for a syscall
+    /// rule, the syscall's target is known and is neither the caller nor a member of its tree.
     #[serde(default)]
     pub other_process: bool,
+    /// A package manager is among the process's ancestors: the process runs for package code
+    /// (a nested `npm publish`), not as the user's own command.
+    #[serde(default)]
+    pub package_code: bool,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -278,6 +447,8 @@ pub enum Step {
     Fork(ForkStep),
     Exit(ExitStep),
     Open(OpenStep),
+    Rename(RenameStep),
+    Syscall(SyscallStep),
     Root(RootStep),
     Event(Box<Event>),
 }
@@ -289,6 +460,8 @@ struct StepDoc {
     fork: Option<ForkStep>,
     exit: Option<ExitStep>,
     open: Option<OpenStep>,
+    rename: Option<RenameStep>,
+    syscall: Option<SyscallStep>,
     root: Option<RootStep>,
     event: Option<Box<Event>>,
 }
@@ -301,13 +474,15 @@ impl TryFrom<StepDoc> for Step {
             doc.fork.map(Step::Fork),
             doc.exit.map(Step::Exit),
             doc.open.map(Step::Open),
+            doc.rename.map(Step::Rename),
+            doc.syscall.map(Step::Syscall),
             doc.root.map(Step::Root),
             doc.event.map(Step::Event),
         ];
         let mut set = steps.into_iter().flatten();
         match (set.next(), set.next()) {
             (Some(step), None) => Ok(step),
-            _ => Err("a sample step is one of `exec`, `fork`, `exit`, `open`, `root` or `event`"),
+            _ => Err("a sample step is one of `exec`, `fork`, `exit`, `open`, `rename`, `syscall`, `root` or `event`"),
         }
     }
 }
@@ -371,9 +546,92 @@ pub struct OpenStep {
     #[serde(default = "default_ret")]
     pub ret: i64,
     #[serde(default)]
-    pub flags: u64,
+    pub flags: OpenFlags,
+    /// `openat` unless set (`creat`, `openat2`, ...).
+    #[serde(default)]
+    pub syscall: Option<String>,
+    /// The credential file the sensor says this one is (same inode).
+    #[serde(default)]
+    pub same_file_as: Option<String>,
+    #[serde(default)]
+    pub blocked: bool,
 }
 
 fn default_ret() -> i64 {
     3
+}
+
+/// Open flags: a number, or names joined by `|` (`O_WRONLY|O_CREAT|O_TRUNC`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "FlagsDoc")]
+pub struct OpenFlags(pub u64);
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum FlagsDoc {
+    Number(u64),
+    Names(String),
+}
+
+impl TryFrom<FlagsDoc> for OpenFlags {
+    type Error = String;
+    fn try_from(doc: FlagsDoc) -> Result<Self, String> {
+        const NAMES: &[(&str, i32)] = &[
+            ("O_RDONLY", libc::O_RDONLY),
+            ("O_WRONLY", libc::O_WRONLY),
+            ("O_RDWR", libc::O_RDWR),
+            ("O_CREAT", libc::O_CREAT),
+            ("O_EXCL", libc::O_EXCL),
+            ("O_TRUNC", libc::O_TRUNC),
+            ("O_APPEND", libc::O_APPEND),
+            ("O_CLOEXEC", libc::O_CLOEXEC),
+            ("O_PATH", libc::O_PATH),
+            ("O_NOFOLLOW", libc::O_NOFOLLOW),
+            ("O_DIRECTORY", libc::O_DIRECTORY),
+        ];
+        match doc {
+            FlagsDoc::Number(n) => Ok(OpenFlags(n)),
+            FlagsDoc::Names(text) => text
+                .split('|')
+                .try_fold(0u64, |flags, name| {
+                    let name = name.trim();
+                    NAMES
+                        .iter()
+                        .find(|(known, _)| *known == name)
+                        .map(|(_, bits)| flags | *bits as u64)
+                        .ok_or_else(|| format!("unknown open flag {name:?}"))
+                })
+                .map(OpenFlags),
+        }
+    }
+}
+
+/// A rename or link: `new` (and `old`, unless a symlink) are absolute paths.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenameStep {
+    pub pid: u32,
+    /// `renameat2` unless set (`link`, `symlink`, ...).
+    #[serde(default)]
+    pub syscall: Option<String>,
+    pub old: String,
+    pub new: String,
+    #[serde(default)]
+    pub ret: i64,
+}
+
+/// A syscall event.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyscallStep {
+    pub pid: u32,
+    pub name: String,
+    #[serde(default)]
+    pub operation: Option<String>,
+    #[serde(default)]
+    pub target: Option<u32>,
+    #[serde(default)]
+    pub ret: Option<i64>,
+    #[serde(default)]
+    pub blocked: bool,
 }

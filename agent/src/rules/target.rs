@@ -25,7 +25,16 @@ impl Targets {
     pub fn matches(&self, path: &str, home: Option<&str>) -> bool {
         let relatives = home_relatives(path, home);
         let hit = self.absolute.is_match(path) || relatives.iter().any(|rel| self.home.is_match(rel));
-        hit && !(self.absolute_exclude.is_match(path) || relatives.iter().any(|rel| self.home_exclude.is_match(rel)))
+        hit && !self.excluded(path, &relatives)
+    }
+
+    /// Whether the absolute `path` is excluded.
+    pub fn excludes(&self, path: &str, home: Option<&str>) -> bool {
+        self.excluded(path, &home_relatives(path, home))
+    }
+
+    fn excluded(&self, path: &str, relatives: &[&str]) -> bool {
+        self.absolute_exclude.is_match(path) || relatives.iter().any(|rel| self.home_exclude.is_match(rel))
     }
 }
 

@@ -1,6 +1,6 @@
 use std::{fs, path::Path};
 
-use super::*;
+use super::{schema::Access, *};
 
 const MINIMAL_RULE: &str = r#"schema: 1
 rules:
@@ -69,15 +69,20 @@ fn default_managers_come_from_the_rules() {
 #[test]
 fn default_targets_cover_the_credential_paths() {
     let set = RuleSet::defaults().unwrap();
+    // Credential (read) rules only: persistence rules are about writes.
     let hits = |path: &str| -> Vec<&str> {
-        let hits: Vec<&str> =
-            set.rules().iter().filter(|r| r.matches_path(path, None)).map(|r| r.id.as_str()).collect();
+        let hits: Vec<&str> = set
+            .rules()
+            .iter()
+            .filter(|r| r.is_credential() && r.matches_path(path, None))
+            .map(|r| r.id.as_str())
+            .collect();
         // The merged index finds the same rules (before exclusions).
         let confirmed: Vec<&str> = set
             .candidates(path, None)
             .into_iter()
             .map(|i| &set.rules()[i])
-            .filter(|r| r.matches_path(path, None))
+            .filter(|r| r.is_credential() && r.matches_path(path, None))
             .map(|r| r.id.as_str())
             .collect();
         assert_eq!(hits, confirmed, "{path}");
@@ -255,4 +260,158 @@ fn syntax_errors_and_missing_dirs_do_not_panic() {
     assert!(matches!(&error, RulesError::Invalid { origin, .. } if origin.file == file), "{error}");
     let missing = RuleSet::load_dir(Path::new("/nonexistent/credwatch-rules")).unwrap_err();
     assert!(matches!(missing, RulesError::Io { .. }), "{missing}");
+}
+
+const EXEC_RULE: &str = r#"schema: 1
+rules:
+  - id: demo-exec
+    name: Demo
+    description: Demo exec rule.
+    category: demo
+    severity: high
+    exec:
+      names: [demo]
+      any_args: [--go]
+    samples:
+      positive:
+        - exec: {pid: 1, args: [npm, install]}
+        - exec: {pid: 2, ppid: 1, args: [demo, --go]}
+      negative:
+        - exec: {pid: 1, args: [npm, install]}
+        - exec: {pid: 2, ppid: 1, args: [demo, --stop]}
+"#;
+
+#[test]
+fn new_rule_kinds_load_and_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "exec.yaml", EXEC_RULE);
+    let syscall = EXEC_RULE.replace("demo-exec", "demo-syscall").replace(
+        "    exec:\n      names: [demo]\n      any_args: [--go]\n",
+        "    action: kill\n    syscalls:\n      names: [ptrace]\n      operations: [PTRACE_ATTACH]\n",
+    );
+    let syscall = syscall
+        .replace(
+            "- exec: {pid: 2, ppid: 1, args: [demo, --go]}",
+            "- syscall: {pid: 1, name: ptrace, operation: PTRACE_ATTACH, target: 9}",
+        )
+        .replace(
+            "- exec: {pid: 2, ppid: 1, args: [demo, --stop]}",
+            "- syscall: {pid: 1, name: ptrace, operation: PTRACE_DETACH, target: 9}",
+        );
+    write(dir.path(), "syscall.yaml", &syscall);
+    let write_rule = MINIMAL_RULE
+        .replace("id: demo", "id: demo-write")
+        .replace("    targets: [\"~/.demo-token\"]\n", "    access: write\n    targets: [\"~/.demo-token\"]\n");
+    let write_rule = write_rule
+        .replace(
+            "- open: {pid: 1, path: /home/alice/.demo-token}",
+            "- open: {pid: 1, path: /home/alice/.demo-token, flags: \"O_WRONLY|O_APPEND\"}",
+        )
+        .replace(
+            "- open: {pid: 1, path: /home/alice/.demo-token.pub}",
+            "- open: {pid: 1, path: /home/alice/.demo-token}",
+        );
+    write(dir.path(), "write.yaml", &write_rule);
+    let report = check_dir(dir.path()).unwrap();
+    assert_eq!(report.rules, 3);
+    let set = RuleSet::load(Some(dir.path())).unwrap();
+    let kind = |id: &str| set.rules().iter().find(|r| r.id == id).unwrap().kind;
+    assert_eq!(kind("demo-exec"), RuleKind::Exec);
+    assert_eq!(kind("demo-syscall"), RuleKind::Syscall);
+    assert_eq!(kind("demo-write"), RuleKind::Target(Access::Write));
+    assert_eq!(kind("ssh-keys"), RuleKind::Target(Access::Read));
+    assert!(set.kill_rules().any(|r| r.id == "demo-syscall"));
+}
+
+#[test]
+fn the_default_kill_set() {
+    let set = RuleSet::defaults().unwrap();
+    let mut kill: Vec<&str> = set.kill_rules().map(|r| r.id.as_str()).collect();
+    kill.sort();
+    assert_eq!(
+        kill,
+        [
+            "aws-credentials",
+            "azure-credentials",
+            "bpf-by-package",
+            "gcloud-credentials",
+            "kernel-module-load",
+            "pypi-token",
+            "signal-to-agent",
+            "ssh-host-keys",
+            "ssh-private-keys",
+            "vault-token",
+        ]
+    );
+    let sweep = set.sweep().unwrap();
+    assert_eq!((sweep.id.0.as_str(), sweep.min_categories.0, sweep.window_s.0), ("credential-sweep", 3, 30));
+}
+
+#[test]
+fn bad_exec_and_syscall_parts_name_file_and_line() {
+    // Two kinds in one rule: at the rule.
+    let (error, file) = error_for(&EXEC_RULE.replace("    exec:\n", "    targets: [\"~/.x\"]\n    exec:\n"));
+    assert_invalid_at(&error, &file, 3, "exactly one of `targets`, `exec` and `syscalls`");
+    // `access` without targets.
+    let (error, file) = error_for(&EXEC_RULE.replace("    exec:\n", "    access: write\n    exec:\n"));
+    assert_invalid_at(&error, &file, 3, "`access` goes with `targets`");
+    // Unknown key inside exec.
+    let (error, file) =
+        error_for(&EXEC_RULE.replace("      any_args: [--go]\n", "      any_args: [--go]\n      argv: [x]\n"));
+    assert_invalid_at(&error, &file, 11, "unknown field `argv`");
+    // Bad regex, bad word glob, bad access value.
+    let (error, file) = error_for(&EXEC_RULE.replace("      any_args: [--go]\n", "      command: \"(curl\"\n"));
+    // (serde_yaml places errors of a converted scalar in a mapping at the mapping's start.)
+    assert_invalid_at(&error, &file, 9, "bad command regex \"(curl\": regex parse error");
+    let (error, file) = error_for(&EXEC_RULE.replace("any_args: [--go]", "any_args: [\"--[go\"]"));
+    assert_invalid_at(&error, &file, 10, "bad argument pattern");
+    let (error, file) = error_for(&MINIMAL_RULE.replace("    targets:", "    access: append\n    targets:"));
+    assert_invalid_at(&error, &file, 8, "unknown variant `append`");
+    // An exec match with neither names nor written_by_tree.
+    let (error, file) = error_for(&EXEC_RULE.replace("      names: [demo]\n", ""));
+    assert_invalid_at(&error, &file, 3, "needs `names` or `written_by_tree: true`");
+    // A syscall rule without names, or with an exclude.
+    let syscall = EXEC_RULE
+        .replace("    exec:\n      names: [demo]\n      any_args: [--go]\n", "    syscalls:\n      names: []\n");
+    let (error, file) = error_for(&syscall);
+    assert_invalid_at(&error, &file, 9, "must not be empty");
+    let syscall = EXEC_RULE.replace(
+        "    exec:\n      names: [demo]\n      any_args: [--go]\n",
+        "    syscalls: {names: [bpf]}\n    exclude: [\"/x\"]\n",
+    );
+    let (error, file) = error_for(&syscall);
+    assert_invalid_at(&error, &file, 3, "`exclude` goes with `targets` or `exec`");
+    // Sample steps of the new kinds are checked too.
+    let (error, file) = error_for(&MINIMAL_RULE.replace(
+        "- open: {pid: 1, path: /home/alice/.demo-token}",
+        "- open: {pid: 1, path: /home/alice/.demo-token, flags: O_SHRED}",
+    ));
+    assert_invalid_at(&error, &file, 12, "unknown open flag \"O_SHRED\"");
+    let (error, file) =
+        error_for(&MINIMAL_RULE.replace(
+            "- open: {pid: 1, path: /home/alice/.demo-token}",
+            "- syscall: {pid: 1, name: bpf, target_pid: 3}",
+        ));
+    assert_invalid_at(&error, &file, 12, "unknown field `target_pid`");
+}
+
+#[test]
+fn bad_sweeps_name_file_and_line() {
+    let sweep = "schema: 1\nsweep:\n  id: s\n  name: S\n  description: S.\n  category: sweep\n  severity: critical\n  min_categories: 3\n  window_s: 30\n  min_severity: medium\n";
+    let (error, file) = error_for(&sweep.replace("window_s: 30", "window_s: 0"));
+    // serde_yaml places errors of a converted scalar at the start of the mapping.
+    assert_invalid_at(&error, &file, 3, "must be at least 1");
+    let (error, file) = error_for(&sweep.replace("  category: sweep\n", ""));
+    assert_invalid_at(&error, &file, 3, "missing field `category`");
+    let (error, file) = error_for(&format!("{sweep}  colour: red\n"));
+    assert_invalid_at(&error, &file, 11, "unknown field `colour`");
+    // One sweep per set of files; a directory's replaces the default one.
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "a.yaml", sweep);
+    write(dir.path(), "b.yaml", sweep);
+    let error = RuleSet::load_dir(dir.path()).unwrap_err();
+    assert_invalid_at(&error, &dir.path().join("b.yaml").display().to_string(), 2, "duplicate `sweep`");
+    std::fs::remove_file(dir.path().join("b.yaml")).unwrap();
+    let set = RuleSet::load(Some(dir.path())).unwrap();
+    assert_eq!(set.sweep().unwrap().id.0, "s");
 }

@@ -5,11 +5,12 @@
 use std::mem::size_of;
 
 use credwatch_common::{
-    kind, open_syscall, path_flag, EventHeader, ExecEvent, ExitEvent, ForkEvent, OpenEvent, ResolvedPath,
+    kind, open_syscall, path_flag, record_flag, rename_syscall, tamper_syscall, EventHeader, ExecEvent, ExitEvent,
+    ForkEvent, OpenEvent, RenameEvent, ResolvedPath, SyscallEvent,
 };
 use thiserror::Error;
 
-use crate::event::{attribution_env, Event, EventData, Exec, Exit, Fork, Open};
+use crate::event::{attribution_env, Event, EventData, Exec, Exit, Fork, Open, Rename, Syscall};
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum DecodeError {
@@ -44,6 +45,14 @@ unsafe impl Record for ExitEvent {
 // SAFETY: as above.
 unsafe impl Record for OpenEvent {
     const KIND: u32 = kind::OPEN;
+}
+// SAFETY: as above.
+unsafe impl Record for RenameEvent {
+    const KIND: u32 = kind::RENAME;
+}
+// SAFETY: as above.
+unsafe impl Record for SyscallEvent {
+    const KIND: u32 = kind::SYSCALL;
 }
 
 /// Copies a `T` out of `bytes` once its kind and sizes are checked.
@@ -90,7 +99,8 @@ impl Decoder {
         u64::try_from(i128::from(boot_ns) + self.boot_to_wall_ns).unwrap_or(0)
     }
 
-    pub fn decode(&self, bytes: &[u8]) -> Result<Event, DecodeError> {
+    /// Decodes a record; an open of a credential inode is named by `cred_path(index)`.
+    pub fn decode(&self, bytes: &[u8], cred_path: &dyn Fn(u32) -> Option<String>) -> Result<Event, DecodeError> {
         if bytes.len() < size_of::<EventHeader>() {
             return Err(DecodeError::NoHeader { len: bytes.len() });
         }
@@ -100,7 +110,9 @@ impl Decoder {
             kind::EXEC => EventData::Exec(exec(&*record::<ExecEvent>(bytes, &header)?)),
             kind::FORK => EventData::Fork(Fork { child_pid: record::<ForkEvent>(bytes, &header)?.child_pid }),
             kind::EXIT => EventData::Exit(Exit { code: record::<ExitEvent>(bytes, &header)?.exit_code }),
-            kind::OPEN => EventData::Open(open(&*record::<OpenEvent>(bytes, &header)?)),
+            kind::OPEN => EventData::Open(open(&*record::<OpenEvent>(bytes, &header)?, cred_path)),
+            kind::RENAME => EventData::Rename(rename(&*record::<RenameEvent>(bytes, &header)?)),
+            kind::SYSCALL => EventData::Syscall(syscall(&*record::<SyscallEvent>(bytes, &header)?)),
             kind => return Err(DecodeError::UnknownKind { kind }),
         };
         Ok(Event { time_ns: self.wall_ns(header.boot_ns), pid: header.pid, data })
@@ -174,15 +186,17 @@ pub fn syscall_name(syscall: u32) -> &'static str {
         open_syscall::OPENAT => "openat",
         open_syscall::OPENAT2 => "openat2",
         open_syscall::CREAT => "creat",
+        open_syscall::OPEN_BY_HANDLE_AT => "open_by_handle_at",
         _ => "unknown",
     }
 }
 
-fn open(event: &OpenEvent) -> Open {
+fn open(event: &OpenEvent, cred_path: &dyn Fn(u32) -> Option<String>) -> Open {
     let (abs_path, truncated) = if event.ret >= 0 { resolved_path(&event.path) } else { (None, false) };
+    let cred = event.record_flags & record_flag::CRED_INODE != 0;
     Open {
-        same_file_as: None,
-        blocked: false,
+        same_file_as: if cred { cred_path(event.cred_index) } else { None },
+        blocked: event.record_flags & record_flag::BLOCKED != 0,
         tid: event.header.tid,
         syscall: syscall_name(event.syscall).to_owned(),
         dirfd: event.dirfd,
@@ -197,11 +211,239 @@ fn open(event: &OpenEvent) -> Open {
     }
 }
 
+fn rename_name(syscall: u32) -> &'static str {
+    match syscall {
+        rename_syscall::RENAME => "rename",
+        rename_syscall::RENAMEAT => "renameat",
+        rename_syscall::RENAMEAT2 => "renameat2",
+        rename_syscall::LINK => "link",
+        rename_syscall::LINKAT => "linkat",
+        rename_syscall::SYMLINK => "symlink",
+        rename_syscall::SYMLINKAT => "symlinkat",
+        _ => "unknown",
+    }
+}
+
+/// `given` made absolute: as is when absolute, else joined to `dir` (resolved in the kernel).
+/// `.` and `..` components are left in place: the kernel did not resolve the path itself.
+fn absolute(given: &str, dir: Option<&str>) -> Option<String> {
+    if given.starts_with('/') {
+        return Some(given.to_owned());
+    }
+    let dir = dir?;
+    if given.is_empty() {
+        return None;
+    }
+    Some(if dir.ends_with('/') { format!("{dir}{given}") } else { format!("{dir}/{given}") })
+}
+
+fn rename(event: &RenameEvent) -> Rename {
+    let old_path = lossy(used(&event.old, event.old_len));
+    let new_path = lossy(used(&event.new, event.new_len));
+    let (old_dir, old_truncated) = resolved_path(&event.old_dir);
+    let (new_dir, new_truncated) = resolved_path(&event.new_dir);
+    // A truncated directory would give a wrong absolute path: better none.
+    let new_abs = absolute(&new_path, new_dir.as_deref().filter(|_| !new_truncated));
+    let symlink = matches!(event.syscall, rename_syscall::SYMLINK | rename_syscall::SYMLINKAT);
+    let old_abs = if symlink {
+        // A relative symlink target is relative to the link's own directory.
+        let link_dir =
+            new_abs.as_deref().and_then(|p| p.rsplit_once('/')).map(|(dir, _)| if dir.is_empty() { "/" } else { dir });
+        absolute(&old_path, link_dir)
+    } else {
+        absolute(&old_path, old_dir.as_deref().filter(|_| !old_truncated))
+    };
+    Rename {
+        tid: event.header.tid,
+        syscall: rename_name(event.syscall).to_owned(),
+        old_path,
+        new_path,
+        old_abs,
+        new_abs,
+        ret: event.ret,
+    }
+}
+
+fn tamper_name(syscall: u32) -> &'static str {
+    match syscall {
+        tamper_syscall::PTRACE => "ptrace",
+        tamper_syscall::PROCESS_VM_READV => "process_vm_readv",
+        tamper_syscall::PROCESS_VM_WRITEV => "process_vm_writev",
+        tamper_syscall::BPF => "bpf",
+        tamper_syscall::INIT_MODULE => "init_module",
+        tamper_syscall::FINIT_MODULE => "finit_module",
+        tamper_syscall::KILL => "kill",
+        tamper_syscall::TKILL => "tkill",
+        tamper_syscall::TGKILL => "tgkill",
+        tamper_syscall::PIDFD_SEND_SIGNAL => "pidfd_send_signal",
+        tamper_syscall::IO_URING_SETUP => "io_uring_setup",
+        tamper_syscall::IO_URING_SUBMIT_REQ => "io_uring_submit_req",
+        _ => "unknown",
+    }
+}
+
+/// The [`tamper_syscall`] number of a syscall name as [`Syscall::name`] gives it.
+pub fn tamper_number(name: &str) -> Option<u32> {
+    (1..=tamper_syscall::IO_URING_SUBMIT_REQ).find(|&n| tamper_name(n) == name)
+}
+
+/// A name from a table of (value, name), else the number.
+fn named(table: &[(u64, &str)], value: u64) -> String {
+    table.iter().find(|(v, _)| *v == value).map_or_else(|| value.to_string(), |(_, name)| (*name).to_owned())
+}
+
+const PTRACE_REQUESTS: &[(u64, &str)] = &[
+    (0, "PTRACE_TRACEME"),
+    (1, "PTRACE_PEEKTEXT"),
+    (2, "PTRACE_PEEKDATA"),
+    (3, "PTRACE_PEEKUSER"),
+    (4, "PTRACE_POKETEXT"),
+    (5, "PTRACE_POKEDATA"),
+    (6, "PTRACE_POKEUSER"),
+    (7, "PTRACE_CONT"),
+    (8, "PTRACE_KILL"),
+    (9, "PTRACE_SINGLESTEP"),
+    (12, "PTRACE_GETREGS"),
+    (13, "PTRACE_SETREGS"),
+    (16, "PTRACE_ATTACH"),
+    (17, "PTRACE_DETACH"),
+    (24, "PTRACE_SYSCALL"),
+    (0x4200, "PTRACE_SETOPTIONS"),
+    (0x4201, "PTRACE_GETEVENTMSG"),
+    (0x4202, "PTRACE_GETSIGINFO"),
+    (0x4203, "PTRACE_SETSIGINFO"),
+    (0x4204, "PTRACE_GETREGSET"),
+    (0x4205, "PTRACE_SETREGSET"),
+    (0x4206, "PTRACE_SEIZE"),
+    (0x4207, "PTRACE_INTERRUPT"),
+    (0x4208, "PTRACE_LISTEN"),
+    (0x4209, "PTRACE_PEEKSIGINFO"),
+];
+
+const BPF_COMMANDS: &[&str] = &[
+    "BPF_MAP_CREATE",
+    "BPF_MAP_LOOKUP_ELEM",
+    "BPF_MAP_UPDATE_ELEM",
+    "BPF_MAP_DELETE_ELEM",
+    "BPF_MAP_GET_NEXT_KEY",
+    "BPF_PROG_LOAD",
+    "BPF_OBJ_PIN",
+    "BPF_OBJ_GET",
+    "BPF_PROG_ATTACH",
+    "BPF_PROG_DETACH",
+    "BPF_PROG_TEST_RUN",
+    "BPF_PROG_GET_NEXT_ID",
+    "BPF_MAP_GET_NEXT_ID",
+    "BPF_PROG_GET_FD_BY_ID",
+    "BPF_MAP_GET_FD_BY_ID",
+    "BPF_OBJ_GET_INFO_BY_FD",
+    "BPF_PROG_QUERY",
+    "BPF_RAW_TRACEPOINT_OPEN",
+    "BPF_BTF_LOAD",
+    "BPF_BTF_GET_FD_BY_ID",
+    "BPF_TASK_FD_QUERY",
+    "BPF_MAP_LOOKUP_AND_DELETE_ELEM",
+    "BPF_MAP_FREEZE",
+    "BPF_BTF_GET_NEXT_ID",
+    "BPF_MAP_LOOKUP_BATCH",
+    "BPF_MAP_LOOKUP_AND_DELETE_BATCH",
+    "BPF_MAP_UPDATE_BATCH",
+    "BPF_MAP_DELETE_BATCH",
+    "BPF_LINK_CREATE",
+    "BPF_LINK_UPDATE",
+    "BPF_LINK_GET_FD_BY_ID",
+    "BPF_LINK_GET_NEXT_ID",
+    "BPF_ENABLE_STATS",
+    "BPF_ITER_CREATE",
+    "BPF_LINK_DETACH",
+    "BPF_PROG_BIND_MAP",
+    "BPF_TOKEN_CREATE",
+];
+
+const SIGNALS: &[&str] = &[
+    "0", "SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", "SIGKILL", "SIGUSR1",
+    "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGSTKFLT", "SIGCHLD", "SIGCONT", "SIGSTOP", "SIGTSTP",
+    "SIGTTIN", "SIGTTOU", "SIGURG", "SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO", "SIGPWR",
+    "SIGSYS",
+];
+
+const IORING_OPS: &[&str] = &[
+    "IORING_OP_NOP",
+    "IORING_OP_READV",
+    "IORING_OP_WRITEV",
+    "IORING_OP_FSYNC",
+    "IORING_OP_READ_FIXED",
+    "IORING_OP_WRITE_FIXED",
+    "IORING_OP_POLL_ADD",
+    "IORING_OP_POLL_REMOVE",
+    "IORING_OP_SYNC_FILE_RANGE",
+    "IORING_OP_SENDMSG",
+    "IORING_OP_RECVMSG",
+    "IORING_OP_TIMEOUT",
+    "IORING_OP_TIMEOUT_REMOVE",
+    "IORING_OP_ACCEPT",
+    "IORING_OP_ASYNC_CANCEL",
+    "IORING_OP_LINK_TIMEOUT",
+    "IORING_OP_CONNECT",
+    "IORING_OP_FALLOCATE",
+    "IORING_OP_OPENAT",
+    "IORING_OP_CLOSE",
+    "IORING_OP_FILES_UPDATE",
+    "IORING_OP_STATX",
+    "IORING_OP_READ",
+    "IORING_OP_WRITE",
+    "IORING_OP_FADVISE",
+    "IORING_OP_MADVISE",
+    "IORING_OP_SEND",
+    "IORING_OP_RECV",
+    "IORING_OP_OPENAT2",
+    "IORING_OP_EPOLL_CTL",
+    "IORING_OP_SPLICE",
+    "IORING_OP_PROVIDE_BUFFERS",
+    "IORING_OP_REMOVE_BUFFERS",
+    "IORING_OP_TEE",
+    "IORING_OP_SHUTDOWN",
+    "IORING_OP_RENAMEAT",
+    "IORING_OP_UNLINKAT",
+    "IORING_OP_MKDIRAT",
+    "IORING_OP_SYMLINKAT",
+    "IORING_OP_LINKAT",
+];
+
+fn indexed(names: &[&str], value: u64) -> String {
+    usize::try_from(value).ok().and_then(|i| names.get(i)).map_or_else(|| value.to_string(), |name| (*name).to_owned())
+}
+
+fn syscall(event: &SyscallEvent) -> Syscall {
+    let op = event.operation;
+    let operation = match event.syscall {
+        tamper_syscall::PTRACE => Some(named(PTRACE_REQUESTS, op)),
+        tamper_syscall::BPF => Some(indexed(BPF_COMMANDS, op)),
+        tamper_syscall::KILL | tamper_syscall::TKILL | tamper_syscall::TGKILL | tamper_syscall::PIDFD_SEND_SIGNAL => {
+            Some(indexed(SIGNALS, op))
+        }
+        tamper_syscall::IO_URING_SUBMIT_REQ => Some(indexed(IORING_OPS, op)),
+        _ => None,
+    };
+    Syscall {
+        tid: event.header.tid,
+        name: tamper_name(event.syscall).to_owned(),
+        target_pid: (event.record_flags & record_flag::HAS_TARGET != 0).then_some(event.target_pid),
+        operation,
+        ret: (event.record_flags & record_flag::HAS_RET != 0).then_some(event.ret),
+        blocked: event.record_flags & record_flag::BLOCKED != 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use credwatch_common::{Mark, MAX_RESOLVED_PATH};
 
     use super::*;
+
+    fn decode(decoder: &Decoder, bytes: &[u8]) -> Result<Event, DecodeError> {
+        decoder.decode(bytes, &|_| None)
+    }
 
     fn bytes_of<T: Record>(value: &T) -> Vec<u8> {
         // SAFETY: Record types are plain integers without padding.
@@ -247,7 +489,7 @@ mod tests {
     #[test]
     fn decodes_an_open_with_its_absolute_path() {
         let decoder = Decoder::with_offset(1_000_000);
-        let event = decoder.decode(&bytes_of(&open_record(4))).unwrap();
+        let event = decode(&decoder, &bytes_of(&open_record(4))).unwrap();
         assert_eq!(event.time_ns, 1_005_000);
         assert_eq!(event.pid, 42);
         let EventData::Open(open) = event.data else { panic!("not an open: {event:?}") };
@@ -264,12 +506,12 @@ mod tests {
     #[test]
     fn failed_and_unresolved_opens_have_no_absolute_path() {
         let decoder = Decoder::with_offset(0);
-        let EventData::Open(open) = decoder.decode(&bytes_of(&open_record(-2))).unwrap().data else { panic!() };
+        let EventData::Open(open) = decode(&decoder, &bytes_of(&open_record(-2))).unwrap().data else { panic!() };
         assert_eq!((open.abs_path, open.ret, open.dev, open.ino), (None, -2, 0, 0));
 
         let mut record = open_record(3);
         record.path.flags = path_flag::UNRESOLVED;
-        let EventData::Open(open) = decoder.decode(&bytes_of(&record)).unwrap().data else { panic!() };
+        let EventData::Open(open) = decode(&decoder, &bytes_of(&record)).unwrap().data else { panic!() };
         assert_eq!(open.abs_path, None);
     }
 
@@ -300,7 +542,7 @@ mod tests {
         exec.env_len = env.len() as u32;
         exec.executable = resolved(b"node/bin/usr/", 0);
         exec.cwd = resolved(b"proj/", 0);
-        let event = decoder.decode(&bytes_of(&*exec)).unwrap();
+        let event = decode(&decoder, &bytes_of(&*exec)).unwrap();
         let EventData::Exec(data) = event.data else { panic!() };
         assert_eq!(data.ppid, 41);
         assert_eq!(data.filename, "/bin/npm");
@@ -312,25 +554,126 @@ mod tests {
         assert_eq!(data.env["npm_package_name"], "evil");
 
         let fork = ForkEvent { header: header(kind::FORK, size_of::<ForkEvent>()), child_pid: 50, child_depth: 3 };
-        assert_eq!(decoder.decode(&bytes_of(&fork)).unwrap().data, EventData::Fork(Fork { child_pid: 50 }));
+        assert_eq!(decode(&decoder, &bytes_of(&fork)).unwrap().data, EventData::Fork(Fork { child_pid: 50 }));
         let exit = ExitEvent { header: header(kind::EXIT, size_of::<ExitEvent>()), exit_code: 256, _pad: 0 };
-        assert_eq!(decoder.decode(&bytes_of(&exit)).unwrap().data, EventData::Exit(Exit { code: 256 }));
+        assert_eq!(decode(&decoder, &bytes_of(&exit)).unwrap().data, EventData::Exit(Exit { code: 256 }));
     }
 
     #[test]
     fn rejects_short_unknown_and_mis_sized_records() {
         let decoder = Decoder::with_offset(0);
-        assert_eq!(decoder.decode(&[0; 10]), Err(DecodeError::NoHeader { len: 10 }));
+        assert_eq!(decode(&decoder, &[0; 10]), Err(DecodeError::NoHeader { len: 10 }));
 
         let open = bytes_of(&open_record(3));
         let cut = &open[..open.len() - 1];
-        assert!(matches!(decoder.decode(cut), Err(DecodeError::BadSize { kind: kind::OPEN, .. })));
-        assert!(matches!(decoder.decode(&open[..size_of::<EventHeader>()]), Err(DecodeError::BadSize { .. })));
+        assert!(matches!(decode(&decoder, cut), Err(DecodeError::BadSize { kind: kind::OPEN, .. })));
+        assert!(matches!(decode(&decoder, &open[..size_of::<EventHeader>()]), Err(DecodeError::BadSize { .. })));
 
         let mut wrong_size = ForkEvent { header: header(kind::FORK, 1000), child_pid: 1, child_depth: 1 };
-        assert!(matches!(decoder.decode(&bytes_of(&wrong_size)), Err(DecodeError::BadSize { declared: 1000, .. })));
+        assert!(matches!(decode(&decoder, &bytes_of(&wrong_size)), Err(DecodeError::BadSize { declared: 1000, .. })));
         wrong_size.header = header(99, size_of::<ForkEvent>());
-        assert_eq!(decoder.decode(&bytes_of(&wrong_size)), Err(DecodeError::UnknownKind { kind: 99 }));
+        assert_eq!(decode(&decoder, &bytes_of(&wrong_size)), Err(DecodeError::UnknownKind { kind: 99 }));
+    }
+
+    #[test]
+    fn names_credential_inodes_and_blocks() {
+        let decoder = Decoder::with_offset(0);
+        let mut record = open_record(4);
+        record.record_flags = record_flag::CRED_INODE | record_flag::BLOCKED;
+        record.cred_index = 7;
+        let names = |index: u32| (index == 7).then(|| "/home/alice/.ssh/id_rsa".to_owned());
+        let EventData::Open(open) = decoder.decode(&bytes_of(&record), &names).unwrap().data else { panic!() };
+        assert_eq!(open.same_file_as.as_deref(), Some("/home/alice/.ssh/id_rsa"));
+        assert!(open.blocked);
+        // Without the flag the index means nothing.
+        record.record_flags = 0;
+        let EventData::Open(open) = decoder.decode(&bytes_of(&record), &names).unwrap().data else { panic!() };
+        assert_eq!((open.same_file_as, open.blocked), (None, false));
+        record.syscall = open_syscall::OPEN_BY_HANDLE_AT;
+        let EventData::Open(open) = decode(&decoder, &bytes_of(&record)).unwrap().data else { panic!() };
+        assert_eq!(open.syscall, "open_by_handle_at");
+    }
+
+    fn rename_record(syscall: u32, old: &[u8], new: &[u8]) -> Box<RenameEvent> {
+        // SAFETY: all-zero is a valid RenameEvent.
+        let mut event: Box<RenameEvent> = unsafe { Box::new_zeroed().assume_init() };
+        event.header = header(kind::RENAME, size_of::<RenameEvent>());
+        event.syscall = syscall;
+        event.old[..old.len()].copy_from_slice(old);
+        event.old_len = old.len() as u32;
+        event.new[..new.len()].copy_from_slice(new);
+        event.new_len = new.len() as u32;
+        event.old_dir = resolved(b"", path_flag::UNRESOLVED);
+        event.new_dir = resolved(b"", path_flag::UNRESOLVED);
+        event
+    }
+
+    #[test]
+    fn decodes_renames_with_absolute_paths() {
+        let decoder = Decoder::with_offset(0);
+        let mut record = rename_record(rename_syscall::RENAMEAT2, b"key.tmp", b"/home/alice/.ssh/id_rsa");
+        record.old_dir = resolved(b"work/alice/home/", 0);
+        record.ret = -17;
+        let EventData::Rename(rename) = decode(&decoder, &bytes_of(&*record)).unwrap().data else { panic!() };
+        assert_eq!(rename.syscall, "renameat2");
+        assert_eq!((rename.old_path.as_str(), rename.new_path.as_str()), ("key.tmp", "/home/alice/.ssh/id_rsa"));
+        assert_eq!(rename.old_abs.as_deref(), Some("/home/alice/work/key.tmp"));
+        assert_eq!(rename.new_abs.as_deref(), Some("/home/alice/.ssh/id_rsa"));
+        assert_eq!((rename.tid, rename.ret), (43, -17));
+
+        // A truncated or unresolved directory gives no absolute path.
+        let mut record = rename_record(rename_syscall::LINK, b"a", b"b");
+        record.old_dir = resolved(b"x/", path_flag::TRUNCATED);
+        let EventData::Rename(rename) = decode(&decoder, &bytes_of(&*record)).unwrap().data else { panic!() };
+        assert_eq!((rename.old_abs, rename.new_abs), (None, None));
+
+        // A relative symlink target is relative to the link's directory.
+        let mut record = rename_record(rename_syscall::SYMLINKAT, b"../.ssh/id_rsa", b"innocent");
+        record.new_dir = resolved(b"tmp/", 0);
+        let EventData::Rename(rename) = decode(&decoder, &bytes_of(&*record)).unwrap().data else { panic!() };
+        assert_eq!(rename.new_abs.as_deref(), Some("/tmp/innocent"));
+        assert_eq!(rename.old_abs.as_deref(), Some("/tmp/../.ssh/id_rsa"));
+    }
+
+    #[test]
+    fn decodes_tamper_syscalls() {
+        let decoder = Decoder::with_offset(0);
+        let record = |syscall, record_flags, target_pid, operation, ret| SyscallEvent {
+            header: header(kind::SYSCALL, size_of::<SyscallEvent>()),
+            syscall,
+            record_flags,
+            target_pid,
+            _pad: 0,
+            operation,
+            ret,
+        };
+        let decoded = |event: SyscallEvent| match decode(&decoder, &bytes_of(&event)).unwrap().data {
+            EventData::Syscall(syscall) => syscall,
+            other => panic!("{other:?}"),
+        };
+        let ptrace =
+            decoded(record(tamper_syscall::PTRACE, record_flag::HAS_TARGET | record_flag::HAS_RET, 77, 16, -1));
+        assert_eq!(
+            ptrace,
+            Syscall {
+                tid: 43,
+                name: "ptrace".into(),
+                target_pid: Some(77),
+                operation: Some("PTRACE_ATTACH".into()),
+                ret: Some(-1),
+                blocked: false,
+            }
+        );
+        let bpf = decoded(record(tamper_syscall::BPF, record_flag::BLOCKED, 0, 5, 0));
+        assert_eq!((bpf.operation.as_deref(), bpf.ret, bpf.target_pid, bpf.blocked), (Some("BPF_PROG_LOAD"), None, None, true));
+        let kill = decoded(record(tamper_syscall::KILL, record_flag::HAS_TARGET, 1, 15, 0));
+        assert_eq!(kill.operation.as_deref(), Some("SIGTERM"));
+        let uring = decoded(record(tamper_syscall::IO_URING_SUBMIT_REQ, 0, 0, 18, 0));
+        assert_eq!((uring.name.as_str(), uring.operation.as_deref()), ("io_uring_submit_req", Some("IORING_OP_OPENAT")));
+        // Unknown numbers stay numbers.
+        assert_eq!(decoded(record(tamper_syscall::BPF, 0, 0, 999, 0)).operation.as_deref(), Some("999"));
+        assert_eq!(decoded(record(tamper_syscall::PTRACE, 0, 0, 0x9999, 0)).operation.as_deref(), Some("39321"));
+        assert_eq!(decoded(record(tamper_syscall::IO_URING_SETUP, 0, 0, 0, 0)).operation, None);
     }
 
     #[test]

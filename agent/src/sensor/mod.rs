@@ -2,6 +2,8 @@
 //! ring buffer records into [`Event`]s. It holds no detection logic.
 
 pub mod btf;
+mod canary;
+pub mod credentials;
 pub mod decode;
 mod doctor;
 pub mod offsets;
@@ -20,15 +22,21 @@ use aya::{
     Ebpf, EbpfError, EbpfLoader,
 };
 use credwatch_common::{
-    config_flag, lost_index, manager_flag, mark_flag, Config, ManagerValue, Mark, MANAGER_NAME_LEN, MODULE_KEY_LEN,
+    config_flag, lost_index, manager_flag, mark_flag, tamper_syscall, Config, CredInode, InodeKey, ManagerValue, Mark,
+    MANAGER_NAME_LEN, MODULE_KEY_LEN,
 };
 use thiserror::Error;
 
 pub use self::doctor::{doctor, DoctorReport};
-use self::{btf::BtfError, decode::Decoder};
+use self::{
+    btf::BtfError,
+    canary::{Canary, Verdict, CANARY_INTERVAL},
+    credentials::{CredentialTable, RESCAN_INTERVAL},
+    decode::Decoder,
+};
 use crate::{
     event::{Event, EventData, Lost},
-    rules::manager::Manager,
+    rules::{manager::Manager, schema::Action, Rule},
 };
 
 /// The kernel programs, built by `cargo xtask build` and embedded by build.rs.
@@ -44,17 +52,86 @@ const TRACEFS: &str = "/sys/kernel/tracing";
 
 /// The raw tracepoints: program (function) name = tracepoint name.
 const RAW_TRACEPOINTS: &[&str] = &["sched_process_exec", "sched_process_fork", "sched_process_exit"];
-/// Syscall tracepoints; `open` and `creat` exist only on some architectures (not arm64).
-const SYSCALL_TRACEPOINTS: &[(&str, bool)] = &[
-    ("sys_enter_openat", true),
-    ("sys_exit_openat", true),
-    ("sys_enter_openat2", true),
-    ("sys_exit_openat2", true),
-    ("sys_enter_open", false),
-    ("sys_exit_open", false),
-    ("sys_enter_creat", false),
-    ("sys_exit_creat", false),
+/// Tracepoints as (category, name = program name, required). The legacy syscalls (`open`,
+/// `creat`, `rename`, `link`, `symlink`, `renameat`) exist only on some architectures (not
+/// arm64); the module syscalls only on kernels built with modules; io_uring only with io_uring.
+const TRACEPOINTS: &[(&str, &str, bool)] = &[
+    ("syscalls", "sys_enter_openat", true),
+    ("syscalls", "sys_exit_openat", true),
+    ("syscalls", "sys_enter_openat2", true),
+    ("syscalls", "sys_exit_openat2", true),
+    ("syscalls", "sys_enter_open", false),
+    ("syscalls", "sys_exit_open", false),
+    ("syscalls", "sys_enter_creat", false),
+    ("syscalls", "sys_exit_creat", false),
+    ("syscalls", "sys_enter_open_by_handle_at", true),
+    ("syscalls", "sys_exit_open_by_handle_at", true),
+    ("syscalls", "sys_enter_rename", false),
+    ("syscalls", "sys_exit_rename", false),
+    ("syscalls", "sys_enter_renameat", false),
+    ("syscalls", "sys_exit_renameat", false),
+    ("syscalls", "sys_enter_renameat2", true),
+    ("syscalls", "sys_exit_renameat2", true),
+    ("syscalls", "sys_enter_link", false),
+    ("syscalls", "sys_exit_link", false),
+    ("syscalls", "sys_enter_linkat", true),
+    ("syscalls", "sys_exit_linkat", true),
+    ("syscalls", "sys_enter_symlink", false),
+    ("syscalls", "sys_exit_symlink", false),
+    ("syscalls", "sys_enter_symlinkat", true),
+    ("syscalls", "sys_exit_symlinkat", true),
+    ("syscalls", "sys_enter_ptrace", true),
+    ("syscalls", "sys_exit_ptrace", true),
+    ("syscalls", "sys_enter_process_vm_readv", true),
+    ("syscalls", "sys_exit_process_vm_readv", true),
+    ("syscalls", "sys_enter_process_vm_writev", true),
+    ("syscalls", "sys_exit_process_vm_writev", true),
+    ("syscalls", "sys_enter_bpf", true),
+    ("syscalls", "sys_exit_bpf", true),
+    ("syscalls", "sys_enter_init_module", false),
+    ("syscalls", "sys_exit_init_module", false),
+    ("syscalls", "sys_enter_finit_module", false),
+    ("syscalls", "sys_exit_finit_module", false),
+    ("syscalls", "sys_enter_kill", true),
+    ("syscalls", "sys_exit_kill", true),
+    ("syscalls", "sys_enter_tkill", true),
+    ("syscalls", "sys_exit_tkill", true),
+    ("syscalls", "sys_enter_tgkill", true),
+    ("syscalls", "sys_exit_tgkill", true),
+    ("syscalls", "sys_enter_pidfd_send_signal", true),
+    ("syscalls", "sys_exit_pidfd_send_signal", true),
+    ("syscalls", "sys_enter_io_uring_setup", false),
+    ("syscalls", "sys_exit_io_uring_setup", false),
+    ("io_uring", "io_uring_submit_req", false),
 ];
+
+/// The `Config::block_syscalls` mask: the syscalls named by `kill` rules. A rule that names
+/// operations (`PTRACE_ATTACH`) is left to userspace: the kernel checks names only, and
+/// killing every operation would block more than the rule says.
+fn block_syscalls(rules: &[Rule]) -> u32 {
+    rules
+        .iter()
+        .filter(|rule| rule.action == Action::Kill)
+        .filter_map(|rule| rule.syscalls.as_ref())
+        .filter(|syscalls| syscalls.operations.is_empty())
+        .flat_map(|syscalls| syscalls.names.0.iter())
+        .filter_map(|name| decode::tamper_number(name))
+        .filter(|&number| number != tamper_syscall::IO_URING_SUBMIT_REQ)
+        .fold(0, |mask, number| mask | 1 << number)
+}
+
+/// Where the `io_uring_submit_req` record keeps its opcode, per its tracefs format.
+fn uring_opcode_offset() -> u32 {
+    let format = std::fs::read_to_string(Path::new(TRACEFS).join("events/io_uring/io_uring_submit_req/format"))
+        .unwrap_or_default();
+    format
+        .lines()
+        .find(|line| line.contains(" opcode;"))
+        .and_then(|line| line.split("offset:").nth(1))
+        .and_then(|rest| rest.split(';').next())
+        .and_then(|offset| offset.trim().parse().ok())
+        .unwrap_or(0)
+}
 
 #[derive(Debug, Error)]
 pub enum SensorError {
@@ -79,6 +156,22 @@ pub enum SensorError {
     Proc(io::Error),
     #[error("waiting for the ring buffer: {0}")]
     Poll(io::Error),
+    #[error("starting the canary process: {0}")]
+    Canary(io::Error),
+}
+
+/// The `Lost` event sources (`Lost::source`) of the sensor.
+pub mod lost_source {
+    /// The bulk ring buffer was full: opens, execs, forks, exits or renames were dropped.
+    pub const EVENTS: &str = "events";
+    /// The priority ring buffer was full: credential-inode opens, blocks or tamper syscalls
+    /// were dropped.
+    pub const PRIORITY: &str = "priority";
+    /// The `MARKS` map was full: processes of a package tree went unwatched.
+    pub const MARKS: &str = "marks";
+    /// The canary's records did not come back: programs were detached, so events are being
+    /// missed from then on (`count` is the number of failed canaries).
+    pub const DETACHED: &str = "detached";
 }
 
 /// Counters since start.
@@ -86,20 +179,52 @@ pub enum SensorError {
 pub struct SensorStats {
     /// Records decoded into events.
     pub events: u64,
-    /// Records the kernel could not put in the ring buffer (full).
+    /// Records the kernel could not put in the bulk ring buffer (full).
     pub lost: u64,
+    /// Records the kernel could not put in the priority ring buffer (full).
+    pub priority_lost: u64,
+    /// Credential files in the kernel's inode table after the last scan.
+    pub credential_files: u64,
+    /// Canaries whose records did not come back (programs detached).
+    pub detached: u64,
     /// Processes of a package tree that could not be marked (`MARKS` full).
     pub marks_full: u64,
     /// Records that were short, mis-sized or of an unknown kind (skipped).
     pub malformed: u64,
 }
 
+/// What [`Sensor::protect`] watches for by inode, and whether it blocks.
+pub struct Protection {
+    /// The rules whose targets are looked for (all of them: `kill` ones are blocked).
+    pub rules: Vec<Rule>,
+    /// Homes to scan; `HOME`s of watched processes are added as execs show them.
+    pub homes: Vec<std::path::PathBuf>,
+    /// Kill on opens of `kill` targets and on the syscalls `kill` rules name.
+    pub enforce: bool,
+}
+
 pub struct Sensor {
     ebpf: Ebpf,
     events: RingBuf<MapData>,
+    priority: RingBuf<MapData>,
     lost: PerCpuArray<MapData, u64>,
+    config_map: Array<MapData, Config>,
+    config: Config,
+    cred_map: HashMap<MapData, InodeKey, CredInode>,
+    /// With [`Sensor::protect`]: the table and when to scan it next.
+    credentials: Option<(CredentialTable, Instant)>,
+    canary: Option<Canary>,
+    next_canary: Instant,
     decoder: Decoder,
     stats: SensorStats,
+}
+
+impl Drop for Sensor {
+    fn drop(&mut self) {
+        if let Some(canary) = self.canary.take() {
+            canary.finish();
+        }
+    }
 }
 
 fn map_err(name: &'static str) -> impl Fn(MapError) -> SensorError {
@@ -208,8 +333,10 @@ impl Sensor {
             offsets,
             flags: if auto_roots { config_flag::AUTO_ROOTS } else { 0 },
             agent_tgid: std::process::id(),
+            uring_opcode_offset: uring_opcode_offset(),
+            block_syscalls: 0,
         };
-        let mut config_map: Array<_, Config> = take_typed(&mut ebpf, "CONFIG")?;
+        let mut config_map: Array<MapData, Config> = take_typed(&mut ebpf, "CONFIG")?;
         config_map.set(0, config, 0).map_err(map_err("CONFIG"))?;
         let mut manager_map: HashMap<_, [u8; MANAGER_NAME_LEN], ManagerValue> = take_typed(&mut ebpf, "MANAGERS")?;
         for (key, value) in &names {
@@ -220,7 +347,9 @@ impl Sensor {
             module_map.insert(key, value, 0).map_err(map_err("MANAGER_MODULES"))?;
         }
         let events: RingBuf<MapData> = take_typed(&mut ebpf, "EVENTS")?;
+        let priority: RingBuf<MapData> = take_typed(&mut ebpf, "PRIORITY")?;
         let lost: PerCpuArray<MapData, u64> = take_typed(&mut ebpf, "LOST")?;
+        let cred_map: HashMap<MapData, InodeKey, CredInode> = take_typed(&mut ebpf, "CRED_INODES")?;
 
         for &name in RAW_TRACEPOINTS {
             let program: &mut RawTracePoint = ebpf
@@ -231,8 +360,8 @@ impl Sensor {
             program.load().map_err(program_err(name))?;
             program.attach(name).map_err(program_err(name))?;
         }
-        for &(name, required) in SYSCALL_TRACEPOINTS {
-            if !required && !Path::new(TRACEFS).join("events/syscalls").join(name).is_dir() {
+        for &(category, name, required) in TRACEPOINTS {
+            if !required && !Path::new(TRACEFS).join("events").join(category).join(name).is_dir() {
                 continue;
             }
             let program: &mut TracePoint = ebpf
@@ -241,9 +370,61 @@ impl Sensor {
                 .try_into()
                 .map_err(program_err(name))?;
             program.load().map_err(program_err(name))?;
-            program.attach("syscalls", name).map_err(program_err(name))?;
+            program.attach(category, name).map_err(program_err(name))?;
         }
-        Ok(Sensor { ebpf, events, lost, decoder, stats: SensorStats::default() })
+        Ok(Sensor {
+            ebpf,
+            events,
+            priority,
+            lost,
+            config_map,
+            config,
+            cred_map,
+            credentials: None,
+            canary: None,
+            next_canary: Instant::now() + CANARY_INTERVAL,
+            decoder,
+            stats: SensorStats::default(),
+        })
+    }
+
+    /// Registers the inodes of the files `protection.rules` target (rescanned every
+    /// [`RESCAN_INTERVAL`] from [`Sensor::poll`]) and, with `enforce`, turns blocking on.
+    pub fn protect(&mut self, protection: Protection) -> Result<(), SensorError> {
+        self.config.block_syscalls = block_syscalls(&protection.rules);
+        let table = CredentialTable::new(protection.rules, protection.homes);
+        self.credentials = Some((table, Instant::now()));
+        self.rescan()?;
+        if protection.enforce {
+            self.config.flags |= config_flag::ENFORCE;
+        } else {
+            self.config.flags &= !config_flag::ENFORCE;
+        }
+        self.config_map.set(0, self.config, 0).map_err(map_err("CONFIG"))
+    }
+
+    /// Rebuilds the credential table and brings the kernel map in line with it.
+    fn rescan(&mut self) -> Result<(), SensorError> {
+        let Some((table, next)) = &mut self.credentials else { return Ok(()) };
+        let scan = table.scan();
+        *next = Instant::now() + RESCAN_INTERVAL;
+        let stale: Vec<InodeKey> = self
+            .cred_map
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|key| !scan.inodes.contains_key(key))
+            .collect();
+        for key in stale {
+            // Gone already is fine: only its absence matters.
+            let _ = self.cred_map.remove(&key);
+        }
+        for (key, value) in &scan.inodes {
+            if self.cred_map.get(key, 0).ok() != Some(*value) {
+                self.cred_map.insert(key, value, 0).map_err(map_err("CRED_INODES"))?;
+            }
+        }
+        self.stats.credential_files = scan.inodes.len() as u64;
+        Ok(())
     }
 
     fn marks(&mut self) -> Result<HashMap<&mut MapData, u32, Mark>, SensorError> {
@@ -281,10 +462,14 @@ impl Sensor {
     /// as some arrived; appends a `Lost` event when a loss counter grew.
     pub fn poll(&mut self, timeout: Duration, out: &mut Vec<Event>) -> Result<(), SensorError> {
         let deadline = Instant::now() + timeout;
+        if self.credentials.as_ref().is_some_and(|(_, next)| Instant::now() >= *next) {
+            self.rescan()?;
+        }
         loop {
             let before = out.len();
             self.drain(out);
             self.check_lost(out)?;
+            self.tend_canary(out)?;
             let now = Instant::now();
             if out.len() > before || now >= deadline {
                 return Ok(());
@@ -293,23 +478,56 @@ impl Sensor {
         }
     }
 
+    /// Reads the priority ring buffer first, then the bulk one, then the priority one again,
+    /// and puts what it read in time order: a priority record made before a bulk record just
+    /// read (an open before its process's exit) is then in the same batch, before it.
     fn drain(&mut self, out: &mut Vec<Event>) {
-        while let Some(item) = self.events.next() {
-            match self.decoder.decode(&item) {
-                Ok(event) => {
-                    self.stats.events += 1;
-                    out.push(event);
+        let before = out.len();
+        let Sensor { events, priority, decoder, stats, credentials, canary, .. } = self;
+        let mut homes = Vec::new();
+        {
+            let table = credentials.as_ref().map(|(table, _)| table);
+            let cred_path = |index: u32| table.and_then(|t| t.path(index)).map(str::to_owned);
+            for ring in [0, 1, 0] {
+                let ring = if ring == 0 { &mut *priority } else { &mut *events };
+                while let Some(item) = ring.next() {
+                    match decoder.decode(&item, &cred_path) {
+                        Ok(event) => {
+                            if let Some(canary) = canary.as_mut().filter(|c| c.pid == event.pid) {
+                                canary.saw(&event.data);
+                                continue;
+                            }
+                            if let EventData::Exec(exec) = &event.data {
+                                homes.extend(exec.env.get("HOME").cloned());
+                            }
+                            stats.events += 1;
+                            out.push(event);
+                        }
+                        Err(_) => stats.malformed += 1,
+                    }
                 }
-                Err(_) => self.stats.malformed += 1,
+            }
+        }
+        out[before..].sort_by_key(|event| event.time_ns);
+        // A home first seen now is scanned at the next poll.
+        if let Some((table, next)) = credentials {
+            for home in homes {
+                if table.add_home(Path::new(&home)) {
+                    *next = Instant::now();
+                }
             }
         }
     }
 
-    /// Sleeps until the programs wake the reader (past their watermark) or `slice` passes.
+    /// Sleeps until the programs wake the reader (past the bulk watermark, or any priority
+    /// record) or `slice` passes.
     fn wait(&self, slice: Duration) -> Result<(), SensorError> {
-        let mut fd = libc::pollfd { fd: self.events.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: fd is a valid pollfd for the duration of the call.
-        let rc = unsafe { libc::poll(&mut fd, 1, slice.as_millis() as libc::c_int) };
+        let mut fds = [
+            libc::pollfd { fd: self.priority.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: self.events.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        ];
+        // SAFETY: fds is a valid array of pollfds for the duration of the call.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, slice.as_millis() as libc::c_int) };
         if rc < 0 {
             let error = io::Error::last_os_error();
             if error.kind() != io::ErrorKind::Interrupted {
@@ -319,15 +537,58 @@ impl Sensor {
         Ok(())
     }
 
+    /// Judges the canary in flight, or starts one when it is time.
+    fn tend_canary(&mut self, out: &mut Vec<Event>) -> Result<(), SensorError> {
+        if let Some(verdict) = self.canary.as_ref().and_then(|canary| canary.verdict(self.stats.lost)) {
+            if let Some(canary) = self.canary.take() {
+                let pid = canary.pid;
+                canary.finish();
+                // The exit program removes the mark, unless it is the one detached.
+                let _ = self.marks()?.remove(&pid);
+            }
+            if let Verdict::Missing(_) = verdict {
+                self.stats.detached += 1;
+                out.push(Event {
+                    time_ns: self.decoder.wall_ns(boot_ns()),
+                    pid: 0,
+                    data: EventData::Lost(Lost { source: lost_source::DETACHED.to_owned(), count: 1 }),
+                });
+            }
+            self.next_canary = Instant::now() + CANARY_INTERVAL;
+            return Ok(());
+        }
+        if self.canary.is_some() || Instant::now() < self.next_canary {
+            return Ok(());
+        }
+        let mut canary = Canary::spawn(self.stats.lost).map_err(SensorError::Canary)?;
+        let mark = Mark { root_pid: canary.pid, depth: 0, manager: NO_MANAGER, flags: mark_flag::BY_AGENT };
+        if let Err(error) = self.marks().and_then(|mut marks| marks.insert(canary.pid, mark, 0).map_err(map_err("MARKS")))
+        {
+            canary.finish();
+            return Err(error);
+        }
+        canary.release();
+        self.canary = Some(canary);
+        Ok(())
+    }
+
     fn lost_total(&self, index: u32) -> Result<u64, SensorError> {
         let values = self.lost.get(&index, 0).map_err(map_err("LOST"))?;
         Ok(values.iter().sum())
     }
 
     fn check_lost(&mut self, out: &mut Vec<Event>) -> Result<(), SensorError> {
-        for (index, source) in [(lost_index::EVENTS, "events"), (lost_index::MARKS_FULL, "marks")] {
+        for (index, source) in [
+            (lost_index::PRIORITY, lost_source::PRIORITY),
+            (lost_index::EVENTS, lost_source::EVENTS),
+            (lost_index::MARKS_FULL, lost_source::MARKS),
+        ] {
             let total = self.lost_total(index)?;
-            let seen = if index == lost_index::EVENTS { &mut self.stats.lost } else { &mut self.stats.marks_full };
+            let seen = match index {
+                lost_index::EVENTS => &mut self.stats.lost,
+                lost_index::PRIORITY => &mut self.stats.priority_lost,
+                _ => &mut self.stats.marks_full,
+            };
             if total > *seen {
                 out.push(Event {
                     time_ns: self.decoder.wall_ns(boot_ns()),

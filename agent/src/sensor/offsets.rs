@@ -46,5 +46,8 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         signal_struct_live: m("signal_struct", "live")?,
         // The prototype's first parameter is the context; (ctx, task, group_dead) since 6.16.
         exit_has_group_dead: u32::from(btf.proto_params("btf_trace_sched_process_exit")? >= 3),
+        file_private_data: m("file", "private_data")?,
+        pid_numbers: m("pid", "numbers")?,
+        upid_nr: m("upid", "nr")?,
     })
 }

@@ -28,6 +28,8 @@ pub mod kind {
     pub const FORK: u32 = 2;
     pub const EXIT: u32 = 3;
     pub const OPEN: u32 = 4;
+    pub const RENAME: u32 = 5;
+    pub const SYSCALL: u32 = 6;
 }
 
 /// Which syscall an [`OpenEvent`] came from.
@@ -36,6 +38,55 @@ pub mod open_syscall {
     pub const OPENAT: u32 = 2;
     pub const OPENAT2: u32 = 3;
     pub const CREAT: u32 = 4;
+    /// No path: `dirfd` holds the mount fd; the file is known only from the new fd.
+    pub const OPEN_BY_HANDLE_AT: u32 = 5;
+}
+
+/// Which syscall a [`RenameEvent`] came from.
+pub mod rename_syscall {
+    pub const RENAME: u32 = 1;
+    pub const RENAMEAT: u32 = 2;
+    pub const RENAMEAT2: u32 = 3;
+    pub const LINK: u32 = 4;
+    pub const LINKAT: u32 = 5;
+    pub const SYMLINK: u32 = 6;
+    pub const SYMLINKAT: u32 = 7;
+}
+
+/// Which syscall (or io_uring submission) a [`SyscallEvent`] came from.
+pub mod tamper_syscall {
+    pub const PTRACE: u32 = 1;
+    pub const PROCESS_VM_READV: u32 = 2;
+    pub const PROCESS_VM_WRITEV: u32 = 3;
+    pub const BPF: u32 = 4;
+    pub const INIT_MODULE: u32 = 5;
+    pub const FINIT_MODULE: u32 = 6;
+    pub const KILL: u32 = 7;
+    pub const TKILL: u32 = 8;
+    pub const TGKILL: u32 = 9;
+    pub const PIDFD_SEND_SIGNAL: u32 = 10;
+    pub const IO_URING_SETUP: u32 = 11;
+    /// The `io_uring:io_uring_submit_req` tracepoint: `operation` is the `IORING_OP_*` opcode.
+    pub const IO_URING_SUBMIT_REQ: u32 = 12;
+}
+
+/// Bits of [`OpenEvent::record_flags`] and [`SyscallEvent::record_flags`].
+pub mod record_flag {
+    /// The opened file's (dev, ino) is in `CRED_INODES`; `cred_index` names it.
+    pub const CRED_INODE: u32 = 1;
+    /// The kernel sent SIGKILL to the process (`--enforce`).
+    pub const BLOCKED: u32 = 2;
+    /// [`SyscallEvent::ret`] holds the result (reported at syscall exit).
+    pub const HAS_RET: u32 = 4;
+    /// [`SyscallEvent::target_pid`] is meaningful.
+    pub const HAS_TARGET: u32 = 8;
+}
+
+/// Bits of [`CredInode::flags`].
+pub mod cred_flag {
+    /// A rule with action `kill` targets this file: under `--enforce` an open of it by a
+    /// marked process kills the process at the open's syscall exit.
+    pub const KILL: u32 = 1;
 }
 
 /// Bits of [`Mark::flags`].
@@ -64,6 +115,8 @@ pub mod config_flag {
     /// Mark a process as a package root when it execs a known package manager (`watch`).
     /// Off in `credwatch run`, which marks CMD itself and watches nothing else.
     pub const AUTO_ROOTS: u32 = 1;
+    /// `--enforce`: kill on opens of `KILL` inodes and on blockable tamper syscalls.
+    pub const ENFORCE: u32 = 2;
 }
 
 /// The mark of a process inside a package tree: the value of the `MARKS` map, keyed by tgid.
@@ -132,6 +185,10 @@ pub struct KernelOffsets {
     /// Not an offset: 1 when the `sched_process_exit` raw tracepoint passes `group_dead` as its
     /// second argument (Linux 6.16+), else 0 and the program reads `signal->live`.
     pub exit_has_group_dead: u32,
+    /// `file::private_data` (a pidfd's `struct pid`), `pid::numbers`, `upid::nr`.
+    pub file_private_data: u32,
+    pub pid_numbers: u32,
+    pub upid_nr: u32,
 }
 
 /// Agent-wide settings, in the single-entry `CONFIG` array map.
@@ -143,6 +200,31 @@ pub struct Config {
     pub flags: u32,
     /// The agent's own tgid: its activity is never reported.
     pub agent_tgid: u32,
+    /// Offset of `opcode` (a u8) in the `io_uring:io_uring_submit_req` record (from its tracefs
+    /// format).
+    pub uring_opcode_offset: u32,
+    /// Bit `1 << n` for each [`tamper_syscall`] `n` that a `kill` rule names: with
+    /// [`config_flag::ENFORCE`], such a call is killed at syscall entry.
+    pub block_syscalls: u32,
+}
+
+/// Key of the `CRED_INODES` map: a credential file as the kernel names it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct InodeKey {
+    /// Kernel-internal `dev_t` (`super_block::s_dev`, major << 20 | minor).
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// Value of the `CRED_INODES` map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CredInode {
+    /// Index into the agent's table of credential paths.
+    pub index: u32,
+    /// [`cred_flag`] bits.
+    pub flags: u32,
 }
 
 /// Starts every record in the ring buffer.
@@ -243,6 +325,10 @@ pub struct OpenEvent {
     pub dev: u64,
     pub ino: u64,
     pub given_len: u32,
+    /// [`record_flag`] bits.
+    pub record_flags: u32,
+    /// With [`record_flag::CRED_INODE`]: the `CRED_INODES` value's index.
+    pub cred_index: u32,
     pub _pad: u32,
     /// The path as the process gave it.
     pub given: [u8; MAX_GIVEN_PATH],
@@ -251,12 +337,59 @@ pub struct OpenEvent {
     pub path: ResolvedPath,
 }
 
-/// Index of each ring buffer's failed-reserve counter in the per-CPU `LOST` array.
+/// Kind [`kind::RENAME`]: a rename, link or symlink syscall of a marked process, sent at exit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RenameEvent {
+    pub header: EventHeader,
+    /// One of [`rename_syscall`].
+    pub syscall: u32,
+    /// `renameat2`/`linkat` flags as given.
+    pub flags: u32,
+    /// 0, or `-errno`.
+    pub ret: i64,
+    /// dirfds as given (-100 for the cwd, and for the syscalls without one).
+    pub old_dirfd: i32,
+    pub new_dirfd: i32,
+    pub old_len: u32,
+    pub new_len: u32,
+    /// The paths as given (for symlinks, `old` is the link's target text).
+    pub old: [u8; MAX_GIVEN_PATH],
+    pub new: [u8; MAX_GIVEN_PATH],
+    /// The directory each relative path starts from (the dirfd's file, else the cwd), resolved
+    /// at syscall entry; [`path_flag::UNRESOLVED`] when the path is absolute or for a
+    /// symlink's target.
+    pub old_dir: ResolvedPath,
+    pub new_dir: ResolvedPath,
+}
+
+/// Kind [`kind::SYSCALL`]: a tamper or evasion syscall of a marked process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyscallEvent {
+    pub header: EventHeader,
+    /// One of [`tamper_syscall`].
+    pub syscall: u32,
+    /// [`record_flag`] bits.
+    pub record_flags: u32,
+    /// The process acted on (with [`record_flag::HAS_TARGET`]).
+    pub target_pid: u32,
+    pub _pad: u32,
+    /// The ptrace request, bpf command, signal number or io_uring opcode.
+    pub operation: u64,
+    /// The result or `-errno` (with [`record_flag::HAS_RET`]).
+    pub ret: i64,
+}
+
+/// Index of each failed-reserve counter in the per-CPU `LOST` array.
 pub mod lost_index {
+    /// The bulk ring buffer (`EVENTS`) was full.
     pub const EVENTS: u32 = 0;
     /// The `MARKS` map was full: a process of a package tree went unmarked.
     pub const MARKS_FULL: u32 = 1;
-    pub const COUNT: u32 = 2;
+    /// The priority ring buffer (`PRIORITY`: credential inodes, blocks, tamper) was full.
+    pub const PRIORITY: u32 = 2;
+    pub const COUNT: u32 = 3;
 }
 
 #[cfg(feature = "user")]
@@ -267,6 +400,8 @@ mod pod {
     unsafe impl aya::Pod for super::ManagerValue {}
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::Config {}
+    unsafe impl aya::Pod for super::InodeKey {}
+    unsafe impl aya::Pod for super::CredInode {}
 }
 
 #[cfg(test)]
@@ -297,15 +432,23 @@ mod tests {
         assert_eq!(size_of::<ForkEvent>(), 64);
         assert_eq!(size_of::<ExitEvent>(), 64);
         assert_eq!(offset_of!(OpenEvent, flags), 64);
-        assert_eq!(offset_of!(OpenEvent, given), 112);
-        assert_eq!(offset_of!(OpenEvent, path), 112 + MAX_GIVEN_PATH);
-        assert_eq!(size_of::<OpenEvent>(), 112 + MAX_GIVEN_PATH + size_of::<ResolvedPath>());
+        assert_eq!(offset_of!(OpenEvent, record_flags), 108);
+        assert_eq!(offset_of!(OpenEvent, given), 120);
+        assert_eq!(offset_of!(OpenEvent, path), 120 + MAX_GIVEN_PATH);
+        assert_eq!(size_of::<OpenEvent>(), 120 + MAX_GIVEN_PATH + size_of::<ResolvedPath>());
+        assert_eq!(offset_of!(RenameEvent, old), 56 + 32);
+        assert_eq!(offset_of!(RenameEvent, old_dir), 56 + 32 + 2 * MAX_GIVEN_PATH);
+        assert_eq!(size_of::<RenameEvent>(), 56 + 32 + 2 * MAX_GIVEN_PATH + 2 * size_of::<ResolvedPath>());
+        assert_eq!(offset_of!(SyscallEvent, operation), 72);
+        assert_eq!(size_of::<SyscallEvent>(), 88);
     }
 
     #[test]
     fn config_has_no_padding() {
-        assert_eq!(size_of::<KernelOffsets>(), 36 * 4);
-        assert_eq!(size_of::<Config>(), size_of::<KernelOffsets>() + 8);
+        assert_eq!(size_of::<KernelOffsets>(), 39 * 4);
+        assert_eq!(size_of::<Config>(), size_of::<KernelOffsets>() + 16);
         assert_eq!(size_of::<ManagerValue>(), 8);
+        assert_eq!(size_of::<InodeKey>(), 16);
+        assert_eq!(size_of::<CredInode>(), 8);
     }
 }

@@ -8,10 +8,14 @@
 //! - `MANAGER_MODULES`: NUL-separated, NUL-padded argv words after argv[0] -> manager index
 //!   (`-m\0pip\0`), for interpreters flagged `NEEDS_MODULE`.
 //! - `CONFIG`: the single [`Config`] (kernel offsets from BTF, flags, the agent's tgid).
-//! - `EVENTS`: the ring buffer of records for userspace.
-//! - `LOST`: per-CPU counters indexed by [`lost_index`].
-//! - `PENDING_OPENS`: tid -> the arguments of an open syscall between its entry and exit.
-//! - `SCRATCH`: per-CPU buffers too large for the 512-byte stack.
+//! - `EVENTS`: the bulk ring buffer of records for userspace.
+//! - `PRIORITY`: a small ring buffer for the records that must not share the bulk's fate:
+//!   opens of credential inodes, blocked actions and tamper syscalls. The agent reads it first.
+//! - `LOST`: per-CPU counters indexed by [`lost_index`] (one per ring buffer, and a full MARKS).
+//! - `CRED_INODES`: (dev, ino) -> [`CredInode`] of every credential file the agent found.
+//! - `PENDING_OPENS`, `PENDING_RENAMES`, `PENDING_SYSCALLS`: tid -> what a syscall's entry saw,
+//!   until its exit.
+//! - `SCRATCH`, `RENAME_SCRATCH`: per-CPU buffers too large for the 512-byte stack.
 //!
 //! Notes:
 //! - A process is gone when the last thread of its group exits: `sched_process_exit` passes
@@ -20,6 +24,11 @@
 //!   see 0; only the one whose delete of the mark succeeds reports).
 //! - Records are submitted without a wakeup; the agent polls every 50 ms and is woken only when
 //!   more than [`WAKEUP_WATERMARK`] bytes wait.
+//! - Blocking (`--enforce`) is `bpf_send_signal(SIGKILL)`: the signal is delivered when the
+//!   syscall returns to user space, so the syscall itself completes. For an open that is
+//!   enough (the fd exists but the process never runs again to read it); for a tamper syscall
+//!   (bpf, a module load, a signal to the agent) its effect happens anyway: only LSM or
+//!   `bpf_override_return`, neither loadable here, could refuse it.
 //! - Verifier cost: values that would otherwise be followed one by one (a path's length, where
 //!   a basename starts, map keys built byte by byte) go through memory, where the verifier
 //!   keeps no per-value state, and are bounded again after.
@@ -43,8 +52,9 @@ use aya_ebpf::{
     programs::{RawTracePointContext, TracePointContext},
 };
 use credwatch_common::{
-    config_flag, kind, lost_index, manager_flag, open_syscall, path_flag, Config, EventHeader, ExecEvent, ExitEvent,
-    ForkEvent, KernelOffsets, ManagerValue, Mark, OpenEvent, ResolvedPath, MANAGER_NAME_LEN, MAX_ARGS, MAX_ENV,
+    config_flag, cred_flag, kind, lost_index, manager_flag, open_syscall, path_flag, record_flag, rename_syscall,
+    tamper_syscall, Config, CredInode, EventHeader, ExecEvent, ExitEvent, ForkEvent, InodeKey, KernelOffsets,
+    ManagerValue, Mark, OpenEvent, RenameEvent, ResolvedPath, SyscallEvent, MANAGER_NAME_LEN, MAX_ARGS, MAX_ENV,
     MAX_GIVEN_PATH, MAX_PATH_COMPONENTS, MAX_RESOLVED_PATH, MODULE_KEY_LEN,
 };
 
@@ -54,6 +64,17 @@ const MAX_MANAGERS: u32 = 256;
 /// Threads with an open syscall in flight (LRU: a lost exit only ages out).
 const MAX_PENDING_OPENS: u32 = 16384;
 const EVENTS_BYTES: u32 = 16 << 20;
+/// Room for about 200 open records: enough for a burst of credential hits between two polls.
+const PRIORITY_BYTES: u32 = 1 << 20;
+/// Credential files the agent can register (its table has the same limit).
+const MAX_CRED_INODES: u32 = 16384;
+/// Threads with a rename-family syscall in flight (each entry is a whole record, ~9 KiB).
+const MAX_PENDING_RENAMES: u32 = 256;
+const MAX_PENDING_SYSCALLS: u32 = 4096;
+const SIGKILL: u32 = 9;
+/// `IORING_OP_OPENAT` and `IORING_OP_OPENAT2`: submissions that open files go to `PRIORITY`.
+const IORING_OP_OPENAT: u8 = 18;
+const IORING_OP_OPENAT2: u8 = 28;
 /// Wake the reader only when this much is waiting; otherwise it polls on a short timer.
 const WAKEUP_WATERMARK: u64 = 4 << 20;
 
@@ -79,6 +100,7 @@ const TP_ARG0: usize = 16;
 const TP_ARG1: usize = 24;
 const TP_ARG2: usize = 32;
 const TP_ARG3: usize = 40;
+const TP_ARG4: usize = 48;
 const TP_RET: usize = 16;
 
 #[repr(C)]
@@ -93,6 +115,17 @@ struct PendingOpen {
     /// The user pointer, to read the path again at exit when it could not be read at entry.
     given_ptr: u64,
     given: [u8; MAX_GIVEN_PATH],
+}
+
+/// What a tamper syscall's entry saw, for its exit.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct PendingSyscall {
+    syscall: u32,
+    record_flags: u32,
+    target_pid: u32,
+    _pad: u32,
+    operation: u64,
 }
 
 #[repr(C)]
@@ -117,6 +150,16 @@ static MANAGER_MODULES: HashMap<[u8; MODULE_KEY_LEN], u32> = HashMap::with_max_e
 static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
+#[map]
+static PRIORITY: RingBuf = RingBuf::with_byte_size(PRIORITY_BYTES, 0);
+#[map]
+static CRED_INODES: HashMap<InodeKey, CredInode> = HashMap::with_max_entries(MAX_CRED_INODES, 0);
+#[map]
+static PENDING_RENAMES: LruHashMap<u32, RenameEvent> = LruHashMap::with_max_entries(MAX_PENDING_RENAMES, 0);
+#[map]
+static RENAME_SCRATCH: PerCpuArray<RenameEvent> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static PENDING_SYSCALLS: LruHashMap<u32, PendingSyscall> = LruHashMap::with_max_entries(MAX_PENDING_SYSCALLS, 0);
 #[map]
 static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(lost_index::COUNT, 0);
 #[map]
@@ -152,8 +195,16 @@ fn count_lost(index: u32) {
     }
 }
 
+/// Reserves a record in `PRIORITY` or in the bulk `EVENTS`, counting a failure per buffer.
 #[inline(always)]
-fn reserve<T: 'static>() -> Option<RingBufEntry<T>> {
+fn reserve<T: 'static>(priority: bool) -> Option<RingBufEntry<T>> {
+    if priority {
+        let entry = PRIORITY.reserve::<T>(0);
+        if entry.is_none() {
+            count_lost(lost_index::PRIORITY);
+        }
+        return entry;
+    }
     let entry = EVENTS.reserve::<T>(0);
     if entry.is_none() {
         count_lost(lost_index::EVENTS);
@@ -162,11 +213,22 @@ fn reserve<T: 'static>() -> Option<RingBufEntry<T>> {
 }
 
 #[inline(always)]
-fn submit<T>(entry: RingBufEntry<T>) {
+fn submit<T>(entry: RingBufEntry<T>, priority: bool) {
+    if priority {
+        // Rare and urgent: the default (adaptive) wakeup.
+        entry.submit(0);
+        return;
+    }
     // No wakeup per record: userspace polls on a short timer, and is woken only when the
     // buffer fills past the watermark.
     let flags = if EVENTS.query(BPF_RB_AVAIL_DATA) > WAKEUP_WATERMARK { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP };
     entry.submit(flags);
+}
+
+#[inline(always)]
+fn kill_current() {
+    // SAFETY: signals the current process; allowed from tracepoint programs.
+    unsafe { aya_ebpf::helpers::generated::bpf_send_signal(SIGKILL) };
 }
 
 #[inline(always)]
@@ -310,14 +372,14 @@ fn try_sched_process_exec(ctx: &RawTracePointContext) -> Res<()> {
         },
         None => return Ok(()),
     };
-    let Some(mut entry) = reserve::<ExecEvent>() else { return Ok(()) };
+    let Some(mut entry) = reserve::<ExecEvent>(false) else { return Ok(()) };
     let event = entry.as_mut_ptr();
     // SAFETY: event points to a reserved record of the right size.
     unsafe {
         fill_header(addr_of_mut!((*event).header), kind::EXEC, size_of::<ExecEvent>(), pid_tgid, mark);
         fill_exec(off, bprm, event);
     }
-    submit(entry);
+    submit(entry, false);
     Ok(())
 }
 
@@ -508,7 +570,7 @@ fn try_sched_process_fork(ctx: &RawTracePointContext) -> Res<()> {
     if MARKS.insert(&child_tgid, &child_mark, 0).is_err() {
         count_lost(lost_index::MARKS_FULL);
     }
-    let Some(mut entry) = reserve::<ForkEvent>() else { return Ok(()) };
+    let Some(mut entry) = reserve::<ForkEvent>(false) else { return Ok(()) };
     let event = entry.as_mut_ptr();
     // SAFETY: event points to a reserved record of the right size.
     unsafe {
@@ -516,7 +578,7 @@ fn try_sched_process_fork(ctx: &RawTracePointContext) -> Res<()> {
         (*event).child_pid = child_tgid;
         (*event).child_depth = child_mark.depth;
     }
-    submit(entry);
+    submit(entry, false);
     Ok(())
 }
 
@@ -548,7 +610,7 @@ fn try_sched_process_exit(ctx: &RawTracePointContext) -> Res<()> {
         return Ok(());
     }
     let exit_code: u32 = read(task, off.task_struct_exit_code)?;
-    let Some(mut entry) = reserve::<ExitEvent>() else { return Ok(()) };
+    let Some(mut entry) = reserve::<ExitEvent>(false) else { return Ok(()) };
     let event = entry.as_mut_ptr();
     // SAFETY: event points to a reserved record of the right size.
     unsafe {
@@ -556,7 +618,7 @@ fn try_sched_process_exit(ctx: &RawTracePointContext) -> Res<()> {
         (*event).exit_code = exit_code;
         (*event)._pad = 0;
     }
-    submit(entry);
+    submit(entry, false);
     Ok(())
 }
 
@@ -585,6 +647,8 @@ fn save_open(ctx: &TracePointContext, syscall: u32, tid: u32) -> Res<()> {
                 (AT_FDCWD, ctx.read_at::<u64>(TP_ARG0)?, ctx.read_at::<u64>(TP_ARG1)?, ctx.read_at::<u64>(TP_ARG2)?)
             }
             open_syscall::CREAT => (AT_FDCWD, ctx.read_at::<u64>(TP_ARG0)?, CREAT_FLAGS, ctx.read_at::<u64>(TP_ARG1)?),
+            // open_by_handle_at(mount_fd, struct file_handle *, flags): no path at all.
+            open_syscall::OPEN_BY_HANDLE_AT => (ctx.read_at::<u64>(TP_ARG0)? as i32, 0, ctx.read_at::<u64>(TP_ARG2)?, 0),
             open_syscall::OPENAT => (
                 ctx.read_at::<u64>(TP_ARG0)? as i32,
                 ctx.read_at::<u64>(TP_ARG1)?,
@@ -630,7 +694,32 @@ fn report_open(ctx: &TracePointContext, pid_tgid: u64, mark: Mark, tid: u32) -> 
     let off = &config.offsets;
     // SAFETY: offset of the result in the sys_exit record.
     let ret: i64 = unsafe { ctx.read_at::<i64>(TP_RET)? };
-    let Some(mut entry) = reserve::<OpenEvent>() else { return Ok(()) };
+    let mut file = 0u64;
+    let mut key = InodeKey { dev: 0, ino: 0 };
+    let mut record_flags = 0u32;
+    let mut cred_index = 0u32;
+    if ret >= 0 {
+        // SAFETY: kernel reads through probe helpers only.
+        if let Ok(opened) = unsafe { fd_file(off, ret as u64) } {
+            file = opened;
+            if let Ok(found) = file_key(off, opened) {
+                key = found;
+                // SAFETY: copied out at once.
+                if let Some(cred) = unsafe { CRED_INODES.get(&key).copied() } {
+                    record_flags = record_flag::CRED_INODE;
+                    cred_index = cred.index;
+                    // Killed before the syscall returns to user space: the fd exists, but the
+                    // process never runs again to read it.
+                    if config.flags & config_flag::ENFORCE != 0 && cred.flags & cred_flag::KILL != 0 {
+                        kill_current();
+                        record_flags |= record_flag::BLOCKED;
+                    }
+                }
+            }
+        }
+    }
+    let priority = record_flags != 0;
+    let Some(mut entry) = reserve::<OpenEvent>(priority) else { return Ok(()) };
     let event = entry.as_mut_ptr();
     // SAFETY: event points to a reserved record of the right size; pending to a map value.
     unsafe {
@@ -641,6 +730,8 @@ fn report_open(ctx: &TracePointContext, pid_tgid: u64, mark: Mark, tid: u32) -> 
         (*event).mode = (*pending).mode;
         (*event).ret = ret;
         (*event).given_len = (*pending).given_len;
+        (*event).record_flags = record_flags;
+        (*event).cred_index = cred_index;
         (*event)._pad = 0;
         let given = addr_of_mut!((*event).given) as *mut c_void;
         if (*pending).given_len > 0 {
@@ -655,21 +746,22 @@ fn report_open(ctx: &TracePointContext, pid_tgid: u64, mark: Mark, tid: u32) -> 
             let n = bpf_probe_read_user_str(given, MAX_GIVEN_PATH as u32, (*pending).given_ptr as *const c_void);
             (*event).given_len = if n > 0 { (n - 1) as u32 } else { 0 };
         }
-        (*event).dev = 0;
-        (*event).ino = 0;
-        (*event).path.len = 0;
-        (*event).path.flags = path_flag::UNRESOLVED;
-        if ret >= 0 {
-            let _ = opened_file(off, ret as u64, event);
+        (*event).dev = key.dev;
+        (*event).ino = key.ino;
+        if file != 0 {
+            resolve_path(off, file + off.file_f_path as u64, addr_of_mut!((*event).path));
+        } else {
+            (*event).path.len = 0;
+            (*event).path.flags = path_flag::UNRESOLVED;
         }
     }
-    submit(entry);
+    submit(entry, priority);
     Ok(())
 }
 
-/// Resolves the file behind the new fd: task->files->fdt->fd[ret].
+/// The `struct file` behind `fd` of the current task: task->files->fdt->fd[fd].
 #[inline(always)]
-unsafe fn opened_file(off: &KernelOffsets, fd: u64, event: *mut OpenEvent) -> Res<()> {
+unsafe fn fd_file(off: &KernelOffsets, fd: u64) -> Res<u64> {
     let task = unsafe { bpf_get_current_task() };
     let files: u64 = read(task, off.task_struct_files)?;
     let fdt: u64 = read(files, off.files_struct_fdt)?;
@@ -682,18 +774,18 @@ unsafe fn opened_file(off: &KernelOffsets, fd: u64, event: *mut OpenEvent) -> Re
     if file == 0 {
         return Err(-1);
     }
+    Ok(file)
+}
+
+/// The (s_dev, i_ino) of an open file.
+#[inline(always)]
+fn file_key(off: &KernelOffsets, file: u64) -> Res<InodeKey> {
     let inode: u64 = read(file, off.file_f_inode)?;
-    if inode != 0 {
-        let sb: u64 = read(inode, off.inode_i_sb)?;
-        // SAFETY: event points into a reserved record.
-        unsafe {
-            (*event).ino = read(inode, off.inode_i_ino)?;
-            (*event).dev = read::<u32>(sb, off.super_block_s_dev)? as u64;
-        }
+    if inode == 0 {
+        return Err(-1);
     }
-    // SAFETY: as above.
-    unsafe { resolve_path(off, file + off.file_f_path as u64, addr_of_mut!((*event).path)) };
-    Ok(())
+    let sb: u64 = read(inode, off.inode_i_sb)?;
+    Ok(InodeKey { dev: read::<u32>(sb, off.super_block_s_dev)? as u64, ino: read(inode, off.inode_i_ino)? })
 }
 
 #[tracepoint(category = "syscalls", name = "sys_enter_open")]
@@ -734,6 +826,366 @@ pub fn sys_exit_openat2(ctx: TracePointContext) -> u32 {
 #[tracepoint(category = "syscalls", name = "sys_exit_creat")]
 pub fn sys_exit_creat(ctx: TracePointContext) -> u32 {
     exit_open(&ctx)
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_open_by_handle_at")]
+pub fn sys_enter_open_by_handle_at(ctx: TracePointContext) -> u32 {
+    enter_open(&ctx, open_syscall::OPEN_BY_HANDLE_AT)
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_open_by_handle_at")]
+pub fn sys_exit_open_by_handle_at(ctx: TracePointContext) -> u32 {
+    exit_open(&ctx)
+}
+
+// ---------------------------------------------------------------------------------------------
+// renames and links
+
+#[inline(always)]
+fn enter_rename(ctx: &TracePointContext, syscall: u32) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if current_mark((pid_tgid >> 32) as u32).is_none() {
+        return 0;
+    }
+    let _ = save_rename(ctx, syscall, pid_tgid as u32);
+    0
+}
+
+/// Saves both paths as given and, for a relative one, the directory it starts from, resolved
+/// now: at exit a dirfd may be closed or the cwd changed by another thread.
+#[inline(always)]
+fn save_rename(ctx: &TracePointContext, syscall: u32, tid: u32) -> Res<()> {
+    let config = config().ok_or(-1i64)?;
+    let off = &config.offsets;
+    let scratch = RENAME_SCRATCH.get_ptr_mut(0).ok_or(-1i64)?;
+    // SAFETY: offsets within the syscall tracepoint record (checked against its format).
+    let (old_dirfd, old, new_dirfd, new, flags) = unsafe {
+        match syscall {
+            rename_syscall::RENAME | rename_syscall::LINK | rename_syscall::SYMLINK => {
+                (AT_FDCWD, ctx.read_at::<u64>(TP_ARG0)?, AT_FDCWD, ctx.read_at::<u64>(TP_ARG1)?, 0)
+            }
+            // symlinkat(target, newdfd, linkpath)
+            rename_syscall::SYMLINKAT => (
+                AT_FDCWD,
+                ctx.read_at::<u64>(TP_ARG0)?,
+                ctx.read_at::<u64>(TP_ARG1)? as i32,
+                ctx.read_at::<u64>(TP_ARG2)?,
+                0,
+            ),
+            rename_syscall::RENAMEAT => (
+                ctx.read_at::<u64>(TP_ARG0)? as i32,
+                ctx.read_at::<u64>(TP_ARG1)?,
+                ctx.read_at::<u64>(TP_ARG2)? as i32,
+                ctx.read_at::<u64>(TP_ARG3)?,
+                0,
+            ),
+            // renameat2 and linkat: (olddfd, oldname, newdfd, newname, flags)
+            _ => (
+                ctx.read_at::<u64>(TP_ARG0)? as i32,
+                ctx.read_at::<u64>(TP_ARG1)?,
+                ctx.read_at::<u64>(TP_ARG2)? as i32,
+                ctx.read_at::<u64>(TP_ARG3)?,
+                ctx.read_at::<u64>(TP_ARG4)? as u32,
+            ),
+        }
+    };
+    let symlink = syscall == rename_syscall::SYMLINK || syscall == rename_syscall::SYMLINKAT;
+    // SAFETY: per-CPU scratch owned by this program run; user strings through probe helpers.
+    unsafe {
+        (*scratch).syscall = syscall;
+        (*scratch).flags = flags;
+        (*scratch).old_dirfd = old_dirfd;
+        (*scratch).new_dirfd = new_dirfd;
+        let n = bpf_probe_read_user_str(
+            addr_of_mut!((*scratch).old) as *mut c_void,
+            MAX_GIVEN_PATH as u32,
+            old as *const c_void,
+        );
+        (*scratch).old_len = if n > 0 { (n - 1) as u32 } else { 0 };
+        let n = bpf_probe_read_user_str(
+            addr_of_mut!((*scratch).new) as *mut c_void,
+            MAX_GIVEN_PATH as u32,
+            new as *const c_void,
+        );
+        (*scratch).new_len = if n > 0 { (n - 1) as u32 } else { 0 };
+        // A symlink's target text is not resolved against anything at creation.
+        if symlink || (*scratch).old_len == 0 || (*scratch).old[0] == b'/' {
+            unresolved(addr_of_mut!((*scratch).old_dir));
+        } else {
+            resolve_dir(off, old_dirfd, addr_of_mut!((*scratch).old_dir));
+        }
+        if (*scratch).new_len == 0 || (*scratch).new[0] == b'/' {
+            unresolved(addr_of_mut!((*scratch).new_dir));
+        } else {
+            resolve_dir(off, new_dirfd, addr_of_mut!((*scratch).new_dir));
+        }
+        PENDING_RENAMES.insert(&tid, &*scratch, 0).map_err(|e| e as i64)
+    }
+}
+
+#[inline(always)]
+unsafe fn unresolved(out: *mut ResolvedPath) {
+    // SAFETY: out points into a record.
+    unsafe {
+        (*out).len = 0;
+        (*out).flags = path_flag::UNRESOLVED;
+    }
+}
+
+/// The directory a relative path given with `dirfd` starts from: the dirfd's file, or the cwd.
+#[inline(always)]
+unsafe fn resolve_dir(off: &KernelOffsets, dirfd: i32, out: *mut ResolvedPath) {
+    let path = if dirfd == AT_FDCWD {
+        let task = unsafe { bpf_get_current_task() };
+        read::<u64>(task, off.task_struct_fs).map(|fs| fs + off.fs_struct_pwd as u64)
+    } else if dirfd >= 0 {
+        // SAFETY: kernel reads through probe helpers only.
+        unsafe { fd_file(off, dirfd as u64) }.map(|file| file + off.file_f_path as u64)
+    } else {
+        Err(-1)
+    };
+    // SAFETY: out points into a record.
+    unsafe {
+        match path {
+            Ok(path) if path > 0x1000 => resolve_path(off, path, out),
+            _ => unresolved(out),
+        }
+    }
+}
+
+#[inline(always)]
+fn exit_rename(ctx: &TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
+    let tid = pid_tgid as u32;
+    let _ = report_rename(ctx, pid_tgid, mark, tid);
+    let _ = PENDING_RENAMES.remove(&tid);
+    0
+}
+
+#[inline(always)]
+fn report_rename(ctx: &TracePointContext, pid_tgid: u64, mark: Mark, tid: u32) -> Res<()> {
+    let Some(pending) = PENDING_RENAMES.get_ptr(&tid) else { return Ok(()) };
+    // SAFETY: offset of the result in the sys_exit record.
+    let ret: i64 = unsafe { ctx.read_at::<i64>(TP_RET)? };
+    let Some(mut entry) = reserve::<RenameEvent>(false) else { return Ok(()) };
+    let event = entry.as_mut_ptr();
+    // SAFETY: event points to a reserved record of the right size; pending to a map value of
+    // the same type.
+    let copied = unsafe {
+        bpf_probe_read_kernel(event as *mut c_void, size_of::<RenameEvent>() as u32, pending as *const c_void)
+    };
+    if copied != 0 {
+        entry.discard(0);
+        return Ok(());
+    }
+    // SAFETY: as above.
+    unsafe {
+        fill_header(addr_of_mut!((*event).header), kind::RENAME, size_of::<RenameEvent>(), pid_tgid, mark);
+        (*event).ret = ret;
+    }
+    submit(entry, false);
+    Ok(())
+}
+
+macro_rules! rename_tracepoints {
+    ($($enter:ident, $exit:ident, $syscall:expr;)*) => {$(
+        #[tracepoint]
+        pub fn $enter(ctx: TracePointContext) -> u32 {
+            enter_rename(&ctx, $syscall)
+        }
+
+        #[tracepoint]
+        pub fn $exit(ctx: TracePointContext) -> u32 {
+            exit_rename(&ctx)
+        }
+    )*};
+}
+
+rename_tracepoints! {
+    sys_enter_rename, sys_exit_rename, rename_syscall::RENAME;
+    sys_enter_renameat, sys_exit_renameat, rename_syscall::RENAMEAT;
+    sys_enter_renameat2, sys_exit_renameat2, rename_syscall::RENAMEAT2;
+    sys_enter_link, sys_exit_link, rename_syscall::LINK;
+    sys_enter_linkat, sys_exit_linkat, rename_syscall::LINKAT;
+    sys_enter_symlink, sys_exit_symlink, rename_syscall::SYMLINK;
+    sys_enter_symlinkat, sys_exit_symlinkat, rename_syscall::SYMLINKAT;
+}
+
+// ---------------------------------------------------------------------------------------------
+// tamper and evasion syscalls
+
+#[inline(always)]
+fn enter_tamper(ctx: &TracePointContext, syscall: u32) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
+    let _ = save_tamper(ctx, syscall, pid_tgid, mark);
+    0
+}
+
+/// Decides whether the call is reported (signals: only those aimed at the agent), kills it
+/// under `--enforce` when a `kill` rule names it (`Config::block_syscalls`), else keeps it for the exit to report with its
+/// result.
+#[inline(always)]
+fn save_tamper(ctx: &TracePointContext, syscall: u32, pid_tgid: u64, mark: Mark) -> Res<()> {
+    let config = config().ok_or(-1i64)?;
+    let agent = config.agent_tgid;
+    // SAFETY: offsets within the syscall tracepoint record (checked against its format).
+    let arg = |at: usize| unsafe { ctx.read_at::<u64>(at) };
+    // (target pid, has a target, operation)
+    let (target, has_target, operation) = match syscall {
+        // ptrace(request, pid, addr, data)
+        tamper_syscall::PTRACE => (arg(TP_ARG1)? as u32, true, arg(TP_ARG0)?),
+        tamper_syscall::PROCESS_VM_READV | tamper_syscall::PROCESS_VM_WRITEV => (arg(TP_ARG0)? as u32, true, 0),
+        tamper_syscall::BPF => (0, false, arg(TP_ARG0)?),
+        // kill(pid, sig): the agent itself, or every process (-1).
+        tamper_syscall::KILL => {
+            let pid = arg(TP_ARG0)? as i32;
+            if pid == -1 {
+                (0, false, arg(TP_ARG1)?)
+            } else if pid as u32 == agent {
+                (agent, true, arg(TP_ARG1)?)
+            } else {
+                return Ok(());
+            }
+        }
+        // tkill(tid, sig): the agent's main thread (tid == tgid).
+        tamper_syscall::TKILL => {
+            if arg(TP_ARG0)? as u32 != agent {
+                return Ok(());
+            }
+            (agent, true, arg(TP_ARG1)?)
+        }
+        // tgkill(tgid, tid, sig)
+        tamper_syscall::TGKILL => {
+            if arg(TP_ARG0)? as u32 != agent {
+                return Ok(());
+            }
+            (agent, true, arg(TP_ARG2)?)
+        }
+        // pidfd_send_signal(pidfd, sig, info, flags)
+        tamper_syscall::PIDFD_SEND_SIGNAL => {
+            // SAFETY: kernel reads through probe helpers only.
+            let pid = unsafe { pidfd_pid(&config.offsets, arg(TP_ARG0)?) }?;
+            if pid != agent {
+                return Ok(());
+            }
+            (agent, true, arg(TP_ARG1)?)
+        }
+        // init_module, finit_module, io_uring_setup
+        _ => (0, false, 0),
+    };
+    let mut record_flags = if has_target { record_flag::HAS_TARGET } else { 0 };
+    let blockable = syscall < 32 && config.block_syscalls & (1 << syscall) != 0;
+    if blockable && config.flags & config_flag::ENFORCE != 0 {
+        kill_current();
+        record_flags |= record_flag::BLOCKED;
+        emit_syscall(pid_tgid, mark, syscall, record_flags, target, operation, 0, true);
+        return Ok(());
+    }
+    let pending = PendingSyscall { syscall, record_flags, target_pid: target, _pad: 0, operation };
+    PENDING_SYSCALLS.insert(&(pid_tgid as u32), &pending, 0).map_err(|e| e as i64)
+}
+
+/// The pid (in the initial namespace) of a pidfd: file->private_data is its `struct pid`.
+#[inline(always)]
+unsafe fn pidfd_pid(off: &KernelOffsets, pidfd: u64) -> Res<u32> {
+    // SAFETY: kernel reads through probe helpers only.
+    let file = unsafe { fd_file(off, pidfd & 0xffff_ffff) }?;
+    let pid: u64 = read(file, off.file_private_data)?;
+    read(pid, off.pid_numbers + off.upid_nr)
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn emit_syscall(
+    pid_tgid: u64,
+    mark: Mark,
+    syscall: u32,
+    record_flags: u32,
+    target_pid: u32,
+    operation: u64,
+    ret: i64,
+    priority: bool,
+) {
+    let Some(mut entry) = reserve::<SyscallEvent>(priority) else { return };
+    let event = entry.as_mut_ptr();
+    // SAFETY: event points to a reserved record of the right size.
+    unsafe {
+        fill_header(addr_of_mut!((*event).header), kind::SYSCALL, size_of::<SyscallEvent>(), pid_tgid, mark);
+        (*event).syscall = syscall;
+        (*event).record_flags = record_flags;
+        (*event).target_pid = target_pid;
+        (*event)._pad = 0;
+        (*event).operation = operation;
+        (*event).ret = ret;
+    }
+    submit(entry, priority);
+}
+
+#[inline(always)]
+fn exit_tamper(ctx: &TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
+    let tid = pid_tgid as u32;
+    // SAFETY: copied out at once.
+    let Some(pending) = (unsafe { PENDING_SYSCALLS.get(&tid).copied() }) else { return 0 };
+    let _ = PENDING_SYSCALLS.remove(&tid);
+    // SAFETY: offset of the result in the sys_exit record.
+    let Ok(ret) = (unsafe { ctx.read_at::<i64>(TP_RET) }) else { return 0 };
+    emit_syscall(
+        pid_tgid,
+        mark,
+        pending.syscall,
+        pending.record_flags | record_flag::HAS_RET,
+        pending.target_pid,
+        pending.operation,
+        ret,
+        true,
+    );
+    0
+}
+
+macro_rules! tamper_tracepoints {
+    ($($enter:ident, $exit:ident, $syscall:expr;)*) => {$(
+        #[tracepoint]
+        pub fn $enter(ctx: TracePointContext) -> u32 {
+            enter_tamper(&ctx, $syscall)
+        }
+
+        #[tracepoint]
+        pub fn $exit(ctx: TracePointContext) -> u32 {
+            exit_tamper(&ctx)
+        }
+    )*};
+}
+
+tamper_tracepoints! {
+    sys_enter_ptrace, sys_exit_ptrace, tamper_syscall::PTRACE;
+    sys_enter_process_vm_readv, sys_exit_process_vm_readv, tamper_syscall::PROCESS_VM_READV;
+    sys_enter_process_vm_writev, sys_exit_process_vm_writev, tamper_syscall::PROCESS_VM_WRITEV;
+    sys_enter_bpf, sys_exit_bpf, tamper_syscall::BPF;
+    sys_enter_init_module, sys_exit_init_module, tamper_syscall::INIT_MODULE;
+    sys_enter_finit_module, sys_exit_finit_module, tamper_syscall::FINIT_MODULE;
+    sys_enter_kill, sys_exit_kill, tamper_syscall::KILL;
+    sys_enter_tkill, sys_exit_tkill, tamper_syscall::TKILL;
+    sys_enter_tgkill, sys_exit_tgkill, tamper_syscall::TGKILL;
+    sys_enter_pidfd_send_signal, sys_exit_pidfd_send_signal, tamper_syscall::PIDFD_SEND_SIGNAL;
+    sys_enter_io_uring_setup, sys_exit_io_uring_setup, tamper_syscall::IO_URING_SETUP;
+}
+
+/// io_uring requests never pass the syscall tracepoints (an `IORING_OP_OPENAT` opens a file
+/// without `openat`): each request a marked process submits is reported with its opcode.
+#[tracepoint(category = "io_uring", name = "io_uring_submit_req")]
+pub fn io_uring_submit_req(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
+    let Some(config) = config() else { return 0 };
+    // SAFETY: the offset comes from this tracepoint's format.
+    let Ok(opcode) = (unsafe { ctx.read_at::<u8>(config.uring_opcode_offset as usize) }) else { return 0 };
+    let priority = opcode == IORING_OP_OPENAT || opcode == IORING_OP_OPENAT2;
+    emit_syscall(pid_tgid, mark, tamper_syscall::IO_URING_SUBMIT_REQ, 0, 0, opcode as u64, 0, priority);
+    0
 }
 
 #[cfg(not(test))]

@@ -1,0 +1,291 @@
+//! The credential inode table: the (device, inode) of every existing file that a rule targets,
+//! under every home the agent knows of, for the kernel's `CRED_INODES` map. An open of one of
+//! these inodes is reported by the kernel whatever name it was opened by (hardlink, renamed
+//! copy, bind mount), goes to the priority ring buffer, and is killed under `--enforce` when a
+//! `kill` rule targets the file.
+//!
+//! Kept current by a periodic rescan ([`RESCAN_INTERVAL`], bounded by [`MAX_WALK_ENTRIES`])
+//! rather than inotify: inotify would need a watch on every directory under every prefix
+//! (recursive targets such as `~/.ssh/**`), misses directories that do not exist yet and
+//! overflows silently under load; a rescan of a few small directories every few seconds is
+//! cheap, bounded, and also catches a key replaced by a new inode.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    fs,
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use credwatch_common::{cred_flag, CredInode, InodeKey};
+
+use crate::rules::{schema::Action, Rule};
+
+/// How often the table is rebuilt from the file system.
+pub const RESCAN_INTERVAL: Duration = Duration::from_secs(5);
+/// Directory levels walked below a target's literal prefix (`~/.ssh/**` -> `~/.ssh`).
+pub const MAX_WALK_DEPTH: usize = 6;
+/// Directory entries examined per scan, over all targets and homes.
+pub const MAX_WALK_ENTRIES: usize = 50_000;
+/// Credential files in the table (the kernel map's size).
+pub const MAX_CRED_FILES: usize = 16384;
+/// Homes scanned (`/root`, `/home/*`, the agent's `$HOME`, `HOME`s of watched processes).
+pub const MAX_HOMES: usize = 256;
+
+/// Characters that make a path component a glob.
+const GLOB_CHARS: &[char] = &['*', '?', '[', '{'];
+/// Pseudo file systems: their targets (`/proc/*/environ`) are matched by name only.
+const NAME_ONLY_ROOTS: &[&str] = &["/proc/", "/sys/", "/dev/"];
+
+/// The rules, the homes, and the paths the kernel's indexes refer to.
+#[derive(Debug)]
+pub struct CredentialTable {
+    rules: Vec<Rule>,
+    homes: BTreeSet<PathBuf>,
+    /// Index -> path. Append-only, so that a record in flight still names the right file after
+    /// a rescan.
+    paths: Vec<String>,
+    indexes: HashMap<String, u32>,
+}
+
+/// What one scan found: the kernel map's new content, and whether a limit cut it short.
+#[derive(Debug, Default)]
+pub struct Scan {
+    pub inodes: HashMap<InodeKey, CredInode>,
+    pub truncated: bool,
+}
+
+/// The kernel's `dev_t` encoding (major << 20 | minor) of a userspace `st_dev`.
+pub fn kernel_dev(dev: u64) -> u64 {
+    (u64::from(libc::major(dev)) << 20) | u64::from(libc::minor(dev))
+}
+
+/// `/root`, every directory in `/home`, and `$HOME`.
+pub fn system_homes() -> Vec<PathBuf> {
+    let mut homes = vec![PathBuf::from("/root")];
+    if let Ok(entries) = fs::read_dir("/home") {
+        homes.extend(entries.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_dir()));
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        homes.push(PathBuf::from(home));
+    }
+    homes
+}
+
+impl CredentialTable {
+    pub fn new(rules: Vec<Rule>, homes: impl IntoIterator<Item = PathBuf>) -> CredentialTable {
+        let mut table = CredentialTable { rules, homes: BTreeSet::new(), paths: Vec::new(), indexes: HashMap::new() };
+        for home in homes {
+            table.add_home(&home);
+        }
+        table
+    }
+
+    /// Adds a home (an absolute directory); true when it is new.
+    pub fn add_home(&mut self, home: &Path) -> bool {
+        if !home.is_absolute() || self.homes.len() >= MAX_HOMES || self.homes.contains(home) {
+            return false;
+        }
+        self.homes.insert(home.to_path_buf())
+    }
+
+    /// The credential path of a kernel index.
+    pub fn path(&self, index: u32) -> Option<&str> {
+        self.paths.get(index as usize).map(String::as_str)
+    }
+
+    /// Finds every existing file that a rule targets.
+    pub fn scan(&mut self) -> Scan {
+        let mut scan = Scan::default();
+        let mut budget = MAX_WALK_ENTRIES;
+        let homes: Vec<Option<PathBuf>> =
+            if self.homes.is_empty() { vec![None] } else { self.homes.iter().cloned().map(Some).collect() };
+        for rule_index in 0..self.rules.len() {
+            for target_index in 0..self.rules[rule_index].targets.len() {
+                let target = self.rules[rule_index].targets[target_index].clone();
+                let starts: Vec<(PathBuf, Option<PathBuf>)> = if let Some(rest) = target.strip_prefix("~/") {
+                    homes.iter().flatten().map(|home| (home.join(rest), Some(home.clone()))).collect()
+                } else if target.starts_with('/') && !NAME_ONLY_ROOTS.iter().any(|root| target.starts_with(root)) {
+                    vec![(PathBuf::from(&target), None)]
+                } else {
+                    // `**/.env` and the like: name-only, matched in userspace.
+                    Vec::new()
+                };
+                for (pattern, home) in starts {
+                    self.walk_target(rule_index, &pattern, home.as_deref(), &mut budget, &mut scan);
+                }
+            }
+        }
+        scan
+    }
+
+    /// Walks the literal prefix directory of `pattern` and keeps what the rule confirms.
+    fn walk_target(&mut self, rule: usize, pattern: &Path, home: Option<&Path>, budget: &mut usize, scan: &mut Scan) {
+        let mut prefix = PathBuf::new();
+        let mut globbed = false;
+        for component in pattern.components() {
+            if component.as_os_str().to_string_lossy().contains(GLOB_CHARS) {
+                globbed = true;
+                break;
+            }
+            prefix.push(component);
+        }
+        if !globbed {
+            self.consider(rule, &prefix, home, scan);
+            return;
+        }
+        let mut stack = vec![(prefix, 0usize)];
+        while let Some((dir, depth)) = stack.pop() {
+            let Ok(entries) = fs::read_dir(&dir) else { continue };
+            for entry in entries.flatten() {
+                if *budget == 0 {
+                    scan.truncated = true;
+                    return;
+                }
+                *budget -= 1;
+                let path = entry.path();
+                // Symlinked directories are not followed (loops, and the walk must stay
+                // inside the prefix); a symlinked file counts as the file it points to.
+                let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+                if is_dir && depth + 1 < MAX_WALK_DEPTH {
+                    stack.push((path.clone(), depth + 1));
+                }
+                self.consider(rule, &path, home, scan);
+            }
+        }
+    }
+
+    /// Adds `path` when it exists and the rule matches it.
+    fn consider(&mut self, rule: usize, path: &Path, home: Option<&Path>, scan: &mut Scan) {
+        let Some(text) = path.to_str() else { return };
+        let home_text = home.and_then(Path::to_str);
+        if !self.rules[rule].matches_path(text, home_text) {
+            return;
+        }
+        let Ok(meta) = fs::metadata(path) else { return };
+        let key = InodeKey { dev: kernel_dev(meta.dev()), ino: meta.ino() };
+        let kill = if self.rules[rule].action == Action::Kill { cred_flag::KILL } else { 0 };
+        if let Some(existing) = scan.inodes.get_mut(&key) {
+            existing.flags |= kill;
+            return;
+        }
+        if scan.inodes.len() >= MAX_CRED_FILES {
+            scan.truncated = true;
+            return;
+        }
+        let Some(index) = self.index_of(text) else {
+            scan.truncated = true;
+            return;
+        };
+        scan.inodes.insert(key, CredInode { index, flags: kill });
+    }
+
+    fn index_of(&mut self, path: &str) -> Option<u32> {
+        if let Some(&index) = self.indexes.get(path) {
+            return Some(index);
+        }
+        // Paths are never reused for another index; past the limit, new files go unregistered.
+        if self.paths.len() >= 4 * MAX_CRED_FILES {
+            return None;
+        }
+        let index = self.paths.len() as u32;
+        self.paths.push(path.to_owned());
+        self.indexes.insert(path.to_owned(), index);
+        Some(index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::RuleSet;
+
+    fn rules(yaml: &str) -> Vec<Rule> {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("test.yaml"), yaml).unwrap();
+        RuleSet::load_dir(dir.path()).unwrap().rules().to_vec()
+    }
+
+    const RULES: &str = r#"schema: 1
+rules:
+  - id: keys
+    name: keys
+    description: keys
+    category: ssh
+    severity: critical
+    action: kill
+    targets: ["~/.ssh/**", "**/.env"]
+    samples:
+      positive:
+        - exec: {pid: 100, args: [npm, install], cwd: /home/alice/app}
+        - open: {pid: 100, path: /home/alice/.ssh/id_rsa}
+      negative:
+        - exec: {pid: 100, args: [npm, install], cwd: /home/alice/app}
+        - open: {pid: 100, path: /home/alice/app/x}
+  - id: npmrc
+    name: npmrc
+    description: npmrc
+    category: registry
+    severity: high
+    targets: ["~/.npmrc"]
+    samples:
+      positive:
+        - exec: {pid: 100, args: [npm, install], cwd: /home/alice/app}
+        - open: {pid: 100, path: /home/alice/.npmrc}
+      negative:
+        - exec: {pid: 100, args: [npm, install], cwd: /home/alice/app}
+        - open: {pid: 100, path: /home/alice/app/x}
+"#;
+
+    #[test]
+    fn finds_targets_under_each_home_with_kill_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("alice");
+        fs::create_dir_all(home.join(".ssh/deep")).unwrap();
+        fs::write(home.join(".ssh/id_rsa"), "k").unwrap();
+        fs::write(home.join(".ssh/deep/other"), "k").unwrap();
+        fs::write(home.join(".npmrc"), "t").unwrap();
+        fs::write(home.join(".env"), "name-only").unwrap();
+        fs::write(home.join("unrelated"), "x").unwrap();
+        let mut table = CredentialTable::new(rules(RULES), [home.clone()]);
+        let scan = table.scan();
+        assert!(!scan.truncated);
+        let found: HashMap<String, u32> = scan
+            .inodes
+            .values()
+            .map(|cred| (table.path(cred.index).unwrap().to_owned(), cred.flags))
+            .collect();
+        let path = |rel: &str| home.join(rel).to_str().unwrap().to_owned();
+        let mut names: Vec<&String> = found.keys().collect();
+        names.sort();
+        assert_eq!(names, [&path(".npmrc"), &path(".ssh/deep"), &path(".ssh/deep/other"), &path(".ssh/id_rsa")]);
+        assert_eq!(found[&path(".ssh/id_rsa")], cred_flag::KILL);
+        assert_eq!(found[&path(".npmrc")], 0);
+        let meta = fs::metadata(home.join(".ssh/id_rsa")).unwrap();
+        let key = InodeKey { dev: kernel_dev(meta.dev()), ino: meta.ino() };
+        assert_eq!(table.path(scan.inodes[&key].index), Some(path(".ssh/id_rsa").as_str()));
+    }
+
+    #[test]
+    fn indexes_stay_stable_across_rescans_and_homes_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().to_path_buf();
+        fs::write(home.join(".npmrc"), "t").unwrap();
+        let mut table = CredentialTable::new(rules(RULES), [home.clone()]);
+        let first = table.scan();
+        fs::remove_file(home.join(".npmrc")).unwrap();
+        assert!(table.scan().inodes.is_empty(), "a deleted file leaves the table");
+        fs::write(home.join(".npmrc"), "t2").unwrap();
+        let again = table.scan();
+        let index = |scan: &Scan| scan.inodes.values().next().unwrap().index;
+        assert_eq!(index(&first), index(&again));
+        assert!(!table.add_home(&home), "known");
+        assert!(!table.add_home(Path::new("relative")), "not absolute");
+    }
+
+    #[test]
+    fn converts_to_kernel_dev_t() {
+        assert_eq!(kernel_dev(libc::makedev(259, 3)), (259 << 20) | 3);
+    }
+}

@@ -1,0 +1,573 @@
+//! Section 1: the cost of a syscall under each configuration, from tight loops (xtask/bench/loop.c):
+//! open+close of a temp file (the hooked syscall) and getppid (a syscall no hook is about, which
+//! still pays for any syscall tracepoint being enabled).
+
+use std::{
+    fs,
+    path::Path,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+use crate::bench::{
+    fmt, median, ns_per_op, parse_summary, start_watch, timed, Background, Ctx, Section, CREDENTIAL_FILES,
+};
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Config {
+    Nothing,
+    Floor,
+    Watch,
+    Marked,
+    Bpftrace,
+    Auditd,
+    Strace,
+}
+
+const CONFIGS: &[Config] =
+    &[Config::Nothing, Config::Floor, Config::Watch, Config::Marked, Config::Bpftrace, Config::Auditd, Config::Strace];
+
+impl Config {
+    fn label(self) -> &'static str {
+        match self {
+            Config::Nothing => "(a) nothing attached",
+            Config::Floor => "(b) empty programs on credwatch's hooks",
+            Config::Watch => "(c) credwatch watch, loop not marked",
+            Config::Marked => "(d) credwatch run -- loop (marked)",
+            Config::Bpftrace => "(e) bpftrace, tree filter + path match",
+            Config::Auditd => "(f) auditd, watch rules on credentials",
+            Config::Strace => "(g) strace -f",
+        }
+    }
+
+    fn key(self) -> &'static str {
+        match self {
+            Config::Nothing => "a_nothing",
+            Config::Floor => "b_floor",
+            Config::Watch => "c_watch_unmarked",
+            Config::Marked => "d_run_marked",
+            Config::Bpftrace => "e_bpftrace",
+            Config::Auditd => "f_auditd",
+            Config::Strace => "g_strace",
+        }
+    }
+}
+
+/// The hooks credwatch's eBPF object has programs for, as `tp:CATEGORY/NAME` and `raw:NAME`
+/// (its section names), less syscall tracepoints this kernel lacks (the agent skips those too).
+pub fn credwatch_hooks(object: &Path) -> Result<Vec<String>> {
+    let bytes = fs::read(object).with_context(|| format!("reading {}", object.display()))?;
+    let mut hooks = Vec::new();
+    for name in elf_executable_sections(&bytes).with_context(|| format!("parsing {}", object.display()))? {
+        if let Some(tracepoint) = name.strip_prefix("tracepoint/") {
+            if Path::new("/sys/kernel/tracing/events").join(tracepoint).is_dir() {
+                hooks.push(format!("tp:{tracepoint}"));
+            }
+        } else if let Some(raw) = name.strip_prefix("raw_tp/").or_else(|| name.strip_prefix("raw_tracepoint/")) {
+            hooks.push(format!("raw:{raw}"));
+        }
+    }
+    if hooks.is_empty() {
+        bail!("{} has no tracepoint programs", object.display());
+    }
+    Ok(hooks)
+}
+
+/// Names of the executable sections of a little-endian ELF64 file.
+fn elf_executable_sections(bytes: &[u8]) -> Option<Vec<String>> {
+    let u16_at = |at: usize| Some(u16::from_le_bytes(bytes.get(at..at + 2)?.try_into().ok()?));
+    let u32_at = |at: usize| Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?));
+    let u64_at = |at: usize| Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?));
+    if bytes.get(..6)? != b"\x7fELF\x02\x01" {
+        return None;
+    }
+    let shoff = u64_at(0x28)? as usize;
+    let shentsize = u16_at(0x3a)? as usize;
+    let shnum = u16_at(0x3c)? as usize;
+    let shstrndx = u16_at(0x3e)? as usize;
+    let header = |index: usize| shoff + index * shentsize;
+    let strtab = u64_at(header(shstrndx) + 0x18)? as usize;
+    let mut names = Vec::new();
+    for index in 0..shnum {
+        let at = header(index);
+        const SHF_EXECINSTR: u64 = 4;
+        if u64_at(at + 8)? & SHF_EXECINSTR == 0 {
+            continue;
+        }
+        let start = strtab + u32_at(at)? as usize;
+        let end = start + bytes.get(start..)?.iter().position(|&b| b == 0)?;
+        names.push(String::from_utf8_lossy(&bytes[start..end]).into_owned());
+    }
+    Some(names)
+}
+
+/// bpftrace doing what credwatch does on the same tracepoints: roots by manager exec, lineage by
+/// fork, and for marked processes the path given to open matched against the credential paths.
+pub fn bpftrace_script(home: &Path) -> String {
+    let managers = ["npm", "npx", "yarn", "pnpm", "bun", "cargo", "pip", "pip3", "uv", "poetry"];
+    let is_manager = managers.iter().map(|m| format!("comm == \"{m}\"")).collect::<Vec<_>>().join(" || ");
+    let prefixes = [
+        ".ssh/",
+        ".aws/",
+        ".kube/",
+        ".azure/",
+        ".docker/",
+        ".config/gcloud/",
+        ".cargo/credentials.toml",
+        ".npmrc",
+        ".pypirc",
+        ".git-credentials",
+        ".netrc",
+    ];
+    let matches = prefixes
+        .iter()
+        .map(|p| {
+            let full = format!("{}/{p}", home.display());
+            format!("strncmp($p, \"{full}\", {}) == 0", full.len())
+        })
+        .collect::<Vec<_>>()
+        .join(" || ");
+    let mut script = String::from("BEGIN { printf(\"attached\\n\"); }\n");
+    script += &format!("tracepoint:sched:sched_process_exec /@m[pid] == 0 && ({is_manager})/ {{ @m[pid] = 1; }}\n");
+    script += "tracepoint:sched:sched_process_fork /@m[args->parent_pid]/ { @m[args->child_pid] = 1; }\n";
+    script += "tracepoint:sched:sched_process_exit /@m[pid]/ { delete(@m[pid]); }\n";
+    for (syscall, argument) in
+        [("openat", "filename"), ("openat2", "filename"), ("open", "filename"), ("creat", "pathname")]
+    {
+        if !Path::new("/sys/kernel/tracing/events/syscalls").join(format!("sys_enter_{syscall}")).is_dir() {
+            continue;
+        }
+        script +=
+            &format!("tracepoint:syscalls:sys_enter_{syscall} /@m[pid]/ {{ @p[tid] = str(args->{argument}); }}\n");
+        script += &format!(
+            "tracepoint:syscalls:sys_exit_{syscall} /@m[pid]/ {{ $p = @p[tid]; if ({matches}) {{ printf(\"credential %d %s\\n\", pid, $p); }} delete(@p[tid]); }}\n"
+        );
+    }
+    script += "END { clear(@m); clear(@p); }\n";
+    script
+}
+
+/// bpftrace on `script`: output line-buffered (its readiness line is awaited through a pipe), and
+/// strings cut at 40 bytes so that eleven path comparisons fit the 512-byte BPF stack (hence the
+/// short fake HOME).
+pub fn bpftrace_command(script: &Path) -> Command {
+    let mut command = Command::new("bpftrace");
+    command.args(["-B", "line"]).arg(script).env("BPFTRACE_STRLEN", "40");
+    command
+}
+
+/// auditd with read watches on the credential files; restores the audit state on stop.
+pub struct Audit {
+    daemon: Option<Background>,
+    was_enabled: String,
+}
+
+const AUDIT_KEY: &str = "credwatch-bench";
+
+impl Audit {
+    pub fn start(ctx: &Ctx) -> Result<Audit> {
+        let status = auditctl(&["-s"])?;
+        let field = |name: &str| {
+            status.lines().find_map(|line| line.strip_prefix(name)).map(|v| v.trim().to_owned()).unwrap_or_default()
+        };
+        let was_enabled = field("enabled ");
+        // An auditd already running keeps running; otherwise one is started for the bench.
+        let daemon = if field("pid ") == "0" || field("pid ").is_empty() {
+            let daemon = Background::start(Command::new("auditd").arg("-n"), libc::SIGTERM)?;
+            let mut up = false;
+            for _ in 0..200 {
+                std::thread::sleep(Duration::from_millis(25));
+                if auditctl(&["-s"])?.lines().any(|l| l.starts_with("pid ") && l.trim() != "pid 0") {
+                    up = true;
+                    break;
+                }
+            }
+            if !up {
+                bail!("auditd did not register with the kernel within 5 s");
+            }
+            Some(daemon)
+        } else {
+            None
+        };
+        let audit = Audit { daemon, was_enabled };
+        auditctl(&["-e", "1"])?;
+        for file in CREDENTIAL_FILES {
+            let path = ctx.home.join(file);
+            auditctl(&["-w", &path.to_string_lossy(), "-p", "r", "-k", AUDIT_KEY])?;
+        }
+        Ok(audit)
+    }
+
+    pub fn stop(mut self) -> Result<()> {
+        self.clean_up();
+        if let Some(daemon) = self.daemon.take() {
+            daemon.stop()?;
+        }
+        Ok(())
+    }
+
+    fn clean_up(&mut self) {
+        let _ = auditctl(&["-D", "-k", AUDIT_KEY]);
+        if !self.was_enabled.is_empty() {
+            let _ = auditctl(&["-e", &self.was_enabled]);
+        }
+        self.was_enabled.clear();
+    }
+}
+
+impl Drop for Audit {
+    fn drop(&mut self) {
+        self.clean_up();
+    }
+}
+
+fn auditctl(args: &[&str]) -> Result<String> {
+    let output = Command::new("auditctl").args(args).stdin(Stdio::null()).output().context("running auditctl")?;
+    if !output.status.success() {
+        bail!("auditctl {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Whatever a configuration keeps running while its loops run.
+enum Running {
+    Nothing,
+    Process(Background),
+    Audit(Audit),
+}
+
+struct Sizes {
+    open: u64,
+    getppid: u64,
+    strace_open: u64,
+    strace_getppid: u64,
+}
+
+/// One configuration's figures in one round, ns per op.
+#[derive(Clone, Copy)]
+struct Sample {
+    open_wall: f64,
+    open_cpu: f64,
+    getppid_wall: f64,
+    getppid_cpu: f64,
+}
+
+/// What the agent did meanwhile, for (c) and (d).
+#[derive(Default)]
+struct AgentLoad {
+    events: u64,
+    lost: u64,
+    cpu_s: f64,
+    wall_s: f64,
+}
+
+pub fn run(ctx: &mut Ctx) -> Result<Section> {
+    let sizes = if ctx.quick {
+        Sizes { open: 200_000, getppid: 500_000, strace_open: 10_000, strace_getppid: 20_000 }
+    } else {
+        Sizes { open: 1_000_000, getppid: 2_000_000, strace_open: 50_000, strace_getppid: 100_000 }
+    };
+    let rounds = ctx.rounds(5);
+    let object = crate::workspace().join("target/bpf/bpfel-unknown-none/release/credwatch");
+    let hooks = credwatch_hooks(&object)?;
+    let file = ctx.work.join("open-target");
+    fs::write(&file, "harmless\n")?;
+    let script = ctx.work.join("credwatch-equivalent.bt");
+    fs::write(&script, bpftrace_script(&ctx.home))?;
+
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); CONFIGS.len()];
+    let mut errors: Vec<Option<String>> = CONFIGS
+        .iter()
+        .map(|config| match config {
+            Config::Bpftrace => ctx.bpftrace.clone().err(),
+            Config::Auditd => ctx.auditd.clone().err(),
+            Config::Strace => ctx.strace.clone().err(),
+            _ => None,
+        })
+        .collect();
+    let mut watch_load = AgentLoad::default();
+    let mut marked_load = AgentLoad::default();
+    for round in 0..rounds {
+        crate::bench::say(&format!("bench: syscalls: round {}/{rounds}", round + 1));
+        for offset in 0..CONFIGS.len() {
+            // Rotate the order so that no configuration always runs first or last.
+            let index = (round + offset) % CONFIGS.len();
+            let config = CONFIGS[index];
+            if errors[index].is_some() {
+                continue;
+            }
+            let load = match config {
+                Config::Watch => &mut watch_load,
+                _ => &mut marked_load,
+            };
+            match measure(ctx, config, &hooks, &script, &file, &sizes, load) {
+                Ok(sample) => samples[index].push(sample),
+                Err(error) => errors[index] = Some(format!("{error:#}")),
+            }
+        }
+    }
+
+    let column = |index: usize, pick: fn(&Sample) -> f64| median(&samples[index].iter().map(pick).collect::<Vec<_>>());
+    let position = |config: Config| CONFIGS.iter().position(|c| *c == config).expect("listed");
+    let (a, b) = (position(Config::Nothing), position(Config::Floor));
+    let mut section = Section::new(
+        "syscalls",
+        "1. Syscall overhead (ns per op, median of rounds; CPU = the loop's own user+system time)",
+        &[
+            "configuration",
+            "open+close CPU ns",
+            "+ns vs (a)",
+            "× (a)",
+            "× (b)",
+            "open+close wall ns",
+            "wall × (a)",
+            "getppid CPU ns",
+            "× (a)",
+            "× (b)",
+            "getppid wall ns",
+        ],
+    );
+    let mut figures = serde_json::Map::new();
+    let open_cpu = |s: &Sample| s.open_cpu;
+    let open_wall = |s: &Sample| s.open_wall;
+    let getppid_cpu = |s: &Sample| s.getppid_cpu;
+    let getppid_wall = |s: &Sample| s.getppid_wall;
+    for (index, config) in CONFIGS.iter().enumerate() {
+        let (oc, ow, gc, gw) = (
+            column(index, open_cpu),
+            column(index, open_wall),
+            column(index, getppid_cpu),
+            column(index, getppid_wall),
+        );
+        let row = match &errors[index] {
+            Some(error) if samples[index].is_empty() => {
+                let mut row = vec![config.label().to_owned(), format!("n/a: {}", one_line(error))];
+                row.resize(11, String::new());
+                row
+            }
+            _ => vec![
+                config.label().to_owned(),
+                fmt(oc, 0),
+                fmt(oc - column(a, open_cpu), 0),
+                fmt(oc / column(a, open_cpu), 2),
+                fmt(oc / column(b, open_cpu), 2),
+                fmt(ow, 0),
+                fmt(ow / column(a, open_wall), 2),
+                fmt(gc, 0),
+                fmt(gc / column(a, getppid_cpu), 2),
+                fmt(gc / column(b, getppid_cpu), 2),
+                fmt(gw, 0),
+            ],
+        };
+        section.rows.push(row);
+        let rounds_of = |pick: fn(&Sample) -> f64| samples[index].iter().map(pick).collect::<Vec<_>>();
+        figures.insert(
+            config.key().to_owned(),
+            json!({
+                "open_close_cpu_ns": { "median": nan_null(oc), "rounds": rounds_of(open_cpu) },
+                "open_close_wall_ns": { "median": nan_null(ow), "rounds": rounds_of(open_wall) },
+                "getppid_cpu_ns": { "median": nan_null(gc), "rounds": rounds_of(getppid_cpu) },
+                "getppid_wall_ns": { "median": nan_null(gw), "rounds": rounds_of(getppid_wall) },
+                "open_cpu_ratio_to_a": nan_null(oc / column(a, open_cpu)),
+                "open_cpu_ratio_to_b": nan_null(oc / column(b, open_cpu)),
+                "open_wall_ratio_to_a": nan_null(ow / column(a, open_wall)),
+                "open_wall_ratio_to_b": nan_null(ow / column(b, open_wall)),
+                "getppid_cpu_ratio_to_a": nan_null(gc / column(a, getppid_cpu)),
+                "getppid_cpu_ratio_to_b": nan_null(gc / column(b, getppid_cpu)),
+                "getppid_wall_ratio_to_a": nan_null(gw / column(a, getppid_wall)),
+                "error": errors[index],
+            }),
+        );
+    }
+    section.notes.push(format!(
+        "Loops (xtask/bench/loop.c, gcc -O2): open+close of a temp file {} times, getppid {} times (under strace: {} and {}); {rounds} round(s), configurations interleaved, order rotated each round. CPU time is the loop's own (eBPF programs and audit run in its syscalls, so they count; what other processes on the 2 shared cores take does not); strace's cost is in the tracer and the stops, so read its wall column.",
+        sizes.open, sizes.getppid, sizes.strace_open, sizes.strace_getppid
+    ));
+    section.notes.push(format!(
+        "(b) is two instructions (`r0 = 0; exit`) loaded by xtask/bench/floor.c on exactly the hooks of credwatch's eBPF object (its program sections, less tracepoints this kernel lacks): {}.",
+        hooks.join(", ")
+    ));
+    section.notes.push(format!(
+        "(c): meanwhile the agent received {} events from the machine's other package trees (colleagues' cargo builds are package trees to `watch`), {} lost, and used {:.1} s of CPU over {:.1} s.",
+        watch_load.events, watch_load.lost, watch_load.cpu_s, watch_load.wall_s
+    ));
+    section.notes.push(format!(
+        "(d): the agent received {} events and counted {} lost over its runs (the loop does not wait for the agent), using {:.1} s of CPU over {:.1} s.",
+        marked_load.events, marked_load.lost, marked_load.cpu_s, marked_load.wall_s
+    ));
+    section.notes.push("(e) marks roots by manager exec and children by fork, and matches the path as given against the credential paths (bpftrace cannot resolve paths on tracepoints); (f) is `auditctl -w FILE -p r` on each fake credential file, with auditd running.".into());
+    figures.insert("hooks".into(), json!(hooks));
+    figures.insert(
+        "sizes".into(),
+        json!({"open": sizes.open, "getppid": sizes.getppid, "strace_open": sizes.strace_open, "strace_getppid": sizes.strace_getppid, "rounds": rounds}),
+    );
+    for (key, load) in [("c_agent_load", &watch_load), ("d_agent_load", &marked_load)] {
+        figures.insert(
+            key.into(),
+            json!({"events": load.events, "lost": load.lost, "cpu_s": load.cpu_s, "wall_s": load.wall_s}),
+        );
+    }
+    section.json = Value::Object(figures);
+
+    let open = |config: Config| column(position(config), open_cpu);
+    let (floor, c, e, f, d) =
+        (open(Config::Floor), open(Config::Watch), open(Config::Bpftrace), open(Config::Auditd), open(Config::Marked));
+    let nothing = open(Config::Nothing);
+    let finite = |v: f64| v.is_finite().then_some(v);
+    ctx.target(
+        "(c) over (b), open loop (CPU)",
+        format!("{:+.1}% ({} vs {} ns)", (c / floor - 1.0) * 100.0, fmt(c, 0), fmt(floor, 0)),
+        "≤ +10%",
+        finite(c / floor).map(|r| r <= 1.10),
+    );
+    ctx.target(
+        "(c) cheaper than (e) bpftrace and (f) auditd, open loop (CPU)",
+        format!("{} vs {} / {} ns", fmt(c, 0), fmt(e, 0), fmt(f, 0)),
+        "(c) < (e), (c) < (f)",
+        finite(c).and_then(|c| Some(c < finite(e)? && c < finite(f)?)),
+    );
+    ctx.target(
+        "(d) added per open, vs (a) (CPU)",
+        format!("{} ns", fmt(d - nothing, 0)),
+        "≤ 1500 ns",
+        finite(d - nothing).map(|v| v <= 1500.0),
+    );
+    Ok(section)
+}
+
+fn one_line(text: &str) -> String {
+    text.replace(['\n', '|'], " ")
+}
+
+pub fn nan_null(value: f64) -> Value {
+    if value.is_finite() {
+        json!(value)
+    } else {
+        Value::Null
+    }
+}
+
+/// One configuration, both loops.
+fn measure(
+    ctx: &Ctx,
+    config: Config,
+    hooks: &[String],
+    script: &Path,
+    file: &Path,
+    sizes: &Sizes,
+    load: &mut AgentLoad,
+) -> Result<Sample> {
+    let looper = ctx.bin.join("loop");
+    let running = match config {
+        Config::Floor => {
+            let floor = Background::start(Command::new(ctx.bin.join("floor")).args(hooks), libc::SIGTERM)?;
+            floor.stdout.as_ref().context("floor stdout")?.wait_for("attached", Duration::from_secs(10))?;
+            Running::Process(floor)
+        }
+        Config::Watch => Running::Process(start_watch(ctx)?.0),
+        Config::Bpftrace => {
+            let bpftrace = Background::start(&mut bpftrace_command(script), libc::SIGINT)?;
+            let ready =
+                bpftrace.stdout.as_ref().context("bpftrace stdout")?.wait_for("attached", Duration::from_secs(60));
+            if let Err(error) = ready {
+                let stderr = bpftrace.stderr.as_ref().map(|l| l.text()).unwrap_or_default();
+                bail!("bpftrace did not attach: {}: {error:#}", stderr.trim());
+            }
+            Running::Process(bpftrace)
+        }
+        Config::Auditd => Running::Audit(Audit::start(ctx)?),
+        _ => Running::Nothing,
+    };
+    let agent = match &running {
+        Running::Process(process) if config == Config::Watch => Some(process.pid()),
+        _ => None,
+    };
+    let started = std::time::Instant::now();
+    let agent_cpu = agent.map_or(f64::NAN, crate::bench::cpu_seconds);
+    let mut run_loop = |kind: &str| -> Result<(f64, f64)> {
+        let iterations = match (kind, config) {
+            ("open", Config::Strace) => sizes.strace_open,
+            ("open", _) => sizes.open,
+            (_, Config::Strace) => sizes.strace_getppid,
+            _ => sizes.getppid,
+        };
+        let mut command = match config {
+            Config::Marked => {
+                let mut command = Command::new(&ctx.credwatch);
+                command.arg("run").arg("--").arg(&looper).env("HOME", &ctx.home);
+                command
+            }
+            Config::Strace => {
+                let mut command = Command::new("strace");
+                command.args(["-f", "-o", "/dev/null"]).arg(&looper);
+                command
+            }
+            _ => Command::new(&looper),
+        };
+        command.arg(kind).arg(iterations.to_string());
+        if kind == "open" {
+            command.arg(file);
+        }
+        let (seconds, output) = timed(&mut command)?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if !output.status.success() {
+            bail!("the {kind} loop failed ({}): {}", output.status, stderr.trim());
+        }
+        if config == Config::Marked {
+            if let Some(summary) = parse_summary(&stderr) {
+                load.events += summary.events;
+                load.lost += summary.lost;
+            }
+            load.wall_s += seconds;
+        }
+        ns_per_op(&stdout).with_context(|| format!("no figures from the {kind} loop: {}", stdout.trim()))
+    };
+    let result = run_loop("open").and_then(|(open_wall, open_cpu)| {
+        let (getppid_wall, getppid_cpu) = run_loop("getppid")?;
+        Ok(Sample { open_wall, open_cpu, getppid_wall, getppid_cpu })
+    });
+    if let Some(pid) = agent {
+        load.cpu_s += crate::bench::cpu_seconds(pid) - agent_cpu;
+        load.wall_s += started.elapsed().as_secs_f64();
+    }
+    match running {
+        Running::Nothing => {}
+        Running::Process(process) => {
+            let stderr = process.stop()?;
+            if config == Config::Watch {
+                if let Some(summary) = parse_summary(&stderr) {
+                    load.events += summary.events;
+                    load.lost += summary.lost;
+                }
+            }
+        }
+        Running::Audit(audit) => audit.stop()?,
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bpftrace_script_filters_by_mark_and_matches_credential_paths() {
+        let script = bpftrace_script(Path::new("/tmp/h"));
+        assert!(script.contains("tracepoint:sched:sched_process_fork /@m[args->parent_pid]/"), "{script}");
+        assert!(script.contains("strncmp($p, \"/tmp/h/.ssh/\", 12) == 0"), "{script}");
+        assert!(script.contains("strncmp($p, \"/tmp/h/.npmrc\", 13) == 0"), "{script}");
+    }
+
+    #[test]
+    fn reads_section_names_of_an_elf_object() {
+        // The xtask binary itself is an ELF64 file with an executable .text section.
+        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let names = elf_executable_sections(&exe).unwrap();
+        assert!(names.iter().any(|n| n == ".text"), "{names:?}");
+        assert!(elf_executable_sections(b"not an elf").is_none());
+    }
+}
