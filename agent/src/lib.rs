@@ -6,6 +6,7 @@ pub mod alert;
 pub mod engine;
 pub mod event;
 pub mod import;
+pub mod input;
 pub mod rules;
 pub mod sensor;
 pub mod output;

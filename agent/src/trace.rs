@@ -4,28 +4,23 @@
 
 use std::{
     fs::File,
-    io::{self, BufRead, BufReader, BufWriter, Read, Write},
+    io::{self, BufWriter, Read, Write},
     path::{Path, PathBuf},
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc,
-    },
+    sync::{atomic::AtomicU64, Arc},
 };
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::Event;
+use crate::{
+    event::Event,
+    input::{Input, InputError, Lines},
+};
 
 /// The trace schema this build writes. 2 added the `rename` and `syscall` kinds and the
 /// `same_file_as` and `blocked` fields of `open`.
 pub const TRACE_SCHEMA: u32 = 2;
 /// Trace schemas this build reads: every schema is a subset of the next.
 pub const READABLE_SCHEMAS: std::ops::RangeInclusive<u32> = 1..=2;
-/// A line longer than this is an error, not an allocation: memory stays bounded on garbage.
-pub const MAX_LINE: usize = 16 << 20;
-
-const GZIP_MAGIC: &[u8] = &[0x1f, 0x8b];
-const ZSTD_MAGIC: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd];
 
 /// The first line of a trace.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,6 +54,9 @@ pub enum TraceError {
     UnsupportedSchema { file: String, version: u32 },
     #[error("{file}:{line}: {message}")]
     BadLine { file: String, line: u64, message: String },
+    /// Reading failed: a bad line (recoverable) or the input itself (not).
+    #[error(transparent)]
+    Input(#[from] InputError),
 }
 
 /// Writes a trace, compressed by the file's extension.
@@ -99,66 +97,36 @@ impl TraceWriter {
     }
 }
 
-/// Counts the bytes read from the file itself (before decompression), for progress.
-struct Counting<R> {
-    inner: R,
-    count: Arc<AtomicU64>,
-}
-
-impl<R: Read> Read for Counting<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let read = self.inner.read(buf)?;
-        self.count.fetch_add(read as u64, Ordering::Relaxed);
-        Ok(read)
-    }
-}
-
 /// Reads a trace: the header, then events one at a time, in constant memory.
 pub struct TraceReader {
-    name: String,
-    consumed: Arc<AtomicU64>,
-    input: Box<dyn BufRead + Send>,
-    line: u64,
-    buffer: Vec<u8>,
+    lines: Lines,
     header: TraceHeader,
 }
 
 impl TraceReader {
     /// Opens `path` (`-` for standard input).
     pub fn open(path: &Path) -> Result<TraceReader, TraceError> {
-        let name = path.display().to_string();
-        let raw: Box<dyn Read + Send> = if path == Path::new("-") {
-            Box::new(io::stdin())
-        } else {
-            Box::new(File::open(path).map_err(|source| TraceError::Io { file: name.clone(), source })?)
-        };
-        TraceReader::new(name, raw)
+        TraceReader::from_input(Input::open(path, Arc::default())?)
     }
 
     pub fn new(name: String, raw: Box<dyn Read + Send>) -> Result<TraceReader, TraceError> {
-        let io_error = |source| TraceError::Io { file: name.clone(), source };
-        let consumed = Arc::new(AtomicU64::new(0));
-        let mut raw = BufReader::new(Counting { inner: raw, count: Arc::clone(&consumed) });
-        let magic = raw.fill_buf().map_err(io_error)?;
-        let input: Box<dyn BufRead + Send> = if magic.starts_with(GZIP_MAGIC) {
-            Box::new(BufReader::new(flate2::bufread::MultiGzDecoder::new(raw)))
-        } else if magic.starts_with(ZSTD_MAGIC) {
-            Box::new(BufReader::new(zstd::Decoder::with_buffer(raw).map_err(io_error)?))
-        } else {
-            Box::new(raw)
+        TraceReader::from_input(Input::new(name, raw, Arc::default())?)
+    }
+
+    /// Reads a trace from an input already opened (and perhaps peeked at).
+    pub(crate) fn from_input(input: Input) -> Result<TraceReader, TraceError> {
+        let mut lines = input.into_lines();
+        let file = lines.name().to_owned();
+        let header: TraceHeader = match next_content(&mut lines) {
+            Ok(Some((_, first))) => serde_json::from_slice(first)
+                .map_err(|e| TraceError::BadHeader { file: file.clone(), message: e.to_string() })?,
+            Ok(None) => return Err(TraceError::Empty { file }),
+            Err(error) => return Err(TraceError::BadHeader { file, message: error.message }),
         };
-        let mut reader =
-            TraceReader { name, consumed, input, line: 0, buffer: Vec::new(), header: placeholder_header() };
-        let Some(first) = reader.next_line()? else {
-            return Err(TraceError::Empty { file: reader.name });
-        };
-        let header: TraceHeader = serde_json::from_slice(first)
-            .map_err(|e| TraceError::BadHeader { file: reader.name.clone(), message: e.to_string() })?;
         if !READABLE_SCHEMAS.contains(&header.credwatch_trace) {
-            return Err(TraceError::UnsupportedSchema { file: reader.name, version: header.credwatch_trace });
+            return Err(TraceError::UnsupportedSchema { file, version: header.credwatch_trace });
         }
-        reader.header = header;
-        Ok(reader)
+        Ok(TraceReader { lines, header })
     }
 
     pub fn header(&self) -> &TraceHeader {
@@ -166,92 +134,46 @@ impl TraceReader {
     }
 
     pub fn name(&self) -> &str {
-        &self.name
+        self.lines.name()
     }
 
     /// Bytes of the input read so far (compressed bytes for a compressed trace), shared so
     /// another thread can show progress.
     pub fn consumed(&self) -> Arc<AtomicU64> {
-        Arc::clone(&self.consumed)
-    }
-
-    /// The next non-empty line, without its newline; `None` at the end.
-    fn next_line(&mut self) -> Result<Option<&[u8]>, TraceError> {
-        loop {
-            self.buffer.clear();
-            let read = (&mut self.input)
-                .take(MAX_LINE as u64 + 1)
-                .read_until(b'\n', &mut self.buffer)
-                .map_err(|e| self.bad_line(self.line + 1, format!("reading: {e}")))?;
-            if read == 0 {
-                return Ok(None);
-            }
-            self.line += 1;
-            if self.buffer.len() > MAX_LINE {
-                self.skip_rest_of_line()?;
-                return Err(self.bad_line(self.line, format!("line longer than {MAX_LINE} bytes")));
-            }
-            if self.buffer.last() == Some(&b'\n') {
-                self.buffer.pop();
-            } else if !self.buffer.is_empty() {
-                // A last line without a newline is a trace cut short while being written.
-                let text = std::str::from_utf8(&self.buffer).unwrap_or("");
-                if serde_json::from_str::<serde_json::Value>(text).is_err() {
-                    return Err(self.bad_line(self.line, "truncated line (no newline, incomplete JSON)".into()));
-                }
-            }
-            if !self.buffer.iter().all(u8::is_ascii_whitespace) {
-                return Ok(Some(&self.buffer));
-            }
-        }
-    }
-
-    /// Discards input up to the next newline, in bounded pieces.
-    fn skip_rest_of_line(&mut self) -> Result<(), TraceError> {
-        loop {
-            self.buffer.clear();
-            let read = (&mut self.input)
-                .take(64 << 10)
-                .read_until(b'\n', &mut self.buffer)
-                .map_err(|e| self.bad_line(self.line, format!("reading: {e}")))?;
-            if read == 0 || self.buffer.last() == Some(&b'\n') {
-                return Ok(());
-            }
-        }
-    }
-
-    fn bad_line(&self, line: u64, message: String) -> TraceError {
-        TraceError::BadLine { file: self.name.clone(), line, message }
+        self.lines.consumed()
     }
 
     /// The next event: `Ok(None)` at the end; a bad line is an error naming the file and line,
     /// after which reading can go on with the next line.
     pub fn next_event(&mut self) -> Result<Option<Event>, TraceError> {
-        let Some(line) = self.next_line()? else { return Ok(None) };
-        match serde_json::from_slice::<Event>(line) {
-            Ok(event) => Ok(Some(event)),
-            Err(error) => Err(self.bad_line(self.line, error.to_string())),
-        }
+        let Some((line, text)) = next_content(&mut self.lines)? else { return Ok(None) };
+        serde_json::from_slice::<Event>(text).map(Some).map_err(|error| TraceError::BadLine {
+            file: self.lines.name().to_owned(),
+            line,
+            message: error.to_string(),
+        })
     }
 }
 
-fn placeholder_header() -> TraceHeader {
-    TraceHeader {
-        credwatch_trace: 0,
-        credwatch_version: String::new(),
-        host: String::new(),
-        kernel: String::new(),
-        start_time: String::new(),
-        rules_digest: String::new(),
-        scope: String::new(),
-        command: Vec::new(),
-    }
+/// The next line that is not blank.
+fn next_content(lines: &mut Lines) -> Result<Option<(u64, &[u8])>, InputError> {
+    let number = loop {
+        match lines.next()? {
+            Some((number, text)) if !text.iter().all(u8::is_ascii_whitespace) => break number,
+            Some(_) => {}
+            None => return Ok(None),
+        }
+    };
+    Ok(Some((number, lines.current())))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{EventData, Exit};
+    use crate::{
+        event::{EventData, Exit},
+        input::MAX_LINE,
+    };
 
     fn header() -> TraceHeader {
         TraceHeader {

@@ -11,18 +11,15 @@ mod tracee;
 use std::{
     collections::{HashMap, VecDeque},
     fmt,
-    fs::File,
-    io::{self, BufRead, BufReader, Read},
     path::{Path, PathBuf},
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc,
-    },
+    sync::{atomic::AtomicU64, Arc},
 };
 
+pub use crate::input::InputError as ImportError;
 use crate::{
     event::{Event, EventData, Fork},
-    trace::{TraceError, TraceReader, MAX_LINE},
+    input::{Input, Lines},
+    trace::{TraceError, TraceReader},
 };
 
 /// The formats credwatch reads.
@@ -69,31 +66,12 @@ impl std::str::FromStr for Format {
     }
 }
 
-/// A problem with the input. With `line`, it is about that line; `recoverable` says whether
-/// reading can go on with the next line (`--keep-going` skips and counts those).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{file}{}: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
-pub struct ImportError {
-    pub file: String,
-    pub line: Option<u64>,
-    pub message: String,
-    pub recoverable: bool,
-}
-
-impl ImportError {
-    pub fn fatal(file: &str, message: impl Into<String>) -> ImportError {
-        ImportError { file: file.to_owned(), line: None, message: message.into(), recoverable: false }
-    }
-
-    pub fn bad_line(file: &str, line: u64, message: impl Into<String>) -> ImportError {
-        ImportError { file: file.to_owned(), line: Some(line), message: message.into(), recoverable: true }
-    }
-}
 
 impl From<TraceError> for ImportError {
     fn from(error: TraceError) -> ImportError {
         match error {
             TraceError::BadLine { file, line, message } => ImportError::bad_line(&file, line, message),
+            TraceError::Input(error) => error,
             TraceError::BadHeader { file, message } => ImportError {
                 file,
                 line: Some(1),
@@ -177,13 +155,7 @@ pub fn open(path: &Path, from: Option<Format>, options: &ImportOptions) -> Resul
         })?,
     };
     Ok(match format {
-        // A regular file is reopened so that its progress counts the file's own bytes (a pipe
-        // cannot be: its first bytes were read for detection).
-        Format::Credwatch if path != Path::new("-") && std::fs::metadata(path).is_ok_and(|m| m.is_file()) => {
-            drop(input);
-            Box::new(CredwatchSource(TraceReader::open(path)?))
-        }
-        Format::Credwatch => Box::new(CredwatchSource(TraceReader::new(name, input.into_read())?)),
+        Format::Credwatch => Box::new(CredwatchSource(TraceReader::from_input(input)?)),
         Format::Strace => {
             let date = strace_date(path, options)?;
             Box::new(strace::StraceSource::new(vec![(input.into_lines(), ff_pid(path))], name, date))
@@ -305,168 +277,6 @@ impl EventSource for CredwatchSource {
     }
 }
 
-const GZIP_MAGIC: &[u8] = &[0x1f, 0x8b];
-const ZSTD_MAGIC: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd];
-/// Bytes looked at to detect the format.
-const PEEK: usize = 64 << 10;
-
-/// Counts the bytes read from the file itself (before decompression), for progress.
-struct Counting<R> {
-    inner: R,
-    count: Arc<AtomicU64>,
-}
-
-impl<R: Read> Read for Counting<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let read = self.inner.read(buf)?;
-        self.count.fetch_add(read as u64, Ordering::Relaxed);
-        Ok(read)
-    }
-}
-
-/// An opened input, decompressed, with its first bytes available for detection.
-struct Input {
-    name: String,
-    reader: BufReader<Box<dyn Read + Send>>,
-    consumed: Arc<AtomicU64>,
-}
-
-impl Input {
-    /// Opens `path` (`-`: standard input), adding the bytes it reads to `consumed`.
-    fn open(path: &Path, consumed: Arc<AtomicU64>) -> Result<Input, ImportError> {
-        let name = path.display().to_string();
-        let raw: Box<dyn Read + Send> = if path == Path::new("-") {
-            Box::new(io::stdin())
-        } else {
-            Box::new(File::open(path).map_err(|e| ImportError::fatal(&name, e.to_string()))?)
-        };
-        Input::new(name, raw, consumed)
-    }
-
-    fn new(name: String, raw: Box<dyn Read + Send>, consumed: Arc<AtomicU64>) -> Result<Input, ImportError> {
-        let mut raw = BufReader::new(Counting { inner: raw, count: Arc::clone(&consumed) });
-        let magic = raw.fill_buf().map_err(|e| ImportError::fatal(&name, e.to_string()))?;
-        let decoded: Box<dyn Read + Send> = if magic.starts_with(GZIP_MAGIC) {
-            Box::new(flate2::bufread::MultiGzDecoder::new(raw))
-        } else if magic.starts_with(ZSTD_MAGIC) {
-            Box::new(zstd::Decoder::with_buffer(raw).map_err(|e| ImportError::fatal(&name, e.to_string()))?)
-        } else {
-            Box::new(raw)
-        };
-        Ok(Input { name, reader: BufReader::with_capacity(PEEK, decoded), consumed })
-    }
-
-    fn peek(&mut self) -> Result<&[u8], ImportError> {
-        let name = &self.name;
-        self.reader.fill_buf().map_err(|e| ImportError::fatal(name, e.to_string()))
-    }
-
-    fn into_read(self) -> Box<dyn Read + Send> {
-        Box::new(self.reader)
-    }
-
-    fn into_lines(self) -> Lines {
-        Lines {
-            name: self.name,
-            input: Box::new(self.reader),
-            consumed: self.consumed,
-            line: 0,
-            buffer: Vec::new(),
-            done: false,
-        }
-    }
-}
-
-/// Lines of an input, bounded in length, numbered from 1.
-pub(crate) struct Lines {
-    name: String,
-    input: Box<dyn BufRead + Send>,
-    consumed: Arc<AtomicU64>,
-    line: u64,
-    buffer: Vec<u8>,
-    done: bool,
-}
-
-impl Lines {
-    #[cfg(test)]
-    pub(crate) fn from_bytes(name: &str, bytes: &[u8]) -> Lines {
-        Input::new(name.to_owned(), Box::new(io::Cursor::new(bytes.to_vec())), Arc::default())
-            .expect("in memory")
-            .into_lines()
-    }
-
-    pub(crate) fn name(&self) -> &str {
-        &self.name
-    }
-
-    pub(crate) fn consumed(&self) -> Arc<AtomicU64> {
-        Arc::clone(&self.consumed)
-    }
-
-    /// The next line without its newline and its number. A line longer than `MAX_LINE` and a
-    /// last line without a newline (a file cut while being written) that is not a complete
-    /// JSON object are recoverable errors.
-    pub(crate) fn next(&mut self) -> Result<Option<(u64, &[u8])>, ImportError> {
-        if self.done {
-            return Ok(None);
-        }
-        self.buffer.clear();
-        let read = (&mut self.input)
-            .take(MAX_LINE as u64 + 1)
-            .read_until(b'\n', &mut self.buffer)
-            .map_err(|e| self.read_error(e))?;
-        if read == 0 {
-            self.done = true;
-            return Ok(None);
-        }
-        self.line += 1;
-        if self.buffer.len() > MAX_LINE {
-            self.skip_rest_of_line()?;
-            return Err(ImportError::bad_line(&self.name, self.line, format!("line longer than {MAX_LINE} bytes")));
-        }
-        if self.buffer.last() == Some(&b'\n') {
-            self.buffer.pop();
-            if self.buffer.last() == Some(&b'\r') {
-                self.buffer.pop();
-            }
-        } else {
-            self.done = true;
-            // A JSON object complete without its newline is fine; anything else was cut short.
-            let complete_json = self.buffer.first() == Some(&b'{')
-                && serde_json::from_slice::<serde::de::IgnoredAny>(&self.buffer).is_ok();
-            if !complete_json {
-                return Err(ImportError::bad_line(
-                    &self.name,
-                    self.line,
-                    "truncated line (no newline at the end of the input)",
-                ));
-            }
-        }
-        Ok(Some((self.line, &self.buffer)))
-    }
-
-    fn skip_rest_of_line(&mut self) -> Result<(), ImportError> {
-        loop {
-            self.buffer.clear();
-            let read =
-                (&mut self.input).take(64 << 10).read_until(b'\n', &mut self.buffer).map_err(|e| self.read_error(e))?;
-            if read == 0 || self.buffer.last() == Some(&b'\n') {
-                return Ok(());
-            }
-        }
-    }
-
-    fn read_error(&mut self, error: io::Error) -> ImportError {
-        // A read error (corrupt compressed stream) ends the input.
-        self.done = true;
-        ImportError {
-            file: self.name.clone(),
-            line: Some(self.line + 1),
-            message: format!("reading: {error}"),
-            recoverable: false,
-        }
-    }
-}
 
 /// Most processes whose lineage an importer remembers. Past it the oldest are forgotten: their
 /// children then look like new processes (`Fork` events may be missing), never memory growth.
