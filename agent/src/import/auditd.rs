@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::signal_number;
+use super::signal_name;
 use super::{join, makedev, normalize, EventSource, Format, ImportError, Known, Lines};
 use crate::event::{Event, EventData, Exec, Exit, Fork, Open, Rename, Syscall};
 
@@ -376,47 +376,6 @@ fn bpf_command(command: u64) -> Option<&'static str> {
         28 => "BPF_LINK_CREATE",
         _ => return None,
     })
-}
-
-/// `SIGTERM` for 15 (the inverse of [`signal_number`]).
-fn signal_name(number: u64) -> Option<String> {
-    (1..=31u64).contains(&number).then_some(())?;
-    [
-        "SIGHUP",
-        "SIGINT",
-        "SIGQUIT",
-        "SIGILL",
-        "SIGTRAP",
-        "SIGABRT",
-        "SIGBUS",
-        "SIGFPE",
-        "SIGKILL",
-        "SIGUSR1",
-        "SIGSEGV",
-        "SIGUSR2",
-        "SIGPIPE",
-        "SIGALRM",
-        "SIGTERM",
-        "SIGSTKFLT",
-        "SIGCHLD",
-        "SIGCONT",
-        "SIGSTOP",
-        "SIGTSTP",
-        "SIGTTIN",
-        "SIGTTOU",
-        "SIGURG",
-        "SIGXCPU",
-        "SIGXFSZ",
-        "SIGVTALRM",
-        "SIGPROF",
-        "SIGWINCH",
-        "SIGIO",
-        "SIGPWR",
-        "SIGSYS",
-    ]
-    .into_iter()
-    .find(|name| signal_number(name) == Some(number as u32))
-    .map(str::to_owned)
 }
 
 impl EventSource for AuditdSource {
