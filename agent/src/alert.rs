@@ -154,6 +154,10 @@ pub struct AlertSweep {
     pub categories: Vec<String>,
     /// Ids of the rules that fired, sorted.
     pub rules: Vec<String>,
+    /// The files opened, in the order first seen (at most 100).
+    pub files: Vec<String>,
+    /// Further files (beyond `files`) folded into the sweep.
+    pub files_not_listed: u64,
     /// Credential alerts of the tree folded into the sweep after it fired (not printed).
     pub folded: u64,
     /// `folded`, by category.

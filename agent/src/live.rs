@@ -91,7 +91,9 @@ impl Session {
     fn handle(&mut self, event: &Event) -> Result<()> {
         if let EventData::Lost(lost) = &event.data {
             if lost.source == lost_source::DETACHED {
-                eprintln!("credwatch: WARNING: the kernel programs stopped reporting (detached?): events are being missed");
+                eprintln!(
+                    "credwatch: WARNING: the kernel programs stopped reporting (detached?): events are being missed"
+                );
             }
         }
         if let Some(recorder) = &mut self.recorder {

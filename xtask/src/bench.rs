@@ -304,7 +304,7 @@ pub fn say(line: &str) {
 
 /// A throwaway HOME with fake credential files: workloads never see the real one. Its path is
 /// short because bpftrace compares paths on a 512-byte BPF stack (see bench_syscalls).
-pub const HOME: &str = "/tmp/cwbench-home";
+pub const HOME: &str = "/tmp/cwb-h";
 
 fn make_home() -> Result<PathBuf> {
     let home = PathBuf::from(HOME);

@@ -116,7 +116,7 @@ pub fn bpftrace_script(home: &Path) -> String {
         ".azure/",
         ".docker/",
         ".config/gcloud/",
-        ".cargo/credentials.toml",
+        ".cargo/credentials",
         ".npmrc",
         ".pypirc",
         ".git-credentials",

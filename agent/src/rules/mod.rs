@@ -19,7 +19,7 @@ use std::{
 use self::{
     manager::Manager,
     schema::Pattern,
-    schema::{Access, Action, Actor, Conditions, ExecMatch, FileDoc, RuleDoc, Samples, Sweep, SyscallMatch},
+    schema::{Access, Action, Actor, Conditions, ExecMatch, FileDoc, RuleDoc, RunsCode, Samples, Sweep, SyscallMatch},
     target::{TargetIndex, Targets},
 };
 use crate::alert::Severity;
@@ -146,6 +146,7 @@ pub struct RuleSet {
     /// Syscall rules by syscall name.
     syscall_by_name: HashMap<String, Vec<usize>>,
     sweep: Option<(Sweep, Origin)>,
+    runs_code: Vec<(RunsCode, Origin)>,
     /// SHA-256 over every source file (name and text) in load order: names the rules in force
     /// in a trace header.
     digest: sha2::Sha256,
@@ -206,6 +207,17 @@ impl RuleSet {
     /// `actors` say who the kernel should spare.
     pub fn kill_rules(&self) -> impl Iterator<Item = &Rule> {
         self.rules.iter().filter(|rule| rule.action == Action::Kill)
+    }
+
+    /// Whether the manager `manager` (an index in [`RuleSet::managers`]), executed as
+    /// `filename` with `args`, runs code rather than manages packages.
+    pub fn runs_code(&self, manager: usize, filename: &str, args: &[String]) -> bool {
+        let name = &self.managers[manager].name;
+        let exec = manager::basename(filename);
+        self.runs_code.iter().filter(|(r, _)| &r.manager == name).any(|(r, _)| {
+            r.execs.iter().any(|e| e == exec)
+                || args.get(1).is_some_and(|first| r.first_args.iter().any(|p| p.matcher.is_match(first)))
+        })
     }
 
     /// The sweep settings, if any file defines them.
@@ -277,6 +289,9 @@ impl RuleSet {
         if other.sweep.is_some() {
             self.sweep = other.sweep;
         }
+        let replaced: Vec<String> = other.runs_code.iter().map(|(r, _)| r.manager.clone()).collect();
+        self.runs_code.retain(|(r, _)| !replaced.contains(&r.manager));
+        self.runs_code.extend(other.runs_code);
         for rule in other.rules {
             match self.rules.iter().position(|r| r.id == rule.id) {
                 Some(i) => self.rules[i] = rule,
@@ -329,6 +344,15 @@ impl RuleSet {
             }
         }
         let known = |name: &str| name == "run" || self.managers.iter().any(|m| m.name == name);
+        for (runs_code, origin) in &self.runs_code {
+            if !self.managers.iter().any(|m| m.name == runs_code.manager) {
+                return Err(RulesError::Invalid {
+                    origin: origin.clone(),
+                    column: None,
+                    message: format!("runs_code: unknown manager {:?}", runs_code.manager),
+                });
+            }
+        }
         for rule in &self.rules {
             let referenced = rule.conditions.managers.iter().chain(rule.actors.iter().flat_map(|a| a.managers.iter()));
             for name in referenced {
@@ -405,6 +429,10 @@ fn parse_sources(sources: impl IntoIterator<Item = (String, String)>) -> Result<
                 return Err(RulesError::invalid(&file, line, format!("duplicate `sweep` (first at {first})")));
             }
             set.sweep = Some((sweep, Origin { file: file.clone(), line }));
+        }
+        for runs_code in doc.runs_code {
+            let line = find_line(&text, "manager", &runs_code.manager, 0);
+            set.runs_code.push((runs_code, Origin { file: file.clone(), line }));
         }
         for manager in doc.managers {
             let line = find_line(&text, "name", &manager.name, 0);

@@ -23,6 +23,25 @@ pub(crate) struct FileDoc {
     /// When one tree's credential alerts become one sweep alert.
     #[serde(default)]
     pub sweep: Option<Sweep>,
+    /// Manager invocations that run code rather than manage packages.
+    #[serde(default)]
+    pub runs_code: Vec<RunsCode>,
+}
+
+/// Invocations of a manager that run code (`bun payload.js`, `bunx pkg`): the process is still
+/// the root of a tree (or nested under one), but it is not "the manager itself" for actors,
+/// and what it writes or starts is package code's doing.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunsCode {
+    /// The manager's `name`.
+    pub manager: String,
+    /// Executable basenames that always run code (`bunx`).
+    #[serde(default)]
+    pub execs: Vec<String>,
+    /// Patterns for argv[1] that run code (`*.js`, `run`).
+    #[serde(default)]
+    pub first_args: Vec<WordPattern>,
 }
 
 /// The only schema this build reads.

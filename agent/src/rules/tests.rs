@@ -396,6 +396,23 @@ fn bad_exec_and_syscall_parts_name_file_and_line() {
 }
 
 #[test]
+fn runs_code_names_a_known_manager() {
+    let set = RuleSet::defaults().unwrap();
+    let bun = set.managers().iter().position(|m| m.name == "bun").unwrap();
+    let args = |words: &[&str]| words.iter().map(|w| (*w).to_owned()).collect::<Vec<_>>();
+    assert!(set.runs_code(bun, "/usr/bin/bun", &args(&["bun", "bun_environment.js"])));
+    assert!(set.runs_code(bun, "/usr/bin/bun", &args(&["bun", "run", "build"])));
+    assert!(set.runs_code(bun, "/usr/bin/bunx", &args(&["bunx", "cowsay"])));
+    assert!(!set.runs_code(bun, "/usr/bin/bun", &args(&["bun", "install"])));
+    assert!(!set.runs_code(bun, "/usr/bin/bun", &args(&["bun"])));
+
+    let (error, file) = error_for("schema: 1\nruns_code:\n  - manager: maven\n    execs: [mvnw]\n");
+    assert_invalid_at(&error, &file, 3, "runs_code: unknown manager \"maven\"");
+    let (error, file) = error_for("schema: 1\nruns_code:\n  - manager: bun\n    first_args: [\"[x\"]\n");
+    assert_invalid_at(&error, &file, 4, "bad argument pattern");
+}
+
+#[test]
 fn bad_sweeps_name_file_and_line() {
     let sweep = "schema: 1\nsweep:\n  id: s\n  name: S\n  description: S.\n  category: sweep\n  severity: critical\n  min_categories: 3\n  window_s: 30\n  min_severity: medium\n";
     let (error, file) = error_for(&sweep.replace("window_s: 30", "window_s: 0"));

@@ -251,11 +251,8 @@ rules:
         let mut table = CredentialTable::new(rules(RULES), [home.clone()]);
         let scan = table.scan();
         assert!(!scan.truncated);
-        let found: HashMap<String, u32> = scan
-            .inodes
-            .values()
-            .map(|cred| (table.path(cred.index).unwrap().to_owned(), cred.flags))
-            .collect();
+        let found: HashMap<String, u32> =
+            scan.inodes.values().map(|cred| (table.path(cred.index).unwrap().to_owned(), cred.flags)).collect();
         let path = |rel: &str| home.join(rel).to_str().unwrap().to_owned();
         let mut names: Vec<&String> = found.keys().collect();
         names.sort();

@@ -361,9 +361,37 @@ const BPF_COMMANDS: &[&str] = &[
 ];
 
 const SIGNALS: &[&str] = &[
-    "0", "SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", "SIGKILL", "SIGUSR1",
-    "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGSTKFLT", "SIGCHLD", "SIGCONT", "SIGSTOP", "SIGTSTP",
-    "SIGTTIN", "SIGTTOU", "SIGURG", "SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO", "SIGPWR",
+    "0",
+    "SIGHUP",
+    "SIGINT",
+    "SIGQUIT",
+    "SIGILL",
+    "SIGTRAP",
+    "SIGABRT",
+    "SIGBUS",
+    "SIGFPE",
+    "SIGKILL",
+    "SIGUSR1",
+    "SIGSEGV",
+    "SIGUSR2",
+    "SIGPIPE",
+    "SIGALRM",
+    "SIGTERM",
+    "SIGSTKFLT",
+    "SIGCHLD",
+    "SIGCONT",
+    "SIGSTOP",
+    "SIGTSTP",
+    "SIGTTIN",
+    "SIGTTOU",
+    "SIGURG",
+    "SIGXCPU",
+    "SIGXFSZ",
+    "SIGVTALRM",
+    "SIGPROF",
+    "SIGWINCH",
+    "SIGIO",
+    "SIGPWR",
     "SIGSYS",
 ];
 
@@ -665,11 +693,17 @@ mod tests {
             }
         );
         let bpf = decoded(record(tamper_syscall::BPF, record_flag::BLOCKED, 0, 5, 0));
-        assert_eq!((bpf.operation.as_deref(), bpf.ret, bpf.target_pid, bpf.blocked), (Some("BPF_PROG_LOAD"), None, None, true));
+        assert_eq!(
+            (bpf.operation.as_deref(), bpf.ret, bpf.target_pid, bpf.blocked),
+            (Some("BPF_PROG_LOAD"), None, None, true)
+        );
         let kill = decoded(record(tamper_syscall::KILL, record_flag::HAS_TARGET, 1, 15, 0));
         assert_eq!(kill.operation.as_deref(), Some("SIGTERM"));
         let uring = decoded(record(tamper_syscall::IO_URING_SUBMIT_REQ, 0, 0, 18, 0));
-        assert_eq!((uring.name.as_str(), uring.operation.as_deref()), ("io_uring_submit_req", Some("IORING_OP_OPENAT")));
+        assert_eq!(
+            (uring.name.as_str(), uring.operation.as_deref()),
+            ("io_uring_submit_req", Some("IORING_OP_OPENAT"))
+        );
         // Unknown numbers stay numbers.
         assert_eq!(decoded(record(tamper_syscall::BPF, 0, 0, 999, 0)).operation.as_deref(), Some("999"));
         assert_eq!(decoded(record(tamper_syscall::PTRACE, 0, 0, 0x9999, 0)).operation.as_deref(), Some("39321"));

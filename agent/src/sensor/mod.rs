@@ -156,8 +156,6 @@ pub enum SensorError {
     Proc(io::Error),
     #[error("waiting for the ring buffer: {0}")]
     Poll(io::Error),
-    #[error("starting the canary process: {0}")]
-    Canary(io::Error),
 }
 
 /// The `Lost` event sources (`Lost::source`) of the sensor.
@@ -408,12 +406,8 @@ impl Sensor {
         let Some((table, next)) = &mut self.credentials else { return Ok(()) };
         let scan = table.scan();
         *next = Instant::now() + RESCAN_INTERVAL;
-        let stale: Vec<InodeKey> = self
-            .cred_map
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|key| !scan.inodes.contains_key(key))
-            .collect();
+        let stale: Vec<InodeKey> =
+            self.cred_map.keys().filter_map(Result::ok).filter(|key| !scan.inodes.contains_key(key)).collect();
         for key in stale {
             // Gone already is fine: only its absence matters.
             let _ = self.cred_map.remove(&key);
@@ -560,9 +554,14 @@ impl Sensor {
         if self.canary.is_some() || Instant::now() < self.next_canary {
             return Ok(());
         }
-        let mut canary = Canary::spawn(self.stats.lost).map_err(SensorError::Canary)?;
+        let Ok(mut canary) = Canary::spawn(self.stats.lost) else {
+            // fork fails only transiently (EAGAIN, ENOMEM): the next interval tries again.
+            self.next_canary = Instant::now() + CANARY_INTERVAL;
+            return Ok(());
+        };
         let mark = Mark { root_pid: canary.pid, depth: 0, manager: NO_MANAGER, flags: mark_flag::BY_AGENT };
-        if let Err(error) = self.marks().and_then(|mut marks| marks.insert(canary.pid, mark, 0).map_err(map_err("MARKS")))
+        if let Err(error) =
+            self.marks().and_then(|mut marks| marks.insert(canary.pid, mark, 0).map_err(map_err("MARKS")))
         {
             canary.finish();
             return Err(error);
@@ -626,6 +625,26 @@ pub(crate) fn boot_ns() -> u64 {
 mod tests {
     use super::*;
     use crate::rules::manager::ModuleRoot;
+
+    #[test]
+    fn blocks_the_syscalls_that_kill_rules_name_without_operations() {
+        let rule = |id: &str, action: &str, syscalls: &str| {
+            format!(
+                "  - id: {id}\n    name: n\n    description: d\n    category: tamper\n    severity: high\n    action: {action}\n    syscalls: {syscalls}\n    samples:\n      positive:\n        - exec: {{pid: 100, args: [npm, install]}}\n        - syscall: {{pid: 100, name: bpf, operation: BPF_PROG_LOAD}}\n      negative:\n        - exec: {{pid: 100, args: [npm, install]}}\n"
+            )
+        };
+        let yaml = format!(
+            "schema: 1\nrules:\n{}{}{}",
+            rule("a", "kill", "{names: [bpf, finit_module, kill]}"),
+            rule("b", "kill", "{names: [ptrace], operations: [PTRACE_ATTACH]}"),
+            rule("c", "alert", "{names: [process_vm_readv]}"),
+        );
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("t.yaml"), yaml).unwrap();
+        let rules = crate::rules::RuleSet::load_dir(dir.path()).unwrap();
+        let expected = 1 << tamper_syscall::BPF | 1 << tamper_syscall::FINIT_MODULE | 1 << tamper_syscall::KILL;
+        assert_eq!(block_syscalls(rules.rules()), expected);
+    }
 
     #[test]
     fn builds_kernel_keys_for_execs_and_modules() {

@@ -29,6 +29,15 @@
 //!   enough (the fd exists but the process never runs again to read it); for a tamper syscall
 //!   (bpf, a module load, a signal to the agent) its effect happens anyway: only LSM or
 //!   `bpf_override_return`, neither loadable here, could refuse it.
+//! - Credential inodes: at the exit of every open of a marked process, the opened file's
+//!   (s_dev, i_ino) is looked up in `CRED_INODES` (one more lookup, marked processes only).
+//!   A hit goes to `PRIORITY`, and under `--enforce` a `KILL` inode kills the process. The
+//!   open has completed by then (an `O_TRUNC` has truncated), but nothing was read.
+//! - Renames and links: the directory a relative path starts from (its dirfd's file or the
+//!   cwd) is resolved at entry; `..` and symlinks inside the relative part are not resolved.
+//! - Signals count as tamper only when aimed at the agent: kill(agent tgid) or kill(-1),
+//!   tkill/tgkill of its main thread, pidfd_send_signal on a pidfd of it (a /proc/<pid> dirfd
+//!   used as a pidfd is not resolved). A process-group kill that includes the agent is not.
 //! - Verifier cost: values that would otherwise be followed one by one (a path's length, where
 //!   a basename starts, map keys built byte by byte) go through memory, where the verifier
 //!   keeps no per-value state, and are bounded again after.
@@ -225,10 +234,11 @@ fn submit<T>(entry: RingBufEntry<T>, priority: bool) {
     entry.submit(flags);
 }
 
+/// Sends SIGKILL to the current process; true when the signal was queued.
 #[inline(always)]
-fn kill_current() {
+fn kill_current() -> bool {
     // SAFETY: signals the current process; allowed from tracepoint programs.
-    unsafe { aya_ebpf::helpers::generated::bpf_send_signal(SIGKILL) };
+    unsafe { aya_ebpf::helpers::generated::bpf_send_signal(SIGKILL) == 0 }
 }
 
 #[inline(always)]
@@ -648,7 +658,9 @@ fn save_open(ctx: &TracePointContext, syscall: u32, tid: u32) -> Res<()> {
             }
             open_syscall::CREAT => (AT_FDCWD, ctx.read_at::<u64>(TP_ARG0)?, CREAT_FLAGS, ctx.read_at::<u64>(TP_ARG1)?),
             // open_by_handle_at(mount_fd, struct file_handle *, flags): no path at all.
-            open_syscall::OPEN_BY_HANDLE_AT => (ctx.read_at::<u64>(TP_ARG0)? as i32, 0, ctx.read_at::<u64>(TP_ARG2)?, 0),
+            open_syscall::OPEN_BY_HANDLE_AT => {
+                (ctx.read_at::<u64>(TP_ARG0)? as i32, 0, ctx.read_at::<u64>(TP_ARG2)?, 0)
+            }
             open_syscall::OPENAT => (
                 ctx.read_at::<u64>(TP_ARG0)? as i32,
                 ctx.read_at::<u64>(TP_ARG1)?,
@@ -710,8 +722,8 @@ fn report_open(ctx: &TracePointContext, pid_tgid: u64, mark: Mark, tid: u32) -> 
                     cred_index = cred.index;
                     // Killed before the syscall returns to user space: the fd exists, but the
                     // process never runs again to read it.
-                    if config.flags & config_flag::ENFORCE != 0 && cred.flags & cred_flag::KILL != 0 {
-                        kill_current();
+                    if config.flags & config_flag::ENFORCE != 0 && cred.flags & cred_flag::KILL != 0 && kill_current()
+                    {
                         record_flags |= record_flag::BLOCKED;
                     }
                 }
@@ -947,6 +959,7 @@ unsafe fn resolve_dir(off: &KernelOffsets, dirfd: i32, out: *mut ResolvedPath) {
     // SAFETY: out points into a record.
     unsafe {
         match path {
+            // A NULL fs_struct or file plus a small member offset: nothing to walk.
             Ok(path) if path > 0x1000 => resolve_path(off, path, out),
             _ => unresolved(out),
         }
@@ -1077,8 +1090,7 @@ fn save_tamper(ctx: &TracePointContext, syscall: u32, pid_tgid: u64, mark: Mark)
     };
     let mut record_flags = if has_target { record_flag::HAS_TARGET } else { 0 };
     let blockable = syscall < 32 && config.block_syscalls & (1 << syscall) != 0;
-    if blockable && config.flags & config_flag::ENFORCE != 0 {
-        kill_current();
+    if blockable && config.flags & config_flag::ENFORCE != 0 && kill_current() {
         record_flags |= record_flag::BLOCKED;
         emit_syscall(pid_tgid, mark, syscall, record_flags, target, operation, 0, true);
         return Ok(());
