@@ -187,6 +187,22 @@ pub struct Lost {
     pub count: u64,
 }
 
+/// `path` with `.`, `..` and doubled `/` resolved lexically, as an absolute path. Only for
+/// paths no kernel resolved: it cannot know about symlinks.
+pub fn normalize_path(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            _ => parts.push(part),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
 impl Open {
     /// The path a rule should match: the kernel's absolute path when known, else the path as
     /// given.

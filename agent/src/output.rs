@@ -95,10 +95,7 @@ pub fn render(alert: &Alert, colour: bool) -> String {
     if let Some(step) = &package.lifecycle {
         let _ = write!(who, " ({})", escape(step));
     }
-    let what = match &alert.file {
-        Some(file) => format!("opened {}", escape(&file.path)),
-        None => format!("ran {}", command_line(&alert.process.args, &alert.process.executable)),
-    };
+    let what = headline(alert);
     let blocked = if alert.event.outcome == "blocked" { " [BLOCKED]" } else { "" };
 
     let mut out = String::new();
@@ -110,6 +107,24 @@ pub fn render(alert: &Alert, colour: bool) -> String {
     let _ = writeln!(out, "  rule     {} ({}): {}", escape(&alert.rule.id), escape(&alert.rule.category), escape(&alert.rule.name));
     if let Some(file) = &alert.file {
         let _ = writeln!(out, "  file     {}  (given as {}, {})", escape(&file.path), escape(&file.given_path), file.flags);
+        if let Some(original) = &file.same_file_as {
+            let _ = writeln!(out, "  same as  {} (same inode: a link or copy of it)", escape(original));
+        }
+    }
+    if let Some(sweep) = &alert.credwatch.sweep {
+        let _ = writeln!(out, "  sweep    {} within {} s", escape(&sweep.categories.join(", ")), sweep.window_s);
+        for file in &sweep.files {
+            let _ = writeln!(out, "           {}", escape(file));
+        }
+        if sweep.files_not_listed > 0 {
+            let _ = writeln!(out, "           ... and {} more files", sweep.files_not_listed);
+        }
+        if sweep.folded > 0 {
+            let _ = writeln!(out, "  folded   {} further credential alerts of this tree", sweep.folded);
+        }
+    }
+    if let Some(count) = alert.credwatch.count {
+        let _ = writeln!(out, "  repeated {count} times so far");
     }
     let _ = writeln!(out, "  at       {}  uid {}  host {}", alert.timestamp, alert.user.id, escape(&alert.host.name));
     out.push_str("  tree\n");
@@ -124,6 +139,42 @@ pub fn render(alert: &Alert, colour: bool) -> String {
         let _ = writeln!(out, "  note     matched in {}; the read was not blocked", alert.credwatch.enforcement);
     }
     out
+}
+
+/// What the process did, in a few words.
+fn headline(alert: &Alert) -> String {
+    let command = || command_line(&alert.process.args, &alert.process.executable);
+    if let Some(sweep) = &alert.credwatch.sweep {
+        let what = if sweep.is_final { "swept (summary)" } else { "swept" };
+        return format!("{what} {} kinds of credentials", sweep.categories.len());
+    }
+    if let Some(syscall) = &alert.credwatch.syscall {
+        let mut text = format!("called {}", escape(&syscall.name));
+        if let Some(operation) = &syscall.operation {
+            let _ = write!(text, " {}", escape(operation));
+        }
+        if let Some(pid) = syscall.target_pid {
+            let _ = write!(text, " on pid {pid}");
+        }
+        return text;
+    }
+    match (&alert.file, alert.event.action.as_str()) {
+        (Some(file), action @ ("rename" | "link" | "symlink")) => {
+            let done = if action == "rename" { "renamed" } else { "linked" };
+            match (&file.renamed_from, &file.renamed_to) {
+                (Some(from), _) => format!("{done} {} onto {}", escape(from), escape(&file.path)),
+                (None, Some(to)) => format!("{done} {} to {}", escape(&file.path), escape(to)),
+                (None, None) => format!("{done} {}", escape(&file.path)),
+            }
+        }
+        (Some(file), _) if is_write(&file.flags) => format!("opened for writing {}", escape(&file.path)),
+        (Some(file), _) => format!("opened {}", escape(&file.path)),
+        (None, _) => format!("ran {}", command()),
+    }
+}
+
+fn is_write(flags: &str) -> bool {
+    flags.split('|').any(|flag| matches!(flag, "O_WRONLY" | "O_RDWR" | "O_CREAT" | "O_TRUNC" | "O_APPEND"))
 }
 
 fn severity_colour(severity: Severity) -> &'static str {
@@ -226,6 +277,46 @@ mod tests {
                 ..AlertCredwatch::default()
             },
         }
+    }
+
+    #[test]
+    fn headlines_say_what_was_done() {
+        let mut write = alert();
+        write.file.as_mut().unwrap().flags = "O_WRONLY|O_APPEND".into();
+        assert!(render(&write, false).contains(" opened for writing /home/a/.npmrc\n"));
+
+        let mut renamed = alert();
+        renamed.event.action = "rename".into();
+        renamed.file.as_mut().unwrap().renamed_from = Some("/tmp/x\u{1b}".into());
+        assert!(render(&renamed, false).contains(" renamed /tmp/x\\u{1b} onto /home/a/.npmrc\n"));
+
+        let mut syscall = alert();
+        syscall.file = None;
+        syscall.credwatch.syscall = Some(AlertSyscall {
+            name: "ptrace".into(),
+            operation: Some("PTRACE_ATTACH".into()),
+            target_pid: Some(77),
+            ret: Some(0),
+        });
+        assert!(render(&syscall, false).contains(" called ptrace PTRACE_ATTACH on pid 77\n"));
+
+        let mut sweep = alert();
+        sweep.credwatch.sweep = Some(AlertSweep {
+            categories: vec!["cloud".into(), "registry".into(), "ssh".into()],
+            files: vec!["/home/a/.npmrc".into()],
+            folded: 4,
+            window_s: 30,
+            ..AlertSweep::default()
+        });
+        let text = render(&sweep, false);
+        assert!(text.contains(" swept 3 kinds of credentials\n"), "{text}");
+        assert!(text.contains("  sweep    cloud, registry, ssh within 30 s\n"), "{text}");
+        assert!(text.contains("  folded   4 further credential alerts"), "{text}");
+
+        let mut exec = alert();
+        exec.file = None;
+        exec.process.args = vec!["gh".into(), "auth".into(), "token".into()];
+        assert!(render(&exec, false).contains(" ran gh auth token\n"));
     }
 
     #[test]

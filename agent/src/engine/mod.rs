@@ -29,7 +29,7 @@ use crate::{
         Alert, AlertAncestor, AlertCredwatch, AlertEvent, AlertFile, AlertHost, AlertPackage, AlertParent,
         AlertProcess, AlertRule, AlertSweep, AlertSyscall, AlertUser, Severity,
     },
-    event::{Event, EventData, Exec, Open, Rename, Syscall},
+    event::{normalize_path, Event, EventData, Exec, Open, Rename, Syscall},
     rules::{
         manager::{basename, root_manager},
         schema::{Access, Conditions, ExecMatch, Who},
@@ -443,7 +443,7 @@ impl Engine {
 
     fn exec_rules(&mut self, event: &Event, id: Id, by_manager: bool) -> Vec<Alert> {
         let p = &self.procs[&id];
-        let exe = if p.executable.starts_with('/') { normalize(&p.executable) } else { absolute(&p.filename, &p.cwd) };
+        let exe = if p.executable.starts_with('/') { normalize_path(&p.executable) } else { absolute(&p.filename, &p.cwd) };
         let names = [basename(&p.filename), basename(&p.executable)];
         let words = p.args.get(1..).unwrap_or_default();
         let mut command: Option<String> = None;
@@ -642,11 +642,11 @@ impl Engine {
         } else {
             "link"
         };
-        let new = rename.new_abs.as_deref().map(normalize).unwrap_or_else(|| absolute(&rename.new_path, &p.cwd));
+        let new = rename.new_abs.as_deref().map(normalize_path).unwrap_or_else(|| absolute(&rename.new_path, &p.cwd));
         // A symlink's old path is the link's text: relative to the link's directory.
         let old = match action {
             "symlink" => absolute(&rename.old_path, new.rsplit_once('/').map_or("/", |(dir, _)| dir)),
-            _ => rename.old_abs.as_deref().map(normalize).unwrap_or_else(|| absolute(&rename.old_path, &p.cwd)),
+            _ => rename.old_abs.as_deref().map(normalize_path).unwrap_or_else(|| absolute(&rename.old_path, &p.cwd)),
         };
         // Files the outermost manager writes are the packages it installs; a nested one may be
         // package code (`bun payload.js`).
@@ -974,8 +974,8 @@ fn learn_from_open(p: &mut Proc, path: &str) {
 fn resolved_path(open: &Open, cwd: &str) -> String {
     match &open.abs_path {
         Some(abs) if !open.truncated => abs.clone(),
-        _ if open.path.starts_with('/') => normalize(&open.path),
-        _ if open.dirfd == AT_FDCWD && cwd.starts_with('/') => normalize(&format!("{cwd}/{}", open.path)),
+        _ if open.path.starts_with('/') => normalize_path(&open.path),
+        _ if open.dirfd == AT_FDCWD && cwd.starts_with('/') => normalize_path(&format!("{cwd}/{}", open.path)),
         Some(abs) => abs.clone(),
         None => open.path.clone(),
     }
@@ -984,9 +984,9 @@ fn resolved_path(open: &Open, cwd: &str) -> String {
 /// `path` made absolute against `cwd`, lexically.
 fn absolute(path: &str, cwd: &str) -> String {
     if path.starts_with('/') || !cwd.starts_with('/') {
-        normalize(path)
+        normalize_path(path)
     } else {
-        normalize(&format!("{cwd}/{path}"))
+        normalize_path(&format!("{cwd}/{path}"))
     }
 }
 
@@ -1046,20 +1046,6 @@ fn sweep_rotate(rules: &RuleSet, indices: &BTreeSet<usize>) -> Vec<String> {
         }
     }
     out
-}
-
-fn normalize(path: &str) -> String {
-    let mut parts: Vec<&str> = Vec::new();
-    for part in path.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            _ => parts.push(part),
-        }
-    }
-    format!("/{}", parts.join("/"))
 }
 
 /// `/proc/<n>/...` with `n` neither the opener's pid nor its thread's id. (The kernel resolves

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::signal_name;
-use super::{join, makedev, normalize, EventSource, Format, ImportError, Known, Lines};
+use super::{join, makedev, normalize_path, EventSource, Format, ImportError, Known, Lines};
 use crate::event::{Event, EventData, Exec, Exit, Fork, Open, Rename, Syscall};
 
 /// Events being assembled at once; past it the oldest is finished as it is.
@@ -254,7 +254,7 @@ impl AuditdSource {
                 };
                 let ret = exit.unwrap_or(-1);
                 let abs_path = if path.starts_with('/') {
-                    Some(normalize(&path))
+                    Some(normalize_path(&path))
                 } else if dirfd == AT_FDCWD {
                     join(partial.cwd.as_deref(), &path)
                 } else {
@@ -302,7 +302,7 @@ impl AuditdSource {
                 let resolve = |path: &Option<String>, dirfd: Option<i32>| {
                     let path = path.as_deref()?;
                     if path.starts_with('/') {
-                        Some(normalize(path))
+                        Some(normalize_path(path))
                     } else if dirfd == Some(AT_FDCWD) {
                         join(partial.cwd.as_deref(), path)
                     } else {

@@ -16,6 +16,7 @@ use std::{
 };
 
 pub use crate::input::InputError as ImportError;
+pub(crate) use crate::event::normalize_path;
 use crate::{
     event::{Event, EventData, Fork},
     input::{Input, Lines},
@@ -336,27 +337,12 @@ impl Known {
     }
 }
 
-/// `path` with `.` and `..` resolved lexically and `/` doubled removed.
-pub(crate) fn normalize(path: &str) -> String {
-    let mut parts: Vec<&str> = Vec::new();
-    for part in path.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            _ => parts.push(part),
-        }
-    }
-    format!("/{}", parts.join("/"))
-}
-
 /// `path` made absolute against `dir` when it is relative and `dir` is known.
 pub(crate) fn join(dir: Option<&str>, path: &str) -> Option<String> {
     if path.starts_with('/') {
-        return Some(normalize(path));
+        return Some(normalize_path(path));
     }
-    dir.filter(|d| d.starts_with('/')).map(|d| normalize(&format!("{d}/{path}")))
+    dir.filter(|d| d.starts_with('/')).map(|d| normalize_path(&format!("{d}/{path}")))
 }
 
 /// `O_*` flag values (x86_64, the same on aarch64 but for the directory flags).
