@@ -80,7 +80,7 @@ impl Session {
         let recorder = outputs.trace.map(|path| open_trace(path, &rules, command)).transpose()?;
         let mut sensor = Sensor::start(rules.managers(), command.is_empty()).context("starting the eBPF sensor")?;
         sensor
-            .protect(Protection { rules: rules.rules().to_vec(), homes: system_homes(), enforce: outputs.enforce })
+            .protect(Protection { rules: rules.clone(), homes: system_homes(), enforce: outputs.enforce })
             .context("registering credential files with the kernel")?;
         let sink = AlertSink::new(outputs.json, outputs.alerts_file, false)
             .with_context(|| format!("opening {}", outputs.alerts_file.unwrap_or(Path::new("")).display()))?;

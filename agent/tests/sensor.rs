@@ -397,7 +397,7 @@ fn home() -> Home {
 
 fn protected_sensor(h: &Home, enforce: bool) -> Sensor {
     let mut sensor = Sensor::start(&[], false).expect("sensor starts (run as root)");
-    sensor.protect(Protection { rules: h.rules.rules().to_vec(), homes: vec![h.home.clone()], enforce }).unwrap();
+    sensor.protect(Protection { rules: h.rules.clone(), homes: vec![h.home.clone()], enforce }).unwrap();
     assert_eq!(sensor.stats().credential_files, 3, "id_rsa, id_ed25519, .npmrc");
     sensor
 }
@@ -767,6 +767,47 @@ fn a_flood_of_bulk_opens_does_not_push_out_the_key_record() {
     assert!(stats.lost > 900_000, "bulk losses are counted: {stats:?}");
     assert_eq!(stats.priority_lost, 0);
     assert_eq!(lost(&events, lost_source::PRIORITY), 0);
+}
+
+#[test]
+fn enforce_spares_a_kill_rules_actor_only_in_a_chain_from_the_manager() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = home();
+    // `cat` is the actor, spared when the manager itself started it.
+    let rules_dir = h.work.join("spare-rules");
+    fs::create_dir(&rules_dir).unwrap();
+    let spared = RULES.replacen(
+        "    action: kill\n",
+        "    action: kill\n    actors:\n      - execs: [cat]\n        via_manager: true\n        verdict: low\n",
+        1,
+    );
+    fs::write(rules_dir.join("test.yaml"), spared).unwrap();
+    let rules = RuleSet::load_dir(&rules_dir).unwrap();
+    let managers = vec![Manager { name: "fake".into(), execs: vec!["sparemgr".into()], modules: vec![] }];
+    let mut sensor = Sensor::start(&managers, true).unwrap();
+    sensor.protect(Protection { rules, homes: vec![h.home.clone()], enforce: true }).unwrap();
+
+    let manager = fake_manager(&h.work, "sparemgr");
+    let key = path(&h.home.join(".ssh/id_rsa"));
+    let (direct, nested) = (h.work.join("direct"), h.work.join("nested"));
+    // The manager runs cat itself (spared), then a shell that runs cat (package code: killed).
+    let script = format!("cat {key} > {}; sh -c 'cat {key} > {}; true'; true", path(&direct), path(&nested));
+    // The shell reports the killed cat on stderr: expected.
+    let status = Command::new(&manager).args(["-c", &script]).stderr(Stdio::null()).status().unwrap();
+    assert!(status.success());
+    let mut events = Vec::new();
+    let root = |events: &[Event]| {
+        events.iter().find_map(|e| match &e.data {
+            EventData::Exec(exec) if exec.filename == manager.to_str().unwrap() => Some(e.pid),
+            _ => None,
+        })
+    };
+    collect(&mut sensor, &mut events, |events| root(events).is_some_and(|pid| exited(events, pid).is_some()));
+    assert!(fs::read_to_string(&direct).unwrap().contains(SECRET), "the manager's own cat is spared");
+    assert_eq!(fs::read_to_string(&nested).unwrap(), "", "cat under package code is killed");
+    let key_opens: Vec<&Open> = opens(&events).map(|(_, o)| o).filter(|o| o.path == key).collect();
+    assert_eq!(key_opens.len(), 2, "{events:#?}");
+    assert_eq!(key_opens.iter().filter(|o| o.blocked).count(), 1, "{key_opens:#?}");
 }
 
 /// Replaces every BPF link and perf event fd of this process with /dev/null: the programs

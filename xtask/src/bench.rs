@@ -224,10 +224,6 @@ fn run_bench(options: &Options) -> Result<()> {
     if options.build {
         crate::build()?;
     }
-    crate::run(
-        "build the bench's trace generator and parse-only baseline (release xtask)",
-        crate::cargo().args(["build", "--release", "--quiet", "-p", "xtask", "--features", "bench-trace"]),
-    )?;
     for helper in ["loop", "floor", "opener"] {
         let source = workspace.join(format!("xtask/bench/{helper}.c"));
         crate::run(
@@ -661,6 +657,35 @@ pub fn timed(command: &mut Command) -> Result<(f64, std::process::Output)> {
     let started = Instant::now();
     let output = command.stdin(Stdio::null()).output().with_context(|| format!("running {command:?}"))?;
     Ok((started.elapsed().as_secs_f64(), output))
+}
+
+/// Runs `command` to the end like [`timed`], and also returns the CPU seconds of the process
+/// itself (not of its children), sampled every 20 ms until it exits.
+pub fn timed_with_own_cpu(command: &mut Command) -> Result<(f64, std::process::Output, f64)> {
+    let started = Instant::now();
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {command:?}"))?;
+    let stdout = Lines::new(child.stdout.take().context("stdout")?);
+    let stderr = Lines::new(child.stderr.take().context("stderr")?);
+    let mut cpu = 0.0;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        let now = cpu_seconds(child.id());
+        if now.is_finite() {
+            cpu = now;
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    thread::sleep(Duration::from_millis(50));
+    let text = |lines: &Lines| (lines.text() + "\n").into_bytes();
+    Ok((seconds, std::process::Output { status, stdout: text(&stdout), stderr: text(&stderr) }, cpu))
 }
 
 /// The `ns_per_op` (wall) and `cpu_ns_per_op` figures printed by the loop helper, wherever they

@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::json;
 
 use crate::{
-    bench::{fmt, median, say, start_watch, timed, Background, Ctx, Section},
+    bench::{cpu_seconds, fmt, median, say, start_watch, timed_with_own_cpu, Background, Ctx, Section},
     bench_syscalls::{nan_null, Audit},
 };
 
@@ -158,7 +158,8 @@ fn cargo_workspace(ctx: &Ctx) -> Result<Workload> {
     })
 }
 
-fn once(ctx: &Ctx, workload: &Workload, config: Config, script: &Path) -> Result<f64> {
+/// Wall seconds of one run, and the agent's CPU seconds meanwhile (credwatch configurations).
+fn once(ctx: &Ctx, workload: &Workload, config: Config, script: &Path) -> Result<(f64, f64)> {
     for path in &workload.clean {
         if path.is_dir() {
             fs::remove_dir_all(path)?;
@@ -193,7 +194,13 @@ fn once(ctx: &Ctx, workload: &Workload, config: Config, script: &Path) -> Result
     for (key, value) in &workload.env {
         command.env(key, value);
     }
-    let (seconds, output) = timed(&mut command)?;
+    let watch_cpu = running.as_ref().filter(|_| config == Config::Watch).map(|agent| (agent.pid(), cpu_seconds(agent.pid())));
+    let (seconds, output, own_cpu) = timed_with_own_cpu(&mut command)?;
+    let agent_cpu = match (config, watch_cpu) {
+        (Config::Watch, Some((pid, before))) => cpu_seconds(pid) - before,
+        (Config::Run, _) => own_cpu,
+        _ => f64::NAN,
+    };
     if let Some(process) = running {
         process.stop()?;
     }
@@ -209,7 +216,7 @@ fn once(ctx: &Ctx, workload: &Workload, config: Config, script: &Path) -> Result
             String::from_utf8_lossy(&output.stderr).trim().lines().last().unwrap_or("")
         );
     }
-    Ok(seconds)
+    Ok((seconds, agent_cpu))
 }
 
 pub fn run(ctx: &mut Ctx) -> Result<Section> {
@@ -222,13 +229,14 @@ pub fn run(ctx: &mut Ctx) -> Result<Section> {
     let mut section = Section::new(
         "install",
         "2. Install workloads, offline (wall seconds, median of rounds)",
-        &["workload", "configuration", "wall s", "× nothing", "rounds (s)"],
+        &["workload", "configuration", "wall s", "× nothing", "agent CPU s", "rounds (s)"],
     );
     let mut figures = serde_json::Map::new();
     for workload in &workloads {
         // A first run, not counted, warms caches (npm's, the page cache).
         once(ctx, workload, Config::Nothing, &script).with_context(|| format!("warm-up of {}", workload.name))?;
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); CONFIGS.len()];
+        let mut agent_cpu: Vec<Vec<f64>> = vec![Vec::new(); CONFIGS.len()];
         let mut errors: Vec<Option<String>> = CONFIGS
             .iter()
             .map(|c| match c {
@@ -246,7 +254,10 @@ pub fn run(ctx: &mut Ctx) -> Result<Section> {
                     continue;
                 }
                 match once(ctx, workload, CONFIGS[index], &script) {
-                    Ok(seconds) => times[index].push(seconds),
+                    Ok((seconds, cpu)) => {
+                        times[index].push(seconds);
+                        agent_cpu[index].push(cpu);
+                    }
                     Err(error) => errors[index] = Some(format!("{error:#}")),
                 }
             }
@@ -264,11 +275,12 @@ pub fn run(ctx: &mut Ctx) -> Result<Section> {
                 config.label().to_owned(),
                 fmt(wall, 2),
                 fmt(wall / nothing, 3),
+                fmt(median(&agent_cpu[index]), 2),
                 rounds_text,
             ]);
             per_config.insert(
                 config.key().to_owned(),
-                json!({ "median_s": nan_null(wall), "rounds_s": times[index], "ratio_to_nothing": nan_null(wall / nothing), "error": errors[index] }),
+                json!({ "median_s": nan_null(wall), "rounds_s": times[index], "agent_cpu_s": nan_null(median(&agent_cpu[index])), "ratio_to_nothing": nan_null(wall / nothing), "error": errors[index] }),
             );
         }
         if workload.name.starts_with("npm") {
@@ -288,7 +300,7 @@ pub fn run(ctx: &mut Ctx) -> Result<Section> {
     section.notes.push(format!(
         "{rounds} round(s) after an uncounted warm-up, configurations interleaved. The npm project is {NPM_PACKAGES} `file:` tarballs ({NPM_SCRIPTED} with an `install` script hashing a string in node) under a fake HOME and cache; the cargo workspace is {CRATES} crates whose build scripts read their manifest and generate code, built from clean (`debug = 0`)."
     ));
-    section.notes.push("`credwatch run` includes the agent's start-up; under `watch` the agent was already attached. Both workloads use both cores, which other engineers were also using.".into());
+    section.notes.push("`credwatch run` includes the agent's start-up; under `watch` the agent was already attached. Agent CPU: user+system seconds of the agent process during the run (sampled every 20 ms for `run`). Both workloads use both cores, which other engineers were also using.".into());
     section.json = serde_json::Value::Object(figures);
     Ok(section)
 }

@@ -18,6 +18,10 @@ use crate::{
 };
 
 pub fn run(ctx: &mut Ctx) -> Result<Section> {
+    crate::run(
+        "build the bench's trace generator and parse-only baseline (release xtask)",
+        crate::cargo().args(["build", "--release", "--quiet", "-p", "xtask", "--features", "bench-trace"]),
+    )?;
     let bytes: u64 = if ctx.quick { 64 << 20 } else { 1100 << 20 };
     let rounds = ctx.rounds(2);
     let trace = ctx.work.join("replay.jsonl");

@@ -18,9 +18,12 @@ use std::{
     time::Duration,
 };
 
-use credwatch_common::{cred_flag, CredInode, InodeKey};
+use credwatch_common::{cred_flag, spare_flag, CredInode, InodeKey, SparedExe};
 
-use crate::rules::{schema::Action, Rule};
+use crate::rules::{
+    schema::{Action, Who},
+    Rule, RuleSet,
+};
 
 /// How often the table is rebuilt from the file system.
 pub const RESCAN_INTERVAL: Duration = Duration::from_secs(5);
@@ -32,6 +35,11 @@ pub const MAX_WALK_ENTRIES: usize = 50_000;
 pub const MAX_CRED_FILES: usize = 16384;
 /// Homes scanned (`/root`, `/home/*`, the agent's `$HOME`, `HOME`s of watched processes).
 pub const MAX_HOMES: usize = 256;
+
+/// Where an actor's executable is looked for besides `$PATH` (git's helpers live in its
+/// exec path).
+const EXEC_DIRS: &[&str] =
+    &["/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin", "/usr/lib/git-core", "/usr/libexec/git-core"];
 
 /// Characters that make a path component a glob.
 const GLOB_CHARS: &[char] = &['*', '?', '[', '{'];
@@ -196,6 +204,49 @@ impl CredentialTable {
     }
 }
 
+/// What `--enforce` spares, from the actors of the `kill` rules: the executables they name
+/// (found in `$PATH` and [`EXEC_DIRS`]), and the managers whose root process they name (the
+/// `Config::spare_root_managers` mask). The kernel checks executables and the chain from the
+/// manager only; other actor conditions are left to userspace, so the kernel may spare an
+/// actor that userspace still alerts on, never the reverse.
+pub fn spared(rules: &RuleSet) -> (HashMap<InodeKey, SparedExe>, u32) {
+    let manager_mask = |names: &[String]| -> u32 {
+        if names.is_empty() {
+            return u32::MAX;
+        }
+        rules
+            .managers()
+            .iter()
+            .enumerate()
+            .filter(|(index, manager)| *index < 32 && names.contains(&manager.name))
+            .fold(0, |mask, (index, _)| mask | 1 << index)
+    };
+    let mut dirs: Vec<PathBuf> =
+        std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
+    dirs.extend(EXEC_DIRS.iter().map(PathBuf::from));
+    let mut exes: HashMap<InodeKey, SparedExe> = HashMap::new();
+    let mut root_managers = 0;
+    for actor in rules.rules().iter().filter(|rule| rule.action == Action::Kill).flat_map(|rule| &rule.actors) {
+        let managers = manager_mask(&actor.managers);
+        match &actor.who {
+            Who::Manager { .. } => root_managers |= managers,
+            Who::Execs { execs, via_manager } => {
+                let flags = if *via_manager { spare_flag::VIA_MANAGER } else { spare_flag::ANYWHERE };
+                for exec in execs {
+                    for meta in dirs.iter().filter_map(|dir| fs::metadata(dir.join(exec)).ok()).filter(|m| m.is_file())
+                    {
+                        let key = InodeKey { dev: kernel_dev(meta.dev()), ino: meta.ino() };
+                        let spared = exes.entry(key).or_insert(SparedExe { flags: 0, managers: 0 });
+                        spared.flags |= flags;
+                        spared.managers |= managers;
+                    }
+                }
+            }
+        }
+    }
+    (exes, root_managers)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,6 +330,40 @@ rules:
         assert_eq!(index(&first), index(&again));
         assert!(!table.add_home(&home), "known");
         assert!(!table.add_home(Path::new("relative")), "not absolute");
+    }
+
+    #[test]
+    fn spares_the_executables_and_managers_of_kill_rules_actors() {
+        let dir = tempfile::tempdir().unwrap();
+        let actors = |action: &str, actors: &str| {
+            RULES.replacen("    action: kill\n", &format!("    action: {action}\n    actors:\n{actors}"), 1)
+        };
+        fs::write(
+            dir.path().join("managers.yaml"),
+            "schema: 1\nmanagers:\n  - name: npm\n    execs: [npm]\n  - name: cargo\n    execs: [cargo]\n",
+        )
+        .unwrap();
+        let kill = actors(
+            "kill",
+            "      - execs: [cat]\n        via_manager: true\n        verdict: low\n      - execs: [ls]\n        verdict: low\n      - manager: true\n        managers: [cargo]\n        verdict: low\n",
+        );
+        fs::write(dir.path().join("test.yaml"), kill).unwrap();
+        let rules = RuleSet::load_dir(dir.path()).unwrap();
+        let (exes, root_managers) = spared(&rules);
+        let key = |path: &str| {
+            let meta = fs::metadata(path).unwrap();
+            InodeKey { dev: kernel_dev(meta.dev()), ino: meta.ino() }
+        };
+        assert_eq!(exes[&key("/bin/cat")], SparedExe { flags: spare_flag::VIA_MANAGER, managers: u32::MAX });
+        assert_eq!(exes[&key("/bin/ls")], SparedExe { flags: spare_flag::ANYWHERE, managers: u32::MAX });
+        let cargo = rules.managers().iter().position(|m| m.name == "cargo").unwrap();
+        assert_eq!(root_managers, 1 << cargo);
+
+        // The same actors on an alert rule spare nothing: nothing is killed for it.
+        let alert = actors("alert", "      - execs: [cat]\n        verdict: low\n");
+        fs::write(dir.path().join("test.yaml"), alert).unwrap();
+        let (exes, root_managers) = spared(&RuleSet::load_dir(dir.path()).unwrap());
+        assert!(exes.is_empty() && root_managers == 0);
     }
 
     #[test]

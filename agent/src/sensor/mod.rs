@@ -23,7 +23,7 @@ use aya::{
 };
 use credwatch_common::{
     config_flag, lost_index, manager_flag, mark_flag, tamper_syscall, Config, CredInode, InodeKey, ManagerValue, Mark,
-    MANAGER_NAME_LEN, MODULE_KEY_LEN,
+    SparedExe, MANAGER_NAME_LEN, MODULE_KEY_LEN,
 };
 use thiserror::Error;
 
@@ -36,14 +36,14 @@ use self::{
 };
 use crate::{
     event::{Event, EventData, Lost},
-    rules::{manager::Manager, schema::Action, Rule},
+    rules::{manager::Manager, schema::Action, Rule, RuleSet},
 };
 
 /// The kernel programs, built by `cargo xtask build` and embedded by build.rs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/credwatch.bpf.o"));
 
 /// `Mark::manager` of a root made by [`Sensor::mark_root`]: no manager exec made it.
-pub const NO_MANAGER: u32 = u32::MAX;
+pub use credwatch_common::NO_MANAGER;
 
 /// Longest wait between two reads of the ring buffer: the programs do not wake the agent per
 /// record.
@@ -193,8 +193,9 @@ pub struct SensorStats {
 
 /// What [`Sensor::protect`] watches for by inode, and whether it blocks.
 pub struct Protection {
-    /// The rules whose targets are looked for (all of them: `kill` ones are blocked).
-    pub rules: Vec<Rule>,
+    /// The rules whose targets are looked for (all of them: `kill` ones are blocked, their
+    /// actors spared).
+    pub rules: RuleSet,
     /// Homes to scan; `HOME`s of watched processes are added as execs show them.
     pub homes: Vec<std::path::PathBuf>,
     /// Kill on opens of `kill` targets and on the syscalls `kill` rules name.
@@ -209,6 +210,9 @@ pub struct Sensor {
     config_map: Array<MapData, Config>,
     config: Config,
     cred_map: HashMap<MapData, InodeKey, CredInode>,
+    spared_map: HashMap<MapData, InodeKey, SparedExe>,
+    /// The rules of [`Sensor::protect`], for the spared executables at each rescan.
+    protected: Option<RuleSet>,
     /// With [`Sensor::protect`]: the table and when to scan it next.
     credentials: Option<(CredentialTable, Instant)>,
     canary: Option<Canary>,
@@ -333,6 +337,7 @@ impl Sensor {
             agent_tgid: std::process::id(),
             uring_opcode_offset: uring_opcode_offset(),
             block_syscalls: 0,
+            spare_root_managers: 0,
         };
         let mut config_map: Array<MapData, Config> = take_typed(&mut ebpf, "CONFIG")?;
         config_map.set(0, config, 0).map_err(map_err("CONFIG"))?;
@@ -348,6 +353,7 @@ impl Sensor {
         let priority: RingBuf<MapData> = take_typed(&mut ebpf, "PRIORITY")?;
         let lost: PerCpuArray<MapData, u64> = take_typed(&mut ebpf, "LOST")?;
         let cred_map: HashMap<MapData, InodeKey, CredInode> = take_typed(&mut ebpf, "CRED_INODES")?;
+        let spared_map: HashMap<MapData, InodeKey, SparedExe> = take_typed(&mut ebpf, "SPARED_EXES")?;
 
         for &name in RAW_TRACEPOINTS {
             let program: &mut RawTracePoint = ebpf
@@ -378,6 +384,8 @@ impl Sensor {
             config_map,
             config,
             cred_map,
+            spared_map,
+            protected: None,
             credentials: None,
             canary: None,
             next_canary: Instant::now() + CANARY_INTERVAL,
@@ -389,9 +397,10 @@ impl Sensor {
     /// Registers the inodes of the files `protection.rules` target (rescanned every
     /// [`RESCAN_INTERVAL`] from [`Sensor::poll`]) and, with `enforce`, turns blocking on.
     pub fn protect(&mut self, protection: Protection) -> Result<(), SensorError> {
-        self.config.block_syscalls = block_syscalls(&protection.rules);
-        let table = CredentialTable::new(protection.rules, protection.homes);
+        self.config.block_syscalls = block_syscalls(protection.rules.rules());
+        let table = CredentialTable::new(protection.rules.rules().to_vec(), protection.homes);
         self.credentials = Some((table, Instant::now()));
+        self.protected = Some(protection.rules);
         self.rescan()?;
         if protection.enforce {
             self.config.flags |= config_flag::ENFORCE;
@@ -418,6 +427,22 @@ impl Sensor {
             }
         }
         self.stats.credential_files = scan.inodes.len() as u64;
+        // Executables change on upgrades: their inodes too.
+        if let Some(rules) = &self.protected {
+            let (exes, root_managers) = credentials::spared(rules);
+            let stale: Vec<InodeKey> =
+                self.spared_map.keys().filter_map(Result::ok).filter(|key| !exes.contains_key(key)).collect();
+            for key in stale {
+                let _ = self.spared_map.remove(&key);
+            }
+            for (key, value) in &exes {
+                self.spared_map.insert(key, value, 0).map_err(map_err("SPARED_EXES"))?;
+            }
+            if root_managers != self.config.spare_root_managers {
+                self.config.spare_root_managers = root_managers;
+                self.config_map.set(0, self.config, 0).map_err(map_err("CONFIG"))?;
+            }
+        }
         Ok(())
     }
 
@@ -446,6 +471,12 @@ impl Sensor {
             if marks.get(&event.pid, 0).is_err() {
                 let mark = Mark { flags: mark.flags | mark_flag::BY_AGENT, ..mark };
                 marks.insert(event.pid, mark, 0).map_err(map_err("MARKS"))?;
+                // Exited between the scan and the mark: no exit will remove it, and a stale
+                // mark would land on whatever process reuses the pid.
+                if !Path::new(&format!("/proc/{}", event.pid)).exists() {
+                    let _ = marks.remove(&event.pid);
+                    continue;
+                }
             }
             events.push(event);
         }
@@ -535,10 +566,10 @@ impl Sensor {
     fn tend_canary(&mut self, out: &mut Vec<Event>) -> Result<(), SensorError> {
         if let Some(verdict) = self.canary.as_ref().and_then(|canary| canary.verdict(self.stats.lost)) {
             if let Some(canary) = self.canary.take() {
-                let pid = canary.pid;
+                // The exit program removes the mark, unless it is the one detached. Before the
+                // child is reaped: then its pid may be reused, and must not carry the mark.
+                let _ = self.marks()?.remove(&canary.pid);
                 canary.finish();
-                // The exit program removes the mark, unless it is the one detached.
-                let _ = self.marks()?.remove(&pid);
             }
             if let Verdict::Missing(_) = verdict {
                 self.stats.detached += 1;

@@ -93,6 +93,22 @@ pub mod cred_flag {
 pub mod mark_flag {
     /// Marked by the agent (`credwatch run`, or seeded from `/proc`), not by a manager exec.
     pub const BY_AGENT: u32 = 1;
+    /// Runs a [`spare_flag::VIA_MANAGER`] executable, and so did every process between it and
+    /// its manager root (npm -> git -> ssh). Set at exec.
+    pub const ACTOR_CHAIN: u32 = 2;
+    /// The parent (at fork) was a manager root or had [`ACTOR_CHAIN`].
+    pub const PARENT_IN_CHAIN: u32 = 4;
+}
+
+/// `Mark::manager` of a root that no manager exec made (`credwatch run`, seeded CMD).
+pub const NO_MANAGER: u32 = u32::MAX;
+
+/// Bits of [`SparedExe::flags`].
+pub mod spare_flag {
+    /// A `kill` rule's actor runs this executable anywhere in a tree: never killed.
+    pub const ANYWHERE: u32 = 1;
+    /// Spared only in an unbroken chain from the manager ([`mark_flag::ACTOR_CHAIN`]).
+    pub const VIA_MANAGER: u32 = 2;
 }
 
 /// Bits of [`ManagerValue::flags`].
@@ -206,6 +222,9 @@ pub struct Config {
     /// Bit `1 << n` for each [`tamper_syscall`] `n` that a `kill` rule names: with
     /// [`config_flag::ENFORCE`], such a call is killed at syscall entry.
     pub block_syscalls: u32,
+    /// Bit `1 << manager` for each manager whose root process (depth 0) a `kill` rule's
+    /// actor spares.
+    pub spare_root_managers: u32,
 }
 
 /// Key of the `CRED_INODES` map: a credential file as the kernel names it.
@@ -215,6 +234,17 @@ pub struct InodeKey {
     /// Kernel-internal `dev_t` (`super_block::s_dev`, major << 20 | minor).
     pub dev: u64,
     pub ino: u64,
+}
+
+/// Value of the `SPARED_EXES` map (keyed by the executable's [`InodeKey`]): the executables
+/// of `kill` rules' actors, which the kernel does not kill.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SparedExe {
+    /// [`spare_flag`] bits.
+    pub flags: u32,
+    /// Bit `1 << manager` of the root managers under which it is spared (`u32::MAX`: any).
+    pub managers: u32,
 }
 
 /// Value of the `CRED_INODES` map.
@@ -402,6 +432,7 @@ mod pod {
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::InodeKey {}
     unsafe impl aya::Pod for super::CredInode {}
+    unsafe impl aya::Pod for super::SparedExe {}
 }
 
 #[cfg(test)]
@@ -446,7 +477,8 @@ mod tests {
     #[test]
     fn config_has_no_padding() {
         assert_eq!(size_of::<KernelOffsets>(), 39 * 4);
-        assert_eq!(size_of::<Config>(), size_of::<KernelOffsets>() + 16);
+        assert_eq!(size_of::<Config>(), size_of::<KernelOffsets>() + 20);
+        assert_eq!(size_of::<SparedExe>(), 8);
         assert_eq!(size_of::<ManagerValue>(), 8);
         assert_eq!(size_of::<InodeKey>(), 16);
         assert_eq!(size_of::<CredInode>(), 8);

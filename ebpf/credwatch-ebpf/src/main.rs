@@ -13,6 +13,8 @@
 //!   opens of credential inodes, blocked actions and tamper syscalls. The agent reads it first.
 //! - `LOST`: per-CPU counters indexed by [`lost_index`] (one per ring buffer, and a full MARKS).
 //! - `CRED_INODES`: (dev, ino) -> [`CredInode`] of every credential file the agent found.
+//! - `SPARED_EXES`: (dev, ino) -> [`SparedExe`]: executables of `kill` rules' actors (ssh and
+//!   git started by the manager), which `--enforce` does not kill.
 //! - `PENDING_OPENS`, `PENDING_RENAMES`, `PENDING_SYSCALLS`: tid -> what a syscall's entry saw,
 //!   until its exit.
 //! - `SCRATCH`, `RENAME_SCRATCH`: per-CPU buffers too large for the 512-byte stack.
@@ -61,10 +63,11 @@ use aya_ebpf::{
     programs::{RawTracePointContext, TracePointContext},
 };
 use credwatch_common::{
-    config_flag, cred_flag, kind, lost_index, manager_flag, open_syscall, path_flag, record_flag, rename_syscall,
-    tamper_syscall, Config, CredInode, EventHeader, ExecEvent, ExitEvent, ForkEvent, InodeKey, KernelOffsets,
-    ManagerValue, Mark, OpenEvent, RenameEvent, ResolvedPath, SyscallEvent, MANAGER_NAME_LEN, MAX_ARGS, MAX_ENV,
-    MAX_GIVEN_PATH, MAX_PATH_COMPONENTS, MAX_RESOLVED_PATH, MODULE_KEY_LEN,
+    config_flag, cred_flag, kind, lost_index, manager_flag, mark_flag, open_syscall, path_flag, record_flag,
+    rename_syscall, spare_flag, tamper_syscall, Config, CredInode, EventHeader, ExecEvent, ExitEvent, ForkEvent,
+    InodeKey, KernelOffsets, ManagerValue, Mark, OpenEvent, RenameEvent, ResolvedPath, SparedExe, SyscallEvent,
+    MANAGER_NAME_LEN, MAX_ARGS, MAX_ENV, MAX_GIVEN_PATH, MAX_PATH_COMPONENTS, MAX_RESOLVED_PATH, MODULE_KEY_LEN,
+    NO_MANAGER,
 };
 
 /// Processes that can be marked at once; a full map is counted in `LOST[MARKS_FULL]`.
@@ -77,6 +80,7 @@ const EVENTS_BYTES: u32 = 16 << 20;
 const PRIORITY_BYTES: u32 = 1 << 20;
 /// Credential files the agent can register (its table has the same limit).
 const MAX_CRED_INODES: u32 = 16384;
+const MAX_SPARED_EXES: u32 = 256;
 /// Threads with a rename-family syscall in flight (each entry is a whole record, ~9 KiB).
 const MAX_PENDING_RENAMES: u32 = 256;
 const MAX_PENDING_SYSCALLS: u32 = 4096;
@@ -163,6 +167,8 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
 static PRIORITY: RingBuf = RingBuf::with_byte_size(PRIORITY_BYTES, 0);
 #[map]
 static CRED_INODES: HashMap<InodeKey, CredInode> = HashMap::with_max_entries(MAX_CRED_INODES, 0);
+#[map]
+static SPARED_EXES: HashMap<InodeKey, SparedExe> = HashMap::with_max_entries(MAX_SPARED_EXES, 0);
 #[map]
 static PENDING_RENAMES: LruHashMap<u32, RenameEvent> = LruHashMap::with_max_entries(MAX_PENDING_RENAMES, 0);
 #[map]
@@ -382,6 +388,7 @@ fn try_sched_process_exec(ctx: &RawTracePointContext) -> Res<()> {
         },
         None => return Ok(()),
     };
+    let mark = actor_chain(off, tgid, mark);
     let Some(mut entry) = reserve::<ExecEvent>(false) else { return Ok(()) };
     let event = entry.as_mut_ptr();
     // SAFETY: event points to a reserved record of the right size.
@@ -391,6 +398,56 @@ fn try_sched_process_exec(ctx: &RawTracePointContext) -> Res<()> {
     }
     submit(entry, false);
     Ok(())
+}
+
+/// The (dev, ino) of the current process's executable.
+#[inline(always)]
+fn exe_key(off: &KernelOffsets) -> Res<InodeKey> {
+    let task = unsafe { bpf_get_current_task() };
+    let mm: u64 = read(task, off.task_struct_mm)?;
+    let exe: u64 = read(mm, off.mm_struct_exe_file)?;
+    file_key(off, exe)
+}
+
+/// Sets or clears [`mark_flag::ACTOR_CHAIN`] after an exec: the new program is a
+/// `VIA_MANAGER` actor and the parent was the manager root or in the chain.
+#[inline(never)]
+fn actor_chain(off: &KernelOffsets, tgid: u32, mark: Mark) -> Mark {
+    let in_chain = mark.flags & mark_flag::PARENT_IN_CHAIN != 0
+        && exe_key(off)
+            .ok()
+            // SAFETY: copied out at once.
+            .and_then(|key| unsafe { SPARED_EXES.get(&key).copied() })
+            .is_some_and(|spared| spared.flags & spare_flag::VIA_MANAGER != 0);
+    let flags = if in_chain { mark.flags | mark_flag::ACTOR_CHAIN } else { mark.flags & !mark_flag::ACTOR_CHAIN };
+    if flags == mark.flags {
+        return mark;
+    }
+    let mark = Mark { flags, ..mark };
+    // An update of an existing key cannot fail for want of room.
+    let _ = MARKS.insert(&tgid, &mark, 0);
+    mark
+}
+
+/// Whether `--enforce` spares the current process: the agent itself (marked when started
+/// inside a package tree, e.g. by `cargo run`), a manager root, or an executable that a `kill`
+/// rule's actor names (see [`SparedExe`]).
+#[inline(never)]
+fn spared(config: &Config, mark: Mark) -> bool {
+    if (bpf_get_current_pid_tgid() >> 32) as u32 == config.agent_tgid {
+        return true;
+    }
+    let manager_bit = if mark.manager < 32 { 1u32 << mark.manager } else { 0 };
+    if mark.depth == 0 && mark.manager != NO_MANAGER && config.spare_root_managers & manager_bit != 0 {
+        return true;
+    }
+    let Ok(key) = exe_key(&config.offsets) else { return false };
+    // SAFETY: copied out at once.
+    let Some(exe) = (unsafe { SPARED_EXES.get(&key).copied() }) else { return false };
+    let manager_ok = exe.managers == u32::MAX || exe.managers & manager_bit != 0;
+    manager_ok
+        && (exe.flags & spare_flag::ANYWHERE != 0
+            || (exe.flags & spare_flag::VIA_MANAGER != 0 && mark.flags & mark_flag::ACTOR_CHAIN != 0))
 }
 
 /// Index of the manager whose exec this is, per `MANAGERS` and `MANAGER_MODULES`.
@@ -576,7 +633,11 @@ fn try_sched_process_fork(ctx: &RawTracePointContext) -> Res<()> {
         // A new thread, not a new process.
         return Ok(());
     }
-    let child_mark = Mark { root_pid: mark.root_pid, depth: mark.depth + 1, manager: mark.manager, flags: mark.flags };
+    let manager_root = mark.depth == 0 && mark.manager != NO_MANAGER;
+    let parent_in_chain =
+        if manager_root || mark.flags & mark_flag::ACTOR_CHAIN != 0 { mark_flag::PARENT_IN_CHAIN } else { 0 };
+    let flags = (mark.flags & !mark_flag::PARENT_IN_CHAIN) | parent_in_chain;
+    let child_mark = Mark { root_pid: mark.root_pid, depth: mark.depth + 1, manager: mark.manager, flags };
     if MARKS.insert(&child_tgid, &child_mark, 0).is_err() {
         count_lost(lost_index::MARKS_FULL);
     }
@@ -722,7 +783,10 @@ fn report_open(ctx: &TracePointContext, pid_tgid: u64, mark: Mark, tid: u32) -> 
                     cred_index = cred.index;
                     // Killed before the syscall returns to user space: the fd exists, but the
                     // process never runs again to read it.
-                    if config.flags & config_flag::ENFORCE != 0 && cred.flags & cred_flag::KILL != 0 && kill_current()
+                    if config.flags & config_flag::ENFORCE != 0
+                        && cred.flags & cred_flag::KILL != 0
+                        && !spared(config, mark)
+                        && kill_current()
                     {
                         record_flags |= record_flag::BLOCKED;
                     }
@@ -1090,7 +1154,7 @@ fn save_tamper(ctx: &TracePointContext, syscall: u32, pid_tgid: u64, mark: Mark)
     };
     let mut record_flags = if has_target { record_flag::HAS_TARGET } else { 0 };
     let blockable = syscall < 32 && config.block_syscalls & (1 << syscall) != 0;
-    if blockable && config.flags & config_flag::ENFORCE != 0 && kill_current() {
+    if blockable && config.flags & config_flag::ENFORCE != 0 && !spared(config, mark) && kill_current() {
         record_flags |= record_flag::BLOCKED;
         emit_syscall(pid_tgid, mark, syscall, record_flags, target, operation, 0, true);
         return Ok(());
