@@ -7,6 +7,7 @@ pub mod engine;
 pub mod event;
 pub mod import;
 pub mod input;
+pub mod names;
 pub mod rules;
 pub mod sensor;
 pub mod output;

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::signal_name;
+use crate::names::{bpf_command, ptrace_request};
 use super::{join, makedev, normalize_path, EventSource, Format, ImportError, Known, Lines};
 use crate::event::{Event, EventData, Exec, Exit, Fork, Open, Rename, Syscall};
 
@@ -330,8 +331,8 @@ impl AuditdSource {
                 let (target_pid, operation) = match name.as_str() {
                     "ptrace" => (pid_arg("a1"), hex_arg("a0").and_then(ptrace_request).map(str::to_owned)),
                     "process_vm_readv" | "process_vm_writev" => (pid_arg("a0"), None),
-                    "kill" | "tkill" => (pid_arg("a0"), hex_arg("a1").and_then(signal_name)),
-                    "tgkill" => (pid_arg("a0"), hex_arg("a2").and_then(signal_name)),
+                    "kill" | "tkill" => (pid_arg("a0"), hex_arg("a1").and_then(signal_name).map(str::to_owned)),
+                    "tgkill" => (pid_arg("a0"), hex_arg("a2").and_then(signal_name).map(str::to_owned)),
                     "bpf" => (None, hex_arg("a0").and_then(bpf_command).map(str::to_owned)),
                     _ => (None, None),
                 };
@@ -351,31 +352,6 @@ impl AuditdSource {
             _ => {}
         }
     }
-}
-
-fn ptrace_request(request: u64) -> Option<&'static str> {
-    Some(match request {
-        0 => "PTRACE_TRACEME",
-        1 => "PTRACE_PEEKTEXT",
-        2 => "PTRACE_PEEKDATA",
-        4 => "PTRACE_POKETEXT",
-        5 => "PTRACE_POKEDATA",
-        16 => "PTRACE_ATTACH",
-        17 => "PTRACE_DETACH",
-        0x4206 => "PTRACE_SEIZE",
-        _ => return None,
-    })
-}
-
-fn bpf_command(command: u64) -> Option<&'static str> {
-    Some(match command {
-        0 => "BPF_MAP_CREATE",
-        5 => "BPF_PROG_LOAD",
-        8 => "BPF_PROG_ATTACH",
-        17 => "BPF_RAW_TRACEPOINT_OPEN",
-        28 => "BPF_LINK_CREATE",
-        _ => return None,
-    })
 }
 
 impl EventSource for AuditdSource {

@@ -16,7 +16,10 @@ use std::{
 };
 
 pub use crate::input::InputError as ImportError;
-pub(crate) use crate::event::normalize_path;
+pub(crate) use crate::{
+    event::normalize_path,
+    names::{signal_name, signal_number},
+};
 use crate::{
     event::{Event, EventData, Fork},
     input::{Input, Lines},
@@ -407,52 +410,6 @@ pub(crate) fn parse_int(text: &str) -> Option<i64> {
 /// Userspace `st_dev` encoding (glibc `makedev`) of a device number.
 pub(crate) fn makedev(major: u64, minor: u64) -> u64 {
     ((major & 0xffff_f000) << 32) | ((major & 0xfff) << 8) | ((minor & 0xffff_ff00) << 12) | (minor & 0xff)
-}
-
-/// Signal names by number (x86_64), from 1.
-const SIGNALS: &[&str] = &[
-    "SIGHUP",
-    "SIGINT",
-    "SIGQUIT",
-    "SIGILL",
-    "SIGTRAP",
-    "SIGABRT",
-    "SIGBUS",
-    "SIGFPE",
-    "SIGKILL",
-    "SIGUSR1",
-    "SIGSEGV",
-    "SIGUSR2",
-    "SIGPIPE",
-    "SIGALRM",
-    "SIGTERM",
-    "SIGSTKFLT",
-    "SIGCHLD",
-    "SIGCONT",
-    "SIGSTOP",
-    "SIGTSTP",
-    "SIGTTIN",
-    "SIGTTOU",
-    "SIGURG",
-    "SIGXCPU",
-    "SIGXFSZ",
-    "SIGVTALRM",
-    "SIGPROF",
-    "SIGWINCH",
-    "SIGIO",
-    "SIGPWR",
-    "SIGSYS",
-];
-
-/// Signal numbers (x86_64) for exit statuses given by name.
-pub(crate) fn signal_number(name: &str) -> Option<u32> {
-    SIGNALS.iter().position(|s| *s == name).map(|i| i as u32 + 1)
-}
-
-/// `SIGTERM` for 15 (the inverse of [`signal_number`]).
-pub(crate) fn signal_name(number: u64) -> Option<String> {
-    let index = usize::try_from(number).ok()?.checked_sub(1)?;
-    SIGNALS.get(index).map(|name| (*name).to_owned())
 }
 
 #[cfg(test)]

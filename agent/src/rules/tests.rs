@@ -336,6 +336,7 @@ fn the_default_kill_set() {
             "bpf-by-package",
             "gcloud-credentials",
             "kernel-module-load",
+            "ptrace-attach",
             "pypi-token",
             "signal-to-agent",
             "ssh-host-keys",

@@ -10,7 +10,10 @@ use credwatch_common::{
 };
 use thiserror::Error;
 
-use crate::event::{attribution_env, Event, EventData, Exec, Exit, Fork, Open, Rename, Syscall};
+use crate::{
+    event::{attribution_env, Event, EventData, Exec, Exit, Fork, Open, Rename, Syscall},
+    names,
+};
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum DecodeError {
@@ -287,170 +290,15 @@ pub fn tamper_number(name: &str) -> Option<u32> {
     (1..=tamper_syscall::IO_URING_SUBMIT_REQ).find(|&n| tamper_name(n) == name)
 }
 
-/// A name from a table of (value, name), else the number.
-fn named(table: &[(u64, &str)], value: u64) -> String {
-    table.iter().find(|(v, _)| *v == value).map_or_else(|| value.to_string(), |(_, name)| (*name).to_owned())
-}
-
-const PTRACE_REQUESTS: &[(u64, &str)] = &[
-    (0, "PTRACE_TRACEME"),
-    (1, "PTRACE_PEEKTEXT"),
-    (2, "PTRACE_PEEKDATA"),
-    (3, "PTRACE_PEEKUSER"),
-    (4, "PTRACE_POKETEXT"),
-    (5, "PTRACE_POKEDATA"),
-    (6, "PTRACE_POKEUSER"),
-    (7, "PTRACE_CONT"),
-    (8, "PTRACE_KILL"),
-    (9, "PTRACE_SINGLESTEP"),
-    (12, "PTRACE_GETREGS"),
-    (13, "PTRACE_SETREGS"),
-    (16, "PTRACE_ATTACH"),
-    (17, "PTRACE_DETACH"),
-    (24, "PTRACE_SYSCALL"),
-    (0x4200, "PTRACE_SETOPTIONS"),
-    (0x4201, "PTRACE_GETEVENTMSG"),
-    (0x4202, "PTRACE_GETSIGINFO"),
-    (0x4203, "PTRACE_SETSIGINFO"),
-    (0x4204, "PTRACE_GETREGSET"),
-    (0x4205, "PTRACE_SETREGSET"),
-    (0x4206, "PTRACE_SEIZE"),
-    (0x4207, "PTRACE_INTERRUPT"),
-    (0x4208, "PTRACE_LISTEN"),
-    (0x4209, "PTRACE_PEEKSIGINFO"),
-];
-
-const BPF_COMMANDS: &[&str] = &[
-    "BPF_MAP_CREATE",
-    "BPF_MAP_LOOKUP_ELEM",
-    "BPF_MAP_UPDATE_ELEM",
-    "BPF_MAP_DELETE_ELEM",
-    "BPF_MAP_GET_NEXT_KEY",
-    "BPF_PROG_LOAD",
-    "BPF_OBJ_PIN",
-    "BPF_OBJ_GET",
-    "BPF_PROG_ATTACH",
-    "BPF_PROG_DETACH",
-    "BPF_PROG_TEST_RUN",
-    "BPF_PROG_GET_NEXT_ID",
-    "BPF_MAP_GET_NEXT_ID",
-    "BPF_PROG_GET_FD_BY_ID",
-    "BPF_MAP_GET_FD_BY_ID",
-    "BPF_OBJ_GET_INFO_BY_FD",
-    "BPF_PROG_QUERY",
-    "BPF_RAW_TRACEPOINT_OPEN",
-    "BPF_BTF_LOAD",
-    "BPF_BTF_GET_FD_BY_ID",
-    "BPF_TASK_FD_QUERY",
-    "BPF_MAP_LOOKUP_AND_DELETE_ELEM",
-    "BPF_MAP_FREEZE",
-    "BPF_BTF_GET_NEXT_ID",
-    "BPF_MAP_LOOKUP_BATCH",
-    "BPF_MAP_LOOKUP_AND_DELETE_BATCH",
-    "BPF_MAP_UPDATE_BATCH",
-    "BPF_MAP_DELETE_BATCH",
-    "BPF_LINK_CREATE",
-    "BPF_LINK_UPDATE",
-    "BPF_LINK_GET_FD_BY_ID",
-    "BPF_LINK_GET_NEXT_ID",
-    "BPF_ENABLE_STATS",
-    "BPF_ITER_CREATE",
-    "BPF_LINK_DETACH",
-    "BPF_PROG_BIND_MAP",
-    "BPF_TOKEN_CREATE",
-];
-
-const SIGNALS: &[&str] = &[
-    "0",
-    "SIGHUP",
-    "SIGINT",
-    "SIGQUIT",
-    "SIGILL",
-    "SIGTRAP",
-    "SIGABRT",
-    "SIGBUS",
-    "SIGFPE",
-    "SIGKILL",
-    "SIGUSR1",
-    "SIGSEGV",
-    "SIGUSR2",
-    "SIGPIPE",
-    "SIGALRM",
-    "SIGTERM",
-    "SIGSTKFLT",
-    "SIGCHLD",
-    "SIGCONT",
-    "SIGSTOP",
-    "SIGTSTP",
-    "SIGTTIN",
-    "SIGTTOU",
-    "SIGURG",
-    "SIGXCPU",
-    "SIGXFSZ",
-    "SIGVTALRM",
-    "SIGPROF",
-    "SIGWINCH",
-    "SIGIO",
-    "SIGPWR",
-    "SIGSYS",
-];
-
-const IORING_OPS: &[&str] = &[
-    "IORING_OP_NOP",
-    "IORING_OP_READV",
-    "IORING_OP_WRITEV",
-    "IORING_OP_FSYNC",
-    "IORING_OP_READ_FIXED",
-    "IORING_OP_WRITE_FIXED",
-    "IORING_OP_POLL_ADD",
-    "IORING_OP_POLL_REMOVE",
-    "IORING_OP_SYNC_FILE_RANGE",
-    "IORING_OP_SENDMSG",
-    "IORING_OP_RECVMSG",
-    "IORING_OP_TIMEOUT",
-    "IORING_OP_TIMEOUT_REMOVE",
-    "IORING_OP_ACCEPT",
-    "IORING_OP_ASYNC_CANCEL",
-    "IORING_OP_LINK_TIMEOUT",
-    "IORING_OP_CONNECT",
-    "IORING_OP_FALLOCATE",
-    "IORING_OP_OPENAT",
-    "IORING_OP_CLOSE",
-    "IORING_OP_FILES_UPDATE",
-    "IORING_OP_STATX",
-    "IORING_OP_READ",
-    "IORING_OP_WRITE",
-    "IORING_OP_FADVISE",
-    "IORING_OP_MADVISE",
-    "IORING_OP_SEND",
-    "IORING_OP_RECV",
-    "IORING_OP_OPENAT2",
-    "IORING_OP_EPOLL_CTL",
-    "IORING_OP_SPLICE",
-    "IORING_OP_PROVIDE_BUFFERS",
-    "IORING_OP_REMOVE_BUFFERS",
-    "IORING_OP_TEE",
-    "IORING_OP_SHUTDOWN",
-    "IORING_OP_RENAMEAT",
-    "IORING_OP_UNLINKAT",
-    "IORING_OP_MKDIRAT",
-    "IORING_OP_SYMLINKAT",
-    "IORING_OP_LINKAT",
-];
-
-fn indexed(names: &[&str], value: u64) -> String {
-    usize::try_from(value).ok().and_then(|i| names.get(i)).map_or_else(|| value.to_string(), |name| (*name).to_owned())
-}
-
 fn syscall(event: &SyscallEvent) -> Syscall {
     let op = event.operation;
     let operation = match event.syscall {
-        tamper_syscall::PTRACE => Some(named(PTRACE_REQUESTS, op)),
-        tamper_syscall::BPF => Some(indexed(BPF_COMMANDS, op)),
+        tamper_syscall::PTRACE => Some(names::or_number(names::ptrace_request(op), op)),
+        tamper_syscall::BPF => Some(names::or_number(names::bpf_command(op), op)),
         tamper_syscall::KILL | tamper_syscall::TKILL | tamper_syscall::TGKILL | tamper_syscall::PIDFD_SEND_SIGNAL => {
-            Some(indexed(SIGNALS, op))
+            Some(names::or_number(names::signal_name(op), op))
         }
-        tamper_syscall::IO_URING_SUBMIT_REQ => Some(indexed(IORING_OPS, op)),
+        tamper_syscall::IO_URING_SUBMIT_REQ => Some(names::or_number(names::io_uring_op(op), op)),
         _ => None,
     };
     Syscall {
