@@ -18,7 +18,7 @@ use std::{
 
 use aya::{
     maps::{Array, HashMap, MapData, MapError, PerCpuArray, RingBuf},
-    programs::{ProgramError, RawTracePoint, TracePoint},
+    programs::{Program, ProgramError, RawTracePoint, TracePoint},
     Ebpf, EbpfError, EbpfLoader,
 };
 use credwatch_common::{
@@ -145,6 +145,10 @@ pub enum SensorError {
     Load(#[from] EbpfError),
     #[error("the eBPF object has no {what} `{name}`")]
     Missing { what: &'static str, name: &'static str },
+    #[error("program `{name}` of the eBPF object is not a tracepoint program")]
+    NotTracepoint { name: &'static str },
+    #[error("a thread loading the eBPF programs panicked")]
+    LoaderPanicked,
     #[error("map `{name}`: {source}")]
     Map { name: &'static str, source: MapError },
     /// Load errors carry the verifier log in their message.
@@ -235,6 +239,44 @@ fn map_err(name: &'static str) -> impl Fn(MapError) -> SensorError {
 
 fn program_err(name: &'static str) -> impl Fn(ProgramError) -> SensorError {
     move |source| SensorError::Program { name, source }
+}
+
+/// Loads the `wanted` programs. The kernel verifies each on the loading thread, and that is
+/// most of start-up, so they are spread over one thread per core.
+fn load_programs(ebpf: &mut Ebpf, wanted: &[&'static str]) -> Result<(), SensorError> {
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let mut shares: Vec<Vec<(&'static str, &mut Program)>> = (0..threads).map(|_| Vec::new()).collect();
+    let mut found = 0;
+    for (name, program) in ebpf.programs_mut() {
+        if let Some(&name) = wanted.iter().find(|wanted| **wanted == name) {
+            shares[found % threads].push((name, program));
+            found += 1;
+        }
+    }
+    if let Some(&name) = wanted.iter().find(|name| !shares.iter().flatten().any(|(loaded, _)| loaded == *name)) {
+        return Err(SensorError::Missing { what: "program", name });
+    }
+    std::thread::scope(|scope| {
+        let loaders: Vec<_> = shares
+            .into_iter()
+            .map(|share| {
+                scope.spawn(move || {
+                    for (name, program) in share {
+                        match program {
+                            Program::TracePoint(program) => program.load(),
+                            Program::RawTracePoint(program) => program.load(),
+                            _ => return Err(SensorError::NotTracepoint { name }),
+                        }
+                        .map_err(program_err(name))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        loaders.into_iter().try_for_each(|loader| {
+            loader.join().unwrap_or(Err(SensorError::LoaderPanicked))
+        })
+    })
 }
 
 /// Mounts tracefs when it is not there (some machines boot without it).
@@ -355,25 +397,30 @@ impl Sensor {
         let cred_map: HashMap<MapData, InodeKey, CredInode> = take_typed(&mut ebpf, "CRED_INODES")?;
         let spared_map: HashMap<MapData, InodeKey, SparedExe> = take_typed(&mut ebpf, "SPARED_EXES")?;
 
+        let tracepoints: Vec<(&'static str, &'static str)> = TRACEPOINTS
+            .iter()
+            .filter(|(category, name, required)| {
+                *required || Path::new(TRACEFS).join("events").join(category).join(name).is_dir()
+            })
+            .map(|&(category, name, _)| (category, name))
+            .collect();
+        let wanted: Vec<&'static str> =
+            RAW_TRACEPOINTS.iter().copied().chain(tracepoints.iter().map(|&(_, name)| name)).collect();
+        load_programs(&mut ebpf, &wanted)?;
         for &name in RAW_TRACEPOINTS {
             let program: &mut RawTracePoint = ebpf
                 .program_mut(name)
                 .ok_or(SensorError::Missing { what: "program", name })?
                 .try_into()
                 .map_err(program_err(name))?;
-            program.load().map_err(program_err(name))?;
             program.attach(name).map_err(program_err(name))?;
         }
-        for &(category, name, required) in TRACEPOINTS {
-            if !required && !Path::new(TRACEFS).join("events").join(category).join(name).is_dir() {
-                continue;
-            }
+        for &(category, name) in &tracepoints {
             let program: &mut TracePoint = ebpf
                 .program_mut(name)
                 .ok_or(SensorError::Missing { what: "program", name })?
                 .try_into()
                 .map_err(program_err(name))?;
-            program.load().map_err(program_err(name))?;
             program.attach(category, name).map_err(program_err(name))?;
         }
         Ok(Sensor {
