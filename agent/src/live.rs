@@ -133,6 +133,7 @@ impl Session {
         if let Some(recorder) = self.recorder {
             recorder.finish()?;
         }
+        self.sensor.detach_in_background();
         Ok(self.sink.written())
     }
 }

@@ -225,6 +225,38 @@ pub struct Sensor {
     stats: SensorStats,
 }
 
+impl Sensor {
+    /// Stops the sensor without making the caller wait for the kernel: closing each program's
+    /// link waits for an RCU grace period (tens of ms apiece here, seconds for all of them), so
+    /// a child process inherits the links and closes them once this process has exited. The
+    /// programs are made inert first: no new roots, no kills.
+    pub fn detach_in_background(mut self) {
+        self.config.flags = 0;
+        // Best effort: if this fails the programs simply keep their settings a few seconds more.
+        let _ = self.config_map.set(0, self.config, 0);
+        // SAFETY: getpid(2) and fork(2) have no preconditions.
+        let parent = unsafe { libc::getpid() };
+        if unsafe { libc::fork() } == 0 {
+            // SAFETY: the child of a multi-threaded process calls only async-signal-safe
+            // functions (close, prctl, getppid, pause, _exit). It lets go of the terminal and
+            // pipes at once, and dies (closing the links) when its parent has gone, which is
+            // after the parent closed its own copies.
+            unsafe {
+                for fd in 0..=2 {
+                    libc::close(fd);
+                }
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if libc::getppid() != parent {
+                    libc::_exit(0);
+                }
+                loop {
+                    libc::pause();
+                }
+            }
+        }
+    }
+}
+
 impl Drop for Sensor {
     fn drop(&mut self) {
         if let Some(canary) = self.canary.take() {
