@@ -233,12 +233,17 @@ pub fn memory_and_start_up(ctx: &mut Ctx) -> Result<Section> {
 
     // Start-up: the agent's own figure, the spawn-to-line time, and a first event end to end.
     let (mut reported, mut to_line, mut first_alert) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut shutdown, mut run_true) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         let (agent, ms, line_ms) = start_watch(ctx)?;
+        let stopping = Instant::now();
         agent.stop()?;
+        shutdown.push(stopping.elapsed().as_secs_f64() * 1e3);
         reported.push(ms);
         to_line.push(line_ms);
         first_alert.push(first_alert_ms(ctx)?);
+        let (seconds, _) = timed(Command::new(&ctx.credwatch).args(["run", "--", "true"]).env("HOME", &ctx.home))?;
+        run_true.push(seconds * 1e3);
     }
 
     // Memory: steady (idle after attach), then after a million events from a marked tree.
@@ -269,6 +274,11 @@ pub fn memory_and_start_up(ctx: &mut Ctx) -> Result<Section> {
             "`credwatch run -- cat ~/.npmrc`: spawn to the alert on stdout, median",
             format!("{} ms", fmt(median(&first_alert), 0)),
         ),
+        (
+            "`watch` shutdown: SIGTERM to exit (detaching the programs), median",
+            format!("{} ms", fmt(median(&shutdown), 0)),
+        ),
+        ("`credwatch run -- true`: wall, median", format!("{} ms", fmt(median(&run_true), 0))),
         ("steady VmRSS (idle, attached)", format!("{} MB", mb(&steady, "vm_rss_kb"))),
         (
             "steady: of which ring buffer / eBPF map mappings resident",
@@ -305,6 +315,8 @@ pub fn memory_and_start_up(ctx: &mut Ctx) -> Result<Section> {
             "attached_reported_ms": { "median": nan_null(median(&reported)), "rounds": reported },
             "spawn_to_line_ms": { "median": nan_null(median(&to_line)), "rounds": to_line },
             "first_alert_ms": { "median": nan_null(median(&first_alert)), "rounds": first_alert },
+            "watch_shutdown_ms": { "median": nan_null(median(&shutdown)), "rounds": shutdown },
+            "run_true_wall_ms": { "median": nan_null(median(&run_true)), "rounds": run_true },
         },
         "memory_steady": steady,
         "memory_after_events": after,

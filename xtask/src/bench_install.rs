@@ -194,7 +194,8 @@ fn once(ctx: &Ctx, workload: &Workload, config: Config, script: &Path) -> Result
     for (key, value) in &workload.env {
         command.env(key, value);
     }
-    let watch_cpu = running.as_ref().filter(|_| config == Config::Watch).map(|agent| (agent.pid(), cpu_seconds(agent.pid())));
+    let watch_cpu =
+        running.as_ref().filter(|_| config == Config::Watch).map(|agent| (agent.pid(), cpu_seconds(agent.pid())));
     let (seconds, output, own_cpu) = timed_with_own_cpu(&mut command)?;
     let agent_cpu = match (config, watch_cpu) {
         (Config::Watch, Some((pid, before))) => cpu_seconds(pid) - before,

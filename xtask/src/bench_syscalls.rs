@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
 use crate::bench::{
-    fmt, median, ns_per_op, parse_summary, start_watch, timed, Background, Ctx, Section, CREDENTIAL_FILES,
+    fmt, median, ns_per_op, parse_summary, start_watch, timed_with_own_cpu, Background, Ctx, Section, CREDENTIAL_FILES,
 };
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -511,7 +511,7 @@ fn measure(
         if kind == "open" {
             command.arg(file);
         }
-        let (seconds, output) = timed(&mut command)?;
+        let (seconds, output, own_cpu) = timed_with_own_cpu(&mut command)?;
         let stdout = String::from_utf8_lossy(&output.stdout);
         let stderr = String::from_utf8_lossy(&output.stderr);
         if !output.status.success() {
@@ -523,6 +523,7 @@ fn measure(
                 load.lost += summary.lost;
             }
             load.wall_s += seconds;
+            load.cpu_s += own_cpu;
         }
         ns_per_op(&stdout).with_context(|| format!("no figures from the {kind} loop: {}", stdout.trim()))
     };
