@@ -199,6 +199,15 @@ impl Sandbox {
         self.wait(child)
     }
 
+    /// `credwatch run --json --alerts FILE OPTIONS... -- CMD...` in `cwd`, with extra
+    /// environment variables, waiting for it to finish.
+    pub fn run_with(&self, cwd: &Path, options: &[&str], cmd: &[&str], env: &[(&str, &str)]) -> Run {
+        let mut command = self.command(credwatch_binary());
+        command.arg("run").arg("--json").arg("--alerts").arg(self.alerts_file()).args(options).arg("--").args(cmd);
+        command.current_dir(cwd).envs(env.iter().copied());
+        self.wait(self.spawn(command))
+    }
+
     /// Starts `credwatch run` without waiting (see [`Sandbox::wait`]).
     pub fn spawn_run(&self, cwd: &Path, cmd: &[&str]) -> Child {
         self.spawn_run_with_env(cwd, cmd, &[])
@@ -341,5 +350,133 @@ fn copy_dir(from: &Path, to: &Path) {
         } else {
             fs::copy(entry.path(), &target).unwrap();
         }
+    }
+}
+
+/// A copy of `/bin/true` under each name in `names`, in `dir` (created): stand-ins for tools
+/// (`gh`, `sudo`, `docker`, ...) that do nothing but exist, so that their execs can be seen.
+/// Real binaries, not scripts, as the real tools are: a script's exec shows `/bin/sh` as argv[0].
+pub fn fake_tools(dir: &Path, names: &[&str]) {
+    fs::create_dir_all(dir).unwrap();
+    for name in names {
+        fs::copy("/bin/true", dir.join(name)).unwrap_or_else(|e| panic!("copying /bin/true to {name}: {e}"));
+    }
+}
+
+/// Writes an executable file.
+pub fn write_executable(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    fs::write(path, text).unwrap();
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Whether `alert` belongs to the package tree rooted at `root`.
+pub fn in_tree(alert: &Value, root: u32) -> bool {
+    alert["credwatch"]["root_pid"] == root
+}
+
+/// A fake package manager: a script named `npm` (the name of the exec makes it the root of a
+/// tree under `credwatch run`) that runs one lifecycle script, `sh -c SCRIPT`, as npm would:
+/// with `npm_package_name` and `npm_lifecycle_event` set. `npm PACKAGE SCRIPT [ARGS...]`; ARGS
+/// are the script's `$1`...
+pub const FAKE_MANAGER: &str = r#"#!/bin/sh
+npm_package_name=$1 npm_package_version=1.0.0 npm_lifecycle_event=postinstall
+export npm_package_name npm_package_version npm_lifecycle_event
+script=$2
+shift 2
+sh -c "$script" sh "$@"
+"#;
+
+impl Sandbox {
+    /// The sandbox's top directory (HOME, work and the alerts file are in it; it is TMPDIR).
+    pub fn top(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// PATH for commands run in the sandbox, with `dir` first.
+    pub fn path_with(&self, dir: &Path) -> String {
+        let mut path = vec![dir.to_path_buf()];
+        path.extend(tool_dirs().iter().cloned());
+        path.extend(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()));
+        std::env::join_paths(path).unwrap().to_string_lossy().into_owned()
+    }
+
+    /// The fake package manager (see [`FAKE_MANAGER`]), outside PATH so that a real `npm` run
+    /// by package code is the real one.
+    pub fn fake_manager(&self) -> PathBuf {
+        let path = self.dir.path().join("fake-manager/npm");
+        if !path.exists() {
+            write_executable(&path, FAKE_MANAGER);
+        }
+        path
+    }
+
+    /// Starts `credwatch watch --json --output ALERTS` and waits until it says it is watching.
+    /// Mind that whatever the test itself starts is in the tree of the `cargo` running it.
+    pub fn watch(&self) -> Watch<'_> {
+        let mut command = self.command(credwatch_binary());
+        command.args(["watch", "--json", "--output"]).arg(self.alerts_file());
+        let child = self.spawn(command);
+        let mut watch = Watch { sandbox: self, child: Some(child), started: Instant::now() };
+        while !self.collect(None, Duration::ZERO).stderr.contains("watching") {
+            if let Some(status) = watch.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "credwatch watch exited early\n{}",
+                    self.collect(Some(status), watch.started.elapsed()).describe()
+                );
+            }
+            assert!(watch.started.elapsed() < RUN_TIMEOUT, "credwatch watch never said it was watching");
+            thread::sleep(Duration::from_millis(20));
+        }
+        watch
+    }
+}
+
+/// A running `credwatch watch` (see [`Sandbox::watch`]); stopped with SIGTERM when dropped.
+pub struct Watch<'a> {
+    sandbox: &'a Sandbox,
+    child: Option<Child>,
+    started: Instant,
+}
+
+impl Watch<'_> {
+    /// Stops credwatch with SIGTERM (it flushes and prints its summary) and collects the run.
+    pub fn stop(mut self) -> Run {
+        self.stop_child()
+    }
+
+    fn stop_child(&mut self) -> Run {
+        let child = self.child.take().expect("stopped once");
+        let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        self.sandbox.wait(child)
+    }
+}
+
+impl Drop for Watch<'_> {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.stop_child();
+        }
+    }
+}
+
+/// A process outside every watched tree, for payloads to spy on; killed when dropped.
+pub struct Sleeper(Child);
+
+impl Sleeper {
+    pub fn start(sandbox: &Sandbox) -> Sleeper {
+        Sleeper(sandbox.command("sleep").arg("120").stdin(Stdio::null()).spawn().expect("starting sleep"))
+    }
+
+    pub fn pid(&self) -> String {
+        self.0.id().to_string()
+    }
+}
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
