@@ -80,10 +80,24 @@ fn read_proc(dir: &Path) -> Option<Proc> {
     })
 }
 
-/// Whether a running process is a manager: by its executable, or by argv[0] (npm is a script,
-/// so its executable is node).
-fn manager_of(managers: &[Manager], exec: &Exec) -> Option<usize> {
-    root_manager(managers, &exec.executable, &exec.args).or_else(|| root_manager(managers, &exec.filename, &exec.args))
+/// Whether a running process is a manager, and the file name that says so (the name the
+/// engine then sees as the exec's, as the kernel would have given it): its executable, argv[0],
+/// the first word of argv[0] (npm retitles itself: argv[0] becomes the one string
+/// `npm run x`), or a script an interpreter runs (`node /usr/bin/npm`: argv[1], when it is an
+/// absolute path to a `#!` file).
+fn manager_of(managers: &[Manager], exec: &Exec) -> Option<(usize, String)> {
+    let retitled = exec.filename.split(' ').next().unwrap_or_default();
+    let script = exec.args.get(1).filter(|path| path.starts_with('/') && is_script(Path::new(path.as_str())));
+    [Some(exec.executable.as_str()), Some(exec.filename.as_str()), Some(retitled), script.map(String::as_str)]
+        .into_iter()
+        .flatten()
+        .filter(|name| !name.is_empty())
+        .find_map(|name| root_manager(managers, name, &exec.args).map(|manager| (manager, name.to_owned())))
+}
+
+fn is_script(path: &Path) -> bool {
+    let mut start = [0u8; 2];
+    fs::File::open(path).and_then(|mut file| io::Read::read_exact(&mut file, &mut start)).is_ok() && start == *b"#!"
 }
 
 /// Every process in a package tree under `proc_root`, with its mark, parents first. The
@@ -117,21 +131,17 @@ pub fn scan(
     let mut found = Vec::new();
     while let Some((pid, parent_mark)) = queue.pop_front() {
         let Some(proc) = procs.get(&pid) else { continue };
+        let mut exec = proc.exec.clone();
         let mark = match parent_mark {
             Some(parent) => Some(Mark { depth: parent.depth + 1, ..parent }),
-            None => manager_of(managers, &proc.exec).map(|manager| Mark {
-                root_pid: pid,
-                depth: 0,
-                manager: manager as u32,
-                flags: 0,
+            None => manager_of(managers, &proc.exec).map(|(manager, filename)| {
+                exec.filename = filename;
+                Mark { root_pid: pid, depth: 0, manager: manager as u32, flags: 0 }
             }),
         };
         if let Some(mark) = mark {
             let boot_ns = proc.start_ticks.saturating_mul(1_000_000_000) / ticks_per_second;
-            found.push((
-                Event { time_ns: decoder.wall_ns(boot_ns), pid, data: EventData::Exec(proc.exec.clone()) },
-                mark,
-            ));
+            found.push((Event { time_ns: decoder.wall_ns(boot_ns), pid, data: EventData::Exec(exec) }, mark));
         }
         for &child in children.get(&pid).into_iter().flatten() {
             queue.push_back((child, mark));
@@ -143,6 +153,29 @@ pub fn scan(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_retitled_and_script_managers() {
+        let managers = vec![Manager { name: "npm".into(), execs: vec!["npm".into()], modules: vec![] }];
+        let exec = |executable: &str, args: &[&str]| Exec {
+            executable: executable.into(),
+            filename: args[0].into(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            ..Exec::default()
+        };
+        let retitled = exec("/usr/bin/node", &["npm run payload"]);
+        assert_eq!(manager_of(&managers, &retitled), Some((0, "npm".to_owned())));
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("npm");
+        fs::write(&script, "#!/bin/sh\n").unwrap();
+        let script = script.to_str().unwrap();
+        assert_eq!(manager_of(&managers, &exec("/usr/bin/dash", &["/bin/sh", script, "ci"])), Some((0, script.to_owned())));
+        // An argument that merely names a manager is not one.
+        assert_eq!(manager_of(&managers, &exec("/usr/bin/vim", &["vim", "npm"])), None);
+        let data = dir.path().join("npm.txt");
+        fs::write(&data, "npm").unwrap();
+        assert_eq!(manager_of(&managers, &exec("/usr/bin/cat", &["cat", data.to_str().unwrap()])), None);
+    }
 
     #[test]
     fn parses_stat_with_awkward_names() {
