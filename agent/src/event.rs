@@ -30,9 +30,7 @@ pub fn attribution_env(block: &[u8]) -> BTreeMap<String, String> {
         .filter_map(|entry| {
             let entry = String::from_utf8_lossy(entry);
             let (key, value) = entry.split_once('=')?;
-            ATTRIBUTION_ENV
-                .contains(&key)
-                .then(|| (key.to_owned(), value.to_owned()))
+            ATTRIBUTION_ENV.contains(&key).then(|| (key.to_owned(), value.to_owned()))
         })
         .collect()
 }

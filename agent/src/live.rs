@@ -288,7 +288,10 @@ pub fn run_command(outputs: &Outputs, command: &[String], linger: Option<Duratio
 
 /// CMD's exit status as a shell reports it: the code, or 128 + signal.
 fn exit_byte(status: ExitStatus) -> u8 {
-    status.code().or_else(|| status.signal().map(|signal| 128 + signal)).map_or(1, |code| u8::try_from(code).unwrap_or(1))
+    status
+        .code()
+        .or_else(|| status.signal().map(|signal| 128 + signal))
+        .map_or(1, |code| u8::try_from(code).unwrap_or(1))
 }
 
 fn process_exists(pid: u32) -> bool {

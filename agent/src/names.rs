@@ -30,7 +30,6 @@ const PTRACE_REQUESTS: &[(u64, &str)] = &[
     (0x4209, "PTRACE_PEEKSIGINFO"),
 ];
 
-
 const BPF_COMMANDS: &[&str] = &[
     "BPF_MAP_CREATE",
     "BPF_MAP_LOOKUP_ELEM",
@@ -71,7 +70,6 @@ const BPF_COMMANDS: &[&str] = &[
     "BPF_TOKEN_CREATE",
 ];
 
-
 const SIGNALS: &[&str] = &[
     "SIGHUP",
     "SIGINT",
@@ -105,7 +103,6 @@ const SIGNALS: &[&str] = &[
     "SIGPWR",
     "SIGSYS",
 ];
-
 
 const IORING_OPS: &[&str] = &[
     "IORING_OP_NOP",
@@ -149,7 +146,6 @@ const IORING_OPS: &[&str] = &[
     "IORING_OP_SYMLINKAT",
     "IORING_OP_LINKAT",
 ];
-
 
 pub fn ptrace_request(request: u64) -> Option<&'static str> {
     PTRACE_REQUESTS.iter().find(|(value, _)| *value == request).map(|(_, name)| *name)

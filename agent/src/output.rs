@@ -99,14 +99,17 @@ pub fn render(alert: &Alert, colour: bool) -> String {
     let blocked = if alert.event.outcome == "blocked" { " [BLOCKED]" } else { "" };
 
     let mut out = String::new();
+    let _ = writeln!(out, "{on}[{}]{off}{blocked} {who} {what}", alert.rule.severity.as_str().to_uppercase());
     let _ = writeln!(
         out,
-        "{on}[{}]{off}{blocked} {who} {what}",
-        alert.rule.severity.as_str().to_uppercase()
+        "  rule     {} ({}): {}",
+        escape(&alert.rule.id),
+        escape(&alert.rule.category),
+        escape(&alert.rule.name)
     );
-    let _ = writeln!(out, "  rule     {} ({}): {}", escape(&alert.rule.id), escape(&alert.rule.category), escape(&alert.rule.name));
     if let Some(file) = &alert.file {
-        let _ = writeln!(out, "  file     {}  (given as {}, {})", escape(&file.path), escape(&file.given_path), file.flags);
+        let _ =
+            writeln!(out, "  file     {}  (given as {}, {})", escape(&file.path), escape(&file.given_path), file.flags);
         if let Some(original) = &file.same_file_as {
             let _ = writeln!(out, "  same as  {} (same inode: a link or copy of it)", escape(original));
         }
@@ -198,9 +201,7 @@ pub struct AlertSink {
 
 impl AlertSink {
     pub fn new(json: bool, file: Option<&Path>, quiet: bool) -> io::Result<AlertSink> {
-        let file = file
-            .map(|path| OpenOptions::new().create(true).append(true).open(path))
-            .transpose()?;
+        let file = file.map(|path| OpenOptions::new().create(true).append(true).open(path)).transpose()?;
         let colour = !json && unsafe { libc::isatty(libc::STDOUT_FILENO) } == 1;
         Ok(AlertSink { json, quiet, colour, file, written: 0 })
     }
@@ -252,8 +253,16 @@ mod tests {
                 working_directory: "/p/node_modules/evil".into(),
                 parent: AlertParent { pid: 20 },
                 ancestors: vec![
-                    AlertAncestor { pid: 10, executable: "/usr/bin/npm".into(), args: vec!["npm".into(), "install".into()] },
-                    AlertAncestor { pid: 20, executable: "/bin/sh".into(), args: vec!["sh".into(), "-c".into(), "node steal.js".into()] },
+                    AlertAncestor {
+                        pid: 10,
+                        executable: "/usr/bin/npm".into(),
+                        args: vec!["npm".into(), "install".into()],
+                    },
+                    AlertAncestor {
+                        pid: 20,
+                        executable: "/bin/sh".into(),
+                        args: vec!["sh".into(), "-c".into(), "node steal.js".into()],
+                    },
                 ],
             },
             file: Some(AlertFile {

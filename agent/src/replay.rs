@@ -17,8 +17,8 @@ use std::{
 use anyhow::{Context as _, Result};
 use credwatch::{
     engine::{Engine, EngineOptions},
-    output::{escape, AlertSink},
     import::{self, Format, ImportOptions},
+    output::{escape, AlertSink},
     report::Report,
     rules::RuleSet,
 };
@@ -107,7 +107,10 @@ pub fn replay(files: &[PathBuf], options: &ReplayOptions) -> Result<ExitCode> {
             }
             eprint!("\r\x1b[K");
         }
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a replay thread panicked")))).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a replay thread panicked"))))
+            .collect()
     });
 
     let mut report: Option<Report> = None;
@@ -126,7 +129,9 @@ pub fn replay(files: &[PathBuf], options: &ReplayOptions) -> Result<ExitCode> {
         match format {
             ReportFormat::Text => print!("{}", report.to_text()),
             ReportFormat::Md => print!("{}", report.to_markdown()),
-            ReportFormat::Json => println!("{}", serde_json::to_string_pretty(report).context("serialising the report")?),
+            ReportFormat::Json => {
+                println!("{}", serde_json::to_string_pretty(report).context("serialising the report")?)
+            }
         }
     }
     eprintln!(

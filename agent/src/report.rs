@@ -176,7 +176,13 @@ impl Report {
     /// Readable text for a terminal; every string from the trace is escaped.
     pub fn to_text(&self) -> String {
         let mut out = String::new();
-        let _ = writeln!(out, "credwatch report: {} events, {} alerts, {} packages\n", self.events, self.alerts, self.packages.len());
+        let _ = writeln!(
+            out,
+            "credwatch report: {} events, {} alerts, {} packages\n",
+            self.events,
+            self.alerts,
+            self.packages.len()
+        );
         for (id, package) in self.ordered() {
             let worst = package.worst.map_or("no alerts".to_owned(), |s| s.as_str().to_uppercase());
             let _ = writeln!(out, "{} [{worst}]", escape(id));
@@ -194,7 +200,13 @@ impl Report {
             }
             for incident in &package.incidents {
                 let file = incident.file.as_deref().map(|f| escape(f).into_owned()).unwrap_or_default();
-                let _ = writeln!(out, "  incident   {} {} {} {file}", incident.timestamp, incident.severity.as_str(), escape(&incident.rule));
+                let _ = writeln!(
+                    out,
+                    "  incident   {} {} {} {file}",
+                    incident.timestamp,
+                    incident.severity.as_str(),
+                    escape(&incident.rule)
+                );
                 for line in &incident.tree {
                     let _ = writeln!(out, "               {line}");
                 }
@@ -298,7 +310,8 @@ mod tests {
 
     #[test]
     fn names_package_steps_commands_files_and_rotation() {
-        let env = [("npm_package_name", "evil"), ("npm_package_version", "1.0.0"), ("npm_lifecycle_event", "postinstall")];
+        let env =
+            [("npm_package_name", "evil"), ("npm_package_version", "1.0.0"), ("npm_lifecycle_event", "postinstall")];
         let report = report_of(&[
             exec(100, 1, &["npm", "install"], &[("HOME", "/home/alice")]),
             Event { time_ns: 2_000, pid: 100, data: EventData::Fork(Fork { child_pid: 101 }) },

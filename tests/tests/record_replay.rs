@@ -48,19 +48,27 @@ fn replaying_a_recorded_npm_install_gives_the_same_alerts() {
     let key = sandbox.credential(".ssh/id_ed25519");
     for path in [&npmrc, &key] {
         assert!(
-            live_alerts.iter().any(|a| a["file"]["path"] == path.as_str() && a["package"]["name"] == "telemetry-helper"),
+            live_alerts
+                .iter()
+                .any(|a| a["file"]["path"] == path.as_str() && a["package"]["name"] == "telemetry-helper"),
             "no live alert for {path}\n{}",
             recording.describe()
         );
     }
 
-    let replay = credwatch(&sandbox, &work, &["replay", "--json", "--alerts", replayed.to_str().unwrap(), trace.to_str().unwrap()]);
+    let replay = credwatch(
+        &sandbox,
+        &work,
+        &["replay", "--json", "--alerts", replayed.to_str().unwrap(), trace.to_str().unwrap()],
+    );
     replay.assert_exit(EXIT_ALERT);
     assert_eq!(alerts_in(&replayed), live_alerts, "replay differs from live\n{}", replay.describe());
 
     let report = credwatch(&sandbox, &work, &["replay", "--report", "--report-format", "md", trace.to_str().unwrap()]);
     report.assert_exit(EXIT_ALERT);
-    for wanted in ["## `npm package telemetry-helper@4.1.2` (critical)", "`postinstall`", npmrc.as_str(), "## Rotate these"] {
+    for wanted in
+        ["## `npm package telemetry-helper@4.1.2` (critical)", "`postinstall`", npmrc.as_str(), "## Rotate these"]
+    {
         assert!(report.stdout.contains(wanted), "report lacks {wanted:?}\n{}", report.describe());
     }
 }
@@ -113,8 +121,16 @@ fn bad_input_is_named_skipped_on_request_and_escaped() {
     let skip = credwatch(&sandbox, &work, &["replay", "--keep-going", bad.to_str().unwrap()]);
     skip.assert_exit(EXIT_ALERT);
     assert!(skip.stderr.contains("2 bad lines skipped"), "{}", skip.describe());
-    assert!(skip.stdout.contains("id_ed25519\\n\\u{1b}[2Jx"), "the hostile path is not shown escaped\n{}", skip.describe());
-    assert!(!skip.stdout.contains('\u{1b}') && !skip.stderr.contains('\u{1b}'), "a raw escape reached the terminal\n{}", skip.describe());
+    assert!(
+        skip.stdout.contains("id_ed25519\\n\\u{1b}[2Jx"),
+        "the hostile path is not shown escaped\n{}",
+        skip.describe()
+    );
+    assert!(
+        !skip.stdout.contains('\u{1b}') && !skip.stderr.contains('\u{1b}'),
+        "a raw escape reached the terminal\n{}",
+        skip.describe()
+    );
 
     let unknown = work.join("future.jsonl");
     fs::write(&unknown, good.replacen("\"credwatch_trace\":2", "\"credwatch_trace\":99", 1)).unwrap();

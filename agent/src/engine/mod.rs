@@ -443,7 +443,8 @@ impl Engine {
 
     fn exec_rules(&mut self, event: &Event, id: Id, by_manager: bool) -> Vec<Alert> {
         let p = &self.procs[&id];
-        let exe = if p.executable.starts_with('/') { normalize_path(&p.executable) } else { absolute(&p.filename, &p.cwd) };
+        let exe =
+            if p.executable.starts_with('/') { normalize_path(&p.executable) } else { absolute(&p.filename, &p.cwd) };
         let names = [basename(&p.filename), basename(&p.executable)];
         let words = p.args.get(1..).unwrap_or_default();
         let mut command: Option<String> = None;

@@ -6,9 +6,9 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::signal_name;
-use crate::names::{bpf_command, ptrace_request};
 use super::{join, makedev, normalize_path, EventSource, Format, ImportError, Known, Lines};
 use crate::event::{Event, EventData, Exec, Exit, Fork, Open, Rename, Syscall};
+use crate::names::{bpf_command, ptrace_request};
 
 /// Events being assembled at once; past it the oldest is finished as it is.
 const MAX_OPEN_EVENTS: usize = 64;

@@ -70,7 +70,6 @@ impl std::str::FromStr for Format {
     }
 }
 
-
 impl From<TraceError> for ImportError {
     fn from(error: TraceError) -> ImportError {
         match error {
@@ -280,7 +279,6 @@ impl EventSource for CredwatchSource {
         self.0.consumed()
     }
 }
-
 
 /// Most processes whose lineage an importer remembers. Past it the oldest are forgotten: their
 /// children then look like new processes (`Fork` events may be missing), never memory growth.

@@ -61,7 +61,13 @@ fn lockdown() -> Option<String> {
         // read the mode. Failure just leaves the command-line fallback below.
         // SAFETY: mount(2) with valid NUL-terminated strings and no data.
         unsafe {
-            libc::mount(c"securityfs".as_ptr(), c"/sys/kernel/security".as_ptr(), c"securityfs".as_ptr(), 0, std::ptr::null());
+            libc::mount(
+                c"securityfs".as_ptr(),
+                c"/sys/kernel/security".as_ptr(),
+                c"securityfs".as_ptr(),
+                0,
+                std::ptr::null(),
+            );
         }
     }
     if let Ok(text) = fs::read_to_string(LOCKDOWN) {

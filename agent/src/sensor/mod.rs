@@ -305,9 +305,7 @@ fn load_programs(ebpf: &mut Ebpf, wanted: &[&'static str]) -> Result<(), SensorE
                 })
             })
             .collect();
-        loaders.into_iter().try_for_each(|loader| {
-            loader.join().unwrap_or(Err(SensorError::LoaderPanicked))
-        })
+        loaders.into_iter().try_for_each(|loader| loader.join().unwrap_or(Err(SensorError::LoaderPanicked)))
     })
 }
 

@@ -169,7 +169,10 @@ mod tests {
         let script = dir.path().join("npm");
         fs::write(&script, "#!/bin/sh\n").unwrap();
         let script = script.to_str().unwrap();
-        assert_eq!(manager_of(&managers, &exec("/usr/bin/dash", &["/bin/sh", script, "ci"])), Some((0, script.to_owned())));
+        assert_eq!(
+            manager_of(&managers, &exec("/usr/bin/dash", &["/bin/sh", script, "ci"])),
+            Some((0, script.to_owned()))
+        );
         // An argument that merely names a manager is not one.
         assert_eq!(manager_of(&managers, &exec("/usr/bin/vim", &["vim", "npm"])), None);
         let data = dir.path().join("npm.txt");
