@@ -764,7 +764,8 @@ fn a_flood_of_bulk_opens_does_not_push_out_the_key_record() {
     let open = open_of(&events, root, &key);
     assert_eq!(open.same_file_as.as_deref(), Some(key.as_str()));
     let stats = sensor.stats();
-    assert!(stats.lost > 900_000, "bulk losses are counted: {stats:?}");
+    // Every one of the million opens was either received or counted lost.
+    assert!(stats.lost > 0 && stats.events + stats.lost >= 1_000_000, "bulk losses are counted: {stats:?}");
     assert_eq!(stats.priority_lost, 0);
     assert_eq!(lost(&events, lost_source::PRIORITY), 0);
 }
@@ -842,4 +843,40 @@ fn detached_programs_are_noticed() {
     assert!(detach_all_programs() > 0);
     collect(&mut sensor, &mut events, |events| lost(events, lost_source::DETACHED) > 0);
     assert_eq!(sensor.stats().detached, 1);
+}
+
+/// An open already inside the kernel when its process is marked had no entry program run for
+/// it: it is still reported, by the file it opened (no given path; flags from the file).
+#[test]
+fn an_open_in_flight_when_the_process_is_marked_is_reported_by_its_file() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let f = fixture();
+    let fifo = f.root.join("fifo");
+    let fifo_c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo_c.as_ptr(), 0o600) }, 0);
+    let mut sensor = Sensor::start(&[], false).expect("sensor starts (run as root)");
+    // A reader's open of a FIFO blocks in the kernel until a writer comes.
+    let mut child = Command::new("cat").arg(&fifo).stdout(Stdio::null()).spawn().unwrap();
+    let pid = child.id();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !fs::read_to_string(format!("/proc/{pid}/syscall"))
+        .unwrap_or_default()
+        .starts_with(&format!("{} ", libc::SYS_openat))
+    {
+        assert!(Instant::now() < deadline, "cat never blocked in openat");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    sensor.mark_root(pid).unwrap();
+    drop(fs::OpenOptions::new().write(true).open(&fifo).unwrap());
+    assert!(child.wait().unwrap().success());
+    let fifo_path = path(&fifo);
+    let mut events = Vec::new();
+    collect(&mut sensor, &mut events, |events| {
+        opens(events).any(|(e, o)| e.pid == pid && o.abs_path.as_deref() == Some(fifo_path.as_str()))
+    });
+    let (_, open) = opens(&events).find(|(e, o)| e.pid == pid && o.abs_path.is_some()).unwrap();
+    assert_eq!(open.path, "", "the given path was never seen: {open:?}");
+    assert_eq!(open.flags & libc::O_ACCMODE as u64, libc::O_RDONLY as u64, "{open:?}");
+    assert!(open.ret >= 0 && open.ino == fs::metadata(&fifo).unwrap().ino(), "{open:?}");
 }

@@ -1,11 +1,17 @@
 // Event driver for `cargo xtask bench`: PROCS processes open+close PATH at RATE opens per second
-// in total (0: as fast as they can) for SECONDS, or until MAX opens each; each process prints
-// `opens N` (the opens it made) and the parent prints `seconds S`.
-//   opener RATE SECONDS PATH PROCS [MAX]
+// in total (0: as fast as they can) for SECONDS, or until MAX opens each (0: no limit); each
+// process prints `opens N` (the opens it made) and `cpu_ns N` (its own user+system CPU time,
+// eBPF programs run in its syscalls included), and the parent prints `seconds S`.
+// With `hold`, the parent prints `ready` and waits for a line on stdin before driving, and after
+// `seconds` waits for stdin to close before exiting: the bench samples the agent's CPU time
+// around the flood while the agent is neither starting nor shutting down.
+//   opener RATE SECONDS PATH PROCS [MAX [hold]]
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -36,19 +42,30 @@ static void drive(double rate, double seconds, const char *path, long max) {
         if (fd >= 0) close(fd);
         opens++;
     }
-    printf("opens %ld\n", opens);
+    struct rusage usage;
+    getrusage(RUSAGE_SELF, &usage);
+    long long cpu_us = (long long)(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1000000 +
+                       usage.ru_utime.tv_usec + usage.ru_stime.tv_usec;
+    printf("opens %ld\ncpu_ns %lld\n", opens, cpu_us * 1000);
     fflush(stdout);
 }
 
 int main(int argc, char **argv) {
     if (argc < 5) {
-        fprintf(stderr, "usage: opener RATE SECONDS PATH PROCS [MAX]\n");
+        fprintf(stderr, "usage: opener RATE SECONDS PATH PROCS [MAX [hold]]\n");
         return 2;
     }
     double rate = atof(argv[1]), seconds = atof(argv[2]);
     int procs = atoi(argv[4]);
     long max = argc > 5 ? atol(argv[5]) : 0;
+    int hold = argc > 6 && strcmp(argv[6], "hold") == 0;
     if (procs < 1) procs = 1;
+    char line[64];
+    if (hold) {
+        printf("ready\n");
+        fflush(stdout);
+        if (!fgets(line, sizeof(line), stdin)) return 1;
+    }
     double start = now_ns();
     for (int i = 0; i < procs; i++) {
         if (fork() == 0) {
@@ -59,5 +76,8 @@ int main(int argc, char **argv) {
     while (wait(NULL) > 0) {
     }
     printf("seconds %.6f\n", (now_ns() - start) / 1e9);
+    fflush(stdout);
+    while (hold && fgets(line, sizeof(line), stdin)) {
+    }
     return 0;
 }

@@ -56,52 +56,95 @@ impl Config {
     }
 }
 
-/// The hooks credwatch's eBPF object has programs for, as `tp:CATEGORY/NAME` and `raw:NAME`
-/// (its section names), less syscall tracepoints this kernel lacks (the agent skips those too).
-pub fn credwatch_hooks(object: &Path) -> Result<Vec<String>> {
-    let bytes = fs::read(object).with_context(|| format!("reading {}", object.display()))?;
-    let mut hooks = Vec::new();
-    for name in elf_executable_sections(&bytes).with_context(|| format!("parsing {}", object.display()))? {
-        if let Some(tracepoint) = name.strip_prefix("tracepoint/") {
-            if Path::new("/sys/kernel/tracing/events").join(tracepoint).is_dir() {
-                hooks.push(format!("tp:{tracepoint}"));
-            }
-        } else if let Some(raw) = name.strip_prefix("raw_tp/").or_else(|| name.strip_prefix("raw_tracepoint/")) {
-            hooks.push(format!("raw:{raw}"));
-        }
-    }
+/// Where tracefs lists the tracepoints, one directory per category (floor.c reads ids there too).
+const TRACEPOINTS: &str = "/sys/kernel/tracing/events";
+
+/// The hooks a running `credwatch watch` has attached, as `tp:CATEGORY/NAME` and `raw:NAME` (what
+/// floor.c takes), one per bpf link: read from the agent's fds rather than from its eBPF object,
+/// because one program may be attached to several tracepoints.
+pub fn credwatch_hooks(ctx: &Ctx) -> Result<Vec<String>> {
+    let (agent, _, _) = start_watch(ctx)?;
+    let pid = agent.pid();
+    let hooks = attached_hooks(pid, Path::new(TRACEPOINTS));
+    agent.stop().context("stopping the agent whose hooks the floor copies")?;
+    let hooks = hooks.with_context(|| format!("reading the hooks of `credwatch watch` (pid {pid})"))?;
     if hooks.is_empty() {
-        bail!("{} has no tracepoint programs", object.display());
+        bail!("`credwatch watch` (pid {pid}) held no tracepoint or raw tracepoint link in /proc/{pid}/fdinfo: no hooks for the floor");
     }
     Ok(hooks)
 }
 
-/// Names of the executable sections of a little-endian ELF64 file.
-fn elf_executable_sections(bytes: &[u8]) -> Option<Vec<String>> {
-    let u16_at = |at: usize| Some(u16::from_le_bytes(bytes.get(at..at + 2)?.try_into().ok()?));
-    let u32_at = |at: usize| Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?));
-    let u64_at = |at: usize| Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?));
-    if bytes.get(..6)? != b"\x7fELF\x02\x01" {
-        return None;
-    }
-    let shoff = u64_at(0x28)? as usize;
-    let shentsize = u16_at(0x3a)? as usize;
-    let shnum = u16_at(0x3c)? as usize;
-    let shstrndx = u16_at(0x3e)? as usize;
-    let header = |index: usize| shoff + index * shentsize;
-    let strtab = u64_at(header(shstrndx) + 0x18)? as usize;
-    let mut names = Vec::new();
-    for index in 0..shnum {
-        let at = header(index);
-        const SHF_EXECINSTR: u64 = 4;
-        if u64_at(at + 8)? & SHF_EXECINSTR == 0 {
-            continue;
+/// The hooks of the bpf links process `pid` holds, sorted (a hook attached twice is listed twice).
+fn attached_hooks(pid: u32, tracepoints: &Path) -> Result<Vec<String>> {
+    let dir = format!("/proc/{pid}/fdinfo");
+    let mut hooks = Vec::new();
+    for entry in fs::read_dir(&dir).with_context(|| format!("listing {dir}"))? {
+        let path = entry?.path();
+        // An fd closed since the listing is no link of the agent's any more.
+        let Ok(fdinfo) = fs::read_to_string(&path) else { continue };
+        match link_hook(&fdinfo) {
+            None => {}
+            Some(LinkHook::Raw(name)) => hooks.push(format!("raw:{name}")),
+            Some(LinkHook::Tracepoint(name)) => {
+                hooks.push(format!("tp:{}/{name}", tracepoint_category(tracepoints, &name)?));
+            }
+            Some(LinkHook::Other(kind)) => {
+                bail!("{} is a bpf link of a kind floor.c cannot copy ({kind})", path.display())
+            }
         }
-        let start = strtab + u32_at(at)? as usize;
-        let end = start + bytes.get(start..)?.iter().position(|&b| b == 0)?;
-        names.push(String::from_utf8_lossy(&bytes[start..end]).into_owned());
     }
-    Some(names)
+    hooks.sort();
+    Ok(hooks)
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum LinkHook {
+    /// `link_type: perf`, `event_type: tracepoint`: a program on a tracepoint's perf event.
+    Tracepoint(String),
+    /// `link_type: raw_tracepoint`.
+    Raw(String),
+    /// Any other link, as `link_type` (and `event_type` for perf links).
+    Other(String),
+}
+
+/// What an fd's /proc/PID/fdinfo text says it is attached to, if it is a bpf link.
+fn link_hook(fdinfo: &str) -> Option<LinkHook> {
+    let field = |key: &str| {
+        fdinfo
+            .lines()
+            .find_map(|line| line.strip_prefix(key)?.strip_prefix(':'))
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+    };
+    let link_type = field("link_type")?;
+    let name = field("tp_name").map(str::to_owned);
+    match (link_type, field("event_type"), name) {
+        ("perf", Some("tracepoint"), Some(name)) => Some(LinkHook::Tracepoint(name)),
+        ("raw_tracepoint", _, Some(name)) => Some(LinkHook::Raw(name)),
+        (link_type, event_type, _) => {
+            Some(LinkHook::Other(event_type.map_or(link_type.to_owned(), |e| format!("{link_type}, {e}"))))
+        }
+    }
+}
+
+/// The category of tracepoint `name`: the directory of `tracepoints` that holds it.
+fn tracepoint_category(tracepoints: &Path, name: &str) -> Result<String> {
+    let mut categories = Vec::new();
+    for entry in fs::read_dir(tracepoints).with_context(|| format!("listing {}", tracepoints.display()))? {
+        let entry = entry?;
+        if entry.path().join(name).is_dir() {
+            categories.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    match categories.as_slice() {
+        [category] => Ok(category.clone()),
+        [] => bail!("no tracepoint `{name}` under {}", tracepoints.display()),
+        _ => bail!(
+            "tracepoint `{name}` is in several categories under {}: {}",
+            tracepoints.display(),
+            categories.join(", ")
+        ),
+    }
 }
 
 /// bpftrace doing what credwatch does on the same tracepoints: roots by manager exec, lineage by
@@ -271,8 +314,8 @@ pub fn run(ctx: &mut Ctx) -> Result<Section> {
         Sizes { open: 1_000_000, getppid: 2_000_000, strace_open: 50_000, strace_getppid: 100_000 }
     };
     let rounds = ctx.rounds(5);
-    let object = crate::workspace().join("target/bpf/bpfel-unknown-none/release/credwatch");
-    let hooks = credwatch_hooks(&object)?;
+    let hooks = credwatch_hooks(ctx)?;
+    crate::bench::say(&format!("bench: syscalls: floor hooks (from credwatch watch): {}", hooks.join(" ")));
     let file = ctx.work.join("open-target");
     fs::write(&file, "harmless\n")?;
     let script = ctx.work.join("credwatch-equivalent.bt");
@@ -387,7 +430,7 @@ pub fn run(ctx: &mut Ctx) -> Result<Section> {
         sizes.open, sizes.getppid, sizes.strace_open, sizes.strace_getppid
     ));
     section.notes.push(format!(
-        "(b) is two instructions (`r0 = 0; exit`) loaded by xtask/bench/floor.c on exactly the hooks of credwatch's eBPF object (its program sections, less tracepoints this kernel lacks): {}.",
+        "(b) is two instructions (`r0 = 0; exit`) loaded by xtask/bench/floor.c on exactly the hooks a running `credwatch watch` had attached (its bpf links, read from /proc/PID/fdinfo; one empty program per link): {}.",
         hooks.join(", ")
     ));
     section.notes.push(format!(
@@ -564,11 +607,29 @@ mod tests {
     }
 
     #[test]
-    fn reads_section_names_of_an_elf_object() {
-        // The xtask binary itself is an ELF64 file with an executable .text section.
-        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
-        let names = elf_executable_sections(&exe).unwrap();
-        assert!(names.iter().any(|n| n == ".text"), "{names:?}");
-        assert!(elf_executable_sections(b"not an elf").is_none());
+    fn reads_the_hook_of_a_link_from_fdinfo() {
+        let perf = "pos:\t0\nflags:\t02000000\nmnt_id:\t17\nino:\t1038\nlink_type:\tperf\nlink_id:\t34733\n\
+                    prog_tag:\t34e6307322f76b5d\nprog_id:\t38664\ntp_name:\tsys_exit_openat\nevent_type:\ttracepoint\ncookie:\t0\n";
+        assert_eq!(link_hook(perf), Some(LinkHook::Tracepoint("sys_exit_openat".into())));
+        let raw = "pos:\t0\nlink_type:\traw_tracepoint\nlink_id:\t7\nprog_tag:\tab\nprog_id:\t9\ntp_name:\tsched_process_exec\n";
+        assert_eq!(link_hook(raw), Some(LinkHook::Raw("sched_process_exec".into())));
+        let kprobe = "link_type:\tperf\nlink_id:\t8\nevent_type:\tkprobe\nfunc_name:\tdo_sys_open\n";
+        assert_eq!(link_hook(kprobe), Some(LinkHook::Other("perf, kprobe".into())));
+        let map = "pos:\t0\nmap_type:\t27\nkey_size:\t0\nmax_entries:\t16777216\n";
+        assert_eq!(link_hook(map), None);
+    }
+
+    #[test]
+    fn finds_the_category_of_a_tracepoint() {
+        let root = std::env::temp_dir().join(format!("credwatch-bench-tracepoints-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        for dir in ["syscalls/sys_exit_openat", "io_uring/io_uring_submit_req", "a/twice", "b/twice"] {
+            fs::create_dir_all(root.join(dir)).unwrap();
+        }
+        assert_eq!(tracepoint_category(&root, "sys_exit_openat").unwrap(), "syscalls");
+        assert_eq!(tracepoint_category(&root, "io_uring_submit_req").unwrap(), "io_uring");
+        assert!(tracepoint_category(&root, "missing").is_err());
+        assert!(tracepoint_category(&root, "twice").is_err());
+        fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -41,6 +41,8 @@ pub enum BtfError {
     NoMember { strukt: String, member: String },
     #[error("BTF has no typedef `{0}` of a function prototype")]
     NoProto(String),
+    #[error("unsupported kernel struct layout: {0}")]
+    Layout(&'static str),
 }
 
 #[derive(Clone, Debug)]

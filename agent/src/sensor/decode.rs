@@ -6,7 +6,7 @@ use std::mem::size_of;
 
 use credwatch_common::{
     kind, open_syscall, path_flag, record_flag, rename_syscall, tamper_syscall, EventHeader, ExecEvent, ExitEvent,
-    ForkEvent, OpenEvent, RenameEvent, ResolvedPath, SyscallEvent,
+    ForkEvent, OpenEvent, RenameEvent, ResolvedPath, SyscallEvent, MAX_OPEN_RECORD,
 };
 use thiserror::Error;
 
@@ -113,7 +113,7 @@ impl Decoder {
             kind::EXEC => EventData::Exec(exec(&*record::<ExecEvent>(bytes, &header)?)),
             kind::FORK => EventData::Fork(Fork { child_pid: record::<ForkEvent>(bytes, &header)?.child_pid }),
             kind::EXIT => EventData::Exit(Exit { code: record::<ExitEvent>(bytes, &header)?.exit_code }),
-            kind::OPEN => EventData::Open(open(&*record::<OpenEvent>(bytes, &header)?, cred_path)),
+            kind::OPEN => EventData::Open(open(bytes, &header, cred_path)?),
             kind::RENAME => EventData::Rename(rename(&*record::<RenameEvent>(bytes, &header)?)),
             kind::SYSCALL => EventData::Syscall(syscall(&*record::<SyscallEvent>(bytes, &header)?)),
             kind => return Err(DecodeError::UnknownKind { kind }),
@@ -149,18 +149,24 @@ pub(crate) fn words(block: &[u8]) -> Vec<String> {
 /// The absolute path of a [`ResolvedPath`] (components leaf first, each followed by `/`), or
 /// `None` when unresolved. The second value says it was truncated (leading components lost).
 pub fn resolved_path(path: &ResolvedPath) -> (Option<String>, bool) {
-    if path.flags & path_flag::UNRESOLVED != 0 {
+    absolute_path(used(&path.data, path.len), path.flags)
+}
+
+/// The absolute path of resolved components (leaf first, each followed by `/`) with their
+/// [`path_flag`] bits; see [`resolved_path`].
+fn absolute_path(leaf_first: &[u8], flags: u32) -> (Option<String>, bool) {
+    if flags & path_flag::UNRESOLVED != 0 {
         return (None, false);
     }
     let mut absolute = String::new();
-    for component in used(&path.data, path.len).split(|&b| b == b'/').rev().filter(|c| !c.is_empty()) {
+    for component in leaf_first.split(|&b| b == b'/').rev().filter(|c| !c.is_empty()) {
         absolute.push('/');
         absolute.push_str(&String::from_utf8_lossy(component));
     }
     if absolute.is_empty() {
         absolute.push('/');
     }
-    (Some(absolute), path.flags & path_flag::TRUNCATED != 0)
+    (Some(absolute), flags & path_flag::TRUNCATED != 0)
 }
 
 /// The kernel's `dev_t` (major << 20 | minor) in userspace `st_dev` encoding.
@@ -194,10 +200,27 @@ pub fn syscall_name(syscall: u32) -> &'static str {
     }
 }
 
-fn open(event: &OpenEvent, cred_path: &dyn Fn(u32) -> Option<String>) -> Open {
-    let (abs_path, truncated) = if event.ret >= 0 { resolved_path(&event.path) } else { (None, false) };
+/// An open record: [`OpenEvent`], then `given_len` bytes of the given path, then `path_len`
+/// bytes of the resolved path; the lengths must add up to the declared size.
+fn open(bytes: &[u8], header: &EventHeader, cred_path: &dyn Fn(u32) -> Option<String>) -> Result<Open, DecodeError> {
+    let fixed = size_of::<OpenEvent>();
+    let declared = header.size as usize;
+    let bad_size =
+        |expected| DecodeError::BadSize { kind: kind::OPEN, declared: header.size, len: bytes.len(), expected };
+    if declared < fixed || declared > MAX_OPEN_RECORD || bytes.len() < declared {
+        return Err(bad_size(fixed));
+    }
+    // SAFETY: OpenEvent is plain integers and `bytes` holds at least `fixed` bytes.
+    let event: OpenEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    let tail = &bytes[fixed..declared];
+    let (given_len, path_len) = (event.given_len as usize, event.path_len as usize);
+    if given_len.checked_add(path_len) != Some(tail.len()) {
+        return Err(bad_size(fixed.saturating_add(given_len).saturating_add(path_len)));
+    }
+    let (given, resolved) = tail.split_at(given_len);
+    let (abs_path, truncated) = if event.ret >= 0 { absolute_path(resolved, event.path_flags) } else { (None, false) };
     let cred = event.record_flags & record_flag::CRED_INODE != 0;
-    Open {
+    Ok(Open {
         same_file_as: if cred { cred_path(event.cred_index) } else { None },
         blocked: event.record_flags & record_flag::BLOCKED != 0,
         tid: event.header.tid,
@@ -205,13 +228,13 @@ fn open(event: &OpenEvent, cred_path: &dyn Fn(u32) -> Option<String>) -> Open {
         dirfd: event.dirfd,
         flags: event.flags,
         mode: event.mode,
-        path: lossy(used(&event.given, event.given_len)),
+        path: lossy(given),
         abs_path,
         truncated,
         ret: event.ret,
         dev: if event.ret >= 0 { user_dev(event.dev) } else { 0 },
         ino: if event.ret >= 0 { event.ino } else { 0 },
-    }
+    })
 }
 
 fn rename_name(syscall: u32) -> &'static str {
@@ -346,26 +369,43 @@ mod tests {
         path
     }
 
-    fn open_record(ret: i64) -> OpenEvent {
-        // SAFETY: all-zero is a valid OpenEvent (plain integers).
-        let mut event: OpenEvent = unsafe { std::mem::zeroed() };
-        event.header = header(kind::OPEN, size_of::<OpenEvent>());
-        event.syscall = open_syscall::OPENAT;
-        event.dirfd = 3;
-        event.flags = 0o2;
-        event.ret = ret;
-        event.dev = (8 << 20) | 1;
-        event.ino = 1234;
-        event.given[..6].copy_from_slice(b"id_rsa");
-        event.given_len = 6;
-        event.path = resolved(b"id_rsa/.ssh/alice/home/", 0);
-        event
+    /// An open record as the kernel sends it: the fixed part, the given path, the resolved one.
+    struct OpenRecord {
+        event: OpenEvent,
+        given: Vec<u8>,
+        leaf_first: Vec<u8>,
+    }
+
+    impl OpenRecord {
+        fn new(ret: i64) -> OpenRecord {
+            let event = OpenEvent {
+                syscall: open_syscall::OPENAT,
+                dirfd: 3,
+                flags: 0o2,
+                ret,
+                dev: (8 << 20) | 1,
+                ino: 1234,
+                ..OpenEvent::default()
+            };
+            OpenRecord { event, given: b"id_rsa".to_vec(), leaf_first: b"id_rsa/.ssh/alice/home/".to_vec() }
+        }
+
+        fn bytes(&self) -> Vec<u8> {
+            let mut event = self.event;
+            event.given_len = self.given.len() as u32;
+            event.path_len = self.leaf_first.len() as u32;
+            event.header = header(kind::OPEN, size_of::<OpenEvent>() + self.given.len() + self.leaf_first.len());
+            let mut bytes = bytes_of(&event);
+            bytes.extend_from_slice(&self.given);
+            bytes.extend_from_slice(&self.leaf_first);
+            bytes
+        }
     }
 
     #[test]
     fn decodes_an_open_with_its_absolute_path() {
         let decoder = Decoder::with_offset(1_000_000);
-        let event = decode(&decoder, &bytes_of(&open_record(4))).unwrap();
+        let event = decode(&decoder, &OpenRecord::new(4).bytes()).unwrap();
         assert_eq!(event.time_ns, 1_005_000);
         assert_eq!(event.pid, 42);
         let EventData::Open(open) = event.data else { panic!("not an open: {event:?}") };
@@ -382,13 +422,29 @@ mod tests {
     #[test]
     fn failed_and_unresolved_opens_have_no_absolute_path() {
         let decoder = Decoder::with_offset(0);
-        let EventData::Open(open) = decode(&decoder, &bytes_of(&open_record(-2))).unwrap().data else { panic!() };
+        let mut failed = OpenRecord::new(-2);
+        failed.leaf_first.clear();
+        let EventData::Open(open) = decode(&decoder, &failed.bytes()).unwrap().data else { panic!() };
         assert_eq!((open.abs_path, open.ret, open.dev, open.ino), (None, -2, 0, 0));
+        assert_eq!(open.path, "id_rsa");
 
-        let mut record = open_record(3);
-        record.path.flags = path_flag::UNRESOLVED;
-        let EventData::Open(open) = decode(&decoder, &bytes_of(&record)).unwrap().data else { panic!() };
+        let mut record = OpenRecord::new(3);
+        record.event.path_flags = path_flag::UNRESOLVED;
+        let EventData::Open(open) = decode(&decoder, &record.bytes()).unwrap().data else { panic!() };
         assert_eq!(open.abs_path, None);
+    }
+
+    #[test]
+    fn open_lengths_must_add_up_to_the_record() {
+        let decoder = Decoder::with_offset(0);
+        let mut bytes = OpenRecord::new(3).bytes();
+        // given_len claims more than the record holds.
+        bytes[std::mem::offset_of!(OpenEvent, given_len)] = 200;
+        assert!(matches!(decode(&decoder, &bytes), Err(DecodeError::BadSize { kind: kind::OPEN, .. })));
+        // A declared size past the largest record the kernel can send.
+        let mut bytes = OpenRecord::new(3).bytes();
+        bytes[4..8].copy_from_slice(&(MAX_OPEN_RECORD as u32 + 1).to_ne_bytes());
+        assert!(matches!(decode(&decoder, &bytes), Err(DecodeError::BadSize { kind: kind::OPEN, .. })));
     }
 
     #[test]
@@ -440,7 +496,7 @@ mod tests {
         let decoder = Decoder::with_offset(0);
         assert_eq!(decode(&decoder, &[0; 10]), Err(DecodeError::NoHeader { len: 10 }));
 
-        let open = bytes_of(&open_record(3));
+        let open = OpenRecord::new(3).bytes();
         let cut = &open[..open.len() - 1];
         assert!(matches!(decode(&decoder, cut), Err(DecodeError::BadSize { kind: kind::OPEN, .. })));
         assert!(matches!(decode(&decoder, &open[..size_of::<EventHeader>()]), Err(DecodeError::BadSize { .. })));
@@ -454,19 +510,19 @@ mod tests {
     #[test]
     fn names_credential_inodes_and_blocks() {
         let decoder = Decoder::with_offset(0);
-        let mut record = open_record(4);
-        record.record_flags = record_flag::CRED_INODE | record_flag::BLOCKED;
-        record.cred_index = 7;
+        let mut record = OpenRecord::new(4);
+        record.event.record_flags = record_flag::CRED_INODE | record_flag::BLOCKED;
+        record.event.cred_index = 7;
         let names = |index: u32| (index == 7).then(|| "/home/alice/.ssh/id_rsa".to_owned());
-        let EventData::Open(open) = decoder.decode(&bytes_of(&record), &names).unwrap().data else { panic!() };
+        let EventData::Open(open) = decoder.decode(&record.bytes(), &names).unwrap().data else { panic!() };
         assert_eq!(open.same_file_as.as_deref(), Some("/home/alice/.ssh/id_rsa"));
         assert!(open.blocked);
         // Without the flag the index means nothing.
-        record.record_flags = 0;
-        let EventData::Open(open) = decoder.decode(&bytes_of(&record), &names).unwrap().data else { panic!() };
+        record.event.record_flags = 0;
+        let EventData::Open(open) = decoder.decode(&record.bytes(), &names).unwrap().data else { panic!() };
         assert_eq!((open.same_file_as, open.blocked), (None, false));
-        record.syscall = open_syscall::OPEN_BY_HANDLE_AT;
-        let EventData::Open(open) = decode(&decoder, &bytes_of(&record)).unwrap().data else { panic!() };
+        record.event.syscall = open_syscall::OPEN_BY_HANDLE_AT;
+        let EventData::Open(open) = decode(&decoder, &record.bytes()).unwrap().data else { panic!() };
         assert_eq!(open.syscall, "open_by_handle_at");
     }
 

@@ -22,8 +22,8 @@ use aya::{
     Ebpf, EbpfError, EbpfLoader,
 };
 use credwatch_common::{
-    config_flag, lost_index, manager_flag, mark_flag, tamper_syscall, Config, CredInode, InodeKey, ManagerValue, Mark,
-    SparedExe, MANAGER_NAME_LEN, MODULE_KEY_LEN,
+    config_flag, lost_index, manager_flag, mark_flag, open_syscall, rename_syscall, syscall_family, tamper_syscall,
+    Config, CredInode, HookedSyscall, InodeKey, ManagerValue, Mark, SparedExe, MANAGER_NAME_LEN, MODULE_KEY_LEN,
 };
 use thiserror::Error;
 
@@ -52,58 +52,67 @@ const TRACEFS: &str = "/sys/kernel/tracing";
 
 /// The raw tracepoints: program (function) name = tracepoint name.
 const RAW_TRACEPOINTS: &[&str] = &["sched_process_exec", "sched_process_fork", "sched_process_exit"];
-/// Tracepoints as (category, name = program name, required). The legacy syscalls (`open`,
-/// `creat`, `rename`, `link`, `symlink`, `renameat`) exist only on some architectures (not
-/// arm64); the module syscalls only on kernels built with modules; io_uring only with io_uring.
-const TRACEPOINTS: &[(&str, &str, bool)] = &[
-    ("syscalls", "sys_enter_openat", true),
-    ("syscalls", "sys_exit_openat", true),
-    ("syscalls", "sys_enter_openat2", true),
-    ("syscalls", "sys_exit_openat2", true),
-    ("syscalls", "sys_enter_open", false),
-    ("syscalls", "sys_exit_open", false),
-    ("syscalls", "sys_enter_creat", false),
-    ("syscalls", "sys_exit_creat", false),
-    ("syscalls", "sys_enter_open_by_handle_at", true),
-    ("syscalls", "sys_exit_open_by_handle_at", true),
-    ("syscalls", "sys_enter_rename", false),
-    ("syscalls", "sys_exit_rename", false),
-    ("syscalls", "sys_enter_renameat", false),
-    ("syscalls", "sys_exit_renameat", false),
-    ("syscalls", "sys_enter_renameat2", true),
-    ("syscalls", "sys_exit_renameat2", true),
-    ("syscalls", "sys_enter_link", false),
-    ("syscalls", "sys_exit_link", false),
-    ("syscalls", "sys_enter_linkat", true),
-    ("syscalls", "sys_exit_linkat", true),
-    ("syscalls", "sys_enter_symlink", false),
-    ("syscalls", "sys_exit_symlink", false),
-    ("syscalls", "sys_enter_symlinkat", true),
-    ("syscalls", "sys_exit_symlinkat", true),
-    ("syscalls", "sys_enter_ptrace", true),
-    ("syscalls", "sys_exit_ptrace", true),
-    ("syscalls", "sys_enter_process_vm_readv", true),
-    ("syscalls", "sys_exit_process_vm_readv", true),
-    ("syscalls", "sys_enter_process_vm_writev", true),
-    ("syscalls", "sys_exit_process_vm_writev", true),
-    ("syscalls", "sys_enter_bpf", true),
-    ("syscalls", "sys_exit_bpf", true),
-    ("syscalls", "sys_enter_init_module", false),
-    ("syscalls", "sys_exit_init_module", false),
-    ("syscalls", "sys_enter_finit_module", false),
-    ("syscalls", "sys_exit_finit_module", false),
-    ("syscalls", "sys_enter_kill", true),
-    ("syscalls", "sys_exit_kill", true),
-    ("syscalls", "sys_enter_tkill", true),
-    ("syscalls", "sys_exit_tkill", true),
-    ("syscalls", "sys_enter_tgkill", true),
-    ("syscalls", "sys_exit_tgkill", true),
-    ("syscalls", "sys_enter_pidfd_send_signal", true),
-    ("syscalls", "sys_exit_pidfd_send_signal", true),
-    ("syscalls", "sys_enter_io_uring_setup", false),
-    ("syscalls", "sys_exit_io_uring_setup", false),
-    ("io_uring", "io_uring_submit_req", false),
-];
+/// A hooked syscall: its `syscalls:sys_enter_NAME` and `sys_exit_NAME` tracepoints run the
+/// entry and exit programs of its family, which learn which syscall it is from `SYSCALLS`.
+struct SyscallHook {
+    name: &'static str,
+    /// The architecture's number (`__syscall_nr` in the tracepoint records).
+    number: i64,
+    /// One of [`syscall_family`], and the family's own number for it.
+    family: u32,
+    syscall: u32,
+    /// Fail to start without it. The others exist only on some kernels: the module syscalls
+    /// only with modules, io_uring only with io_uring.
+    required: bool,
+}
+
+/// The programs (entry, exit) that serve each [`syscall_family`].
+fn family_programs(family: u32) -> (&'static str, &'static str) {
+    match family {
+        syscall_family::OPEN => ("open_enter", "open_exit"),
+        syscall_family::RENAME => ("rename_enter", "rename_exit"),
+        _ => ("tamper_enter", "tamper_exit"),
+    }
+}
+
+fn syscall_hooks() -> Vec<SyscallHook> {
+    use syscall_family::{OPEN, RENAME, TAMPER};
+    let hook = |name, number, family, syscall, required| SyscallHook { name, number, family, syscall, required };
+    #[allow(unused_mut)]
+    let mut hooks = vec![
+        hook("openat", libc::SYS_openat, OPEN, open_syscall::OPENAT, true),
+        hook("openat2", libc::SYS_openat2, OPEN, open_syscall::OPENAT2, true),
+        hook("open_by_handle_at", libc::SYS_open_by_handle_at, OPEN, open_syscall::OPEN_BY_HANDLE_AT, true),
+        hook("renameat2", libc::SYS_renameat2, RENAME, rename_syscall::RENAMEAT2, true),
+        hook("linkat", libc::SYS_linkat, RENAME, rename_syscall::LINKAT, true),
+        hook("symlinkat", libc::SYS_symlinkat, RENAME, rename_syscall::SYMLINKAT, true),
+        hook("ptrace", libc::SYS_ptrace, TAMPER, tamper_syscall::PTRACE, true),
+        hook("process_vm_readv", libc::SYS_process_vm_readv, TAMPER, tamper_syscall::PROCESS_VM_READV, true),
+        hook("process_vm_writev", libc::SYS_process_vm_writev, TAMPER, tamper_syscall::PROCESS_VM_WRITEV, true),
+        hook("bpf", libc::SYS_bpf, TAMPER, tamper_syscall::BPF, true),
+        hook("init_module", libc::SYS_init_module, TAMPER, tamper_syscall::INIT_MODULE, false),
+        hook("finit_module", libc::SYS_finit_module, TAMPER, tamper_syscall::FINIT_MODULE, false),
+        hook("kill", libc::SYS_kill, TAMPER, tamper_syscall::KILL, true),
+        hook("tkill", libc::SYS_tkill, TAMPER, tamper_syscall::TKILL, true),
+        hook("tgkill", libc::SYS_tgkill, TAMPER, tamper_syscall::TGKILL, true),
+        hook("pidfd_send_signal", libc::SYS_pidfd_send_signal, TAMPER, tamper_syscall::PIDFD_SEND_SIGNAL, true),
+        hook("io_uring_setup", libc::SYS_io_uring_setup, TAMPER, tamper_syscall::IO_URING_SETUP, false),
+    ];
+    // The legacy syscalls exist only on some architectures (not arm64).
+    #[cfg(target_arch = "x86_64")]
+    hooks.extend([
+        hook("open", libc::SYS_open, OPEN, open_syscall::OPEN, true),
+        hook("creat", libc::SYS_creat, OPEN, open_syscall::CREAT, true),
+        hook("rename", libc::SYS_rename, RENAME, rename_syscall::RENAME, true),
+        hook("renameat", libc::SYS_renameat, RENAME, rename_syscall::RENAMEAT, true),
+        hook("link", libc::SYS_link, RENAME, rename_syscall::LINK, true),
+        hook("symlink", libc::SYS_symlink, RENAME, rename_syscall::SYMLINK, true),
+    ]);
+    hooks
+}
+
+/// io_uring requests pass no syscall tracepoint; present only on kernels with io_uring.
+const URING_PROGRAM: &str = "io_uring_submit_req";
 
 /// The `Config::block_syscalls` mask: the syscalls named by `kill` rules. A rule that names
 /// operations (`PTRACE_ATTACH`) is left to userspace: the kernel checks names only, and
@@ -154,6 +163,8 @@ pub enum SensorError {
     /// Load errors carry the verifier log in their message.
     #[error("program `{name}`: {source}")]
     Program { name: &'static str, source: ProgramError },
+    #[error("attaching program `{name}` to tracepoint {category}:{tracepoint}: {source}")]
+    Attach { name: &'static str, category: &'static str, tracepoint: String, source: Box<ProgramError> },
     #[error("manager `{manager}`: {what} `{value}` is longer than the kernel key ({max} bytes)")]
     KeyTooLong { manager: String, what: &'static str, value: String, max: usize },
     #[error("reading /proc: {0}")]
@@ -396,12 +407,17 @@ impl Sensor {
     pub fn start(managers: &[Manager], auto_roots: bool) -> Result<Sensor, SensorError> {
         ensure_tracefs()?;
         raise_memlock()?;
-        let offsets = offsets::kernel_offsets(&btf::Btf::from_sys_fs()?)?;
         let (names, modules) = manager_keys(managers)?;
         let decoder = Decoder::new();
-        // The programs carry no CO-RE relocations (offsets come through CONFIG), so aya need not
-        // parse the kernel BTF a second time.
-        let mut ebpf = EbpfLoader::new().btf(None).load(OBJECT)?;
+        // aya's loader parses the kernel BTF whatever it is told (the programs carry no CO-RE
+        // relocations: offsets come through CONFIG), and so does the offset resolver: both at
+        // once, on two threads, since start-up time is what `credwatch run` adds to a command.
+        let (offsets, mut ebpf) = std::thread::scope(|scope| {
+            let loader = scope.spawn(|| EbpfLoader::new().btf(None).load(OBJECT));
+            let offsets = btf::Btf::from_sys_fs().and_then(|btf| offsets::kernel_offsets(&btf));
+            let ebpf = loader.join().map_err(|_| SensorError::LoaderPanicked)?;
+            Ok::<_, SensorError>((offsets?, ebpf?))
+        })?;
 
         let config = Config {
             offsets,
@@ -427,15 +443,28 @@ impl Sensor {
         let cred_map: HashMap<MapData, InodeKey, CredInode> = take_typed(&mut ebpf, "CRED_INODES")?;
         let spared_map: HashMap<MapData, InodeKey, SparedExe> = take_typed(&mut ebpf, "SPARED_EXES")?;
 
-        let tracepoints: Vec<(&'static str, &'static str)> = TRACEPOINTS
-            .iter()
-            .filter(|(category, name, required)| {
-                *required || Path::new(TRACEFS).join("events").join(category).join(name).is_dir()
-            })
-            .map(|&(category, name, _)| (category, name))
+        let has_tracepoint =
+            |category: &str, name: &str| Path::new(TRACEFS).join("events").join(category).join(name).is_dir();
+        let hooks: Vec<SyscallHook> = syscall_hooks()
+            .into_iter()
+            .filter(|hook| hook.required || has_tracepoint("syscalls", &format!("sys_enter_{}", hook.name)))
             .collect();
-        let wanted: Vec<&'static str> =
-            RAW_TRACEPOINTS.iter().copied().chain(tracepoints.iter().map(|&(_, name)| name)).collect();
+        let mut syscall_map: HashMap<_, u32, HookedSyscall> = take_typed(&mut ebpf, "SYSCALLS")?;
+        for hook in &hooks {
+            let value = HookedSyscall { family: hook.family, syscall: hook.syscall };
+            syscall_map.insert(hook.number as u32, value, 0).map_err(map_err("SYSCALLS"))?;
+        }
+        let uring = has_tracepoint("io_uring", URING_PROGRAM);
+        let mut wanted: Vec<&'static str> = RAW_TRACEPOINTS.to_vec();
+        for hook in &hooks {
+            let (enter, exit) = family_programs(hook.family);
+            if !wanted.contains(&enter) {
+                wanted.extend([enter, exit]);
+            }
+        }
+        if uring {
+            wanted.push(URING_PROGRAM);
+        }
         load_programs(&mut ebpf, &wanted)?;
         for &name in RAW_TRACEPOINTS {
             let program: &mut RawTracePoint = ebpf
@@ -445,13 +474,24 @@ impl Sensor {
                 .map_err(program_err(name))?;
             program.attach(name).map_err(program_err(name))?;
         }
-        for &(category, name) in &tracepoints {
-            let program: &mut TracePoint = ebpf
+        let mut attach = |name: &'static str, category: &'static str, tracepoint: String| -> Result<(), SensorError> {
+            let loaded: &mut TracePoint = ebpf
                 .program_mut(name)
                 .ok_or(SensorError::Missing { what: "program", name })?
                 .try_into()
                 .map_err(program_err(name))?;
-            program.attach(category, name).map_err(program_err(name))?;
+            match loaded.attach(category, &tracepoint) {
+                Ok(_) => Ok(()),
+                Err(source) => Err(SensorError::Attach { name, category, tracepoint, source: Box::new(source) }),
+            }
+        };
+        for hook in &hooks {
+            let (enter, exit) = family_programs(hook.family);
+            attach(enter, "syscalls", format!("sys_enter_{}", hook.name))?;
+            attach(exit, "syscalls", format!("sys_exit_{}", hook.name))?;
+        }
+        if uring {
+            attach(URING_PROGRAM, "io_uring", URING_PROGRAM.to_owned())?;
         }
         Ok(Sensor {
             ebpf,

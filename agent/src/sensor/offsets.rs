@@ -8,7 +8,7 @@ use super::btf::{Btf, BtfError};
 /// Resolves every field of [`KernelOffsets`]; the error names the struct and member missing.
 pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
     let m = |strukt: &str, member: &str| btf.member_offset(strukt, member);
-    Ok(KernelOffsets {
+    let offsets = KernelOffsets {
         task_struct_pid: m("task_struct", "pid")?,
         task_struct_tgid: m("task_struct", "tgid")?,
         task_struct_real_parent: m("task_struct", "real_parent")?,
@@ -49,5 +49,35 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         file_private_data: m("file", "private_data")?,
         pid_numbers: m("pid", "numbers")?,
         upid_nr: m("upid", "nr")?,
-    })
+        file_f_flags: m("file", "f_flags")?,
+        _pad: 0,
+    };
+    check_dentry_layout(&offsets)?;
+    Ok(offsets)
+}
+
+/// The path walk reads a dentry's parent, name length and name pointer in one read: `d_name`
+/// (a little-endian `struct qstr`: hash, len, then name) right after `d_parent`, as it has
+/// been since Linux 2.6.
+fn check_dentry_layout(offsets: &KernelOffsets) -> Result<(), BtfError> {
+    if offsets.dentry_d_name != offsets.dentry_d_parent + 8 || offsets.qstr_len != 4 || offsets.qstr_name != 8 {
+        return Err(BtfError::Layout("struct dentry: d_name (hash, len, name) does not follow d_parent"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_a_dentry_layout_the_path_walk_cannot_read_at_once() {
+        let standard =
+            KernelOffsets { dentry_d_parent: 24, dentry_d_name: 32, qstr_len: 4, qstr_name: 8, ..Default::default() };
+        assert!(check_dentry_layout(&standard).is_ok());
+        let apart = KernelOffsets { dentry_d_name: 40, ..standard };
+        assert!(matches!(check_dentry_layout(&apart), Err(BtfError::Layout(_))));
+        let big_endian_qstr = KernelOffsets { qstr_len: 0, ..standard };
+        assert!(matches!(check_dentry_layout(&big_endian_qstr), Err(BtfError::Layout(_))));
+    }
 }

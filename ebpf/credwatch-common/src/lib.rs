@@ -80,6 +80,10 @@ pub mod record_flag {
     pub const HAS_RET: u32 = 4;
     /// [`SyscallEvent::target_pid`] is meaningful.
     pub const HAS_TARGET: u32 = 8;
+    /// An [`OpenEvent`] whose syscall entry was not seen (the process was marked in between,
+    /// or what the entry saved was lost): no given path, and `flags` are the opened file's
+    /// `f_flags`, not the arguments.
+    pub const NO_ENTRY: u32 = 16;
 }
 
 /// Bits of [`CredInode::flags`].
@@ -205,6 +209,8 @@ pub struct KernelOffsets {
     pub file_private_data: u32,
     pub pid_numbers: u32,
     pub upid_nr: u32,
+    pub file_f_flags: u32,
+    pub _pad: u32,
 }
 
 /// Agent-wide settings, in the single-entry `CONFIG` array map.
@@ -338,8 +344,13 @@ pub struct ExitEvent {
 }
 
 /// Kind [`kind::OPEN`]: an open-family syscall of a marked process, sent at syscall exit.
+///
+/// Variable-length: this fixed part is followed by `given_len` bytes of the path as the process
+/// gave it, then `path_len` bytes of the resolved path (leaf first, as [`ResolvedPath::data`]);
+/// `header.size` is the whole length. Most opens need a few hundred bytes, not the few KiB the
+/// limits allow, and the ring buffer holds that many more of them.
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OpenEvent {
     pub header: EventHeader,
     /// One of [`open_syscall`].
@@ -354,18 +365,21 @@ pub struct OpenEvent {
     /// Kernel-internal `dev_t` (`MKDEV(major, minor)` = major << 20 | minor) of the opened file.
     pub dev: u64,
     pub ino: u64,
+    /// Bytes of the given path that follow this struct (at most [`MAX_GIVEN_PATH`] - 1).
     pub given_len: u32,
     /// [`record_flag`] bits.
     pub record_flags: u32,
     /// With [`record_flag::CRED_INODE`]: the `CRED_INODES` value's index.
     pub cred_index: u32,
+    /// Bytes of the resolved path that follow the given path (at most [`MAX_RESOLVED_PATH`]).
+    pub path_len: u32,
+    /// [`path_flag`] bits of the resolved path: [`path_flag::UNRESOLVED`] when the open failed.
+    pub path_flags: u32,
     pub _pad: u32,
-    /// The path as the process gave it.
-    pub given: [u8; MAX_GIVEN_PATH],
-    /// The file the kernel opened (from the new fd's `struct file`); [`path_flag::UNRESOLVED`]
-    /// when the open failed.
-    pub path: ResolvedPath,
 }
+
+/// The most bytes an [`OpenEvent`] record can take.
+pub const MAX_OPEN_RECORD: usize = core::mem::size_of::<OpenEvent>() + MAX_GIVEN_PATH + MAX_RESOLVED_PATH;
 
 /// Kind [`kind::RENAME`]: a rename, link or symlink syscall of a marked process, sent at exit.
 #[repr(C)]
@@ -411,6 +425,28 @@ pub struct SyscallEvent {
     pub ret: i64,
 }
 
+/// Which family of hooks a syscall belongs to ([`HookedSyscall::family`]).
+pub mod syscall_family {
+    /// `syscall` is one of [`super::open_syscall`].
+    pub const OPEN: u32 = 1;
+    /// `syscall` is one of [`super::rename_syscall`].
+    pub const RENAME: u32 = 2;
+    /// `syscall` is one of [`super::tamper_syscall`].
+    pub const TAMPER: u32 = 3;
+}
+
+/// Value of the `SYSCALLS` map, keyed by the architecture's syscall number (the
+/// `__syscall_nr` of a syscall tracepoint record): one program serves every tracepoint of a
+/// family and learns from this which syscall fired. The agent fills it from its libc's numbers.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HookedSyscall {
+    /// One of [`syscall_family`].
+    pub family: u32,
+    /// The family's own number for it ([`open_syscall`], [`rename_syscall`], [`tamper_syscall`]).
+    pub syscall: u32,
+}
+
 /// Index of each failed-reserve counter in the per-CPU `LOST` array.
 pub mod lost_index {
     /// The bulk ring buffer (`EVENTS`) was full.
@@ -433,6 +469,7 @@ mod pod {
     unsafe impl aya::Pod for super::InodeKey {}
     unsafe impl aya::Pod for super::CredInode {}
     unsafe impl aya::Pod for super::SparedExe {}
+    unsafe impl aya::Pod for super::HookedSyscall {}
 }
 
 #[cfg(test)]
@@ -464,9 +501,9 @@ mod tests {
         assert_eq!(size_of::<ExitEvent>(), 64);
         assert_eq!(offset_of!(OpenEvent, flags), 64);
         assert_eq!(offset_of!(OpenEvent, record_flags), 108);
-        assert_eq!(offset_of!(OpenEvent, given), 120);
-        assert_eq!(offset_of!(OpenEvent, path), 120 + MAX_GIVEN_PATH);
-        assert_eq!(size_of::<OpenEvent>(), 120 + MAX_GIVEN_PATH + size_of::<ResolvedPath>());
+        assert_eq!(offset_of!(OpenEvent, path_flags), 120);
+        assert_eq!(size_of::<OpenEvent>(), 128);
+        assert_eq!(align_of::<OpenEvent>(), 8);
         assert_eq!(offset_of!(RenameEvent, old), 56 + 32);
         assert_eq!(offset_of!(RenameEvent, old_dir), 56 + 32 + 2 * MAX_GIVEN_PATH);
         assert_eq!(size_of::<RenameEvent>(), 56 + 32 + 2 * MAX_GIVEN_PATH + 2 * size_of::<ResolvedPath>());
@@ -476,11 +513,12 @@ mod tests {
 
     #[test]
     fn config_has_no_padding() {
-        assert_eq!(size_of::<KernelOffsets>(), 39 * 4);
+        assert_eq!(size_of::<KernelOffsets>(), 41 * 4);
         assert_eq!(size_of::<Config>(), size_of::<KernelOffsets>() + 20);
         assert_eq!(size_of::<SparedExe>(), 8);
         assert_eq!(size_of::<ManagerValue>(), 8);
         assert_eq!(size_of::<InodeKey>(), 16);
         assert_eq!(size_of::<CredInode>(), 8);
+        assert_eq!(size_of::<HookedSyscall>(), 8);
     }
 }

@@ -17,7 +17,12 @@
 //!   git started by the manager), which `--enforce` does not kill.
 //! - `PENDING_OPENS`, `PENDING_RENAMES`, `PENDING_SYSCALLS`: tid -> what a syscall's entry saw,
 //!   until its exit.
-//! - `SCRATCH`, `RENAME_SCRATCH`: per-CPU buffers too large for the 512-byte stack.
+//! - `SCRATCH`, `RENAME_SCRATCH`, `OPEN_SCRATCH`: per-CPU buffers too large for the 512-byte
+//!   stack (`OPEN_SCRATCH` is where an open record is built before it is copied to a ring
+//!   buffer at its real length).
+//! - `SYSCALLS`: syscall number -> [`HookedSyscall`]. One program serves all the entry (or all
+//!   the exit) tracepoints of a family and reads `__syscall_nr` to know which syscall it is:
+//!   the kernel verifies each program once, and start-up is mostly verification.
 //!
 //! Notes:
 //! - A process is gone when the last thread of its group exits: `sched_process_exit` passes
@@ -61,23 +66,32 @@ use aya_ebpf::{
     macros::{map, raw_tracepoint, tracepoint},
     maps::{ring_buf::RingBufEntry, Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::{RawTracePointContext, TracePointContext},
+    EbpfContext,
 };
 use credwatch_common::{
     config_flag, cred_flag, kind, lost_index, manager_flag, mark_flag, open_syscall, path_flag, record_flag,
-    rename_syscall, spare_flag, tamper_syscall, Config, CredInode, EventHeader, ExecEvent, ExitEvent, ForkEvent,
-    InodeKey, KernelOffsets, ManagerValue, Mark, OpenEvent, RenameEvent, ResolvedPath, SparedExe, SyscallEvent,
-    MANAGER_NAME_LEN, MAX_ARGS, MAX_ENV, MAX_GIVEN_PATH, MAX_PATH_COMPONENTS, MAX_RESOLVED_PATH, MODULE_KEY_LEN,
-    NO_MANAGER,
+    rename_syscall, spare_flag, syscall_family, tamper_syscall, Config, CredInode, EventHeader, ExecEvent, ExitEvent,
+    ForkEvent, HookedSyscall, InodeKey, KernelOffsets, ManagerValue, Mark, OpenEvent, RenameEvent, ResolvedPath,
+    SparedExe, SyscallEvent, MANAGER_NAME_LEN, MAX_ARGS, MAX_ENV, MAX_GIVEN_PATH, MAX_OPEN_RECORD, MAX_PATH_COMPONENTS,
+    MAX_RESOLVED_PATH, MODULE_KEY_LEN, NO_MANAGER,
 };
 
 /// Processes that can be marked at once; a full map is counted in `LOST[MARKS_FULL]`.
 const MAX_MARKS: u32 = 65536;
 const MAX_MANAGERS: u32 = 256;
-/// Threads with an open syscall in flight (LRU: a lost exit only ages out).
+/// Syscall numbers of the hooked tracepoints (about 25 on x86_64).
+const MAX_HOOKED_SYSCALLS: u32 = 64;
+/// Slots of `OPEN_SLOTS`, indexed by the low bits of the thread id (a power of two).
+const OPEN_SLOT_COUNT: u32 = 16384;
+/// Threads with an open syscall in flight whose slot another thread holds (LRU: a lost exit
+/// only ages out).
 const MAX_PENDING_OPENS: u32 = 16384;
-const EVENTS_BYTES: u32 = 16 << 20;
-/// Room for about 200 open records: enough for a burst of credential hits between two polls.
-const PRIORITY_BYTES: u32 = 1 << 20;
+/// Open records are variable-length (about 160 bytes for a short path): 4 MiB holds some 25,000,
+/// a poll interval's worth at 400k opens/s, and the agent is woken at a quarter full. A larger
+/// buffer costs the agent resident memory (it maps the data twice).
+const EVENTS_BYTES: u32 = 4 << 20;
+/// Room for about 2,500 open records: enough for a burst of credential hits between two polls.
+const PRIORITY_BYTES: u32 = 512 << 10;
 /// Credential files the agent can register (its table has the same limit).
 const MAX_CRED_INODES: u32 = 16384;
 const MAX_SPARED_EXES: u32 = 256;
@@ -89,8 +103,10 @@ const SIGKILL: u32 = 9;
 const IORING_OP_OPENAT: u8 = 18;
 const IORING_OP_OPENAT2: u8 = 28;
 /// Wake the reader only when this much is waiting; otherwise it polls on a short timer.
-const WAKEUP_WATERMARK: u64 = 4 << 20;
+const WAKEUP_WATERMARK: u64 = 1 << 20;
 
+/// Per-CPU LRU lists: no lock shared by all CPUs on the open path (uapi/linux/bpf.h).
+const BPF_F_NO_COMMON_LRU: u32 = 2;
 /// `bpf_ringbuf_submit` flags and `bpf_ringbuf_query` selector (uapi/linux/bpf.h).
 const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
@@ -107,8 +123,9 @@ const AT_FDCWD: i32 = -100;
 /// `creat(path, mode)` is `open(path, O_CREAT | O_WRONLY | O_TRUNC, mode)`.
 const CREAT_FLAGS: u64 = 0o100 | 0o1 | 0o1000;
 
-/// Syscall tracepoint records: arguments start at offset 16, 8 bytes each; the result of a
-/// `sys_exit_*` is at 16.
+/// Syscall tracepoint records: `__syscall_nr` is at offset 8, arguments start at 16, 8 bytes
+/// each; the result of a `sys_exit_*` is at 16.
+const TP_SYSCALL_NR: usize = 8;
 const TP_ARG0: usize = 16;
 const TP_ARG1: usize = 24;
 const TP_ARG2: usize = 32;
@@ -116,6 +133,8 @@ const TP_ARG3: usize = 40;
 const TP_ARG4: usize = 48;
 const TP_RET: usize = 16;
 
+/// What an open's entry saw, for its exit. The path itself is read at exit: by then the
+/// syscall has faulted its page in (BPF cannot), and a small entry keeps the entry cheap.
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct PendingOpen {
@@ -123,11 +142,26 @@ struct PendingOpen {
     dirfd: i32,
     flags: u64,
     mode: u64,
-    given_len: u32,
-    _pad: u32,
-    /// The user pointer, to read the path again at exit when it could not be read at entry.
     given_ptr: u64,
-    given: [u8; MAX_GIVEN_PATH],
+}
+
+/// A slot of `OPEN_SLOTS`: the pending open of thread `tid` (0: free).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct OpenSlot {
+    tid: u32,
+    _pad: u32,
+    open: PendingOpen,
+}
+
+/// Where an open record is built before it is copied into a ring buffer at its real length.
+#[repr(C)]
+struct OpenScratch {
+    event: OpenEvent,
+    /// The given path, then the resolved path.
+    tail: [u8; MAX_GIVEN_PATH + MAX_RESOLVED_PATH],
+    /// See [`launder`].
+    slot: u64,
 }
 
 /// What a tamper syscall's entry saw, for its exit.
@@ -143,7 +177,6 @@ struct PendingSyscall {
 
 #[repr(C)]
 struct Scratch {
-    pending: PendingOpen,
     /// See [`launder`].
     slot: u64,
     name_key: [u8; MANAGER_NAME_LEN],
@@ -178,9 +211,16 @@ static PENDING_SYSCALLS: LruHashMap<u32, PendingSyscall> = LruHashMap::with_max_
 #[map]
 static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(lost_index::COUNT, 0);
 #[map]
-static PENDING_OPENS: LruHashMap<u32, PendingOpen> = LruHashMap::with_max_entries(MAX_PENDING_OPENS, 0);
+static OPEN_SLOTS: Array<OpenSlot> = Array::with_max_entries(OPEN_SLOT_COUNT, 0);
+#[map]
+static PENDING_OPENS: LruHashMap<u32, PendingOpen> =
+    LruHashMap::with_max_entries(MAX_PENDING_OPENS, BPF_F_NO_COMMON_LRU);
 #[map]
 static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static OPEN_SCRATCH: PerCpuArray<OpenScratch> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static SYSCALLS: HashMap<u32, HookedSyscall> = HashMap::with_max_entries(MAX_HOOKED_SYSCALLS, 0);
 
 type Res<T> = Result<T, i64>;
 
@@ -234,10 +274,31 @@ fn submit<T>(entry: RingBufEntry<T>, priority: bool) {
         entry.submit(0);
         return;
     }
-    // No wakeup per record: userspace polls on a short timer, and is woken only when the
-    // buffer fills past the watermark.
-    let flags = if EVENTS.query(BPF_RB_AVAIL_DATA) > WAKEUP_WATERMARK { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP };
-    entry.submit(flags);
+    entry.submit(events_wakeup());
+}
+
+/// Copies a variable-length record built in scratch memory into `PRIORITY` or `EVENTS`, with
+/// the same wakeup policy as [`submit`].
+#[inline(always)]
+fn output(record: &[u8], priority: bool) {
+    if priority {
+        if PRIORITY.output::<[u8]>(record, 0).is_err() {
+            count_lost(lost_index::PRIORITY);
+        }
+    } else if EVENTS.output::<[u8]>(record, events_wakeup()).is_err() {
+        count_lost(lost_index::EVENTS);
+    }
+}
+
+/// No wakeup per record: userspace polls on a short timer, and is woken only when the bulk
+/// buffer fills past the watermark.
+#[inline(always)]
+fn events_wakeup() -> u64 {
+    if EVENTS.query(BPF_RB_AVAIL_DATA) > WAKEUP_WATERMARK {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    }
 }
 
 /// Sends SIGKILL to the current process; true when the signal was queued.
@@ -269,19 +330,35 @@ unsafe fn fill_header(header: *mut EventHeader, kind: u32, size: usize, pid_tgid
 /// Writes the path of `struct path` at `path` into `out`, leaf first (see [`ResolvedPath`]),
 /// walking dentries up to each mount's root and crossing to the parent mount, up to the root of
 /// the mount tree.
-#[inline(never)]
+#[inline(always)]
 unsafe fn resolve_path(off: &KernelOffsets, path: u64, out: *mut ResolvedPath) {
-    // SAFETY: out points into a reserved ring buffer record.
+    // SAFETY: out points into a record.
     unsafe {
-        let len = addr_of_mut!((*out).len);
+        resolve_into(
+            off,
+            path,
+            addr_of_mut!((*out).data) as *mut u8,
+            addr_of_mut!((*out).len),
+            addr_of_mut!((*out).flags),
+        )
+    }
+}
+
+/// [`resolve_path`] into separate places: `data` (room for [`MAX_RESOLVED_PATH`] bytes), its
+/// length and its [`path_flag`] bits.
+#[inline(never)]
+unsafe fn resolve_into(off: &KernelOffsets, path: u64, data: *mut u8, len: *mut u32, flags: *mut u32) {
+    // SAFETY: the pointers point into a record with that much room.
+    unsafe {
         write_volatile(len, 0);
-        (*out).flags = match walk(off, path, addr_of_mut!((*out).data) as *mut u8, len) {
-            Ok(flags) => flags,
+        let result = match walk(off, path, data, len) {
+            Ok(result) => result,
             Err(_) => {
                 write_volatile(len, 0);
                 path_flag::UNRESOLVED
             }
         };
+        write_volatile(flags, result);
     }
 }
 
@@ -309,28 +386,34 @@ unsafe fn walk(off: &KernelOffsets, path: u64, data: *mut u8, len_slot: *mut u32
             mount_root = read(mount + off.mount_mnt as u64, off.vfsmount_mnt_root)?;
             continue;
         }
-        let parent: u64 = read(dentry, off.dentry_d_parent)?;
+        // d_parent, then d_name: hash and len (one u64), name (the agent checks this layout).
+        let link: [u64; 3] = read(dentry, off.dentry_d_parent)?;
+        let (parent, name_len, name) = (link[0], (link[1] >> 32) as usize, link[2]);
         if parent == dentry || parent == 0 {
             return Ok(0);
         }
-        // SAFETY: len_slot points into the reserved record.
+        // SAFETY: len_slot points into the record.
         let len = unsafe { read_volatile(len_slot) } as usize;
         if len > MAX_RESOLVED_PATH - NAME_SPACE {
             return Ok(path_flag::TRUNCATED);
         }
-        let name: u64 = read(dentry, off.dentry_d_name + off.qstr_name)?;
-        // SAFETY: len <= MAX_RESOLVED_PATH - NAME_SPACE, so NAME_SPACE bytes fit.
-        let n = unsafe {
-            bpf_probe_read_kernel_str(data.add(len) as *mut c_void, NAME_SPACE as u32, name as *const c_void)
+        if name_len == 0 || name_len >= NAME_SPACE {
+            return Err(-1);
+        }
+        // A plain copy of the length the dentry gives, rather than a string read byte by byte.
+        // SAFETY: len <= MAX_RESOLVED_PATH - NAME_SPACE and name_len < NAME_SPACE, so the name
+        // and its separator fit.
+        let copied = unsafe {
+            bpf_probe_read_kernel(
+                data.add(len) as *mut c_void,
+                (name_len & (NAME_SPACE - 1)) as u32,
+                name as *const c_void,
+            )
         };
-        if n <= 1 || n > NAME_SPACE as i64 {
+        if copied != 0 {
             return Err(-1);
         }
-        // The NUL becomes the separator.
-        let end = len + n as usize - 1;
-        if end >= MAX_RESOLVED_PATH {
-            return Err(-1);
-        }
+        let end = len + (name_len & (NAME_SPACE - 1));
         // SAFETY: end < MAX_RESOLVED_PATH; len_slot as above.
         unsafe {
             *data.add(end) = b'/';
@@ -339,6 +422,32 @@ unsafe fn walk(off: &KernelOffsets, path: u64, data: *mut u8, len_slot: *mut u32
         dentry = parent;
     }
     Ok(path_flag::TRUNCATED)
+}
+
+/// A field of a syscall tracepoint's record, at a constant offset: tracepoint programs may
+/// load from their record directly, which is cheaper than a probe-read helper call.
+#[inline(always)]
+fn field<T: Copy>(ctx: &TracePointContext, offset: usize) -> T {
+    // SAFETY: callers pass the offsets of the syscall tracepoint format (TP_*), inside the
+    // record and aligned for T.
+    unsafe { (ctx.as_ptr().add(offset) as *const T).read() }
+}
+
+/// Arguments 0 and 1 of a syscall tracepoint record, loaded up front: picking one per syscall
+/// afterwards keeps each load at a constant offset from the context, which the verifier
+/// requires (LLVM would otherwise select a pointer per branch and load through it). Every
+/// hooked syscall has at least two arguments, and the kernel refuses to attach a program that
+/// loads past a tracepoint's record, so later arguments go through [`later_arg`].
+#[inline(always)]
+fn first_args(ctx: &TracePointContext) -> [u64; 2] {
+    [field::<u64>(ctx, TP_ARG0), field::<u64>(ctx, TP_ARG1)]
+}
+
+/// An argument after the first two, read with a helper (see [`first_args`]).
+#[inline(always)]
+fn later_arg(ctx: &TracePointContext, offset: usize) -> Res<u64> {
+    // SAFETY: the helper checks the address; the offset is inside this syscall's record.
+    unsafe { ctx.read_at::<u64>(offset) }.map_err(|e| e as i64)
 }
 
 /// Passes `value` through memory so that the verifier forgets which constant it was (see
@@ -469,17 +578,22 @@ fn manager_root(off: &KernelOffsets, bprm: u64) -> Res<Option<u32>> {
         return Ok(None);
     }
     let len = (n as usize - 1) & (SCRATCH_NAME - 1);
-    // Scan back from the end for the last '/': one path through the loop per iteration keeps
-    // the verifier's work linear.
-    let mut start = 0;
-    for i in 1..=MAX_GIVEN_PATH {
+    // Scan back from the end for the last '/', only as far as a key can reach: a longer
+    // basename is no manager's. One path through the loop per iteration keeps the verifier's
+    // work linear.
+    let mut start = SCRATCH_NAME;
+    for i in 1..=MANAGER_NAME_LEN + 1 {
         if i > len {
+            start = 0;
             break;
         }
         if scratch.name[(len - i) & (SCRATCH_NAME - 1)] == b'/' {
             start = len - i + 1;
             break;
         }
+    }
+    if start == SCRATCH_NAME {
+        return Ok(None);
     }
     let start = launder(&mut scratch.slot, start as u64) as usize & (SCRATCH_NAME - 1);
     if start >= len || len - start > MANAGER_NAME_LEN {
@@ -522,16 +636,16 @@ fn module_root(off: &KernelOffsets, scratch: &mut Scratch) -> Res<Option<u32>> {
     {
         return Ok(None);
     }
-    let mut first = MODULE_SCAN;
-    for i in 0..MODULE_SCAN {
-        if i >= len {
-            break;
-        }
-        if scratch.args[i & (SCRATCH_ARGS - 1)] == 0 {
-            first = i + 1;
-            break;
-        }
-    }
+    // argv[0] ends at its NUL; the string read says where without a loop over the bytes.
+    // SAFETY: the destination is the first MODULE_SCAN bytes of the name buffer, free by now.
+    let n = unsafe {
+        bpf_probe_read_user_str(
+            scratch.name.as_mut_ptr() as *mut c_void,
+            MODULE_SCAN as u32,
+            arg_start as *const c_void,
+        )
+    };
+    let first = if n > 0 && n as usize <= len { n as usize } else { MODULE_SCAN };
     let first = launder(&mut scratch.slot, first as u64) as usize & (SCRATCH_ARGS - 1);
     // Try the key after each word: `-m\0`, `-m\0pip\0`, ...
     for j in 0..MODULE_KEY_LEN {
@@ -696,142 +810,182 @@ fn try_sched_process_exit(ctx: &RawTracePointContext) -> Res<()> {
 // ---------------------------------------------------------------------------------------------
 // opens
 
+/// Which syscall of `family` the tracepoint record `ctx` is about (per `SYSCALLS`).
 #[inline(always)]
-fn enter_open(ctx: &TracePointContext, syscall: u32) -> u32 {
+fn hooked_syscall(ctx: &TracePointContext, family: u32) -> Option<u32> {
+    // SAFETY: offset of `__syscall_nr` in every syscall tracepoint record.
+    let nr = field::<i32>(ctx, TP_SYSCALL_NR);
+    // SAFETY: copied out at once.
+    let hooked = unsafe { SYSCALLS.get(&(nr as u32)).copied() }?;
+    (hooked.family == family).then_some(hooked.syscall)
+}
+
+/// Every `sys_enter_*` of the open family.
+#[tracepoint]
+pub fn open_enter(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     if current_mark((pid_tgid >> 32) as u32).is_none() {
         return 0;
     }
-    let _ = save_open(ctx, syscall, pid_tgid as u32);
+    if let Some(syscall) = hooked_syscall(&ctx, syscall_family::OPEN) {
+        let _ = save_open(&ctx, syscall, pid_tgid as u32);
+    }
     0
 }
 
 #[inline(always)]
 fn save_open(ctx: &TracePointContext, syscall: u32, tid: u32) -> Res<()> {
-    let scratch = SCRATCH.get_ptr_mut(0).ok_or(-1i64)?;
-    // SAFETY: per-CPU scratch owned by this program run.
-    let pending = unsafe { &mut (*scratch).pending };
+    let arg = first_args(ctx);
     // SAFETY: offsets within the syscall tracepoint record (checked against its format).
-    let (dirfd, path, flags, mode) = unsafe {
+    let (dirfd, given_ptr, flags, mode) = unsafe {
         match syscall {
-            open_syscall::OPEN => {
-                (AT_FDCWD, ctx.read_at::<u64>(TP_ARG0)?, ctx.read_at::<u64>(TP_ARG1)?, ctx.read_at::<u64>(TP_ARG2)?)
-            }
-            open_syscall::CREAT => (AT_FDCWD, ctx.read_at::<u64>(TP_ARG0)?, CREAT_FLAGS, ctx.read_at::<u64>(TP_ARG1)?),
+            open_syscall::OPEN => (AT_FDCWD, arg[0], arg[1], later_arg(ctx, TP_ARG2)?),
+            open_syscall::CREAT => (AT_FDCWD, arg[0], CREAT_FLAGS, arg[1]),
             // open_by_handle_at(mount_fd, struct file_handle *, flags): no path at all.
-            open_syscall::OPEN_BY_HANDLE_AT => {
-                (ctx.read_at::<u64>(TP_ARG0)? as i32, 0, ctx.read_at::<u64>(TP_ARG2)?, 0)
-            }
-            open_syscall::OPENAT => (
-                ctx.read_at::<u64>(TP_ARG0)? as i32,
-                ctx.read_at::<u64>(TP_ARG1)?,
-                ctx.read_at::<u64>(TP_ARG2)?,
-                ctx.read_at::<u64>(TP_ARG3)?,
-            ),
+            open_syscall::OPEN_BY_HANDLE_AT => (arg[0] as i32, 0, later_arg(ctx, TP_ARG2)?, 0),
+            open_syscall::OPENAT => (arg[0] as i32, arg[1], later_arg(ctx, TP_ARG2)?, later_arg(ctx, TP_ARG3)?),
             _ => {
                 // openat2(dfd, filename, struct open_how *how, usize): how = {flags, mode, resolve}.
-                let how = ctx.read_at::<u64>(TP_ARG2)?;
+                let how = later_arg(ctx, TP_ARG2)?;
                 let flags = aya_ebpf::helpers::bpf_probe_read_user(how as *const u64).unwrap_or(0);
                 let mode = aya_ebpf::helpers::bpf_probe_read_user((how + 8) as *const u64).unwrap_or(0);
-                (ctx.read_at::<u64>(TP_ARG0)? as i32, ctx.read_at::<u64>(TP_ARG1)?, flags, mode)
+                (arg[0] as i32, arg[1], flags, mode)
             }
         }
     };
-    pending.syscall = syscall;
-    pending.dirfd = dirfd;
-    pending.flags = flags;
-    pending.mode = mode;
-    // SAFETY: the destination is the MAX_GIVEN_PATH-byte buffer.
-    let n = unsafe {
-        bpf_probe_read_user_str(pending.given.as_mut_ptr() as *mut c_void, MAX_GIVEN_PATH as u32, path as *const c_void)
-    };
-    pending.given_len = if n > 0 { (n - 1) as u32 } else { 0 };
-    pending.given_ptr = path;
-    PENDING_OPENS.insert(&tid, &*pending, 0).map_err(|e| e as i64)
+    let pending = PendingOpen { syscall, dirfd, flags, mode, given_ptr };
+    if let Some(slot) = OPEN_SLOTS.get_ptr_mut(tid & (OPEN_SLOT_COUNT - 1)) {
+        // SAFETY: a map value; a thread's entry and exit run one after the other.
+        unsafe {
+            if (*slot).tid == 0 || (*slot).tid == tid {
+                (*slot).open = pending;
+                (*slot).tid = tid;
+                return Ok(());
+            }
+        }
+    }
+    PENDING_OPENS.insert(&tid, &pending, 0).map_err(|e| e as i64)
 }
 
+/// What the open's entry saved, from the thread's slot or else `PENDING_OPENS`; both are
+/// freed.
 #[inline(always)]
-fn exit_open(ctx: &TracePointContext) -> u32 {
+fn take_pending_open(tid: u32) -> Option<PendingOpen> {
+    if let Some(slot) = OPEN_SLOTS.get_ptr_mut(tid & (OPEN_SLOT_COUNT - 1)) {
+        // SAFETY: a map value; see save_open.
+        unsafe {
+            if (*slot).tid == tid {
+                (*slot).tid = 0;
+                return Some((*slot).open);
+            }
+        }
+    }
+    // SAFETY: copied out at once.
+    let pending = unsafe { PENDING_OPENS.get(&tid).copied() }?;
+    let _ = PENDING_OPENS.remove(&tid);
+    Some(pending)
+}
+
+/// Every `sys_exit_*` of the open family.
+#[tracepoint]
+pub fn open_exit(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
-    let tid = pid_tgid as u32;
-    let _ = report_open(ctx, pid_tgid, mark, tid);
-    let _ = PENDING_OPENS.remove(&tid);
+    let pending = take_pending_open(pid_tgid as u32);
+    let _ = report_open(&ctx, pid_tgid, mark, pending);
     0
 }
 
 #[inline(always)]
-fn report_open(ctx: &TracePointContext, pid_tgid: u64, mark: Mark, tid: u32) -> Res<()> {
-    let Some(pending) = PENDING_OPENS.get_ptr(&tid) else { return Ok(()) };
-    let Some(config) = config() else { return Ok(()) };
+fn report_open(ctx: &TracePointContext, pid_tgid: u64, mark: Mark, pending: Option<PendingOpen>) -> Res<()> {
+    let config = config().ok_or(-1i64)?;
     let off = &config.offsets;
-    // SAFETY: offset of the result in the sys_exit record.
-    let ret: i64 = unsafe { ctx.read_at::<i64>(TP_RET)? };
+    let ret = field::<i64>(ctx, TP_RET);
+    // Without its entry, an open is still reported when it opened something: by its file.
+    let (pending, no_entry) = match pending {
+        Some(pending) => (pending, 0),
+        None if ret >= 0 => {
+            let syscall = hooked_syscall(ctx, syscall_family::OPEN).ok_or(-1i64)?;
+            // SAFETY: kernel reads through probe helpers only.
+            let file = unsafe { fd_file(off, ret as u64) }?;
+            let flags: u32 = read(file, off.file_f_flags)?;
+            let pending = PendingOpen { syscall, dirfd: AT_FDCWD, flags: flags as u64, mode: 0, given_ptr: 0 };
+            (pending, record_flag::NO_ENTRY)
+        }
+        None => return Ok(()),
+    };
+    let scratch = OPEN_SCRATCH.get_ptr_mut(0).ok_or(-1i64)?;
+    let event = unsafe { addr_of_mut!((*scratch).event) };
     let mut file = 0u64;
-    let mut key = InodeKey { dev: 0, ino: 0 };
-    let mut record_flags = 0u32;
-    let mut cred_index = 0u32;
-    if ret >= 0 {
-        // SAFETY: kernel reads through probe helpers only.
-        if let Ok(opened) = unsafe { fd_file(off, ret as u64) } {
-            file = opened;
-            if let Ok(found) = file_key(off, opened) {
-                key = found;
-                // SAFETY: copied out at once.
-                if let Some(cred) = unsafe { CRED_INODES.get(&key).copied() } {
-                    record_flags = record_flag::CRED_INODE;
-                    cred_index = cred.index;
-                    // Killed before the syscall returns to user space: the fd exists, but the
-                    // process never runs again to read it.
-                    if config.flags & config_flag::ENFORCE != 0
-                        && cred.flags & cred_flag::KILL != 0
-                        && !spared(config, mark)
-                        && kill_current()
-                    {
-                        record_flags |= record_flag::BLOCKED;
+    let mut record_flags = no_entry;
+    // SAFETY: per-CPU scratch owned by this program run; kernel memory read through probe
+    // helpers only. Everything known before the path walk goes into the record now and is read
+    // back after it: values left in registers across the walk would make the verifier check it
+    // once per combination of them.
+    unsafe {
+        (*event).syscall = pending.syscall;
+        (*event).dirfd = pending.dirfd;
+        (*event).flags = pending.flags;
+        (*event).mode = pending.mode;
+        (*event).ret = ret;
+        (*event).dev = 0;
+        (*event).ino = 0;
+        (*event).cred_index = 0;
+        (*event)._pad = 0;
+        if ret >= 0 {
+            if let Ok(opened) = fd_file(off, ret as u64) {
+                file = opened;
+                if let Ok(key) = file_key(off, opened) {
+                    (*event).dev = key.dev;
+                    (*event).ino = key.ino;
+                    // SAFETY: copied out at once.
+                    if let Some(cred) = CRED_INODES.get(&key).copied() {
+                        record_flags |= record_flag::CRED_INODE;
+                        (*event).cred_index = cred.index;
+                        // Killed before the syscall returns to user space: the fd exists, but
+                        // the process never runs again to read it.
+                        if config.flags & config_flag::ENFORCE != 0
+                            && cred.flags & cred_flag::KILL != 0
+                            && !spared(config, mark)
+                            && kill_current()
+                        {
+                            record_flags |= record_flag::BLOCKED;
+                        }
                     }
                 }
             }
         }
+        write_volatile(addr_of_mut!((*event).record_flags), record_flags);
     }
-    let priority = record_flags != 0;
-    let Some(mut entry) = reserve::<OpenEvent>(priority) else { return Ok(()) };
-    let event = entry.as_mut_ptr();
-    // SAFETY: event points to a reserved record of the right size; pending to a map value.
+    // SAFETY: as above; user memory through probe helpers only; every write stays inside
+    // `tail` (given <= MAX_GIVEN_PATH - 1 bytes, then at most MAX_RESOLVED_PATH).
     unsafe {
-        fill_header(addr_of_mut!((*event).header), kind::OPEN, size_of::<OpenEvent>(), pid_tgid, mark);
-        (*event).syscall = (*pending).syscall;
-        (*event).dirfd = (*pending).dirfd;
-        (*event).flags = (*pending).flags;
-        (*event).mode = (*pending).mode;
-        (*event).ret = ret;
-        (*event).given_len = (*pending).given_len;
-        (*event).record_flags = record_flags;
-        (*event).cred_index = cred_index;
-        (*event)._pad = 0;
-        let given = addr_of_mut!((*event).given) as *mut c_void;
-        if (*pending).given_len > 0 {
-            bpf_probe_read_kernel(
-                given,
-                MAX_GIVEN_PATH as u32,
-                addr_of_mut!((*(pending as *mut PendingOpen)).given) as *const c_void,
-            );
-        } else {
-            // At entry the string may have sat in a page not yet faulted in (BPF cannot fault
-            // it in); the syscall itself has read it since.
-            let n = bpf_probe_read_user_str(given, MAX_GIVEN_PATH as u32, (*pending).given_ptr as *const c_void);
-            (*event).given_len = if n > 0 { (n - 1) as u32 } else { 0 };
-        }
-        (*event).dev = key.dev;
-        (*event).ino = key.ino;
+        let tail = addr_of_mut!((*scratch).tail) as *mut u8;
+        // Read now rather than at entry: the syscall has faulted the string's page in. A
+        // thread racing to rewrite it can change what is reported as given, not the resolved
+        // path of what was opened.
+        let n = bpf_probe_read_user_str(tail as *mut c_void, MAX_GIVEN_PATH as u32, pending.given_ptr as *const c_void);
+        let given_len = if n > 0 { (n - 1) as usize & (MAX_GIVEN_PATH - 1) } else { 0 };
+        write_volatile(addr_of_mut!((*event).given_len), given_len as u32);
+        let path_len = addr_of_mut!((*event).path_len);
+        let path_flags = addr_of_mut!((*event).path_flags);
         if file != 0 {
-            resolve_path(off, file + off.file_f_path as u64, addr_of_mut!((*event).path));
+            resolve_into(off, file + off.file_f_path as u64, tail.add(given_len), path_len, path_flags);
         } else {
-            (*event).path.len = 0;
-            (*event).path.flags = path_flag::UNRESOLVED;
+            write_volatile(path_len, 0);
+            write_volatile(path_flags, path_flag::UNRESOLVED);
         }
+        let given_len = read_volatile(addr_of_mut!((*event).given_len)) as usize;
+        let size = size_of::<OpenEvent>() + given_len + read_volatile(path_len) as usize;
+        let size = launder(&mut (*scratch).slot, size as u64) as usize;
+        if size > MAX_OPEN_RECORD {
+            return Err(-1);
+        }
+        fill_header(addr_of_mut!((*event).header), kind::OPEN, size, pid_tgid, mark);
+        let record_flags = read_volatile(addr_of_mut!((*event).record_flags));
+        let priority = record_flags & (record_flag::CRED_INODE | record_flag::BLOCKED) != 0;
+        output(core::slice::from_raw_parts(scratch as *const u8, size), priority);
     }
-    submit(entry, priority);
     Ok(())
 }
 
@@ -864,66 +1018,19 @@ fn file_key(off: &KernelOffsets, file: u64) -> Res<InodeKey> {
     Ok(InodeKey { dev: read::<u32>(sb, off.super_block_s_dev)? as u64, ino: read(inode, off.inode_i_ino)? })
 }
 
-#[tracepoint(category = "syscalls", name = "sys_enter_open")]
-pub fn sys_enter_open(ctx: TracePointContext) -> u32 {
-    enter_open(&ctx, open_syscall::OPEN)
-}
-
-#[tracepoint(category = "syscalls", name = "sys_enter_openat")]
-pub fn sys_enter_openat(ctx: TracePointContext) -> u32 {
-    enter_open(&ctx, open_syscall::OPENAT)
-}
-
-#[tracepoint(category = "syscalls", name = "sys_enter_openat2")]
-pub fn sys_enter_openat2(ctx: TracePointContext) -> u32 {
-    enter_open(&ctx, open_syscall::OPENAT2)
-}
-
-#[tracepoint(category = "syscalls", name = "sys_enter_creat")]
-pub fn sys_enter_creat(ctx: TracePointContext) -> u32 {
-    enter_open(&ctx, open_syscall::CREAT)
-}
-
-#[tracepoint(category = "syscalls", name = "sys_exit_open")]
-pub fn sys_exit_open(ctx: TracePointContext) -> u32 {
-    exit_open(&ctx)
-}
-
-#[tracepoint(category = "syscalls", name = "sys_exit_openat")]
-pub fn sys_exit_openat(ctx: TracePointContext) -> u32 {
-    exit_open(&ctx)
-}
-
-#[tracepoint(category = "syscalls", name = "sys_exit_openat2")]
-pub fn sys_exit_openat2(ctx: TracePointContext) -> u32 {
-    exit_open(&ctx)
-}
-
-#[tracepoint(category = "syscalls", name = "sys_exit_creat")]
-pub fn sys_exit_creat(ctx: TracePointContext) -> u32 {
-    exit_open(&ctx)
-}
-
-#[tracepoint(category = "syscalls", name = "sys_enter_open_by_handle_at")]
-pub fn sys_enter_open_by_handle_at(ctx: TracePointContext) -> u32 {
-    enter_open(&ctx, open_syscall::OPEN_BY_HANDLE_AT)
-}
-
-#[tracepoint(category = "syscalls", name = "sys_exit_open_by_handle_at")]
-pub fn sys_exit_open_by_handle_at(ctx: TracePointContext) -> u32 {
-    exit_open(&ctx)
-}
-
 // ---------------------------------------------------------------------------------------------
 // renames and links
 
-#[inline(always)]
-fn enter_rename(ctx: &TracePointContext, syscall: u32) -> u32 {
+/// Every `sys_enter_*` of the rename family (renames, links, symlinks).
+#[tracepoint]
+pub fn rename_enter(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     if current_mark((pid_tgid >> 32) as u32).is_none() {
         return 0;
     }
-    let _ = save_rename(ctx, syscall, pid_tgid as u32);
+    if let Some(syscall) = hooked_syscall(&ctx, syscall_family::RENAME) {
+        let _ = save_rename(&ctx, syscall, pid_tgid as u32);
+    }
     0
 }
 
@@ -934,36 +1041,24 @@ fn save_rename(ctx: &TracePointContext, syscall: u32, tid: u32) -> Res<()> {
     let config = config().ok_or(-1i64)?;
     let off = &config.offsets;
     let scratch = RENAME_SCRATCH.get_ptr_mut(0).ok_or(-1i64)?;
-    // SAFETY: offsets within the syscall tracepoint record (checked against its format).
-    let (old_dirfd, old, new_dirfd, new, flags) = unsafe {
-        match syscall {
-            rename_syscall::RENAME | rename_syscall::LINK | rename_syscall::SYMLINK => {
-                (AT_FDCWD, ctx.read_at::<u64>(TP_ARG0)?, AT_FDCWD, ctx.read_at::<u64>(TP_ARG1)?, 0)
-            }
-            // symlinkat(target, newdfd, linkpath)
-            rename_syscall::SYMLINKAT => (
-                AT_FDCWD,
-                ctx.read_at::<u64>(TP_ARG0)?,
-                ctx.read_at::<u64>(TP_ARG1)? as i32,
-                ctx.read_at::<u64>(TP_ARG2)?,
-                0,
-            ),
-            rename_syscall::RENAMEAT => (
-                ctx.read_at::<u64>(TP_ARG0)? as i32,
-                ctx.read_at::<u64>(TP_ARG1)?,
-                ctx.read_at::<u64>(TP_ARG2)? as i32,
-                ctx.read_at::<u64>(TP_ARG3)?,
-                0,
-            ),
-            // renameat2 and linkat: (olddfd, oldname, newdfd, newname, flags)
-            _ => (
-                ctx.read_at::<u64>(TP_ARG0)? as i32,
-                ctx.read_at::<u64>(TP_ARG1)?,
-                ctx.read_at::<u64>(TP_ARG2)? as i32,
-                ctx.read_at::<u64>(TP_ARG3)?,
-                ctx.read_at::<u64>(TP_ARG4)? as u32,
-            ),
+    let arg = first_args(ctx);
+    let (old_dirfd, old, new_dirfd, new, flags) = match syscall {
+        rename_syscall::RENAME | rename_syscall::LINK | rename_syscall::SYMLINK => {
+            (AT_FDCWD, arg[0], AT_FDCWD, arg[1], 0)
         }
+        // symlinkat(target, newdfd, linkpath)
+        rename_syscall::SYMLINKAT => (AT_FDCWD, arg[0], arg[1] as i32, later_arg(ctx, TP_ARG2)?, 0),
+        rename_syscall::RENAMEAT => {
+            (arg[0] as i32, arg[1], later_arg(ctx, TP_ARG2)? as i32, later_arg(ctx, TP_ARG3)?, 0)
+        }
+        // renameat2 and linkat: (olddfd, oldname, newdfd, newname, flags)
+        _ => (
+            arg[0] as i32,
+            arg[1],
+            later_arg(ctx, TP_ARG2)? as i32,
+            later_arg(ctx, TP_ARG3)?,
+            later_arg(ctx, TP_ARG4)? as u32,
+        ),
     };
     let symlink = syscall == rename_syscall::SYMLINK || syscall == rename_syscall::SYMLINKAT;
     // SAFETY: per-CPU scratch owned by this program run; user strings through probe helpers.
@@ -1030,12 +1125,13 @@ unsafe fn resolve_dir(off: &KernelOffsets, dirfd: i32, out: *mut ResolvedPath) {
     }
 }
 
-#[inline(always)]
-fn exit_rename(ctx: &TracePointContext) -> u32 {
+/// Every `sys_exit_*` of the rename family.
+#[tracepoint]
+pub fn rename_exit(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
     let tid = pid_tgid as u32;
-    let _ = report_rename(ctx, pid_tgid, mark, tid);
+    let _ = report_rename(&ctx, pid_tgid, mark, tid);
     let _ = PENDING_RENAMES.remove(&tid);
     0
 }
@@ -1044,7 +1140,7 @@ fn exit_rename(ctx: &TracePointContext) -> u32 {
 fn report_rename(ctx: &TracePointContext, pid_tgid: u64, mark: Mark, tid: u32) -> Res<()> {
     let Some(pending) = PENDING_RENAMES.get_ptr(&tid) else { return Ok(()) };
     // SAFETY: offset of the result in the sys_exit record.
-    let ret: i64 = unsafe { ctx.read_at::<i64>(TP_RET)? };
+    let ret = field::<i64>(ctx, TP_RET);
     let Some(mut entry) = reserve::<RenameEvent>(false) else { return Ok(()) };
     let event = entry.as_mut_ptr();
     // SAFETY: event points to a reserved record of the right size; pending to a map value of
@@ -1065,38 +1161,17 @@ fn report_rename(ctx: &TracePointContext, pid_tgid: u64, mark: Mark, tid: u32) -
     Ok(())
 }
 
-macro_rules! rename_tracepoints {
-    ($($enter:ident, $exit:ident, $syscall:expr;)*) => {$(
-        #[tracepoint]
-        pub fn $enter(ctx: TracePointContext) -> u32 {
-            enter_rename(&ctx, $syscall)
-        }
-
-        #[tracepoint]
-        pub fn $exit(ctx: TracePointContext) -> u32 {
-            exit_rename(&ctx)
-        }
-    )*};
-}
-
-rename_tracepoints! {
-    sys_enter_rename, sys_exit_rename, rename_syscall::RENAME;
-    sys_enter_renameat, sys_exit_renameat, rename_syscall::RENAMEAT;
-    sys_enter_renameat2, sys_exit_renameat2, rename_syscall::RENAMEAT2;
-    sys_enter_link, sys_exit_link, rename_syscall::LINK;
-    sys_enter_linkat, sys_exit_linkat, rename_syscall::LINKAT;
-    sys_enter_symlink, sys_exit_symlink, rename_syscall::SYMLINK;
-    sys_enter_symlinkat, sys_exit_symlinkat, rename_syscall::SYMLINKAT;
-}
-
 // ---------------------------------------------------------------------------------------------
 // tamper and evasion syscalls
 
-#[inline(always)]
-fn enter_tamper(ctx: &TracePointContext, syscall: u32) -> u32 {
+/// Every `sys_enter_*` of the tamper family.
+#[tracepoint]
+pub fn tamper_enter(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
-    let _ = save_tamper(ctx, syscall, pid_tgid, mark);
+    if let Some(syscall) = hooked_syscall(&ctx, syscall_family::TAMPER) {
+        let _ = save_tamper(&ctx, syscall, pid_tgid, mark);
+    }
     0
 }
 
@@ -1108,46 +1183,46 @@ fn save_tamper(ctx: &TracePointContext, syscall: u32, pid_tgid: u64, mark: Mark)
     let config = config().ok_or(-1i64)?;
     let agent = config.agent_tgid;
     // SAFETY: offsets within the syscall tracepoint record (checked against its format).
-    let arg = |at: usize| unsafe { ctx.read_at::<u64>(at) };
+    let arg = first_args(ctx);
     // (target pid, has a target, operation)
     let (target, has_target, operation) = match syscall {
         // ptrace(request, pid, addr, data)
-        tamper_syscall::PTRACE => (arg(TP_ARG1)? as u32, true, arg(TP_ARG0)?),
-        tamper_syscall::PROCESS_VM_READV | tamper_syscall::PROCESS_VM_WRITEV => (arg(TP_ARG0)? as u32, true, 0),
-        tamper_syscall::BPF => (0, false, arg(TP_ARG0)?),
+        tamper_syscall::PTRACE => (arg[1] as u32, true, arg[0]),
+        tamper_syscall::PROCESS_VM_READV | tamper_syscall::PROCESS_VM_WRITEV => (arg[0] as u32, true, 0),
+        tamper_syscall::BPF => (0, false, arg[0]),
         // kill(pid, sig): the agent itself, or every process (-1).
         tamper_syscall::KILL => {
-            let pid = arg(TP_ARG0)? as i32;
+            let pid = arg[0] as i32;
             if pid == -1 {
-                (0, false, arg(TP_ARG1)?)
+                (0, false, arg[1])
             } else if pid as u32 == agent {
-                (agent, true, arg(TP_ARG1)?)
+                (agent, true, arg[1])
             } else {
                 return Ok(());
             }
         }
         // tkill(tid, sig): the agent's main thread (tid == tgid).
         tamper_syscall::TKILL => {
-            if arg(TP_ARG0)? as u32 != agent {
+            if arg[0] as u32 != agent {
                 return Ok(());
             }
-            (agent, true, arg(TP_ARG1)?)
+            (agent, true, arg[1])
         }
         // tgkill(tgid, tid, sig)
         tamper_syscall::TGKILL => {
-            if arg(TP_ARG0)? as u32 != agent {
+            if arg[0] as u32 != agent {
                 return Ok(());
             }
-            (agent, true, arg(TP_ARG2)?)
+            (agent, true, later_arg(ctx, TP_ARG2)?)
         }
         // pidfd_send_signal(pidfd, sig, info, flags)
         tamper_syscall::PIDFD_SEND_SIGNAL => {
             // SAFETY: kernel reads through probe helpers only.
-            let pid = unsafe { pidfd_pid(&config.offsets, arg(TP_ARG0)?) }?;
+            let pid = unsafe { pidfd_pid(&config.offsets, arg[0]) }?;
             if pid != agent {
                 return Ok(());
             }
-            (agent, true, arg(TP_ARG1)?)
+            (agent, true, arg[1])
         }
         // init_module, finit_module, io_uring_setup
         _ => (0, false, 0),
@@ -1199,8 +1274,9 @@ fn emit_syscall(
     submit(entry, priority);
 }
 
-#[inline(always)]
-fn exit_tamper(ctx: &TracePointContext) -> u32 {
+/// Every `sys_exit_*` of the tamper family.
+#[tracepoint]
+pub fn tamper_exit(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
     let tid = pid_tgid as u32;
@@ -1208,7 +1284,7 @@ fn exit_tamper(ctx: &TracePointContext) -> u32 {
     let Some(pending) = (unsafe { PENDING_SYSCALLS.get(&tid).copied() }) else { return 0 };
     let _ = PENDING_SYSCALLS.remove(&tid);
     // SAFETY: offset of the result in the sys_exit record.
-    let Ok(ret) = (unsafe { ctx.read_at::<i64>(TP_RET) }) else { return 0 };
+    let ret = field::<i64>(&ctx, TP_RET);
     emit_syscall(
         pid_tgid,
         mark,
@@ -1220,34 +1296,6 @@ fn exit_tamper(ctx: &TracePointContext) -> u32 {
         true,
     );
     0
-}
-
-macro_rules! tamper_tracepoints {
-    ($($enter:ident, $exit:ident, $syscall:expr;)*) => {$(
-        #[tracepoint]
-        pub fn $enter(ctx: TracePointContext) -> u32 {
-            enter_tamper(&ctx, $syscall)
-        }
-
-        #[tracepoint]
-        pub fn $exit(ctx: TracePointContext) -> u32 {
-            exit_tamper(&ctx)
-        }
-    )*};
-}
-
-tamper_tracepoints! {
-    sys_enter_ptrace, sys_exit_ptrace, tamper_syscall::PTRACE;
-    sys_enter_process_vm_readv, sys_exit_process_vm_readv, tamper_syscall::PROCESS_VM_READV;
-    sys_enter_process_vm_writev, sys_exit_process_vm_writev, tamper_syscall::PROCESS_VM_WRITEV;
-    sys_enter_bpf, sys_exit_bpf, tamper_syscall::BPF;
-    sys_enter_init_module, sys_exit_init_module, tamper_syscall::INIT_MODULE;
-    sys_enter_finit_module, sys_exit_finit_module, tamper_syscall::FINIT_MODULE;
-    sys_enter_kill, sys_exit_kill, tamper_syscall::KILL;
-    sys_enter_tkill, sys_exit_tkill, tamper_syscall::TKILL;
-    sys_enter_tgkill, sys_exit_tgkill, tamper_syscall::TGKILL;
-    sys_enter_pidfd_send_signal, sys_exit_pidfd_send_signal, tamper_syscall::PIDFD_SEND_SIGNAL;
-    sys_enter_io_uring_setup, sys_exit_io_uring_setup, tamper_syscall::IO_URING_SETUP;
 }
 
 /// io_uring requests never pass the syscall tracepoints (an `IORING_OP_OPENAT` opens a file
