@@ -118,13 +118,15 @@ impl Ctx {
     }
 }
 
-/// A section's output: a Markdown table, notes under it, and every figure as JSON.
+/// A section's output: a Markdown table, notes under it, further tables (each with its title and
+/// notes; their figures are in the section's JSON), and every figure as JSON.
 pub struct Section {
     pub key: &'static str,
     pub title: String,
     pub header: Vec<String>,
     pub rows: Vec<Vec<String>>,
     pub notes: Vec<String>,
+    pub tables: Vec<Section>,
     pub json: Value,
 }
 
@@ -136,6 +138,7 @@ impl Section {
             header: header.iter().map(|h| (*h).to_owned()).collect(),
             rows: Vec::new(),
             notes: Vec::new(),
+            tables: Vec::new(),
             json: json!({}),
         }
     }
@@ -154,6 +157,9 @@ impl Section {
             text += &format!("- {note}\n");
         }
         text.push('\n');
+        for table in &self.tables {
+            text += &table.markdown();
+        }
         text
     }
 }
@@ -224,7 +230,7 @@ fn run_bench(options: &Options) -> Result<()> {
     if options.build {
         crate::build()?;
     }
-    for helper in ["loop", "floor", "opener"] {
+    for helper in ["loop", "floor", "opener", "uring"] {
         let source = workspace.join(format!("xtask/bench/{helper}.c"));
         crate::run(
             &format!("compile xtask/bench/{helper}.c"),

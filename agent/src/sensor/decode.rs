@@ -6,7 +6,7 @@ use std::mem::size_of;
 
 use credwatch_common::{
     kind, open_syscall, path_flag, record_flag, rename_syscall, tamper_syscall, EventHeader, ExecEvent, ExitEvent,
-    ForkEvent, OpenEvent, RenameEvent, ResolvedPath, SyscallEvent, MAX_OPEN_RECORD,
+    ForkEvent, OpenEvent, RenameEvent, ResolvedPath, SyscallEvent, MAX_EXEC_RECORD, MAX_OPEN_RECORD,
 };
 use thiserror::Error;
 
@@ -110,7 +110,7 @@ impl Decoder {
         // SAFETY: EventHeader is plain integers and the length is checked above.
         let header: EventHeader = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
         let data = match header.kind {
-            kind::EXEC => EventData::Exec(exec(&*record::<ExecEvent>(bytes, &header)?)),
+            kind::EXEC => EventData::Exec(exec(bytes, &header)?),
             kind::FORK => EventData::Fork(Fork { child_pid: record::<ForkEvent>(bytes, &header)?.child_pid }),
             kind::EXIT => EventData::Exit(Exit { code: record::<ExitEvent>(bytes, &header)?.exit_code }),
             kind::OPEN => EventData::Open(open(bytes, &header, cred_path)?),
@@ -174,19 +174,60 @@ pub fn user_dev(kernel_dev: u64) -> u64 {
     libc::makedev((kernel_dev >> 20) as u32, (kernel_dev & 0xf_ffff) as u32)
 }
 
-fn exec(event: &ExecEvent) -> Exec {
-    Exec {
+/// The fixed part of a variable-length record of kind `kind` and its tail (the bytes after the
+/// fixed part, up to the declared size), once the declared size is checked against the bytes
+/// and against the largest record the kernel sends.
+fn variable<'a, T: Record>(bytes: &'a [u8], header: &EventHeader, max: usize) -> Result<(T, &'a [u8]), DecodeError> {
+    let fixed = size_of::<T>();
+    let declared = header.size as usize;
+    if declared < fixed || declared > max || bytes.len() < declared {
+        return Err(DecodeError::BadSize { kind: T::KIND, declared: header.size, len: bytes.len(), expected: fixed });
+    }
+    // SAFETY: T is plain integers (Record) and `bytes` holds at least `fixed` bytes; the read is
+    // unaligned-safe.
+    let value: T = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    Ok((value, &bytes[fixed..declared]))
+}
+
+/// Splits `tail` into parts of `lengths`, which must add up to all of it.
+fn split_parts<'a, const N: usize>(
+    tail: &'a [u8],
+    lengths: [u32; N],
+    kind: u32,
+    header: &EventHeader,
+    fixed: usize,
+) -> Result<[&'a [u8]; N], DecodeError> {
+    let total = lengths.iter().try_fold(0usize, |sum, &len| sum.checked_add(len as usize));
+    if total != Some(tail.len()) {
+        let expected = fixed.saturating_add(total.unwrap_or(usize::MAX));
+        return Err(DecodeError::BadSize { kind, declared: header.size, len: fixed + tail.len(), expected });
+    }
+    let mut rest = tail;
+    Ok(lengths.map(|len| {
+        let (part, after) = rest.split_at(len as usize);
+        rest = after;
+        part
+    }))
+}
+
+/// An exec record: [`ExecEvent`], then filename, argv, environment, executable and cwd.
+fn exec(bytes: &[u8], header: &EventHeader) -> Result<Exec, DecodeError> {
+    let (event, tail) = variable::<ExecEvent>(bytes, header, MAX_EXEC_RECORD)?;
+    let lengths = [event.filename_len, event.args_len, event.env_len, event.executable_len, event.cwd_len];
+    let [filename, args, env, executable, cwd] =
+        split_parts(tail, lengths, kind::EXEC, header, size_of::<ExecEvent>())?;
+    Ok(Exec {
         ppid: event.ppid,
-        filename: lossy(used(&event.filename, event.filename_len)),
-        executable: resolved_path(&event.executable).0.unwrap_or_default(),
-        args: words(used(&event.args, event.args_len)),
-        cwd: resolved_path(&event.cwd).0.unwrap_or_default(),
+        filename: lossy(filename),
+        executable: absolute_path(executable, event.executable_flags).0.unwrap_or_default(),
+        args: words(args),
+        cwd: absolute_path(cwd, event.cwd_flags).0.unwrap_or_default(),
         uid: event.header.uid,
         gid: event.header.gid,
         cgroup_id: event.header.cgroup_id,
-        env: attribution_env(used(&event.env, event.env_len)),
+        env: attribution_env(env),
         seeded: false,
-    }
+    })
 }
 
 pub fn syscall_name(syscall: u32) -> &'static str {
@@ -203,21 +244,9 @@ pub fn syscall_name(syscall: u32) -> &'static str {
 /// An open record: [`OpenEvent`], then `given_len` bytes of the given path, then `path_len`
 /// bytes of the resolved path; the lengths must add up to the declared size.
 fn open(bytes: &[u8], header: &EventHeader, cred_path: &dyn Fn(u32) -> Option<String>) -> Result<Open, DecodeError> {
-    let fixed = size_of::<OpenEvent>();
-    let declared = header.size as usize;
-    let bad_size =
-        |expected| DecodeError::BadSize { kind: kind::OPEN, declared: header.size, len: bytes.len(), expected };
-    if declared < fixed || declared > MAX_OPEN_RECORD || bytes.len() < declared {
-        return Err(bad_size(fixed));
-    }
-    // SAFETY: OpenEvent is plain integers and `bytes` holds at least `fixed` bytes.
-    let event: OpenEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-    let tail = &bytes[fixed..declared];
-    let (given_len, path_len) = (event.given_len as usize, event.path_len as usize);
-    if given_len.checked_add(path_len) != Some(tail.len()) {
-        return Err(bad_size(fixed.saturating_add(given_len).saturating_add(path_len)));
-    }
-    let (given, resolved) = tail.split_at(given_len);
+    let (event, tail) = variable::<OpenEvent>(bytes, header, MAX_OPEN_RECORD)?;
+    let [given, resolved] =
+        split_parts(tail, [event.given_len, event.path_len], kind::OPEN, header, size_of::<OpenEvent>())?;
     let (abs_path, truncated) = if event.ret >= 0 { absolute_path(resolved, event.path_flags) } else { (None, false) };
     let cred = event.record_flags & record_flag::CRED_INODE != 0;
     Ok(Open {
@@ -457,24 +486,37 @@ mod tests {
         assert!(resolved_path(&path).0.unwrap().ends_with("/x"));
     }
 
+    /// An exec record as the kernel sends it: filename, argv, environment, executable, cwd.
+    fn exec_bytes(mut exec: ExecEvent, parts: [&[u8]; 5]) -> Vec<u8> {
+        [exec.filename_len, exec.args_len, exec.env_len, exec.executable_len, exec.cwd_len] =
+            parts.map(|part| part.len() as u32);
+        exec.header = header(kind::EXEC, size_of::<ExecEvent>() + parts.iter().map(|p| p.len()).sum::<usize>());
+        let mut bytes = bytes_of(&exec);
+        parts.iter().for_each(|part| bytes.extend_from_slice(part));
+        bytes
+    }
+
+    #[test]
+    fn exec_lengths_must_add_up_to_the_record() {
+        let decoder = Decoder::with_offset(0);
+        let parts: [&[u8]; 5] = [b"/bin/sh", b"sh\0", b"", b"sh/bin/", b"/"];
+        let mut bytes = exec_bytes(ExecEvent::default(), parts);
+        assert!(decode(&decoder, &bytes).is_ok());
+        // env_len claims bytes the record does not have.
+        bytes[std::mem::offset_of!(ExecEvent, env_len)] = 9;
+        assert!(matches!(decode(&decoder, &bytes), Err(DecodeError::BadSize { kind: kind::EXEC, .. })));
+        let short = exec_bytes(ExecEvent::default(), parts);
+        assert!(matches!(decode(&decoder, &short[..short.len() - 1]), Err(DecodeError::BadSize { .. })));
+    }
+
     #[test]
     fn decodes_exec_fork_exit() {
         let decoder = Decoder::with_offset(0);
-        // SAFETY: all-zero is a valid ExecEvent.
-        let mut exec: Box<ExecEvent> = unsafe { Box::new_zeroed().assume_init() };
-        exec.header = header(kind::EXEC, size_of::<ExecEvent>());
-        exec.ppid = 41;
-        exec.filename[..8].copy_from_slice(b"/bin/npm");
-        exec.filename_len = 8;
-        let args = b"npm\0install\0";
-        exec.args[..args.len()].copy_from_slice(args);
-        exec.args_len = args.len() as u32;
-        let env = b"NPM_TOKEN=secret\0npm_package_name=evil\0";
-        exec.env[..env.len()].copy_from_slice(env);
-        exec.env_len = env.len() as u32;
-        exec.executable = resolved(b"node/bin/usr/", 0);
-        exec.cwd = resolved(b"proj/", 0);
-        let event = decode(&decoder, &bytes_of(&*exec)).unwrap();
+        let exec = ExecEvent { ppid: 41, ..ExecEvent::default() };
+        let parts: [&[u8]; 5] =
+            [b"/bin/npm", b"npm\0install\0", b"NPM_TOKEN=secret\0npm_package_name=evil\0", b"node/bin/usr/", b"proj/"];
+        let bytes = exec_bytes(exec, parts);
+        let event = decode(&decoder, &bytes).unwrap();
         let EventData::Exec(data) = event.data else { panic!() };
         assert_eq!(data.ppid, 41);
         assert_eq!(data.filename, "/bin/npm");

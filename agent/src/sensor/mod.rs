@@ -285,34 +285,30 @@ fn program_err(name: &'static str) -> impl Fn(ProgramError) -> SensorError {
 }
 
 /// Loads the `wanted` programs. The kernel verifies each on the loading thread, and that is
-/// most of start-up, so they are spread over one thread per core.
+/// most of start-up, so one thread per core takes the next program from a queue: `wanted`
+/// lists the costliest to verify first (the path walks), and the cheap ones fill in behind.
 fn load_programs(ebpf: &mut Ebpf, wanted: &[&'static str]) -> Result<(), SensorError> {
+    let mut by_name: std::collections::HashMap<&str, &mut Program> = ebpf.programs_mut().collect();
+    let mut queue = Vec::with_capacity(wanted.len());
+    for &name in wanted {
+        let program = by_name.remove(name).ok_or(SensorError::Missing { what: "program", name })?;
+        queue.push((name, program));
+    }
+    let queue = std::sync::Mutex::new(queue.into_iter());
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
-    let mut shares: Vec<Vec<(&'static str, &mut Program)>> = (0..threads).map(|_| Vec::new()).collect();
-    let mut found = 0;
-    for (name, program) in ebpf.programs_mut() {
-        if let Some(&name) = wanted.iter().find(|wanted| **wanted == name) {
-            shares[found % threads].push((name, program));
-            found += 1;
-        }
-    }
-    if let Some(&name) = wanted.iter().find(|name| !shares.iter().flatten().any(|(loaded, _)| loaded == *name)) {
-        return Err(SensorError::Missing { what: "program", name });
-    }
     std::thread::scope(|scope| {
-        let loaders: Vec<_> = shares
-            .into_iter()
-            .map(|share| {
-                scope.spawn(move || {
-                    for (name, program) in share {
-                        match program {
-                            Program::TracePoint(program) => program.load(),
-                            Program::RawTracePoint(program) => program.load(),
-                            _ => return Err(SensorError::NotTracepoint { name }),
-                        }
-                        .map_err(program_err(name))?;
+        let loaders: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| loop {
+                    let Some((name, program)) = queue.lock().unwrap_or_else(|e| e.into_inner()).next() else {
+                        return Ok(());
+                    };
+                    match program {
+                        Program::TracePoint(program) => program.load(),
+                        Program::RawTracePoint(program) => program.load(),
+                        _ => return Err(SensorError::NotTracepoint { name }),
                     }
-                    Ok(())
+                    .map_err(program_err(name))?;
                 })
             })
             .collect();
@@ -455,16 +451,19 @@ impl Sensor {
             syscall_map.insert(hook.number as u32, value, 0).map_err(map_err("SYSCALLS"))?;
         }
         let uring = has_tracepoint("io_uring", URING_PROGRAM);
-        let mut wanted: Vec<&'static str> = RAW_TRACEPOINTS.to_vec();
+        // Costliest to verify first (see load_programs): exec walks two paths, the open exit and
+        // the rename entry one or two.
+        let mut wanted: Vec<&'static str> = vec!["sched_process_exec", "open_exit", "rename_enter"];
+        wanted.extend(RAW_TRACEPOINTS);
         for hook in &hooks {
             let (enter, exit) = family_programs(hook.family);
-            if !wanted.contains(&enter) {
-                wanted.extend([enter, exit]);
-            }
+            wanted.extend([enter, exit]);
         }
         if uring {
             wanted.push(URING_PROGRAM);
         }
+        let mut seen = std::collections::HashSet::new();
+        wanted.retain(|name| seen.insert(*name));
         load_programs(&mut ebpf, &wanted)?;
         for &name in RAW_TRACEPOINTS {
             let program: &mut RawTracePoint = ebpf

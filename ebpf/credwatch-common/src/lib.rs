@@ -300,27 +300,35 @@ pub struct ResolvedPath {
 
 /// Kind [`kind::EXEC`]: sent for an exec by a marked process (after the mark is made, so a
 /// manager's own exec is included).
+///
+/// Variable-length, like [`OpenEvent`]: this fixed part is followed by the path given to execve
+/// (`filename_len` bytes), the NUL-separated argv (`args_len`), the NUL-separated environment
+/// (`env_len`), the resolved executable (`executable_len`, leaf first as
+/// [`ResolvedPath::data`]) and the resolved working directory (`cwd_len`); `header.size` is the
+/// whole length.
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExecEvent {
     pub header: EventHeader,
     /// tgid of the real parent.
     pub ppid: u32,
-    /// Bytes used in `filename`, `args` and `env`.
+    /// At most [`MAX_GIVEN_PATH`] - 1 (`linux_binprm::filename`).
     pub filename_len: u32,
+    /// At most [`MAX_ARGS`].
     pub args_len: u32,
+    /// At most [`MAX_ENV`].
     pub env_len: u32,
-    /// The path given to execve (`linux_binprm::filename`).
-    pub filename: [u8; MAX_GIVEN_PATH],
-    /// NUL-separated argv.
-    pub args: [u8; MAX_ARGS],
-    /// NUL-separated environment.
-    pub env: [u8; MAX_ENV],
-    /// The executable (`mm->exe_file`), resolved.
-    pub executable: ResolvedPath,
-    /// The working directory (`fs->pwd`), resolved.
-    pub cwd: ResolvedPath,
+    /// The executable (`mm->exe_file`): at most [`MAX_RESOLVED_PATH`], and its [`path_flag`] bits.
+    pub executable_len: u32,
+    pub executable_flags: u32,
+    /// The working directory (`fs->pwd`): at most [`MAX_RESOLVED_PATH`], and its [`path_flag`] bits.
+    pub cwd_len: u32,
+    pub cwd_flags: u32,
 }
+
+/// The most bytes an [`ExecEvent`] record can take.
+pub const MAX_EXEC_RECORD: usize =
+    core::mem::size_of::<ExecEvent>() + MAX_GIVEN_PATH + MAX_ARGS + MAX_ENV + 2 * MAX_RESOLVED_PATH;
 
 /// Kind [`kind::FORK`]: a marked process created a new process (threads are not reported).
 #[repr(C)]
@@ -492,11 +500,8 @@ mod tests {
     #[test]
     fn records_have_no_padding() {
         assert_eq!(size_of::<ResolvedPath>(), 8 + MAX_RESOLVED_PATH);
-        assert_eq!(
-            size_of::<ExecEvent>(),
-            56 + 16 + MAX_GIVEN_PATH + MAX_ARGS + MAX_ENV + 2 * size_of::<ResolvedPath>()
-        );
-        assert_eq!(offset_of!(ExecEvent, filename), 72);
+        assert_eq!(size_of::<ExecEvent>(), 56 + 32);
+        assert_eq!(offset_of!(ExecEvent, cwd_flags), 84);
         assert_eq!(size_of::<ForkEvent>(), 64);
         assert_eq!(size_of::<ExitEvent>(), 64);
         assert_eq!(offset_of!(OpenEvent, flags), 64);

@@ -72,8 +72,8 @@ use credwatch_common::{
     config_flag, cred_flag, kind, lost_index, manager_flag, mark_flag, open_syscall, path_flag, record_flag,
     rename_syscall, spare_flag, syscall_family, tamper_syscall, Config, CredInode, EventHeader, ExecEvent, ExitEvent,
     ForkEvent, HookedSyscall, InodeKey, KernelOffsets, ManagerValue, Mark, OpenEvent, RenameEvent, ResolvedPath,
-    SparedExe, SyscallEvent, MANAGER_NAME_LEN, MAX_ARGS, MAX_ENV, MAX_GIVEN_PATH, MAX_OPEN_RECORD, MAX_PATH_COMPONENTS,
-    MAX_RESOLVED_PATH, MODULE_KEY_LEN, NO_MANAGER,
+    SparedExe, SyscallEvent, MANAGER_NAME_LEN, MAX_ARGS, MAX_ENV, MAX_EXEC_RECORD, MAX_GIVEN_PATH, MAX_OPEN_RECORD,
+    MAX_PATH_COMPONENTS, MAX_RESOLVED_PATH, MODULE_KEY_LEN, NO_MANAGER,
 };
 
 /// Processes that can be marked at once; a full map is counted in `LOST[MARKS_FULL]`.
@@ -143,6 +143,16 @@ struct PendingOpen {
     flags: u64,
     mode: u64,
     given_ptr: u64,
+}
+
+/// Where an exec record is built before it is copied into the ring buffer at its real length.
+#[repr(C)]
+struct ExecScratch {
+    event: ExecEvent,
+    /// Filename, argv, environment, executable, cwd, each right after the one before.
+    tail: [u8; MAX_GIVEN_PATH + MAX_ARGS + MAX_ENV + 2 * MAX_RESOLVED_PATH],
+    /// See [`launder`].
+    slot: u64,
 }
 
 /// A slot of `OPEN_SLOTS`: the pending open of thread `tid` (0: free).
@@ -217,6 +227,8 @@ static PENDING_OPENS: LruHashMap<u32, PendingOpen> =
     LruHashMap::with_max_entries(MAX_PENDING_OPENS, BPF_F_NO_COMMON_LRU);
 #[map]
 static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static EXEC_SCRATCH: PerCpuArray<ExecScratch> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static OPEN_SCRATCH: PerCpuArray<OpenScratch> = PerCpuArray::with_max_entries(1, 0);
 #[map]
@@ -498,14 +510,15 @@ fn try_sched_process_exec(ctx: &RawTracePointContext) -> Res<()> {
         None => return Ok(()),
     };
     let mark = actor_chain(off, tgid, mark);
-    let Some(mut entry) = reserve::<ExecEvent>(false) else { return Ok(()) };
-    let event = entry.as_mut_ptr();
-    // SAFETY: event points to a reserved record of the right size.
+    let scratch = EXEC_SCRATCH.get_ptr_mut(0).ok_or(-1i64)?;
+    // SAFETY: per-CPU scratch owned by this program run. The header goes first (its size is set
+    // last), so that the mark is not held across the path walks (see report_open).
     unsafe {
-        fill_header(addr_of_mut!((*event).header), kind::EXEC, size_of::<ExecEvent>(), pid_tgid, mark);
-        fill_exec(off, bprm, event);
+        fill_header(addr_of_mut!((*scratch).event.header), kind::EXEC, 0, pid_tgid, mark);
+        let size = fill_exec(off, bprm, scratch)?;
+        (*scratch).event.header.size = size as u32;
+        output(core::slice::from_raw_parts(scratch as *const u8, size), false);
     }
-    submit(entry, false);
     Ok(())
 }
 
@@ -669,26 +682,40 @@ fn module_root(off: &KernelOffsets, scratch: &mut Scratch) -> Res<Option<u32>> {
     Ok(None)
 }
 
+/// `value` laundered (see [`launder`]) and checked against `max`, for the verifier: offsets
+/// into a record stay provably inside it.
 #[inline(always)]
-unsafe fn fill_exec(off: &KernelOffsets, bprm: u64, event: *mut ExecEvent) {
+fn bounded(slot: &mut u64, value: usize, max: usize) -> Res<usize> {
+    let value = launder(slot, value as u64) as usize;
+    if value > max {
+        return Err(-1);
+    }
+    Ok(value)
+}
+
+/// Fills the exec record in `scratch` (see [`ExecEvent`]), each part right after the one
+/// before, and returns its size.
+#[inline(always)]
+unsafe fn fill_exec(off: &KernelOffsets, bprm: u64, scratch: *mut ExecScratch) -> Res<usize> {
     let task = unsafe { bpf_get_current_task() };
-    // SAFETY: event points into a reserved record; all kernel reads go through probe helpers.
+    // SAFETY: scratch is this run's; every write into `tail` is at an offset bounded so that the
+    // part fits (filename < MAX_GIVEN_PATH, then MAX_ARGS, MAX_ENV, 2 x MAX_RESOLVED_PATH);
+    // kernel and user memory are read through probe helpers only.
     unsafe {
+        let event = addr_of_mut!((*scratch).event);
+        let tail = addr_of_mut!((*scratch).tail) as *mut u8;
+        let slot = &mut (*scratch).slot;
         let parent: u64 = read(task, off.task_struct_real_parent).unwrap_or(0);
         (*event).ppid = read(parent, off.task_struct_tgid).unwrap_or(0);
 
         let filename: u64 = read(bprm, off.linux_binprm_filename).unwrap_or(0);
-        let n = bpf_probe_read_kernel_str(
-            addr_of_mut!((*event).filename) as *mut c_void,
-            MAX_GIVEN_PATH as u32,
-            filename as *const c_void,
-        );
-        (*event).filename_len = if n > 0 { (n - 1) as u32 } else { 0 };
-
+        let n = bpf_probe_read_kernel_str(tail as *mut c_void, MAX_GIVEN_PATH as u32, filename as *const c_void);
+        let mut at = if n > 0 { (n - 1) as usize & (MAX_GIVEN_PATH - 1) } else { 0 };
+        (*event).filename_len = at as u32;
         (*event).args_len = 0;
         (*event).env_len = 0;
-        (*event).executable.len = 0;
-        (*event).executable.flags = path_flag::UNRESOLVED;
+        (*event).executable_len = 0;
+        (*event).executable_flags = path_flag::UNRESOLVED;
         let mm: u64 = read(task, off.task_struct_mm).unwrap_or(0);
         if mm != 0 {
             let start: u64 = read(mm, off.mm_struct_arg_start).unwrap_or(0);
@@ -697,31 +724,49 @@ unsafe fn fill_exec(off: &KernelOffsets, bprm: u64, event: *mut ExecEvent) {
             if len > MAX_ARGS as u64 {
                 len = MAX_ARGS as u64;
             }
-            if bpf_probe_read_user(addr_of_mut!((*event).args) as *mut c_void, len as u32, start as *const c_void) == 0
-            {
+            if bpf_probe_read_user(tail.add(at) as *mut c_void, len as u32, start as *const c_void) == 0 {
                 (*event).args_len = len as u32;
             }
+            at = bounded(slot, at + (*event).args_len as usize, MAX_GIVEN_PATH + MAX_ARGS)?;
             let start: u64 = read(mm, off.mm_struct_env_start).unwrap_or(0);
             let end: u64 = read(mm, off.mm_struct_env_end).unwrap_or(0);
             let mut len = end.saturating_sub(start);
             if len > MAX_ENV as u64 {
                 len = MAX_ENV as u64;
             }
-            if bpf_probe_read_user(addr_of_mut!((*event).env) as *mut c_void, len as u32, start as *const c_void) == 0 {
+            if bpf_probe_read_user(tail.add(at) as *mut c_void, len as u32, start as *const c_void) == 0 {
                 (*event).env_len = len as u32;
             }
+            at = bounded(slot, at + (*event).env_len as usize, MAX_GIVEN_PATH + MAX_ARGS + MAX_ENV)?;
             let exe: u64 = read(mm, off.mm_struct_exe_file).unwrap_or(0);
             if exe != 0 {
-                resolve_path(off, exe + off.file_f_path as u64, addr_of_mut!((*event).executable));
+                resolve_into(
+                    off,
+                    exe + off.file_f_path as u64,
+                    tail.add(at),
+                    addr_of_mut!((*event).executable_len),
+                    addr_of_mut!((*event).executable_flags),
+                );
             }
+            at = bounded(
+                slot,
+                at + read_volatile(addr_of_mut!((*event).executable_len)) as usize,
+                MAX_GIVEN_PATH + MAX_ARGS + MAX_ENV + MAX_RESOLVED_PATH,
+            )?;
         }
+        // The same bound whether or not there was an mm, so that the verifier checks the cwd
+        // walk once, not once per way of getting here.
+        let at = bounded(slot, at, MAX_GIVEN_PATH + MAX_ARGS + MAX_ENV + MAX_RESOLVED_PATH)?;
+        let cwd_len = addr_of_mut!((*event).cwd_len);
+        let cwd_flags = addr_of_mut!((*event).cwd_flags);
         let fs: u64 = read(task, off.task_struct_fs).unwrap_or(0);
         if fs != 0 {
-            resolve_path(off, fs + off.fs_struct_pwd as u64, addr_of_mut!((*event).cwd));
+            resolve_into(off, fs + off.fs_struct_pwd as u64, tail.add(at), cwd_len, cwd_flags);
         } else {
-            (*event).cwd.len = 0;
-            (*event).cwd.flags = path_flag::UNRESOLVED;
+            write_volatile(cwd_len, 0);
+            write_volatile(cwd_flags, path_flag::UNRESOLVED);
         }
+        bounded(slot, size_of::<ExecEvent>() + at + read_volatile(cwd_len) as usize, MAX_EXEC_RECORD)
     }
 }
 
