@@ -15,11 +15,13 @@
 //! - `CRED_INODES`: (dev, ino) -> [`CredInode`] of every credential file the agent found.
 //! - `SPARED_EXES`: (dev, ino) -> [`SparedExe`]: executables of `kill` rules' actors (ssh and
 //!   git started by the manager), which `--enforce` does not kill.
+//! - `OPEN_SLOTS`: what an open's entry saw, in the slot of `tid % OPEN_SLOT_COUNT` (tagged with
+//!   the tid); when another thread holds the slot, in `PENDING_OPENS`.
 //! - `PENDING_OPENS`, `PENDING_RENAMES`, `PENDING_SYSCALLS`: tid -> what a syscall's entry saw,
 //!   until its exit.
-//! - `SCRATCH`, `RENAME_SCRATCH`, `OPEN_SCRATCH`: per-CPU buffers too large for the 512-byte
-//!   stack (`OPEN_SCRATCH` is where an open record is built before it is copied to a ring
-//!   buffer at its real length).
+//! - `SCRATCH`, `RENAME_SCRATCH`, `OPEN_SCRATCH`, `EXEC_SCRATCH`: per-CPU buffers too large for
+//!   the 512-byte stack (open and exec records are built in theirs, then copied to a ring buffer
+//!   at their real length).
 //! - `SYSCALLS`: syscall number -> [`HookedSyscall`]. One program serves all the entry (or all
 //!   the exit) tracepoints of a family and reads `__syscall_nr` to know which syscall it is:
 //!   the kernel verifies each program once, and start-up is mostly verification.
