@@ -220,6 +220,24 @@ impl Step {
         }
     }
 
+    /// The table row: asked rate, then `leading` (the open table's process count), then what was
+    /// made, received and lost, and the CPU each side spent per event.
+    fn row(&self, leading: &[String]) -> Vec<String> {
+        let Flood { drive, summary, .. } = &self.flood;
+        let mut row = vec![self.asked()];
+        row.extend_from_slice(leading);
+        row.extend([
+            fmt(self.made, 0),
+            drive.events.to_string(),
+            summary.events.to_string(),
+            summary.lost.to_string(),
+            if self.zero_loss { "yes".into() } else { "no".into() },
+            fmt(self.driver_ns_per_event, 0),
+            fmt(self.agent_ns_per_event, 0),
+        ]);
+        row
+    }
+
     fn json(&self) -> Value {
         let Flood { drive, summary, agent_cpu_ns, .. } = &self.flood;
         json!({
@@ -282,18 +300,7 @@ pub fn throughput(ctx: &mut Ctx) -> Result<Section> {
     let mut opens = Vec::new();
     for &(rate, procs) in open_steps {
         let step = Step::run(ctx, Driver::Opens { procs }, rate, seconds)?;
-        let Flood { drive, summary, .. } = &step.flood;
-        section.rows.push(vec![
-            step.asked(),
-            procs.to_string(),
-            fmt(step.made, 0),
-            drive.events.to_string(),
-            summary.events.to_string(),
-            summary.lost.to_string(),
-            if step.zero_loss { "yes".into() } else { "no".into() },
-            fmt(step.driver_ns_per_event, 0),
-            fmt(step.agent_ns_per_event, 0),
-        ]);
+        section.rows.push(step.row(&[procs.to_string()]));
         let mut json = step.json();
         json["procs"] = json!(procs);
         opens.push((step, json));
@@ -317,17 +324,7 @@ pub fn throughput(ctx: &mut Ctx) -> Result<Section> {
     let mut uring = Vec::new();
     for &rate in uring_rates {
         let step = Step::run(ctx, Driver::Uring { batch: URING_BATCH }, rate, seconds)?;
-        let Flood { drive, summary, .. } = &step.flood;
-        uring_table.rows.push(vec![
-            step.asked(),
-            fmt(step.made, 0),
-            drive.events.to_string(),
-            summary.events.to_string(),
-            summary.lost.to_string(),
-            if step.zero_loss { "yes".into() } else { "no".into() },
-            fmt(step.driver_ns_per_event, 0),
-            fmt(step.agent_ns_per_event, 0),
-        ]);
+        uring_table.rows.push(step.row(&[]));
         uring.push(step);
     }
 

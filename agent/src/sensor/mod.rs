@@ -66,9 +66,14 @@ struct SyscallHook {
     required: bool,
 }
 
-/// The programs (entry, exit) that serve each [`syscall_family`].
-fn family_programs(family: u32) -> (&'static str, &'static str) {
-    match family {
+/// The programs (entry, exit) that serve a hooked syscall: one pair per [`syscall_family`],
+/// but for `openat` and `openat2`, whose entries have a program of their own (their records
+/// have four arguments, which it loads directly).
+fn hook_programs(hook: &SyscallHook) -> (&'static str, &'static str) {
+    match hook.family {
+        syscall_family::OPEN if matches!(hook.syscall, open_syscall::OPENAT | open_syscall::OPENAT2) => {
+            ("openat_enter", "open_exit")
+        }
         syscall_family::OPEN => ("open_enter", "open_exit"),
         syscall_family::RENAME => ("rename_enter", "rename_exit"),
         _ => ("tamper_enter", "tamper_exit"),
@@ -445,10 +450,10 @@ impl Sensor {
             .into_iter()
             .filter(|hook| hook.required || has_tracepoint("syscalls", &format!("sys_enter_{}", hook.name)))
             .collect();
-        let mut syscall_map: HashMap<_, u32, HookedSyscall> = take_typed(&mut ebpf, "SYSCALLS")?;
+        let mut syscall_map: Array<_, HookedSyscall> = take_typed(&mut ebpf, "SYSCALLS")?;
         for hook in &hooks {
             let value = HookedSyscall { family: hook.family, syscall: hook.syscall };
-            syscall_map.insert(hook.number as u32, value, 0).map_err(map_err("SYSCALLS"))?;
+            syscall_map.set(hook.number as u32, value, 0).map_err(map_err("SYSCALLS"))?;
         }
         let uring = has_tracepoint("io_uring", URING_PROGRAM);
         // Costliest to verify first (see load_programs): exec walks two paths, the open exit and
@@ -456,7 +461,7 @@ impl Sensor {
         let mut wanted: Vec<&'static str> = vec!["sched_process_exec", "open_exit", "rename_enter"];
         wanted.extend(RAW_TRACEPOINTS);
         for hook in &hooks {
-            let (enter, exit) = family_programs(hook.family);
+            let (enter, exit) = hook_programs(hook);
             wanted.extend([enter, exit]);
         }
         if uring {
@@ -485,7 +490,7 @@ impl Sensor {
             }
         };
         for hook in &hooks {
-            let (enter, exit) = family_programs(hook.family);
+            let (enter, exit) = hook_programs(hook);
             attach(enter, "syscalls", format!("sys_enter_{}", hook.name))?;
             attach(exit, "syscalls", format!("sys_exit_{}", hook.name))?;
         }

@@ -52,16 +52,28 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         file_f_flags: m("file", "f_flags")?,
         _pad: 0,
     };
-    check_dentry_layout(&offsets)?;
+    check_layout(&offsets)?;
     Ok(offsets)
 }
 
-/// The path walk reads a dentry's parent, name length and name pointer in one read: `d_name`
-/// (a little-endian `struct qstr`: hash, len, then name) right after `d_parent`, as it has
-/// been since Linux 2.6.
-fn check_dentry_layout(offsets: &KernelOffsets) -> Result<(), BtfError> {
+/// The programs read neighbouring members in one read where the layout has put them side by
+/// side for as long as the programs' oldest supported kernel (5.8): a dentry's parent, name
+/// length and name pointer (`d_name`, a little-endian `struct qstr`: hash, len, name, right
+/// after `d_parent`); a path's mount and dentry; an fdtable's size and array; an inode's
+/// super block and number (within four words).
+fn check_layout(offsets: &KernelOffsets) -> Result<(), BtfError> {
     if offsets.dentry_d_name != offsets.dentry_d_parent + 8 || offsets.qstr_len != 4 || offsets.qstr_name != 8 {
         return Err(BtfError::Layout("struct dentry: d_name (hash, len, name) does not follow d_parent"));
+    }
+    if offsets.path_dentry != offsets.path_mnt + 8 {
+        return Err(BtfError::Layout("struct path: dentry does not follow mnt"));
+    }
+    if offsets.fdtable_fd != offsets.fdtable_max_fds + 8 {
+        return Err(BtfError::Layout("struct fdtable: fd does not follow max_fds"));
+    }
+    let ino_after_sb = offsets.inode_i_ino.wrapping_sub(offsets.inode_i_sb);
+    if !(8..=24).contains(&ino_after_sb) || !ino_after_sb.is_multiple_of(8) {
+        return Err(BtfError::Layout("struct inode: i_ino is not within the three words after i_sb"));
     }
     Ok(())
 }
@@ -71,13 +83,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn refuses_a_dentry_layout_the_path_walk_cannot_read_at_once() {
-        let standard =
-            KernelOffsets { dentry_d_parent: 24, dentry_d_name: 32, qstr_len: 4, qstr_name: 8, ..Default::default() };
-        assert!(check_dentry_layout(&standard).is_ok());
-        let apart = KernelOffsets { dentry_d_name: 40, ..standard };
-        assert!(matches!(check_dentry_layout(&apart), Err(BtfError::Layout(_))));
-        let big_endian_qstr = KernelOffsets { qstr_len: 0, ..standard };
-        assert!(matches!(check_dentry_layout(&big_endian_qstr), Err(BtfError::Layout(_))));
+    fn refuses_layouts_the_programs_cannot_read_at_once() {
+        let standard = KernelOffsets {
+            dentry_d_parent: 24,
+            dentry_d_name: 32,
+            qstr_len: 4,
+            qstr_name: 8,
+            path_mnt: 0,
+            path_dentry: 8,
+            fdtable_max_fds: 0,
+            fdtable_fd: 8,
+            inode_i_sb: 40,
+            inode_i_ino: 64,
+            ..Default::default()
+        };
+        assert!(check_layout(&standard).is_ok());
+        let broken = [
+            KernelOffsets { dentry_d_name: 40, ..standard },
+            KernelOffsets { qstr_len: 0, ..standard },
+            KernelOffsets { path_dentry: 16, ..standard },
+            KernelOffsets { fdtable_fd: 16, ..standard },
+            KernelOffsets { inode_i_ino: 80, ..standard },
+            KernelOffsets { inode_i_ino: 32, ..standard },
+            KernelOffsets { inode_i_ino: 60, ..standard },
+        ];
+        for offsets in broken {
+            assert!(matches!(check_layout(&offsets), Err(BtfError::Layout(_))), "{offsets:?}");
+        }
     }
 }

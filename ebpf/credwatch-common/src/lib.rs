@@ -443,9 +443,10 @@ pub mod syscall_family {
     pub const TAMPER: u32 = 3;
 }
 
-/// Value of the `SYSCALLS` map, keyed by the architecture's syscall number (the
+/// Element of the `SYSCALLS` array, indexed by the architecture's syscall number (the
 /// `__syscall_nr` of a syscall tracepoint record): one program serves every tracepoint of a
-/// family and learns from this which syscall fired. The agent fills it from its libc's numbers.
+/// family and learns from this which syscall fired. The agent fills it from its libc's numbers;
+/// `family` 0 marks a number nothing hooks.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HookedSyscall {

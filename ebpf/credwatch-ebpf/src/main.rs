@@ -22,7 +22,7 @@
 //! - `SCRATCH`, `RENAME_SCRATCH`, `OPEN_SCRATCH`, `EXEC_SCRATCH`: per-CPU buffers too large for
 //!   the 512-byte stack (open and exec records are built in theirs, then copied to a ring buffer
 //!   at their real length).
-//! - `SYSCALLS`: syscall number -> [`HookedSyscall`]. One program serves all the entry (or all
+//! - `SYSCALLS`: syscall number (the index) -> [`HookedSyscall`]. One program serves all the entry (or all
 //!   the exit) tracepoints of a family and reads `__syscall_nr` to know which syscall it is:
 //!   the kernel verifies each program once, and start-up is mostly verification.
 //!
@@ -82,7 +82,8 @@ use credwatch_common::{
 const MAX_MARKS: u32 = 65536;
 const MAX_MANAGERS: u32 = 256;
 /// Syscall numbers of the hooked tracepoints (about 25 on x86_64).
-const MAX_HOOKED_SYSCALLS: u32 = 64;
+/// Entries of `SYSCALLS`, indexed by syscall number: above every number of x86_64 and arm64.
+const SYSCALL_TABLE: u32 = 1024;
 /// Slots of `OPEN_SLOTS`, indexed by the low bits of the thread id (a power of two).
 const OPEN_SLOT_COUNT: u32 = 16384;
 /// Threads with an open syscall in flight whose slot another thread holds (LRU: a lost exit
@@ -234,7 +235,7 @@ static EXEC_SCRATCH: PerCpuArray<ExecScratch> = PerCpuArray::with_max_entries(1,
 #[map]
 static OPEN_SCRATCH: PerCpuArray<OpenScratch> = PerCpuArray::with_max_entries(1, 0);
 #[map]
-static SYSCALLS: HashMap<u32, HookedSyscall> = HashMap::with_max_entries(MAX_HOOKED_SYSCALLS, 0);
+static SYSCALLS: Array<HookedSyscall> = Array::with_max_entries(SYSCALL_TABLE, 0);
 
 type Res<T> = Result<T, i64>;
 
@@ -381,8 +382,8 @@ unsafe fn resolve_into(off: &KernelOffsets, path: u64, data: *mut u8, len: *mut 
 /// instead of following each possible length separately.
 #[inline(always)]
 unsafe fn walk(off: &KernelOffsets, path: u64, data: *mut u8, len_slot: *mut u32) -> Res<u32> {
-    let mut dentry: u64 = read(path, off.path_dentry)?;
-    let vfsmount: u64 = read(path, off.path_mnt)?;
+    // struct path is {mnt, dentry} (the agent checks): one read.
+    let [vfsmount, mut dentry]: [u64; 2] = read(path, off.path_mnt)?;
     if dentry == 0 || vfsmount == 0 {
         return Err(-1);
     }
@@ -862,12 +863,39 @@ fn try_sched_process_exit(ctx: &RawTracePointContext) -> Res<()> {
 fn hooked_syscall(ctx: &TracePointContext, family: u32) -> Option<u32> {
     // SAFETY: offset of `__syscall_nr` in every syscall tracepoint record.
     let nr = field::<i32>(ctx, TP_SYSCALL_NR);
-    // SAFETY: copied out at once.
-    let hooked = unsafe { SYSCALLS.get(&(nr as u32)).copied() }?;
+    // An array the verifier inlines the lookup of; family 0 is an unhooked number.
+    let hooked = SYSCALLS.get(nr as u32).copied()?;
     (hooked.family == family).then_some(hooked.syscall)
 }
 
-/// Every `sys_enter_*` of the open family.
+/// `sys_enter_openat` and `sys_enter_openat2`, the opens nearly everything makes: their records
+/// have four arguments, all loaded directly (see [`first_args`]).
+#[tracepoint]
+pub fn openat_enter(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if current_mark((pid_tgid >> 32) as u32).is_none() {
+        return 0;
+    }
+    let Some(syscall) = hooked_syscall(&ctx, syscall_family::OPEN) else { return 0 };
+    let arg = [field::<u64>(&ctx, TP_ARG0), field(&ctx, TP_ARG1), field(&ctx, TP_ARG2), field(&ctx, TP_ARG3)];
+    let (flags, mode) = if syscall == open_syscall::OPENAT2 {
+        // openat2(dfd, filename, struct open_how *how, usize): how = {flags, mode, resolve}.
+        // SAFETY: user memory through the probe helper.
+        unsafe {
+            (
+                aya_ebpf::helpers::bpf_probe_read_user(arg[2] as *const u64).unwrap_or(0),
+                aya_ebpf::helpers::bpf_probe_read_user((arg[2] + 8) as *const u64).unwrap_or(0),
+            )
+        }
+    } else {
+        (arg[2], arg[3])
+    };
+    let pending = PendingOpen { syscall, dirfd: arg[0] as i32, flags, mode, given_ptr: arg[1] };
+    let _ = save_open(pid_tgid as u32, &pending);
+    0
+}
+
+/// The other `sys_enter_*` of the open family (`open`, `creat`, `open_by_handle_at`).
 #[tracepoint]
 pub fn open_enter(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -875,43 +903,42 @@ pub fn open_enter(ctx: TracePointContext) -> u32 {
         return 0;
     }
     if let Some(syscall) = hooked_syscall(&ctx, syscall_family::OPEN) {
-        let _ = save_open(&ctx, syscall, pid_tgid as u32);
+        if let Ok(pending) = legacy_open_args(&ctx, syscall) {
+            let _ = save_open(pid_tgid as u32, &pending);
+        }
     }
     0
 }
 
 #[inline(always)]
-fn save_open(ctx: &TracePointContext, syscall: u32, tid: u32) -> Res<()> {
+fn legacy_open_args(ctx: &TracePointContext, syscall: u32) -> Res<PendingOpen> {
     let arg = first_args(ctx);
-    // SAFETY: offsets within the syscall tracepoint record (checked against its format).
-    let (dirfd, given_ptr, flags, mode) = unsafe {
-        match syscall {
-            open_syscall::OPEN => (AT_FDCWD, arg[0], arg[1], later_arg(ctx, TP_ARG2)?),
-            open_syscall::CREAT => (AT_FDCWD, arg[0], CREAT_FLAGS, arg[1]),
-            // open_by_handle_at(mount_fd, struct file_handle *, flags): no path at all.
-            open_syscall::OPEN_BY_HANDLE_AT => (arg[0] as i32, 0, later_arg(ctx, TP_ARG2)?, 0),
-            open_syscall::OPENAT => (arg[0] as i32, arg[1], later_arg(ctx, TP_ARG2)?, later_arg(ctx, TP_ARG3)?),
-            _ => {
-                // openat2(dfd, filename, struct open_how *how, usize): how = {flags, mode, resolve}.
-                let how = later_arg(ctx, TP_ARG2)?;
-                let flags = aya_ebpf::helpers::bpf_probe_read_user(how as *const u64).unwrap_or(0);
-                let mode = aya_ebpf::helpers::bpf_probe_read_user((how + 8) as *const u64).unwrap_or(0);
-                (arg[0] as i32, arg[1], flags, mode)
-            }
-        }
+    let (dirfd, given_ptr, flags, mode) = match syscall {
+        open_syscall::OPEN => (AT_FDCWD, arg[0], arg[1], later_arg(ctx, TP_ARG2)?),
+        // open_by_handle_at(mount_fd, struct file_handle *, flags): no path at all.
+        open_syscall::OPEN_BY_HANDLE_AT => (arg[0] as i32, 0, later_arg(ctx, TP_ARG2)?, 0),
+        _ => (AT_FDCWD, arg[0], CREAT_FLAGS, arg[1]),
     };
-    let pending = PendingOpen { syscall, dirfd, flags, mode, given_ptr };
+    Ok(PendingOpen { syscall, dirfd, flags, mode, given_ptr })
+}
+
+/// Keeps what an open's entry saw for its exit: in the thread's slot, or in `PENDING_OPENS`
+/// when another thread holds the slot.
+#[inline(always)]
+fn save_open(tid: u32, pending: &PendingOpen) -> Res<()> {
     if let Some(slot) = OPEN_SLOTS.get_ptr_mut(tid & (OPEN_SLOT_COUNT - 1)) {
-        // SAFETY: a map value; a thread's entry and exit run one after the other.
+        // SAFETY: a map value. Two threads whose ids share a slot entering at the same instant
+        // can both find it free; the one overwritten is then reported by its file at exit
+        // (NO_ENTRY), like any open whose entry was missed.
         unsafe {
             if (*slot).tid == 0 || (*slot).tid == tid {
-                (*slot).open = pending;
+                (*slot).open = *pending;
                 (*slot).tid = tid;
                 return Ok(());
             }
         }
     }
-    PENDING_OPENS.insert(&tid, &pending, 0).map_err(|e| e as i64)
+    PENDING_OPENS.insert(&tid, pending, 0).map_err(|e| e as i64)
 }
 
 /// What the open's entry saved, from the thread's slot or else `PENDING_OPENS`; both are
@@ -1042,11 +1069,11 @@ unsafe fn fd_file(off: &KernelOffsets, fd: u64) -> Res<u64> {
     let task = unsafe { bpf_get_current_task() };
     let files: u64 = read(task, off.task_struct_files)?;
     let fdt: u64 = read(files, off.files_struct_fdt)?;
-    let max_fds: u32 = read(fdt, off.fdtable_max_fds)?;
-    if fd >= max_fds as u64 {
+    // max_fds, then the fd array (the agent checks this layout): one read.
+    let [max_fds, fd_array]: [u64; 2] = read(fdt, off.fdtable_max_fds)?;
+    if fd >= max_fds & 0xffff_ffff {
         return Err(-1);
     }
-    let fd_array: u64 = read(fdt, off.fdtable_fd)?;
     let file: u64 = read(fd_array + fd * 8, 0)?;
     if file == 0 {
         return Err(-1);
@@ -1061,8 +1088,14 @@ fn file_key(off: &KernelOffsets, file: u64) -> Res<InodeKey> {
     if inode == 0 {
         return Err(-1);
     }
-    let sb: u64 = read(inode, off.inode_i_sb)?;
-    Ok(InodeKey { dev: read::<u32>(sb, off.super_block_s_dev)? as u64, ino: read(inode, off.inode_i_ino)? })
+    // i_sb and i_ino lie within four words of each other (the agent checks): one read.
+    let words: [u64; 4] = read(inode, off.inode_i_sb)?;
+    let ino = match (off.inode_i_ino - off.inode_i_sb) / 8 {
+        1 => words[1],
+        2 => words[2],
+        _ => words[3],
+    };
+    Ok(InodeKey { dev: read::<u32>(words[0], off.super_block_s_dev)? as u64, ino })
 }
 
 // ---------------------------------------------------------------------------------------------
