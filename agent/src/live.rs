@@ -106,9 +106,14 @@ impl Session {
     }
 
     /// Waits for kernel events once and runs them through the engine.
+    /// Handles what the kernel sends within `POLL_INTERVAL` (less when a signal comes).
     fn pump(&mut self) -> Result<()> {
+        self.pump_for(POLL_INTERVAL)
+    }
+
+    fn pump_for(&mut self, timeout: Duration) -> Result<()> {
         let mut batch = std::mem::take(&mut self.batch);
-        self.sensor.poll(POLL_INTERVAL, &mut batch).context("reading kernel events")?;
+        self.sensor.poll(timeout, &mut batch).context("reading kernel events")?;
         for event in batch.drain(..) {
             self.handle(&event)?;
         }
@@ -234,6 +239,10 @@ impl HeldCommand {
 /// `linger` has passed since CMD exited).
 pub fn run_command(outputs: &Outputs, command: &[String], linger: Option<Duration>) -> Result<ExitCode> {
     let stop = stop_flag()?;
+    // A handler (not the default, which ignores it) so that SIGCHLD interrupts the sensor's wait:
+    // CMD's exit is noticed at once, not at the next poll.
+    let child_exited = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGCHLD, child_exited).context("installing signal handlers")?;
     let mut session = Session::start(outputs, command)?;
     let held = HeldCommand::spawn(command)?;
     let root = held.pid;
@@ -263,8 +272,9 @@ pub fn run_command(outputs: &Outputs, command: &[String], linger: Option<Duratio
         let still_running: Vec<(u32, String)> =
             session.engine.live_tree(root).into_iter().filter(|(pid, _)| process_exists(*pid)).collect();
         if still_running.is_empty() {
-            // One more round so that the last processes' final events are in.
-            session.pump()?;
+            // The last processes' final records are in the ring already (their exit tracepoint
+            // ran before they could be reaped): one more read, without waiting.
+            session.pump_for(Duration::ZERO)?;
             break;
         }
         if linger.is_some_and(|linger| exited_at.elapsed() >= linger) {

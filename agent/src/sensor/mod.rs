@@ -192,6 +192,15 @@ pub mod lost_source {
     pub const DETACHED: &str = "detached";
 }
 
+/// Why [`Sensor::wait`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wake {
+    /// Records are waiting, or the slice passed.
+    Ready,
+    /// A signal handler ran.
+    Signal,
+}
+
 /// Counters since start.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SensorStats {
@@ -605,7 +614,7 @@ impl Sensor {
     }
 
     /// Waits up to `timeout` for records and appends their events to `out`, returning as soon
-    /// as some arrived; appends a `Lost` event when a loss counter grew.
+    /// as some arrived or a signal handler ran; appends a `Lost` event when a loss counter grew.
     pub fn poll(&mut self, timeout: Duration, out: &mut Vec<Event>) -> Result<(), SensorError> {
         let deadline = Instant::now() + timeout;
         if self.credentials.as_ref().is_some_and(|(_, next)| Instant::now() >= *next) {
@@ -620,7 +629,11 @@ impl Sensor {
             if out.len() > before || now >= deadline {
                 return Ok(());
             }
-            self.wait(POLL_SLICE.min(deadline - now))?;
+            if self.wait(POLL_SLICE.min(deadline - now))? == Wake::Signal {
+                // The caller may be waiting for that signal (SIGCHLD from `run`'s command).
+                self.drain(out);
+                return Ok(());
+            }
         }
     }
 
@@ -667,7 +680,7 @@ impl Sensor {
 
     /// Sleeps until the programs wake the reader (past the bulk watermark, or any priority
     /// record) or `slice` passes.
-    fn wait(&self, slice: Duration) -> Result<(), SensorError> {
+    fn wait(&self, slice: Duration) -> Result<Wake, SensorError> {
         let mut fds = [
             libc::pollfd { fd: self.priority.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 },
             libc::pollfd { fd: self.events.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 },
@@ -679,8 +692,9 @@ impl Sensor {
             if error.kind() != io::ErrorKind::Interrupted {
                 return Err(SensorError::Poll(error));
             }
+            return Ok(Wake::Signal);
         }
-        Ok(())
+        Ok(Wake::Ready)
     }
 
     /// Judges the canary in flight, or starts one when it is time.
