@@ -48,6 +48,11 @@ pub use credwatch_common::NO_MANAGER;
 /// Longest wait between two reads of the ring buffer: the programs do not wake the agent per
 /// record.
 const POLL_SLICE: Duration = Duration::from_millis(50);
+/// Shortest time between two reads of the bulk ring buffer. Its fd polls readable whenever it
+/// holds a record, so reading it as soon as it is would take the records a few at a time, at
+/// a few syscalls each; meanwhile only the priority ring, woken per record, is waited on. At
+/// 600k opens/s, 10 ms of records fill a quarter of the 4 MiB ring.
+const BATCH_INTERVAL: Duration = Duration::from_millis(10);
 const TRACEFS: &str = "/sys/kernel/tracing";
 
 /// The raw tracepoints: program (function) name = tracepoint name.
@@ -192,6 +197,13 @@ pub mod lost_source {
     pub const DETACHED: &str = "detached";
 }
 
+/// Which ring buffers [`Sensor::wait`] waits on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rings {
+    PriorityOnly,
+    Both,
+}
+
 /// Why [`Sensor::wait`] returned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Wake {
@@ -246,6 +258,8 @@ pub struct Sensor {
     credentials: Option<(CredentialTable, Instant)>,
     canary: Option<Canary>,
     next_canary: Instant,
+    /// When the bulk ring was last read (see [`BATCH_INTERVAL`]).
+    last_drain: Instant,
     decoder: Decoder,
     stats: SensorStats,
 }
@@ -519,6 +533,7 @@ impl Sensor {
             credentials: None,
             canary: None,
             next_canary: Instant::now() + CANARY_INTERVAL,
+            last_drain: Instant::now(),
             decoder,
             stats: SensorStats::default(),
         })
@@ -621,6 +636,12 @@ impl Sensor {
             self.rescan()?;
         }
         loop {
+            let now = Instant::now();
+            let due = self.last_drain + BATCH_INTERVAL;
+            if now < due && now < deadline && self.wait(due.min(deadline) - now, Rings::PriorityOnly)? == Wake::Signal {
+                self.drain(out);
+                return Ok(());
+            }
             let before = out.len();
             self.drain(out);
             self.check_lost(out)?;
@@ -629,7 +650,7 @@ impl Sensor {
             if out.len() > before || now >= deadline {
                 return Ok(());
             }
-            if self.wait(POLL_SLICE.min(deadline - now))? == Wake::Signal {
+            if self.wait(POLL_SLICE.min(deadline - now), Rings::Both)? == Wake::Signal {
                 // The caller may be waiting for that signal (SIGCHLD from `run`'s command).
                 self.drain(out);
                 return Ok(());
@@ -641,6 +662,7 @@ impl Sensor {
     /// and puts what it read in time order: a priority record made before a bulk record just
     /// read (an open before its process's exit) is then in the same batch, before it.
     fn drain(&mut self, out: &mut Vec<Event>) {
+        self.last_drain = Instant::now();
         let before = out.len();
         let Sensor { events, priority, decoder, stats, credentials, canary, .. } = self;
         let mut homes = Vec::new();
@@ -680,13 +702,14 @@ impl Sensor {
 
     /// Sleeps until the programs wake the reader (past the bulk watermark, or any priority
     /// record) or `slice` passes.
-    fn wait(&self, slice: Duration) -> Result<Wake, SensorError> {
+    fn wait(&self, slice: Duration, rings: Rings) -> Result<Wake, SensorError> {
         let mut fds = [
             libc::pollfd { fd: self.priority.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 },
             libc::pollfd { fd: self.events.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 },
         ];
-        // SAFETY: fds is a valid array of pollfds for the duration of the call.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, slice.as_millis() as libc::c_int) };
+        let count = if rings == Rings::Both { 2 } else { 1 };
+        // SAFETY: fds holds `count` valid pollfds for the duration of the call.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), count, slice.as_millis() as libc::c_int) };
         if rc < 0 {
             let error = io::Error::last_os_error();
             if error.kind() != io::ErrorKind::Interrupted {
