@@ -121,6 +121,10 @@ fn syscall_hooks() -> Vec<SyscallHook> {
     hooks
 }
 
+/// The programs the kernel takes longest to verify, costliest first (`verified_insns`): exec
+/// walks two paths, the open exit one, the rename entry one or two.
+const COSTLIEST_TO_VERIFY: &[&str] = &["sched_process_exec", "open_exit", "rename_enter"];
+
 /// io_uring requests pass no syscall tracepoint; present only on kernels with io_uring.
 const URING_PROGRAM: &str = "io_uring_submit_req";
 
@@ -479,19 +483,22 @@ impl Sensor {
             syscall_map.set(hook.number as u32, value, 0).map_err(map_err("SYSCALLS"))?;
         }
         let uring = has_tracepoint("io_uring", URING_PROGRAM);
-        // Costliest to verify first (see load_programs): exec walks two paths, the open exit and
-        // the rename entry one or two.
-        let mut wanted: Vec<&'static str> = vec!["sched_process_exec", "open_exit", "rename_enter"];
-        wanted.extend(RAW_TRACEPOINTS);
+        let mut wanted: Vec<&'static str> = RAW_TRACEPOINTS.to_vec();
         for hook in &hooks {
             let (enter, exit) = hook_programs(hook);
-            wanted.extend([enter, exit]);
+            for program in [enter, exit] {
+                if !wanted.contains(&program) {
+                    wanted.push(program);
+                }
+            }
         }
         if uring {
             wanted.push(URING_PROGRAM);
         }
-        let mut seen = std::collections::HashSet::new();
-        wanted.retain(|name| seen.insert(*name));
+        // Costliest to verify first (see load_programs); the sort is stable.
+        wanted.sort_by_key(|name| {
+            COSTLIEST_TO_VERIFY.iter().position(|costly| costly == name).unwrap_or(COSTLIEST_TO_VERIFY.len())
+        });
         load_programs(&mut ebpf, &wanted)?;
         for &name in RAW_TRACEPOINTS {
             let program: &mut RawTracePoint = ebpf
@@ -637,22 +644,21 @@ impl Sensor {
         }
         loop {
             let now = Instant::now();
-            let due = self.last_drain + BATCH_INTERVAL;
-            if now < due && now < deadline && self.wait(due.min(deadline) - now, Rings::PriorityOnly)? == Wake::Signal {
-                self.drain(out);
-                return Ok(());
+            let mut signalled = false;
+            if now < deadline {
+                // Until the bulk ring is due (see BATCH_INTERVAL), only the priority ring is
+                // waited on; after, both, and its fd is readable as soon as a record is in.
+                let due = self.last_drain + BATCH_INTERVAL;
+                let (until, rings) =
+                    if now < due { (due, Rings::PriorityOnly) } else { (now + POLL_SLICE, Rings::Both) };
+                // The caller may be waiting for the signal (SIGCHLD from `run`'s command).
+                signalled = self.wait(until.min(deadline) - now, rings)? == Wake::Signal;
             }
             let before = out.len();
             self.drain(out);
             self.check_lost(out)?;
             self.tend_canary(out)?;
-            let now = Instant::now();
-            if out.len() > before || now >= deadline {
-                return Ok(());
-            }
-            if self.wait(POLL_SLICE.min(deadline - now), Rings::Both)? == Wake::Signal {
-                // The caller may be waiting for that signal (SIGCHLD from `run`'s command).
-                self.drain(out);
+            if signalled || out.len() > before || Instant::now() >= deadline {
                 return Ok(());
             }
         }

@@ -975,13 +975,13 @@ fn report_open(ctx: &TracePointContext, pid_tgid: u64, mark: Mark, pending: Opti
     let config = config().ok_or(-1i64)?;
     let off = &config.offsets;
     let ret = field::<i64>(ctx, TP_RET);
+    // SAFETY: kernel reads through probe helpers only.
+    let file = if ret >= 0 { unsafe { fd_file(off, ret as u64) }.unwrap_or(0) } else { 0 };
     // Without its entry, an open is still reported when it opened something: by its file.
     let (pending, no_entry) = match pending {
         Some(pending) => (pending, 0),
-        None if ret >= 0 => {
+        None if file != 0 => {
             let syscall = hooked_syscall(ctx, syscall_family::OPEN).ok_or(-1i64)?;
-            // SAFETY: kernel reads through probe helpers only.
-            let file = unsafe { fd_file(off, ret as u64) }?;
             let flags: u32 = read(file, off.file_f_flags)?;
             let pending = PendingOpen { syscall, dirfd: AT_FDCWD, flags: flags as u64, mode: 0, given_ptr: 0 };
             (pending, record_flag::NO_ENTRY)
@@ -990,7 +990,6 @@ fn report_open(ctx: &TracePointContext, pid_tgid: u64, mark: Mark, pending: Opti
     };
     let scratch = OPEN_SCRATCH.get_ptr_mut(0).ok_or(-1i64)?;
     let event = unsafe { addr_of_mut!((*scratch).event) };
-    let mut file = 0u64;
     let mut record_flags = no_entry;
     // SAFETY: per-CPU scratch owned by this program run; kernel memory read through probe
     // helpers only. Everything known before the path walk goes into the record now and is read
@@ -1006,25 +1005,22 @@ fn report_open(ctx: &TracePointContext, pid_tgid: u64, mark: Mark, pending: Opti
         (*event).ino = 0;
         (*event).cred_index = 0;
         (*event)._pad = 0;
-        if ret >= 0 {
-            if let Ok(opened) = fd_file(off, ret as u64) {
-                file = opened;
-                if let Ok(key) = file_key(off, opened) {
-                    (*event).dev = key.dev;
-                    (*event).ino = key.ino;
-                    // SAFETY: copied out at once.
-                    if let Some(cred) = CRED_INODES.get(&key).copied() {
-                        record_flags |= record_flag::CRED_INODE;
-                        (*event).cred_index = cred.index;
-                        // Killed before the syscall returns to user space: the fd exists, but
-                        // the process never runs again to read it.
-                        if config.flags & config_flag::ENFORCE != 0
-                            && cred.flags & cred_flag::KILL != 0
-                            && !spared(config, mark)
-                            && kill_current()
-                        {
-                            record_flags |= record_flag::BLOCKED;
-                        }
+        if file != 0 {
+            if let Ok(key) = file_key(off, file) {
+                (*event).dev = key.dev;
+                (*event).ino = key.ino;
+                // SAFETY: copied out at once.
+                if let Some(cred) = CRED_INODES.get(&key).copied() {
+                    record_flags |= record_flag::CRED_INODE;
+                    (*event).cred_index = cred.index;
+                    // Killed before the syscall returns to user space: the fd exists, but the
+                    // process never runs again to read it.
+                    if config.flags & config_flag::ENFORCE != 0
+                        && cred.flags & cred_flag::KILL != 0
+                        && !spared(config, mark)
+                        && kill_current()
+                    {
+                        record_flags |= record_flag::BLOCKED;
                     }
                 }
             }
