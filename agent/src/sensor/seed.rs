@@ -132,12 +132,15 @@ pub fn scan(
     while let Some((pid, parent_mark)) = queue.pop_front() {
         let Some(proc) = procs.get(&pid) else { continue };
         let mut exec = proc.exec.clone();
+        // A manager nested in a tree (npm under cargo) is named too, so that its scripts'
+        // alerts name it rather than the root.
+        let manager = manager_of(managers, &proc.exec);
+        if let Some((_, filename)) = &manager {
+            exec.filename.clone_from(filename);
+        }
         let mark = match parent_mark {
             Some(parent) => Some(Mark { depth: parent.depth + 1, ..parent }),
-            None => manager_of(managers, &proc.exec).map(|(manager, filename)| {
-                exec.filename = filename;
-                Mark { root_pid: pid, depth: 0, manager: manager as u32, flags: 0 }
-            }),
+            None => manager.map(|(manager, _)| Mark { root_pid: pid, depth: 0, manager: manager as u32, flags: 0 }),
         };
         if let Some(mark) = mark {
             let boot_ns = proc.start_ticks.saturating_mul(1_000_000_000) / ticks_per_second;
@@ -152,6 +155,8 @@ pub fn scan(
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::process::CommandExt;
+
     use super::*;
 
     #[test]
@@ -208,5 +213,26 @@ mod tests {
         assert!(exec.seeded);
         assert_eq!(exec.executable, exe.to_string_lossy());
         assert!(found.iter().all(|(event, _)| event.pid != 1), "init is in no package tree");
+    }
+
+    #[test]
+    fn names_a_retitled_manager_nested_in_a_tree() {
+        let exe = std::env::current_exe().unwrap();
+        let name = exe.file_name().unwrap().to_str().unwrap().to_owned();
+        let managers = vec![
+            Manager { name: "self".into(), execs: vec![name], modules: vec![] },
+            Manager { name: "npm".into(), execs: vec!["npm".into()], modules: vec![] },
+        ];
+        // npm retitles itself (argv[0] becomes `npm run x`) before the scan sees it.
+        let mut child = std::process::Command::new("sleep").arg0("npm run payload").arg("30").spawn().unwrap();
+        let found = scan(Path::new("/proc"), &managers, 0, &Decoder::new());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let found = found.unwrap();
+        let (event, mark) = found.iter().find(|(event, _)| event.pid == child.id()).expect("the child is found");
+        assert_eq!((mark.root_pid, mark.depth), (std::process::id(), 1));
+        let EventData::Exec(exec) = &event.data else { panic!() };
+        assert_eq!(exec.filename, "npm", "the engine sees the nested manager by this name");
+        assert_eq!(root_manager(&managers, &exec.filename, &exec.args), Some(1));
     }
 }
