@@ -35,6 +35,8 @@ os.close(os.open("secret.txt", os.O_RDONLY))
 sub = os.open("sub", os.O_RDONLY | os.O_DIRECTORY)
 os.close(os.open("inner.txt", os.O_RDONLY, dir_fd=sub))
 os.close(os.open("link.txt", os.O_RDONLY))
+os.close(os.open(sys.argv[2], os.O_RDONLY))
+os.close(os.open("/proc/version", os.O_RDONLY))
 os.close(os.open("/proc/self/cwd/../" + os.path.basename(d) + "/secret.txt", os.O_RDONLY))
 try:
     os.open("missing.txt", os.O_RDONLY)
@@ -61,7 +63,16 @@ struct Fixture {
     root: PathBuf,
 }
 
-/// A temp dir with `secret.txt`, `late.txt`, `sub/inner.txt` and `link.txt -> sub/inner.txt`.
+/// Names on either side of what the kernel walk copies from a dentry's own read (shorter than
+/// 32 bytes) and one that needs a read of its own.
+const NAMED: [&str; 3] = [
+    "thirty-one-bytes-aaaaaaaaaaaaaa",
+    "thirty-two-bytes-aaaaaaaaaaaaaaa",
+    "a-name-of-well-over-a-hundred-bytes-to-be-read-on-its-own-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.txt",
+];
+
+/// A temp dir with `secret.txt`, `late.txt`, `sub/inner.txt`, `link.txt -> sub/inner.txt` and
+/// `NAMED[0]/NAMED[1]/NAMED[2]`.
 fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let root = fs::canonicalize(dir.path()).unwrap();
@@ -70,6 +81,8 @@ fn fixture() -> Fixture {
     fs::create_dir(root.join("sub")).unwrap();
     fs::write(root.join("sub/inner.txt"), "inner\n").unwrap();
     symlink("sub/inner.txt", root.join("link.txt")).unwrap();
+    fs::create_dir_all(root.join(NAMED[0]).join(NAMED[1])).unwrap();
+    fs::write(root.join(NAMED.iter().collect::<PathBuf>()), "named\n").unwrap();
     Fixture { _dir: dir, root }
 }
 
@@ -119,8 +132,9 @@ fn marked_tree_opens_resolve_to_absolute_paths_and_lineage_survives_setsid() {
     // The child waits on its stdin until it is marked, then becomes python.
     let mut child = Command::new("/bin/sh")
         .arg("-c")
-        .arg("read go && exec \"$0\" -c \"$1\" \"$2\"")
+        .arg("read go && exec \"$0\" -c \"$1\" \"$2\" \"$3\"")
         .args([PYTHON, HELPER, fx.root.to_str().unwrap()])
+        .arg(fx.root.join(NAMED.iter().collect::<PathBuf>()))
         .stdin(Stdio::piped())
         .spawn()
         .unwrap();
@@ -172,6 +186,11 @@ fn marked_tree_opens_resolve_to_absolute_paths_and_lineage_survives_setsid() {
 
     let through_link = open_of(&events, root, "link.txt");
     assert_eq!(through_link.abs_path.as_deref(), Some(inner.as_str()));
+
+    let named = fx.root.join(NAMED.iter().collect::<PathBuf>()).to_str().unwrap().to_owned();
+    assert_eq!(open_of(&events, root, &named).abs_path.as_deref(), Some(named.as_str()));
+    // procfs is a mount of its own, on the root file system: the walk crosses it.
+    assert_eq!(open_of(&events, root, "/proc/version").abs_path.as_deref(), Some("/proc/version"));
 
     let name = fx.root.file_name().unwrap().to_str().unwrap();
     let via_proc = open_of(&events, root, &format!("/proc/self/cwd/../{name}/secret.txt"));

@@ -1,7 +1,7 @@
 //! The kernel struct offsets the programs need, resolved from BTF (see
 //! [`credwatch_common::KernelOffsets`]).
 
-use credwatch_common::KernelOffsets;
+use credwatch_common::{KernelOffsets, FILE_WINDOW};
 
 use super::btf::{Btf, BtfError};
 
@@ -50,7 +50,7 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         pid_numbers: m("pid", "numbers")?,
         upid_nr: m("upid", "nr")?,
         file_f_flags: m("file", "f_flags")?,
-        _pad: 0,
+        dentry_d_shortname: m("dentry", "d_shortname").or_else(|_| m("dentry", "d_iname"))?,
     };
     check_layout(&offsets)?;
     Ok(offsets)
@@ -59,14 +59,30 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
 /// The programs read neighbouring members in one read where the layout has put them side by
 /// side for as long as the programs' oldest supported kernel (5.8): a dentry's parent, name
 /// length and name pointer (`d_name`, a little-endian `struct qstr`: hash, len, name, right
-/// after `d_parent`); a path's mount and dentry; an fdtable's size and array; an inode's
-/// super block and number (within four words).
+/// after `d_parent`), then after `d_inode` its inline name; a path's mount and dentry; a file's inode and path (within
+/// [`FILE_WINDOW`] words); a mount's parent, mountpoint and root (`mnt.mnt_root`); an fdtable's
+/// size and array; an inode's super block and number (within four words).
 fn check_layout(offsets: &KernelOffsets) -> Result<(), BtfError> {
     if offsets.dentry_d_name != offsets.dentry_d_parent + 8 || offsets.qstr_len != 4 || offsets.qstr_name != 8 {
         return Err(BtfError::Layout("struct dentry: d_name (hash, len, name) does not follow d_parent"));
     }
-    if offsets.path_dentry != offsets.path_mnt + 8 {
-        return Err(BtfError::Layout("struct path: dentry does not follow mnt"));
+    if offsets.dentry_d_shortname != offsets.dentry_d_name + 24 {
+        return Err(BtfError::Layout("struct dentry: the inline name is not one word after d_name"));
+    }
+    if offsets.path_mnt != 0 || offsets.path_dentry != 8 {
+        return Err(BtfError::Layout("struct path: not {mnt, dentry}"));
+    }
+    let (inode, path) = (offsets.file_f_inode, offsets.file_f_path);
+    let start = inode.min(path);
+    if (inode - start) % 8 != 0
+        || (path - start) % 8 != 0
+        || (inode + 8).max(path + 16) - start > FILE_WINDOW as u32 * 8
+    {
+        return Err(BtfError::Layout("struct file: f_inode and f_path are not within FILE_WINDOW words"));
+    }
+    let parent = offsets.mount_mnt_parent;
+    if offsets.mount_mnt_mountpoint != parent + 8 || offsets.mount_mnt + offsets.vfsmount_mnt_root != parent + 16 {
+        return Err(BtfError::Layout("struct mount: mnt_parent, mnt_mountpoint and mnt.mnt_root are not side by side"));
     }
     if offsets.fdtable_fd != offsets.fdtable_max_fds + 8 {
         return Err(BtfError::Layout("struct fdtable: fd does not follow max_fds"));
@@ -87,6 +103,7 @@ mod tests {
         let standard = KernelOffsets {
             dentry_d_parent: 24,
             dentry_d_name: 32,
+            dentry_d_shortname: 56,
             qstr_len: 4,
             qstr_name: 8,
             path_mnt: 0,
@@ -95,13 +112,28 @@ mod tests {
             fdtable_fd: 8,
             inode_i_sb: 40,
             inode_i_ino: 64,
+            file_f_inode: 32,
+            file_f_path: 64,
+            mount_mnt_parent: 16,
+            mount_mnt_mountpoint: 24,
+            mount_mnt: 32,
+            vfsmount_mnt_root: 0,
             ..Default::default()
         };
         assert!(check_layout(&standard).is_ok());
+        // Before Linux 6.12 f_path came first, right before f_inode.
+        assert!(check_layout(&KernelOffsets { file_f_path: 16, file_f_inode: 32, ..standard }).is_ok());
         let broken = [
             KernelOffsets { dentry_d_name: 40, ..standard },
             KernelOffsets { qstr_len: 0, ..standard },
+            KernelOffsets { dentry_d_shortname: 48, ..standard },
             KernelOffsets { path_dentry: 16, ..standard },
+            KernelOffsets { path_mnt: 8, path_dentry: 16, ..standard },
+            KernelOffsets { file_f_path: 72, ..standard },
+            KernelOffsets { file_f_path: 68, ..standard },
+            KernelOffsets { file_f_inode: 100, ..standard },
+            KernelOffsets { mount_mnt_mountpoint: 32, ..standard },
+            KernelOffsets { mount_mnt: 40, ..standard },
             KernelOffsets { fdtable_fd: 16, ..standard },
             KernelOffsets { inode_i_ino: 80, ..standard },
             KernelOffsets { inode_i_ino: 32, ..standard },

@@ -210,8 +210,13 @@ pub struct KernelOffsets {
     pub pid_numbers: u32,
     pub upid_nr: u32,
     pub file_f_flags: u32,
-    pub _pad: u32,
+    /// The inline name of a dentry: `d_shortname` (Linux 6.14+) or `d_iname`.
+    pub dentry_d_shortname: u32,
 }
+
+/// Words of a `struct file` read at once from the lower of `f_inode` and `f_path`, which must
+/// both lie within them (the agent checks).
+pub const FILE_WINDOW: usize = 6;
 
 /// Agent-wide settings, in the single-entry `CONFIG` array map.
 #[repr(C)]
@@ -277,6 +282,8 @@ pub struct EventHeader {
     pub pid: u32,
     /// Thread id.
     pub tid: u32,
+    /// User, group and cgroup v2 id: in [`kind::EXEC`] records only, zero in others (the agent
+    /// keeps them per process; the helper calls would cost every marked open).
     pub uid: u32,
     pub gid: u32,
     pub cgroup_id: u64,

@@ -74,8 +74,8 @@ use credwatch_common::{
     config_flag, cred_flag, kind, lost_index, manager_flag, mark_flag, open_syscall, path_flag, record_flag,
     rename_syscall, spare_flag, syscall_family, tamper_syscall, Config, CredInode, EventHeader, ExecEvent, ExitEvent,
     ForkEvent, HookedSyscall, InodeKey, KernelOffsets, ManagerValue, Mark, OpenEvent, RenameEvent, ResolvedPath,
-    SparedExe, SyscallEvent, MANAGER_NAME_LEN, MAX_ARGS, MAX_ENV, MAX_EXEC_RECORD, MAX_GIVEN_PATH, MAX_OPEN_RECORD,
-    MAX_PATH_COMPONENTS, MAX_RESOLVED_PATH, MODULE_KEY_LEN, NO_MANAGER,
+    SparedExe, SyscallEvent, FILE_WINDOW, MANAGER_NAME_LEN, MAX_ARGS, MAX_ENV, MAX_EXEC_RECORD, MAX_GIVEN_PATH,
+    MAX_OPEN_RECORD, MAX_PATH_COMPONENTS, MAX_RESOLVED_PATH, MODULE_KEY_LEN, NO_MANAGER,
 };
 
 /// Processes that can be marked at once; a full map is counted in `LOST[MARKS_FULL]`.
@@ -107,6 +107,9 @@ const IORING_OP_OPENAT: u8 = 18;
 const IORING_OP_OPENAT2: u8 = 28;
 /// Wake the reader only when this much is waiting; otherwise it polls on a short timer.
 const WAKEUP_WATERMARK: u64 = 1 << 20;
+/// Records per CPU between two looks at the bulk ring's fill level: 2 CPUs x 32 records of at
+/// most `MAX_EXEC_RECORD` bytes past the watermark still fit in the ring.
+const WAKEUP_CHECK_EVERY: u32 = 32;
 
 /// Per-CPU LRU lists: no lock shared by all CPUs on the open path (uapi/linux/bpf.h).
 const BPF_F_NO_COMMON_LRU: u32 = 2;
@@ -117,6 +120,12 @@ const BPF_RB_AVAIL_DATA: u64 = 0;
 
 /// A dentry name is at most NAME_MAX (255) bytes plus its NUL.
 const NAME_SPACE: usize = 256;
+/// Words of a dentry read per path component, from `d_parent`: parent, `d_name` (2), `d_inode`,
+/// then the inline name's first [`INLINE_NAME`] bytes.
+const DENTRY_WINDOW: usize = 8;
+/// Names shorter than this (a power of two) are copied from the component's read (see
+/// [`DENTRY_WINDOW`]).
+const INLINE_NAME: usize = 32;
 /// Bytes of argv examined to find the words after argv[0] for `MANAGER_MODULES`.
 const MODULE_SCAN: usize = 256;
 /// Power-of-two sizes of the scratch buffers, so that masked indexes stay inside them.
@@ -236,6 +245,8 @@ static EXEC_SCRATCH: PerCpuArray<ExecScratch> = PerCpuArray::with_max_entries(1,
 static OPEN_SCRATCH: PerCpuArray<OpenScratch> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static SYSCALLS: Array<HookedSyscall> = Array::with_max_entries(SYSCALL_TABLE, 0);
+#[map]
+static WAKEUP_COUNTDOWN: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
 type Res<T> = Result<T, i64>;
 
@@ -306,9 +317,19 @@ fn output(record: &[u8], priority: bool) {
 }
 
 /// No wakeup per record: userspace polls on a short timer, and is woken only when the bulk
-/// buffer fills past the watermark.
+/// buffer fills past the watermark. The fill level is looked at once every
+/// [`WAKEUP_CHECK_EVERY`] records of a CPU (the query is a helper call on every open).
 #[inline(always)]
 fn events_wakeup() -> u64 {
+    let Some(countdown) = WAKEUP_COUNTDOWN.get_ptr_mut(0) else { return BPF_RB_NO_WAKEUP };
+    // SAFETY: per-CPU slot, and programs do not migrate while they run.
+    unsafe {
+        if *countdown > 0 {
+            *countdown -= 1;
+            return BPF_RB_NO_WAKEUP;
+        }
+        *countdown = WAKEUP_CHECK_EVERY - 1;
+    }
     if EVENTS.query(BPF_RB_AVAIL_DATA) > WAKEUP_WATERMARK {
         BPF_RB_FORCE_WAKEUP
     } else {
@@ -323,33 +344,70 @@ fn kill_current() -> bool {
     unsafe { aya_ebpf::helpers::generated::bpf_send_signal(SIGKILL) == 0 }
 }
 
+/// The header of every record; its ids and cgroup are left zero (see [`fill_identity`]).
 #[inline(always)]
 unsafe fn fill_header(header: *mut EventHeader, kind: u32, size: usize, pid_tgid: u64, mark: Mark) {
-    let uid_gid = bpf_get_current_uid_gid();
-    // SAFETY: header points into a reserved ring buffer record.
+    // SAFETY: header points into a record.
     unsafe {
-        header.write(EventHeader {
-            kind,
-            size: size as u32,
-            boot_ns: bpf_ktime_get_boot_ns(),
-            pid: (pid_tgid >> 32) as u32,
-            tid: pid_tgid as u32,
-            uid: uid_gid as u32,
-            gid: (uid_gid >> 32) as u32,
-            cgroup_id: bpf_get_current_cgroup_id(),
-            mark,
-        })
-    };
+        (*header).kind = kind;
+        (*header).size = size as u32;
+        (*header).boot_ns = bpf_ktime_get_boot_ns();
+        (*header).pid = (pid_tgid >> 32) as u32;
+        (*header).tid = pid_tgid as u32;
+        zero(addr_of_mut!((*header).uid));
+        zero(addr_of_mut!((*header).gid));
+        zero(addr_of_mut!((*header).cgroup_id));
+        (*header).mark = mark;
+    }
 }
 
-/// Writes the path of `struct path` at `path` into `out`, leaf first (see [`ResolvedPath`]),
-/// walking dentries up to each mount's root and crossing to the parent mount, up to the root of
-/// the mount tree.
+/// Stores a zero that LLVM cannot merge with its neighbours into a `memset` call: for BPF that
+/// is a subprogram copying byte by byte, dearer than the stores.
+#[inline(always)]
+unsafe fn zero<T: Default>(place: *mut T) {
+    // SAFETY: the caller's place is valid for writes.
+    unsafe { write_volatile(place, T::default()) }
+}
+
+/// The user, group and cgroup of an exec record. The agent keeps them per process; other
+/// records skip these helper calls, which would cost every open of a marked process ~60 ns.
+#[inline(always)]
+unsafe fn fill_identity(header: *mut EventHeader) {
+    let uid_gid = bpf_get_current_uid_gid();
+    // SAFETY: header points into a record.
+    unsafe {
+        (*header).uid = uid_gid as u32;
+        (*header).gid = (uid_gid >> 32) as u32;
+        (*header).cgroup_id = bpf_get_current_cgroup_id();
+    }
+}
+
+/// What a `struct path` holds: the mount and the dentry (`path_mnt`, then `path_dentry`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Location {
+    vfsmount: u64,
+    dentry: u64,
+}
+
+/// The location in the kernel `struct path` at `path`: one read (the agent checks the layout).
+#[inline(always)]
+fn location(off: &KernelOffsets, path: u64) -> Res<Location> {
+    // A NULL fs_struct or file plus a small member offset: nothing to read.
+    if path < 0x1000 {
+        return Err(-1);
+    }
+    let [vfsmount, dentry]: [u64; 2] = read(path, off.path_mnt)?;
+    Ok(Location { vfsmount, dentry })
+}
+
+/// Writes the path of the kernel `struct path` at `path` into `out`, leaf first (see
+/// [`ResolvedPath`]).
 #[inline(always)]
 unsafe fn resolve_path(off: &KernelOffsets, path: u64, out: *mut ResolvedPath) {
     // SAFETY: out points into a record.
     unsafe {
-        resolve_into(
+        resolve_at(
             off,
             path,
             addr_of_mut!((*out).data) as *mut u8,
@@ -359,14 +417,30 @@ unsafe fn resolve_path(off: &KernelOffsets, path: u64, out: *mut ResolvedPath) {
     }
 }
 
-/// [`resolve_path`] into separate places: `data` (room for [`MAX_RESOLVED_PATH`] bytes), its
-/// length and its [`path_flag`] bits.
+/// [`resolve_into`] from the kernel `struct path` at `path`.
+#[inline(always)]
+unsafe fn resolve_at(off: &KernelOffsets, path: u64, data: *mut u8, len: *mut u32, flags: *mut u32) {
+    // SAFETY: the pointers point into a record with that much room.
+    unsafe {
+        match location(off, path) {
+            Ok(at) => resolve_into(off, &at, data, len, flags),
+            Err(_) => {
+                write_volatile(len, 0);
+                write_volatile(flags, path_flag::UNRESOLVED);
+            }
+        }
+    }
+}
+
+/// Writes the path of `at` into `data` (room for [`MAX_RESOLVED_PATH`] bytes), leaf first,
+/// walking dentries up to each mount's root and crossing to the parent mount, up to the root of
+/// the mount tree; its length into `len` and its [`path_flag`] bits into `flags`.
 #[inline(never)]
-unsafe fn resolve_into(off: &KernelOffsets, path: u64, data: *mut u8, len: *mut u32, flags: *mut u32) {
+unsafe fn resolve_into(off: &KernelOffsets, at: &Location, data: *mut u8, len: *mut u32, flags: *mut u32) {
     // SAFETY: the pointers point into a record with that much room.
     unsafe {
         write_volatile(len, 0);
-        let result = match walk(off, path, data, len) {
+        let result = match walk(off, *at, data, len) {
             Ok(result) => result,
             Err(_) => {
                 write_volatile(len, 0);
@@ -377,32 +451,39 @@ unsafe fn resolve_into(off: &KernelOffsets, path: u64, data: *mut u8, len: *mut 
     }
 }
 
+/// A mount's parent, the dentry it is mounted on, and its root dentry: `struct mount` has
+/// `mnt_parent`, `mnt_mountpoint`, then the embedded `vfsmount` whose first member is
+/// `mnt_root` (the agent checks): one read.
+#[inline(always)]
+fn mount_links(off: &KernelOffsets, mount: u64) -> Res<[u64; 3]> {
+    read(mount, off.mount_mnt_parent)
+}
+
 /// The length so far lives in the record (`len_slot`), not in a register: read back from
 /// memory it is an unknown scalar, so the verifier sees every iteration alike and prunes,
 /// instead of following each possible length separately.
 #[inline(always)]
-unsafe fn walk(off: &KernelOffsets, path: u64, data: *mut u8, len_slot: *mut u32) -> Res<u32> {
-    // struct path is {mnt, dentry} (the agent checks): one read.
-    let [vfsmount, mut dentry]: [u64; 2] = read(path, off.path_mnt)?;
-    if dentry == 0 || vfsmount == 0 {
+unsafe fn walk(off: &KernelOffsets, at: Location, data: *mut u8, len_slot: *mut u32) -> Res<u32> {
+    let mut dentry = at.dentry;
+    if dentry == 0 || at.vfsmount == 0 {
         return Err(-1);
     }
     // struct mount embeds struct vfsmount: container_of.
-    let mut mount = vfsmount - off.mount_mnt as u64;
-    let mut mount_root: u64 = read(vfsmount, off.vfsmount_mnt_root)?;
+    let mut mount = at.vfsmount - off.mount_mnt as u64;
+    let [mut parent_mount, mut mountpoint, mut mount_root] = mount_links(off, mount)?;
     for _ in 0..MAX_PATH_COMPONENTS {
         if dentry == mount_root {
-            let parent: u64 = read(mount, off.mount_mnt_parent)?;
-            if parent == mount || parent == 0 {
+            if parent_mount == mount || parent_mount == 0 {
                 return Ok(0);
             }
-            dentry = read(mount, off.mount_mnt_mountpoint)?;
-            mount = parent;
-            mount_root = read(mount + off.mount_mnt as u64, off.vfsmount_mnt_root)?;
+            dentry = mountpoint;
+            mount = parent_mount;
+            [parent_mount, mountpoint, mount_root] = mount_links(off, mount)?;
             continue;
         }
-        // d_parent, then d_name: hash and len (one u64), name (the agent checks this layout).
-        let link: [u64; 3] = read(dentry, off.dentry_d_parent)?;
+        // d_parent; d_name: hash and len (one u64), name; d_inode; the first words of the inline
+        // name (the agent checks this layout).
+        let link: [u64; DENTRY_WINDOW] = read(dentry, off.dentry_d_parent)?;
         let (parent, name_len, name) = (link[0], (link[1] >> 32) as usize, link[2]);
         if parent == dentry || parent == 0 {
             return Ok(0);
@@ -415,18 +496,37 @@ unsafe fn walk(off: &KernelOffsets, path: u64, data: *mut u8, len_slot: *mut u32
         if name_len == 0 || name_len >= NAME_SPACE {
             return Err(-1);
         }
-        // A plain copy of the length the dentry gives, rather than a string read byte by byte.
-        // SAFETY: len <= MAX_RESOLVED_PATH - NAME_SPACE and name_len < NAME_SPACE, so the name
-        // and its separator fit.
-        let copied = unsafe {
-            bpf_probe_read_kernel(
-                data.add(len) as *mut c_void,
-                (name_len & (NAME_SPACE - 1)) as u32,
-                name as *const c_void,
-            )
-        };
-        if copied != 0 {
-            return Err(-1);
+        // One test on a value derived from both conditions: a branch on `name_len` itself would
+        // give the verifier two ranges of it to follow through the rest of the walk.
+        let inline =
+            (name ^ (dentry + off.dentry_d_shortname as u64)) | (name_len as u64 >> INLINE_NAME.trailing_zeros());
+        if inline == 0 {
+            // A short name lives in the dentry, and the read above has it: stored as words,
+            // without a helper call. Bytes past its length are overwritten by the separator and
+            // the next component, or lie past the end of the record.
+            // SAFETY: len <= MAX_RESOLVED_PATH - NAME_SPACE and INLINE_NAME < NAME_SPACE.
+            unsafe {
+                let to = data.add(len) as *mut u64;
+                to.write_unaligned(link[4]);
+                to.add(1).write_unaligned(link[5]);
+                to.add(2).write_unaligned(link[6]);
+                to.add(3).write_unaligned(link[7]);
+            }
+        } else {
+            // A plain copy of the length the dentry gives, rather than a string read byte by
+            // byte.
+            // SAFETY: len <= MAX_RESOLVED_PATH - NAME_SPACE and name_len < NAME_SPACE, so the
+            // name and its separator fit.
+            let copied = unsafe {
+                bpf_probe_read_kernel(
+                    data.add(len) as *mut c_void,
+                    (name_len & (NAME_SPACE - 1)) as u32,
+                    name as *const c_void,
+                )
+            };
+            if copied != 0 {
+                return Err(-1);
+            }
         }
         let end = len + (name_len & (NAME_SPACE - 1));
         // SAFETY: end < MAX_RESOLVED_PATH; len_slot as above.
@@ -518,6 +618,7 @@ fn try_sched_process_exec(ctx: &RawTracePointContext) -> Res<()> {
     // last), so that the mark is not held across the path walks (see report_open).
     unsafe {
         fill_header(addr_of_mut!((*scratch).event.header), kind::EXEC, 0, pid_tgid, mark);
+        fill_identity(addr_of_mut!((*scratch).event.header));
         let size = fill_exec(off, bprm, scratch)?;
         (*scratch).event.header.size = size as u32;
         output(core::slice::from_raw_parts(scratch as *const u8, size), false);
@@ -664,8 +765,9 @@ fn module_root(off: &KernelOffsets, scratch: &mut Scratch) -> Res<Option<u32>> {
     let first = if n > 0 && n as usize <= len { n as usize } else { MODULE_SCAN };
     let first = launder(&mut scratch.slot, first as u64) as usize & (SCRATCH_ARGS - 1);
     // Try the key after each word: `-m\0`, `-m\0pip\0`, ...
-    for j in 0..MODULE_KEY_LEN {
-        scratch.module_key[j] = 0;
+    for j in 0..MODULE_KEY_LEN / 8 {
+        // SAFETY: in bounds of module_key, 8-byte chunks; volatile as above.
+        unsafe { write_volatile(scratch.module_key.as_mut_ptr().add(j * 8) as *mut [u8; 8], [0; 8]) };
     }
     let mut previous = 1u8;
     for j in 0..MODULE_KEY_LEN {
@@ -743,7 +845,7 @@ unsafe fn fill_exec(off: &KernelOffsets, bprm: u64, scratch: *mut ExecScratch) -
             at = bounded(slot, at + (*event).env_len as usize, MAX_GIVEN_PATH + MAX_ARGS + MAX_ENV)?;
             let exe: u64 = read(mm, off.mm_struct_exe_file).unwrap_or(0);
             if exe != 0 {
-                resolve_into(
+                resolve_at(
                     off,
                     exe + off.file_f_path as u64,
                     tail.add(at),
@@ -763,12 +865,7 @@ unsafe fn fill_exec(off: &KernelOffsets, bprm: u64, scratch: *mut ExecScratch) -
         let cwd_len = addr_of_mut!((*event).cwd_len);
         let cwd_flags = addr_of_mut!((*event).cwd_flags);
         let fs: u64 = read(task, off.task_struct_fs).unwrap_or(0);
-        if fs != 0 {
-            resolve_into(off, fs + off.fs_struct_pwd as u64, tail.add(at), cwd_len, cwd_flags);
-        } else {
-            write_volatile(cwd_len, 0);
-            write_volatile(cwd_flags, path_flag::UNRESOLVED);
-        }
+        resolve_at(off, fs + off.fs_struct_pwd as u64, tail.add(at), cwd_len, cwd_flags);
         bounded(slot, size_of::<ExecEvent>() + at + read_volatile(cwd_len) as usize, MAX_EXEC_RECORD)
     }
 }
@@ -991,6 +1088,12 @@ fn report_open(ctx: &TracePointContext, pid_tgid: u64, mark: Mark, pending: Opti
     let scratch = OPEN_SCRATCH.get_ptr_mut(0).ok_or(-1i64)?;
     let event = unsafe { addr_of_mut!((*scratch).event) };
     let mut record_flags = no_entry;
+    let mut at = Location { vfsmount: 0, dentry: 0 };
+    // SAFETY: a local (see zero).
+    unsafe {
+        zero(addr_of_mut!(at.vfsmount));
+        zero(addr_of_mut!(at.dentry));
+    }
     // SAFETY: per-CPU scratch owned by this program run; kernel memory read through probe
     // helpers only. Everything known before the path walk goes into the record now and is read
     // back after it: values left in registers across the walk would make the verifier check it
@@ -1001,12 +1104,13 @@ fn report_open(ctx: &TracePointContext, pid_tgid: u64, mark: Mark, pending: Opti
         (*event).flags = pending.flags;
         (*event).mode = pending.mode;
         (*event).ret = ret;
-        (*event).dev = 0;
-        (*event).ino = 0;
-        (*event).cred_index = 0;
-        (*event)._pad = 0;
-        if file != 0 {
-            if let Ok(key) = file_key(off, file) {
+        zero(addr_of_mut!((*event).dev));
+        zero(addr_of_mut!((*event).ino));
+        zero(addr_of_mut!((*event).cred_index));
+        zero(addr_of_mut!((*event)._pad));
+        if let Ok(opened) = opened_file(off, file) {
+            at = opened.at;
+            if let Ok(key) = inode_key(off, opened.inode) {
                 (*event).dev = key.dev;
                 (*event).ino = key.ino;
                 // SAFETY: copied out at once.
@@ -1039,8 +1143,8 @@ fn report_open(ctx: &TracePointContext, pid_tgid: u64, mark: Mark, pending: Opti
         write_volatile(addr_of_mut!((*event).given_len), given_len as u32);
         let path_len = addr_of_mut!((*event).path_len);
         let path_flags = addr_of_mut!((*event).path_flags);
-        if file != 0 {
-            resolve_into(off, file + off.file_f_path as u64, tail.add(given_len), path_len, path_flags);
+        if at.dentry != 0 {
+            resolve_into(off, &at, tail.add(given_len), path_len, path_flags);
         } else {
             write_volatile(path_len, 0);
             write_volatile(path_flags, path_flag::UNRESOLVED);
@@ -1077,10 +1181,50 @@ unsafe fn fd_file(off: &KernelOffsets, fd: u64) -> Res<u64> {
     Ok(file)
 }
 
+/// An open file's inode and where it is.
+struct OpenedFile {
+    inode: u64,
+    at: Location,
+}
+
+/// `f_inode` and `f_path` of the `struct file` at `file`: they lie within [`FILE_WINDOW`] words
+/// of each other (the agent checks), so one read.
+#[inline(always)]
+fn opened_file(off: &KernelOffsets, file: u64) -> Res<OpenedFile> {
+    if file == 0 {
+        return Err(-1);
+    }
+    let start = off.file_f_inode.min(off.file_f_path);
+    let words: [u64; FILE_WINDOW] = read(file, start)?;
+    let path = (off.file_f_path - start) / 8;
+    Ok(OpenedFile {
+        inode: window_word(&words, (off.file_f_inode - start) / 8),
+        at: Location { vfsmount: window_word(&words, path), dentry: window_word(&words, path + 1) },
+    })
+}
+
+/// `words[index]`, by constant indexes that the verifier checks once each.
+#[inline(always)]
+fn window_word(words: &[u64; FILE_WINDOW], index: u32) -> u64 {
+    match index {
+        0 => words[0],
+        1 => words[1],
+        2 => words[2],
+        3 => words[3],
+        4 => words[4],
+        _ => words[5],
+    }
+}
+
 /// The (s_dev, i_ino) of an open file.
 #[inline(always)]
 fn file_key(off: &KernelOffsets, file: u64) -> Res<InodeKey> {
-    let inode: u64 = read(file, off.file_f_inode)?;
+    inode_key(off, read(file, off.file_f_inode)?)
+}
+
+/// The (s_dev, i_ino) of the `struct inode` at `inode`.
+#[inline(always)]
+fn inode_key(off: &KernelOffsets, inode: u64) -> Res<InodeKey> {
     if inode == 0 {
         return Err(-1);
     }
@@ -1194,9 +1338,8 @@ unsafe fn resolve_dir(off: &KernelOffsets, dirfd: i32, out: *mut ResolvedPath) {
     // SAFETY: out points into a record.
     unsafe {
         match path {
-            // A NULL fs_struct or file plus a small member offset: nothing to walk.
-            Ok(path) if path > 0x1000 => resolve_path(off, path, out),
-            _ => unresolved(out),
+            Ok(path) => resolve_path(off, path, out),
+            Err(_) => unresolved(out),
         }
     }
 }
