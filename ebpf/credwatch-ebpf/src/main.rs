@@ -31,8 +31,13 @@
 //!   `group_dead` since Linux 6.16; before, `do_exit()` has already decremented `signal->live`
 //!   when the tracepoint fires, so `live == 0` says the same (two last threads racing may both
 //!   see 0; only the one whose delete of the mark succeeds reports).
-//! - Records are submitted without a wakeup; the agent polls every 50 ms and is woken only when
-//!   more than [`WAKEUP_WATERMARK`] bytes wait.
+//! - Bulk records are submitted without a wakeup; the agent reads the bulk ring every 10 ms and
+//!   is woken early only when more than [`WAKEUP_WATERMARK`] bytes wait (looked at every
+//!   [`WAKEUP_CHECK_EVERY`] records of a CPU). Priority records wake it at once.
+//! - The hot path avoids helper calls where it can: each costs more than its work here (calls
+//!   and returns go through the CPU's speculation mitigations). Hence one probe read for
+//!   neighbouring fields, short dentry names taken from the dentry's own read, ids and cgroup
+//!   only in exec records, and zeros stored one by one rather than through `memset`.
 //! - Blocking (`--enforce`) is `bpf_send_signal(SIGKILL)`: the signal is delivered when the
 //!   syscall returns to user space, so the syscall itself completes. For an open that is
 //!   enough (the fd exists but the process never runs again to read it); for a tamper syscall
