@@ -283,20 +283,7 @@ fn find_and_grep_sweeping_home_give_a_credential_sweep() {
 #[test]
 fn an_io_uring_open_of_a_key_is_reported() {
     let sandbox = Sandbox::new();
-    let loot = sandbox.work().join("loot");
-    let syscalls = fixtures().join("evasion/syscalls.py");
-    let key = key(&sandbox);
-    let run = payload(
-        &sandbox,
-        &[],
-        "uring",
-        r#"python3 "$1" io_uring "$2" "$3""#,
-        &[syscalls.to_str().unwrap(), &key, loot.to_str().unwrap()],
-    );
-
-    run.assert_exit(EXIT_ALERT);
-    // Not vacuous: the payload did read the key through the ring.
-    assert!(fs::read_to_string(&loot).unwrap_or_default().contains(SECRET), "{}", run.describe());
+    let (run, _) = key_copied_by_syscalls_py(&sandbox, "uring", "io_uring");
     let alert = expect(&run, "io_uring_setup", |a| a["rule"]["id"] == "io-uring-by-package");
     assert_eq!(alert["credwatch"]["syscall"]["name"], "io_uring_setup", "{alert:#}");
     assert_eq!(alert["package"]["name"], "uring", "{alert:#}");
@@ -348,21 +335,22 @@ fn process_vm_readv_and_ptrace_attach_to_another_process_are_caught() {
 #[test]
 fn open_by_handle_at_of_a_key_is_caught() {
     let sandbox = Sandbox::new();
-    let loot = sandbox.work().join("loot");
-    let syscalls = fixtures().join("evasion/syscalls.py");
-    let key = key(&sandbox);
-    let run = payload(
-        &sandbox,
-        &[],
-        "byhandle",
-        r#"python3 "$1" by_handle "$2" "$3""#,
-        &[syscalls.to_str().unwrap(), &key, loot.to_str().unwrap()],
-    );
-
-    run.assert_exit(EXIT_ALERT);
-    assert!(fs::read_to_string(&loot).unwrap_or_default().contains(SECRET), "{}", run.describe());
+    let (run, key) = key_copied_by_syscalls_py(&sandbox, "byhandle", "by_handle");
     let alert = expect_key_alert(&run, "byhandle", &key);
     assert!(alert["process"]["executable"].as_str().is_some_and(|e| e.contains("python3")), "{alert:#}");
+}
+
+/// Package `package` copies the fake key to a loot file with `syscalls.py MODE KEY LOOT`;
+/// returns the run (exit checked) and the key's path. Not vacuous: the loot must hold the key.
+fn key_copied_by_syscalls_py(sandbox: &Sandbox, package: &str, mode: &str) -> (Run, String) {
+    let loot = sandbox.work().join("loot");
+    let syscalls = fixtures().join("evasion/syscalls.py");
+    let key = key(sandbox);
+    let script = format!(r#"python3 "$1" {mode} "$2" "$3""#);
+    let run = payload(sandbox, &[], package, &script, &[syscalls.to_str().unwrap(), &key, loot.to_str().unwrap()]);
+    run.assert_exit(EXIT_ALERT);
+    assert!(fs::read_to_string(&loot).unwrap_or_default().contains(SECRET), "{}", run.describe());
+    (run, key)
 }
 
 fn wait_for_file(path: &Path, timeout: Duration) -> bool {
