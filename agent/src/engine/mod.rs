@@ -52,10 +52,18 @@ const MAX_SEEN: usize = 4096;
 /// Most files a sweep alert lists; the others are counted.
 const MAX_SWEEP_FILES: usize = 100;
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct EngineOptions {
     /// `host.name` of the alerts.
     pub host_name: String,
+    /// The project's own scripts and programs (`npm run dev`, `cargo test`) alert like package
+    /// code (CI jobs that run untrusted pull requests' tests).
+    pub watch_project: bool,
+    /// The home of processes whose events carry no `HOME` (`--home`): beats the home inferred
+    /// from a manager's own reads, which beats `passwd`.
+    pub home: Option<String>,
+    /// Homes by uid, from the traced host's passwd file (`--passwd`).
+    pub passwd: HashMap<u32, String>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -79,8 +87,10 @@ type Id = u64;
 
 #[derive(Clone, Copy, Debug)]
 struct ManagerSelf {
-    /// No other manager is among its ancestors.
+    /// No other manager is among its ancestors (the project's own code is none).
     outermost: bool,
+    /// It runs the developer's own project: its `project_code` entry (`npm run dev`).
+    project: Option<usize>,
 }
 
 #[derive(Clone, Debug)]
@@ -113,6 +123,13 @@ struct Proc {
     /// manager's doing (cargo running a build script it had built). A nested "manager" may be
     /// package code (`bun payload.js`).
     started_by_manager: bool,
+    /// A manager running the project (`npm run`, `cargo run`) forked it and it has not executed
+    /// anything yet: that manager's `project_code` entry.
+    started_by_project: Option<usize>,
+    /// The developer's own code (a script of `npm run`, the program of `cargo run`): quiet
+    /// unless `watch_project`. Inherited until it starts a manager that is not running the
+    /// project (`npm install`, `npx`), whose tree is watched.
+    project: bool,
 }
 
 impl Proc {
@@ -137,6 +154,8 @@ impl Proc {
             rustc: None,
             children: 0,
             started_by_manager: false,
+            started_by_project: None,
+            project: false,
         }
     }
 
@@ -158,6 +177,9 @@ struct Tree {
     /// Credential alerts within the sweep window: (time, rule index, file).
     recent: VecDeque<(u64, usize, String)>,
     sweep: Option<SweepState>,
+    /// The home its managers' own per-user files were in (`<home>/.npmrc`), for events without
+    /// `HOME`.
+    home: Option<String>,
 }
 
 struct SweepState {
@@ -318,6 +340,7 @@ impl Engine {
             manager_self: None,
             children: 0,
             started_by_manager: p.manager_self.is_some_and(|own| own.outermost),
+            started_by_project: p.manager_self.and_then(|own| own.project),
             ..p.clone()
         };
         self.procs.get_mut(&parent).expect("live parent").children += 1;
@@ -380,6 +403,7 @@ impl Engine {
         let started = root_manager(self.rules.managers(), filename, &exec.args);
         // `bun payload.js` roots a tree like `bun install`, but it is code, not the manager.
         let runs_code = started.filter(|&m| self.rules.runs_code(m, filename, &exec.args));
+        let project_command = started.and_then(|m| self.rules.project_command(m, filename, &exec.args));
         let id = match self.live(pid) {
             Some(id) => id,
             // A member's child whose fork we did not see (lost) is still a member.
@@ -409,13 +433,29 @@ impl Engine {
             && p.manager.is_some_and(|m| {
                 exec.args.iter().skip(1).any(|arg| managers[m].execs.iter().any(|e| e == basename(arg)))
             });
+        // The developer's own project: only when no package code runs this (a postinstall's
+        // `npm run build` is package code).
+        let package_code = p.manager.is_some() && !p.project;
+        let project_command = project_command.filter(|_| !package_code);
+        let in_place = p.manager_self.and_then(|own| own.project).filter(|_| !hop);
+        if let Some(entry) = std::mem::take(&mut p.started_by_project).or(in_place) {
+            // What the project's manager starts (or becomes: `poetry run` execs in place).
+            if started.is_none() {
+                p.project = self.rules.project_program(entry, &p.executable);
+            }
+        }
+        if started.is_some() {
+            // `bun test` is the project's code itself; `npm install` from a script is not.
+            p.project =
+                project_command.is_some_and(|entry| runs_code.is_some() || self.rules.project_in_process(entry));
+        }
         if let Some(kind) = started.filter(|_| runs_code.is_none()) {
             let outermost = match p.manager_self {
                 Some(own) => own.outermost,
-                None => p.manager.is_none(),
+                None => !package_code,
             };
             p.manager = Some(kind);
-            p.manager_self = Some(ManagerSelf { outermost });
+            p.manager_self = Some(ManagerSelf { outermost, project: project_command });
             // A manager started by package code (`npm whoami` in a postinstall) keeps naming
             // that package unless its own arguments name another.
             let own = attribution::for_manager(&exec.args);
@@ -435,7 +475,7 @@ impl Engine {
         let by_manager = std::mem::take(&mut p.started_by_manager);
         // The root is the user's own command (or the manager): exec rules are about what runs
         // below it.
-        if p.parent.is_none() {
+        if p.parent.is_none() || self.quiet(id) {
             return Vec::new();
         }
         self.exec_rules(event, id, by_manager)
@@ -473,11 +513,11 @@ impl Engine {
                     continue;
                 }
                 match self.written_file(p, m, &exe, &names) {
-                    Some(path) if !rule.excludes(&path, p.home.as_deref()) => Some(path),
+                    Some(path) if !rule.excludes(&path, self.home_of(p)) => Some(path),
                     _ => continue,
                 }
             } else {
-                if rule.excludes(&exe, p.home.as_deref()) {
+                if rule.excludes(&exe, self.home_of(p)) {
                     continue;
                 }
                 None
@@ -538,6 +578,10 @@ impl Engine {
 
     fn open(&mut self, event: &Event, open: &Open) -> Vec<Alert> {
         let Some(id) = self.live(event.pid) else { return Vec::new() };
+        self.learn_home(id, open);
+        if self.quiet(id) {
+            return Vec::new();
+        }
         // A failed open read nothing; probing for files that do not exist is what every
         // config loader does. A blocked one failed because the kernel stopped it: that is
         // the alert.
@@ -599,6 +643,36 @@ impl Engine {
         alerts
     }
 
+    /// The developer's own code, and not watched (`--watch-project` watches it).
+    fn quiet(&self, id: Id) -> bool {
+        !self.options.watch_project && self.procs[&id].project
+    }
+
+    /// A manager's own open (or look-up) of one of its per-user files tells its tree's home,
+    /// for events without `HOME`. Only the manager itself counts: package code must not choose
+    /// where credentials are looked for. The first one found stays.
+    fn learn_home(&mut self, id: Id, open: &Open) {
+        let p = &self.procs[&id];
+        let Some(manager) = p.manager.filter(|_| p.manager_self.is_some() && p.home.is_none()) else { return };
+        if self.trees.get(&p.root).is_some_and(|tree| tree.home.is_some()) || !self.procs.contains_key(&p.root) {
+            return;
+        }
+        let path = resolved_path(open, &p.cwd);
+        if let Some(home) = self.rules.home_of_manager_file(manager, &path, &p.cwd) {
+            self.trees.entry(p.root).or_default().home = Some(home);
+        }
+    }
+
+    /// The home of `p`'s user: its `HOME`, else `--home`, else where its tree's managers found
+    /// their per-user files, else the passwd file's entry for its uid.
+    fn home_of<'a>(&'a self, p: &'a Proc) -> Option<&'a str> {
+        p.home
+            .as_deref()
+            .or(self.options.home.as_deref())
+            .or_else(|| self.trees.get(&p.root).and_then(|tree| tree.home.as_deref()))
+            .or_else(|| self.options.passwd.get(&p.uid).map(String::as_str))
+    }
+
     /// Target rules about one of `accesses` that match `path` for `p`, with the severity to
     /// alert at (actors that allow are left out).
     fn target_hits(
@@ -609,7 +683,7 @@ impl Engine {
         accesses: &[Access],
         blocked: bool,
     ) -> Vec<(usize, Severity)> {
-        let home = p.home.as_deref();
+        let home = self.home_of(p);
         let other = names_other_process(path, pid, tid);
         self.rules
             .candidates(path, home)
@@ -632,7 +706,7 @@ impl Engine {
     /// read (it is about to be opened under another name).
     fn rename(&mut self, event: &Event, rename: &Rename) -> Vec<Alert> {
         let Some(id) = self.live(event.pid) else { return Vec::new() };
-        if rename.ret < 0 {
+        if rename.ret < 0 || self.quiet(id) {
             return Vec::new();
         }
         let p = &self.procs[&id];
@@ -689,6 +763,9 @@ impl Engine {
 
     fn syscall(&mut self, event: &Event, syscall: &Syscall) -> Vec<Alert> {
         let Some(id) = self.live(event.pid) else { return Vec::new() };
+        if self.quiet(id) {
+            return Vec::new();
+        }
         let p = &self.procs[&id];
         // Another process: not the caller and not a member of its tree (a parent stopping its
         // own children, a test debugging its own child, are no tamper).
@@ -842,12 +919,16 @@ impl Engine {
             && (!c.package_code || self.under_manager(p))
     }
 
-    /// A package manager process is among `p`'s ancestors.
+    /// A package manager process is among `p`'s ancestors, nearer than the developer's own code
+    /// (`npm publish` from `npm run release` is the developer's).
     fn under_manager(&self, p: &Proc) -> bool {
         let mut next = p.parent;
         while let Some(ancestor) = next.and_then(|id| self.procs.get(&id)) {
             if ancestor.manager_self.is_some() {
                 return true;
+            }
+            if ancestor.project && !self.options.watch_project {
+                return false;
             }
             next = ancestor.parent;
         }

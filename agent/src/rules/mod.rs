@@ -19,7 +19,10 @@ use std::{
 use self::{
     manager::Manager,
     schema::Pattern,
-    schema::{Access, Action, Actor, Conditions, ExecMatch, FileDoc, RuleDoc, RunsCode, Samples, Sweep, SyscallMatch},
+    schema::{
+        Access, Action, Actor, Conditions, ExecMatch, FileDoc, HomeFiles, ProjectCode, RuleDoc, RunsCode, Samples,
+        Sweep, SyscallMatch,
+    },
     target::{TargetIndex, Targets},
 };
 use crate::alert::Severity;
@@ -147,6 +150,8 @@ pub struct RuleSet {
     syscall_by_name: HashMap<String, Vec<usize>>,
     sweep: Option<(Sweep, Origin)>,
     runs_code: Vec<(RunsCode, Origin)>,
+    project_code: Vec<(ProjectCode, Origin)>,
+    home_files: Vec<(HomeFiles, Origin)>,
     /// SHA-256 over every source file (name and text) in load order: names the rules in force
     /// in a trace header.
     digest: sha2::Sha256,
@@ -218,6 +223,54 @@ impl RuleSet {
             r.execs.iter().any(|e| e == exec)
                 || args.get(1).is_some_and(|first| r.first_args.iter().any(|p| p.matcher.is_match(first)))
         })
+    }
+
+    /// Whether the manager `manager` (an index in [`RuleSet::managers`]), executed as `filename`
+    /// with `args`, runs the developer's own project: the index of its `project_code` entry.
+    /// Options before the first word are skipped (`npm --silent run`, `cargo +nightly test`).
+    pub fn project_command(&self, manager: usize, filename: &str, args: &[String]) -> Option<usize> {
+        let name = &self.managers[manager].name;
+        let exec = manager::basename(filename);
+        let first = args.iter().skip(1).find(|arg| !arg.starts_with(['-', '+']))?;
+        self.project_code.iter().position(|(p, _)| {
+            &p.manager == name
+                && p.execs.iter().any(|e| e == exec)
+                && (p.commands.contains(first) || p.builtins.as_ref().is_some_and(|b| !b.contains(first)))
+        })
+    }
+
+    /// Whether the manager running the project command `entry` runs the project's code in its
+    /// own process (`bun test`).
+    pub fn project_in_process(&self, entry: usize) -> bool {
+        self.project_code[entry].0.in_process
+    }
+
+    /// Whether `executable`, started by a manager running the project command `entry` (from
+    /// [`RuleSet::project_command`]), is the project's own program.
+    pub fn project_program(&self, entry: usize, executable: &str) -> bool {
+        let (project, _) = &self.project_code[entry];
+        (project.programs.is_empty() || project.programs.iter().any(|p| p.matcher.is_match(executable)))
+            && !project.exclude.iter().any(|p| p.matcher.is_match(executable))
+    }
+
+    /// The home that `path`, opened (or looked for) by the manager `manager` itself, lies in,
+    /// when it is one of the manager's per-user files. A file directly in `cwd` is the
+    /// project's own (`<project>/.npmrc`), not the user's.
+    pub fn home_of_manager_file(&self, manager: usize, path: &str, cwd: &str) -> Option<String> {
+        let name = &self.managers[manager].name;
+        for (entry, _) in self.home_files.iter().filter(|(h, _)| &h.manager == name) {
+            for file in &entry.files {
+                let needle = format!("/{}", file.first);
+                for (at, _) in path.match_indices(&needle) {
+                    let (home, rest) = (&path[..at], &path[at + 1..]);
+                    let boundary = rest.len() == file.first.len() || rest.as_bytes()[file.first.len()] == b'/';
+                    if boundary && home.starts_with('/') && home != cwd && file.matcher.is_match(rest) {
+                        return Some(home.to_owned());
+                    }
+                }
+            }
+        }
+        None
     }
 
     /// The sweep settings, if any file defines them.
@@ -292,6 +345,12 @@ impl RuleSet {
         let replaced: Vec<String> = other.runs_code.iter().map(|(r, _)| r.manager.clone()).collect();
         self.runs_code.retain(|(r, _)| !replaced.contains(&r.manager));
         self.runs_code.extend(other.runs_code);
+        let replaced: Vec<String> = other.project_code.iter().map(|(p, _)| p.manager.clone()).collect();
+        self.project_code.retain(|(p, _)| !replaced.contains(&p.manager));
+        self.project_code.extend(other.project_code);
+        let replaced: Vec<String> = other.home_files.iter().map(|(h, _)| h.manager.clone()).collect();
+        self.home_files.retain(|(h, _)| !replaced.contains(&h.manager));
+        self.home_files.extend(other.home_files);
         for rule in other.rules {
             match self.rules.iter().position(|r| r.id == rule.id) {
                 Some(i) => self.rules[i] = rule,
@@ -350,6 +409,20 @@ impl RuleSet {
                     origin: origin.clone(),
                     column: None,
                     message: format!("runs_code: unknown manager {:?}", runs_code.manager),
+                });
+            }
+        }
+        let referenced = self
+            .project_code
+            .iter()
+            .map(|(p, origin)| ("project_code", &p.manager, origin))
+            .chain(self.home_files.iter().map(|(h, origin)| ("home_files", &h.manager, origin)));
+        for (list, manager, origin) in referenced {
+            if !self.managers.iter().any(|m| &m.name == manager) {
+                return Err(RulesError::Invalid {
+                    origin: origin.clone(),
+                    column: None,
+                    message: format!("{list}: unknown manager {manager:?}"),
                 });
             }
         }
@@ -433,6 +506,14 @@ fn parse_sources(sources: impl IntoIterator<Item = (String, String)>) -> Result<
         for runs_code in doc.runs_code {
             let line = find_line(&text, "manager", &runs_code.manager, 0);
             set.runs_code.push((runs_code, Origin { file: file.clone(), line }));
+        }
+        for project in doc.project_code {
+            let line = find_line(&text, "manager", &project.manager, 0);
+            set.project_code.push((project, Origin { file: file.clone(), line }));
+        }
+        for homes in doc.home_files {
+            let line = find_line(&text, "manager", &homes.manager, 0);
+            set.home_files.push((homes, Origin { file: file.clone(), line }));
         }
         for manager in doc.managers {
             let line = find_line(&text, "name", &manager.name, 0);

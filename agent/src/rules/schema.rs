@@ -26,6 +26,12 @@ pub(crate) struct FileDoc {
     /// Manager invocations that run code rather than manage packages.
     #[serde(default)]
     pub runs_code: Vec<RunsCode>,
+    /// Manager invocations that run the developer's own project (`npm run dev`, `cargo run`).
+    #[serde(default)]
+    pub project_code: Vec<ProjectCode>,
+    /// Per-user files each manager opens under its user's home.
+    #[serde(default)]
+    pub home_files: Vec<HomeFiles>,
 }
 
 /// Invocations of a manager that run code (`bun payload.js`, `bunx pkg`): the process is still
@@ -42,6 +48,68 @@ pub struct RunsCode {
     /// Patterns for argv[1] that run code (`*.js`, `run`).
     #[serde(default)]
     pub first_args: Vec<WordPattern>,
+}
+
+/// Invocations of a manager that run the root project's own scripts or programs (`npm run dev`,
+/// `cargo test`): what the manager starts for them is the developer's code, quiet unless
+/// `--watch-project`. Managers they start in turn (`npm install` from a script) are watched.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectCode {
+    /// The manager's `name`.
+    pub manager: String,
+    /// Executable basenames this applies to (`npm`, not `npx`, whose first word is a package).
+    pub execs: Vec<String>,
+    /// First words (after options) that run the project (`run`, `test`).
+    pub commands: Vec<String>,
+    /// When set, any other first word than these runs a script of the project too (`yarn dev`).
+    #[serde(default)]
+    pub builtins: Option<Vec<String>>,
+    /// When set, only these executables, started by the manager, are the project's program
+    /// (cargo builds dependencies first: their build scripts stay watched).
+    #[serde(default)]
+    pub programs: Vec<WordPattern>,
+    /// Executables started by the manager that are never the project's (build scripts).
+    #[serde(default)]
+    pub exclude: Vec<WordPattern>,
+    /// The manager runs the project's code in its own process (`bun test`): the process is the
+    /// project's code, not the manager.
+    #[serde(default)]
+    pub in_process: bool,
+}
+
+/// Files under its user's home that a manager itself opens or looks for (`.npmrc`,
+/// `.npm/_logs/*`): where it looked tells a foreign trace's home when the trace has no `HOME`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HomeFiles {
+    /// The manager's `name`.
+    pub manager: String,
+    pub files: Vec<HomeFile>,
+}
+
+/// A path relative to a home: literal first component, then a glob (`*` stops at `/`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(try_from = "String")]
+pub struct HomeFile {
+    /// The first component (`.npm`), looked for in the opened path.
+    pub first: String,
+    pub matcher: globset::GlobMatcher,
+}
+
+impl TryFrom<String> for HomeFile {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        let first = text.split('/').next().unwrap_or_default();
+        if text.starts_with('/') || first.is_empty() || first.contains(['*', '?', '[', '{']) || first == ".." {
+            return Err(format!("home file {text:?}: a relative path whose first component is a plain name"));
+        }
+        let glob = GlobBuilder::new(&text)
+            .literal_separator(true)
+            .build()
+            .map_err(|e| format!("bad home file pattern {text:?}: {}", e.kind()))?;
+        Ok(HomeFile { first: first.to_owned(), matcher: glob.compile_matcher() })
+    }
 }
 
 /// The only schema this build reads.

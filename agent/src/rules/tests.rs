@@ -414,6 +414,39 @@ fn runs_code_names_a_known_manager() {
 }
 
 #[test]
+fn project_code_and_home_files_are_data_with_checked_references() {
+    let set = RuleSet::defaults().unwrap();
+    let m = |name: &str| set.managers().iter().position(|m| m.name == name).unwrap();
+    let args = |words: &[&str]| words.iter().map(|w| (*w).to_owned()).collect::<Vec<_>>();
+    assert!(set.project_command(m("npm"), "/usr/bin/npm", &args(&["npm", "--silent", "run", "dev"])).is_some());
+    assert!(set.project_command(m("npm"), "/usr/bin/npx", &args(&["npx", "run"])).is_none());
+    assert!(set.project_command(m("yarn"), "/usr/bin/yarn", &args(&["yarn", "dev"])).is_some());
+    assert!(set.project_command(m("yarn"), "/usr/bin/yarn", &args(&["yarn", "add", "x"])).is_none());
+    assert!(set.project_command(m("yarn"), "/usr/bin/yarn", &args(&["yarn"])).is_none());
+    let cargo = set.project_command(m("cargo"), "/usr/bin/cargo", &args(&["cargo", "+nightly", "test"])).unwrap();
+    assert!(set.project_program(cargo, "/w/target/debug/deps/app-0a1b2c"));
+    assert!(!set.project_program(cargo, "/w/target/debug/build/dep-0a1b2c/build-script-build"));
+    assert!(!set.project_program(cargo, "/root/.rustup/toolchains/stable/bin/rustc"));
+    let npm = m("npm");
+    let home = |path: &str| set.home_of_manager_file(npm, path, "/srv/ci/job");
+    assert_eq!(home("/srv/ci/.npmrc").as_deref(), Some("/srv/ci"));
+    assert_eq!(home("/h/.npm/_logs/x-debug-0.log").as_deref(), Some("/h"));
+    assert_eq!(home("/srv/ci/job/.npmrc"), None, "the project's own");
+    assert_eq!(home("/h/.npmrc.bak"), None);
+    assert_eq!(home("/h/.npm/_logs/deeper/x.log"), None, "`*` stops at /");
+
+    let (error, file) =
+        error_for("schema: 1\nproject_code:\n  - manager: maven\n    execs: [mvn]\n    commands: [test]\n");
+    assert_invalid_at(&error, &file, 3, "project_code: unknown manager \"maven\"");
+    let (error, file) = error_for(
+        "schema: 1\nproject_code:\n  - manager: npm\n    execs: [npm]\n    commands: [run]\n    quiet: true\n",
+    );
+    assert_invalid_at(&error, &file, 6, "unknown field `quiet`");
+    let (error, file) = error_for("schema: 1\nhome_files:\n  - manager: npm\n    files: [\"*/.npmrc\"]\n");
+    assert_invalid_at(&error, &file, 4, "first component is a plain name");
+}
+
+#[test]
 fn bad_sweeps_name_file_and_line() {
     let sweep = "schema: 1\nsweep:\n  id: s\n  name: S\n  description: S.\n  category: sweep\n  severity: critical\n  min_categories: 3\n  window_s: 30\n  min_severity: medium\n";
     let (error, file) = error_for(&sweep.replace("window_s: 30", "window_s: 0"));
