@@ -1218,6 +1218,20 @@ fn each_managers_project_commands_run_quiet_code() {
             "{args:?}: {ids:?}"
         );
     }
+    // npm as the kernel runs it: its `#!/usr/bin/env node` line first, then env's exec of node.
+    let mut run = Run::new();
+    run.exec_full(
+        700,
+        1,
+        "/usr/bin/npm",
+        &["/usr/bin/env", "node", "/usr/bin/npm", "run", "dev"],
+        "/home/alice/app",
+        &[],
+    )
+    .exec_full(700, 1, "/usr/bin/node", &["node", "/usr/bin/npm", "run", "dev"], "/home/alice/app", &[])
+    .spawn(701, 700, &["sh", "-c", "node server.js"], PROJECT_SCRIPT)
+    .open(701, "/home/alice/.aws/credentials");
+    assert!(run.take().is_empty());
     // `bun run` is itself the project's code (it runs the script in-process).
     let mut run = Run::new();
     run.exec(700, 1, &["bun", "run", "dev"], &[]).open(700, "/home/alice/.aws/credentials");

@@ -228,10 +228,20 @@ impl RuleSet {
     /// Whether the manager `manager` (an index in [`RuleSet::managers`]), executed as `filename`
     /// with `args`, runs the developer's own project: the index of its `project_code` entry.
     /// Options before the first word are skipped (`npm --silent run`, `cargo +nightly test`).
+    /// No word, or options with values before it (`npm -w pkg run`), is no project command.
     pub fn project_command(&self, manager: usize, filename: &str, args: &[String]) -> Option<usize> {
         let name = &self.managers[manager].name;
         let exec = manager::basename(filename);
-        let first = args.iter().skip(1).find(|arg| !arg.starts_with(['-', '+']))?;
+        // A script run through its `#!` line has the interpreter's argv
+        // (`/usr/bin/env node /usr/bin/npm run dev`): the manager's words follow its path.
+        let words = match args.first() {
+            Some(first) if manager::basename(first) != exec => {
+                let at = args.iter().skip(1).position(|arg| manager::basename(arg) == exec)?;
+                &args[at + 2..]
+            }
+            _ => args.get(1..).unwrap_or_default(),
+        };
+        let first = words.iter().find(|arg| !arg.starts_with(['-', '+']))?;
         self.project_code.iter().position(|(p, _)| {
             &p.manager == name
                 && p.execs.iter().any(|e| e == exec)

@@ -420,6 +420,10 @@ fn project_code_and_home_files_are_data_with_checked_references() {
     let args = |words: &[&str]| words.iter().map(|w| (*w).to_owned()).collect::<Vec<_>>();
     assert!(set.project_command(m("npm"), "/usr/bin/npm", &args(&["npm", "--silent", "run", "dev"])).is_some());
     assert!(set.project_command(m("npm"), "/usr/bin/npx", &args(&["npx", "run"])).is_none());
+    let shebang = args(&["/usr/bin/env", "node", "/usr/bin/npm", "run", "dev"]);
+    assert!(set.project_command(m("npm"), "/usr/bin/npm", &shebang).is_some());
+    let shebang = args(&["/usr/bin/env", "node", "/usr/bin/npm", "install"]);
+    assert!(set.project_command(m("npm"), "/usr/bin/npm", &shebang).is_none());
     assert!(set.project_command(m("yarn"), "/usr/bin/yarn", &args(&["yarn", "dev"])).is_some());
     assert!(set.project_command(m("yarn"), "/usr/bin/yarn", &args(&["yarn", "add", "x"])).is_none());
     assert!(set.project_command(m("yarn"), "/usr/bin/yarn", &args(&["yarn"])).is_none());
