@@ -121,3 +121,32 @@ fn cargo_run_of_the_projects_program_is_quiet_but_a_dependencys_build_script_ale
     run.assert_exit(0);
     assert_eq!(run.alerts(), Vec::<Value>::new(), "{}", run.describe());
 }
+
+#[test]
+fn a_recorded_npm_run_dev_replays_quiet_and_alerts_with_watch_project() {
+    let sandbox = Sandbox::new();
+    let app = dotenv_app(&sandbox);
+    let trace = sandbox.work().join("dev.jsonl");
+    let mut record = sandbox.command(credwatch_e2e::credwatch_binary());
+    record.arg("record").arg("-o").arg(&trace).args(["--", "npm", "run", "dev"]).current_dir(&app);
+    let run = sandbox.wait(sandbox.spawn(record));
+    assert_served(&app, &run);
+    run.assert_exit(0);
+    // The decision is the engine's, from the recorded events: replay agrees with live, and
+    // `--watch-project` on replay watches the project's code as it would have live.
+    let replay = |options: &[&str]| {
+        let mut command = sandbox.command(credwatch_e2e::credwatch_binary());
+        command.arg("replay").arg("--json").args(options).arg(&trace);
+        sandbox.wait(sandbox.spawn(command))
+    };
+    let quiet = replay(&[]);
+    quiet.assert_exit(0);
+    assert_eq!(quiet.stdout, "", "{}", quiet.describe());
+    let watched = replay(&["--watch-project"]);
+    watched.assert_exit(EXIT_ALERT);
+    let rules: Vec<String> = credwatch_e2e::parse_alerts(&watched.stdout)
+        .iter()
+        .filter_map(|a| a["rule"]["id"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(rules, ["dotenv-files", "aws-credentials"], "{}", watched.describe());
+}
