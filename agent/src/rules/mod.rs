@@ -270,10 +270,10 @@ impl RuleSet {
         let name = &self.managers[manager].name;
         for (entry, _) in self.home_files.iter().filter(|(h, _)| &h.manager == name) {
             for file in &entry.files {
-                let needle = format!("/{}", file.first);
-                for (at, _) in path.match_indices(&needle) {
+                for (at, _) in path.match_indices(&file.needle) {
                     let (home, rest) = (&path[..at], &path[at + 1..]);
-                    let boundary = rest.len() == file.first.len() || rest.as_bytes()[file.first.len()] == b'/';
+                    let first = file.needle.len() - 1;
+                    let boundary = rest.len() == first || rest.as_bytes()[first] == b'/';
                     if boundary && home.starts_with('/') && home != cwd && file.matcher.is_match(rest) {
                         return Some(home.to_owned());
                     }

@@ -92,8 +92,8 @@ pub struct HomeFiles {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(try_from = "String")]
 pub struct HomeFile {
-    /// The first component (`.npm`), looked for in the opened path.
-    pub first: String,
+    /// `/` and the first component (`/.npm`), looked for in the opened path.
+    pub needle: String,
     pub matcher: globset::GlobMatcher,
 }
 
@@ -108,7 +108,7 @@ impl TryFrom<String> for HomeFile {
             .literal_separator(true)
             .build()
             .map_err(|e| format!("bad home file pattern {text:?}: {}", e.kind()))?;
-        Ok(HomeFile { first: first.to_owned(), matcher: glob.compile_matcher() })
+        Ok(HomeFile { needle: format!("/{first}"), matcher: glob.compile_matcher() })
     }
 }
 
