@@ -1237,6 +1237,15 @@ fn each_managers_project_commands_run_quiet_code() {
     run.exec(700, 1, &["bun", "run", "dev"], &[]).open(700, "/home/alice/.aws/credentials");
     run.spawn(701, 700, &["bun", "test"], &[]).open(701, "/home/alice/.aws/credentials");
     assert!(run.take().is_empty());
+    // So is `bun server.ts` from the project's script: bun as the project's interpreter.
+    run.exec(710, 1, &["npm", "run", "dev"], &[])
+        .spawn(711, 710, &["sh", "-c", "bun ./src/server.ts"], PROJECT_SCRIPT)
+        .spawn(712, 711, &["bun", "./src/server.ts"], PROJECT_SCRIPT)
+        .open(712, "/home/alice/app/.env");
+    assert!(run.take().is_empty());
+    // `bunx` from it fetches registry code: watched.
+    run.spawn(713, 711, &["bunx", "cowsay"], PROJECT_SCRIPT).open(713, "/home/alice/app/.env");
+    assert_eq!(run.one().rule.id, "dotenv-files");
 }
 
 #[test]

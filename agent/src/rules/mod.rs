@@ -245,7 +245,8 @@ impl RuleSet {
         self.project_code.iter().position(|(p, _)| {
             &p.manager == name
                 && p.execs.iter().any(|e| e == exec)
-                && (p.commands.contains(first) || p.builtins.as_ref().is_some_and(|b| !b.contains(first)))
+                && (p.commands.iter().any(|c| c.matcher.is_match(first))
+                    || p.builtins.as_ref().is_some_and(|b| !b.contains(first)))
         })
     }
 

@@ -60,8 +60,9 @@ pub struct ProjectCode {
     pub manager: String,
     /// Executable basenames this applies to (`npm`, not `npx`, whose first word is a package).
     pub execs: Vec<String>,
-    /// First words (after options) that run the project (`run`, `test`).
-    pub commands: Vec<String>,
+    /// First words (after options) that run the project (`run`, `test`, `*.js`): globs, `*`
+    /// crosses `/`.
+    pub commands: Vec<WordPattern>,
     /// When set, any other first word than these runs a script of the project too (`yarn dev`).
     #[serde(default)]
     pub builtins: Option<Vec<String>>,
