@@ -579,7 +579,8 @@ impl Engine {
     fn open(&mut self, event: &Event, open: &Open) -> Vec<Alert> {
         let Some(id) = self.live(event.pid) else { return Vec::new() };
         self.learn_home(id, open);
-        if self.quiet(id) {
+        // The kernel blocks without knowing what is the project's: a kill is never silent.
+        if self.quiet(id) && !open.blocked {
             return Vec::new();
         }
         // A failed open read nothing; probing for files that do not exist is what every
@@ -763,7 +764,7 @@ impl Engine {
 
     fn syscall(&mut self, event: &Event, syscall: &Syscall) -> Vec<Alert> {
         let Some(id) = self.live(event.pid) else { return Vec::new() };
-        if self.quiet(id) {
+        if self.quiet(id) && !syscall.blocked {
             return Vec::new();
         }
         let p = &self.procs[&id];

@@ -1361,6 +1361,32 @@ fn cargo_run_and_test_quiet_the_program_not_the_dependencies_build() {
 }
 
 #[test]
+fn what_the_kernel_blocked_in_the_projects_code_is_told() {
+    let mut run = Run::new();
+    run.exec(1250, 1, &["npm", "test"], &[]).spawn(1251, 1250, &["sh", "-c", "jest"], PROJECT_SCRIPT);
+    run.send(
+        1251,
+        EventData::Open(Open {
+            tid: 1251,
+            syscall: "openat".into(),
+            dirfd: AT_FDCWD,
+            path: "/home/alice/.ssh/id_ed25519".into(),
+            ret: -1,
+            blocked: true,
+            ..Open::default()
+        }),
+    );
+    syscall(&mut run, 1251, "bpf", Some("BPF_PROG_LOAD"), None, true);
+    let alerts = run.take();
+    let ids: Vec<&str> = alerts.iter().map(|a| a.rule.id.as_str()).collect();
+    assert_eq!(ids, ["ssh-private-keys", "bpf-by-package"], "{alerts:#?}");
+    assert!(alerts.iter().all(|a| a.event.outcome == "blocked"));
+    // Not blocked: quiet.
+    syscall(&mut run, 1251, "bpf", Some("BPF_PROG_LOAD"), None, false);
+    assert!(run.take().is_empty());
+}
+
+#[test]
 fn poetry_run_that_execs_in_place_is_the_project() {
     let mut run = Run::new();
     run.exec(1200, 1, &["poetry", "run", "pytest"], &[])
