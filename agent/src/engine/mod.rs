@@ -649,12 +649,18 @@ impl Engine {
         !self.options.watch_project && self.procs[&id].project
     }
 
-    /// A manager's own open (or look-up) of one of its per-user files tells its tree's home,
-    /// for events without `HOME`. Only the manager itself counts: package code must not choose
-    /// where credentials are looked for. The first one found stays.
+    /// A manager's own read (or look-up) of one of its per-user files tells its tree's home,
+    /// for events without `HOME`. Only the manager itself counts, and only reads: package code
+    /// must not choose where credentials are looked for, and a package's files that the manager
+    /// writes while unpacking it (a `.npm/` or `.pypirc` in the archive) are the package's. The
+    /// first one found stays.
     fn learn_home(&mut self, id: Id, open: &Open) {
         let p = &self.procs[&id];
         let Some(manager) = p.manager.filter(|_| p.manager_self.is_some() && p.home.is_none()) else { return };
+        let writes = (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC) as u64;
+        if open.flags & writes != 0 || open.syscall == "creat" {
+            return;
+        }
         if self.trees.get(&p.root).is_some_and(|tree| tree.home.is_some()) || !self.procs.contains_key(&p.root) {
             return;
         }

@@ -1465,6 +1465,10 @@ fn package_code_cannot_choose_the_home() {
         .open_full(1401, "/tmp/decoy/.npmrc", None, -2, 0)
         .open(1401, "/tmp/decoy/.aws/credentials");
     assert!(run.take().is_empty());
+    // Nor can an archive's files that npm writes while unpacking it.
+    run.open_full(1400, "/tmp/unpack/evil/.npm/_logs/x.log", None, 3, (libc::O_WRONLY | libc::O_CREAT) as u64)
+        .open(1401, "/tmp/unpack/evil/.aws/credentials");
+    assert!(run.take().is_empty());
     // The manager's later look-up is still the clue.
     run.open_full(1400, "/var/lib/jenkins/.npmrc", None, -2, 0).open(1401, "/var/lib/jenkins/.aws/credentials");
     assert_eq!(run.one().rule.id, "aws-credentials");

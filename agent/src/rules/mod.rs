@@ -265,8 +265,8 @@ impl RuleSet {
     }
 
     /// The home that `path`, opened (or looked for) by the manager `manager` itself, lies in,
-    /// when it is one of the manager's per-user files. A file directly in `cwd` is the
-    /// project's own (`<project>/.npmrc`), not the user's.
+    /// when it is one of the manager's per-user files. Files in `cwd` or below it are the
+    /// project's own (`<project>/.npmrc`), and those under a `node_modules` a package's.
     pub fn home_of_manager_file(&self, manager: usize, path: &str, cwd: &str) -> Option<String> {
         let name = &self.managers[manager].name;
         for (entry, _) in self.home_files.iter().filter(|(h, _)| &h.manager == name) {
@@ -275,7 +275,13 @@ impl RuleSet {
                     let (home, rest) = (&path[..at], &path[at + 1..]);
                     let first = file.needle.len() - 1;
                     let boundary = rest.len() == first || rest.as_bytes()[first] == b'/';
-                    if boundary && home.starts_with('/') && home != cwd && file.matcher.is_match(rest) {
+                    let in_project = home == cwd || home.strip_prefix(cwd).is_some_and(|r| r.starts_with('/'));
+                    if boundary
+                        && home.starts_with('/')
+                        && !in_project
+                        && !home.contains("/node_modules/")
+                        && file.matcher.is_match(rest)
+                    {
                         return Some(home.to_owned());
                     }
                 }

@@ -436,6 +436,8 @@ fn project_code_and_home_files_are_data_with_checked_references() {
     assert_eq!(home("/srv/ci/.npmrc").as_deref(), Some("/srv/ci"));
     assert_eq!(home("/h/.npm/_logs/x-debug-0.log").as_deref(), Some("/h"));
     assert_eq!(home("/srv/ci/job/.npmrc"), None, "the project's own");
+    assert_eq!(home("/srv/ci/job/sub/.npmrc"), None, "the project's own");
+    assert_eq!(home("/usr/lib/node_modules/x/.npmrc"), None, "a package's");
     assert_eq!(home("/h/.npmrc.bak"), None);
     assert_eq!(home("/h/.npm/_logs/deeper/x.log"), None, "`*` stops at /");
 
