@@ -1205,6 +1205,8 @@ fn each_managers_project_commands_run_quiet_code() {
         &["pnpm", "run", "dev"],
         &["pnpm", "test"],
         &["pnpm", "start"],
+        &["pnpm", "dev"],
+        &["bun", "dev"],
         &["uv", "run", "server.py"],
         &["poetry", "run", "pytest"],
     ] {
@@ -1263,6 +1265,9 @@ fn manager_commands_that_install_or_run_registry_code_stay_watched() {
         &["yarn", "dlx", "x"],
         &["pnpm", "dlx", "x"],
         &["pnpm", "install"],
+        &["pnpm", "install-test"],
+        &["bun", "install"],
+        &["bun", "x", "cowsay"],
         &["bunx", "x"],
         &["uvx", "ruff"],
         &["uv", "tool", "run", "ruff"],
