@@ -1234,6 +1234,12 @@ fn each_managers_project_commands_run_quiet_code() {
     .spawn(701, 700, &["sh", "-c", "node server.js"], PROJECT_SCRIPT)
     .open(701, "/home/alice/.aws/credentials");
     assert!(run.take().is_empty());
+    // A running `npm run dev` found in /proc when `watch` starts: npm has retitled itself.
+    let mut run = Run::new();
+    run.exec_full(720, 1, "npm", &["npm run dev"], "/home/alice/app", &[])
+        .exec_full(721, 720, "/bin/sh", &["sh", "-c", "node server.js"], "/home/alice/app", PROJECT_SCRIPT)
+        .open(721, "/home/alice/app/.env");
+    assert!(run.take().is_empty());
     // `bun run` is itself the project's code (it runs the script in-process).
     let mut run = Run::new();
     run.exec(700, 1, &["bun", "run", "dev"], &[]).open(700, "/home/alice/.aws/credentials");

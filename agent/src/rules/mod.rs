@@ -233,8 +233,14 @@ impl RuleSet {
         let name = &self.managers[manager].name;
         let exec = manager::basename(filename);
         // A script run through its `#!` line has the interpreter's argv
-        // (`/usr/bin/env node /usr/bin/npm run dev`): the manager's words follow its path.
+        // (`/usr/bin/env node /usr/bin/npm run dev`): the manager's words follow its path. A
+        // running npm seen in /proc has retitled itself: argv is the one string `npm run dev`.
+        let retitled: Vec<String>;
         let words = match args.first() {
+            Some(first) if args.len() == 1 && first.split(' ').next().is_some_and(|w| manager::basename(w) == exec) => {
+                retitled = first.split(' ').skip(1).map(str::to_owned).collect();
+                &retitled[..]
+            }
             Some(first) if manager::basename(first) != exec => {
                 let at = args.iter().skip(1).position(|arg| manager::basename(arg) == exec)?;
                 &args[at + 2..]

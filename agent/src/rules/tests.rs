@@ -424,6 +424,8 @@ fn project_code_and_home_files_are_data_with_checked_references() {
     assert!(set.project_command(m("npm"), "/usr/bin/npm", &shebang).is_some());
     let shebang = args(&["/usr/bin/env", "node", "/usr/bin/npm", "install"]);
     assert!(set.project_command(m("npm"), "/usr/bin/npm", &shebang).is_none());
+    assert!(set.project_command(m("npm"), "npm", &args(&["npm run dev"])).is_some(), "retitled, seen in /proc");
+    assert!(set.project_command(m("npm"), "npm", &args(&["npm install"])).is_none());
     assert!(set.project_command(m("yarn"), "/usr/bin/yarn", &args(&["yarn", "dev"])).is_some());
     assert!(set.project_command(m("yarn"), "/usr/bin/yarn", &args(&["yarn", "add", "x"])).is_none());
     assert!(set.project_command(m("yarn"), "/usr/bin/yarn", &args(&["yarn"])).is_none());
