@@ -101,6 +101,9 @@ struct Proc {
     parent: Option<Id>,
     /// The tree's root entry.
     root: Id,
+    /// Whose [`Tree`] holds its dedup, sweep, written files and home: the root's, or that of a
+    /// manager the project's own code started (each `npx` in `npm run dev` is a tree of its own).
+    tree: Id,
     root_pid: u32,
     depth: u32,
     alive: bool,
@@ -139,6 +142,7 @@ impl Proc {
             ppid,
             parent: None,
             root: 0,
+            tree: 0,
             root_pid: pid,
             depth: 0,
             alive: true,
@@ -323,7 +327,9 @@ impl Engine {
 
     fn insert_root(&mut self, pid: u32, ppid: u32) -> Id {
         let id = self.insert(Proc::new_root(pid, ppid));
-        self.procs.get_mut(&id).expect("just inserted").root = id;
+        let p = self.procs.get_mut(&id).expect("just inserted");
+        p.root = id;
+        p.tree = id;
         id
     }
 
@@ -384,10 +390,10 @@ impl Engine {
         }
     }
 
-    /// When the entry `id` that left the table is a root, its tree is gone: its sweep's final
-    /// summary is due.
+    /// When the entry `id` that left the table holds a tree's state (a root, or a manager the
+    /// project's code started), that tree is gone: its sweep's final summary is due.
     fn tree_ended(&mut self, id: Id, p: &Proc) {
-        if p.root != id {
+        if p.tree != id {
             return;
         }
         if let Some(mut tree) = self.trees.remove(&id) {
@@ -445,9 +451,15 @@ impl Engine {
             }
         }
         if started.is_some() {
-            // `bun test` is the project's code itself; `npm install` from a script is not.
-            p.project =
-                project_command.is_some_and(|entry| runs_code.is_some() || self.rules.project_in_process(entry));
+            // `bun test` is the project's code itself; `npm install` from a script is not: its
+            // tree (dedup, sweep) is its own.
+            let was_project = std::mem::replace(
+                &mut p.project,
+                project_command.is_some_and(|entry| runs_code.is_some() || self.rules.project_in_process(entry)),
+            );
+            if was_project && !p.project {
+                p.tree = id;
+            }
         }
         if let Some(kind) = started.filter(|_| runs_code.is_none()) {
             let outermost = match p.manager_self {
@@ -531,16 +543,16 @@ impl Engine {
             hits.push((index, alert));
         }
         let subject = format!("{exe}\0{}", words.join("\0"));
-        let root = p.root;
+        let tree = p.tree;
         hits.into_iter()
-            .filter_map(|(index, alert)| self.deliver(root, index, subject.clone(), alert, event.time_ns))
+            .filter_map(|(index, alert)| self.deliver(tree, index, subject.clone(), alert, event.time_ns))
             .collect()
     }
 
     /// The file of the exec that the tree wrote: the program, or for an interpreter of `m` the
     /// script (its first argument that is not an option).
     fn written_file(&self, p: &Proc, m: &ExecMatch, exe: &str, names: &[&str]) -> Option<String> {
-        let tree = self.trees.get(&p.root)?;
+        let tree = self.trees.get(&p.tree)?;
         // The kernel's executable, or the path given to execve (a script's own path).
         for path in [exe.to_owned(), absolute(&p.filename, &p.cwd)] {
             if tree.written.contains(&path) {
@@ -557,7 +569,7 @@ impl Engine {
         None
     }
 
-    /// Remembers that the tree of `root` created or wrote `path`.
+    /// Remembers that the tree of `root` (a process's `tree`) created or wrote `path`.
     fn remember_written(&mut self, root: Id, path: &str) {
         // A tree whose root was evicted keeps no state (nothing would ever drop it).
         if !self.procs.contains_key(&root) {
@@ -608,7 +620,7 @@ impl Engine {
         };
         // Files the outermost manager writes are the packages it installs; a nested one may be
         // package code (`bun payload.js`).
-        let (root, is_manager) = (p.root, p.manager_self.is_some_and(|own| own.outermost));
+        let (root, is_manager) = (p.tree, p.manager_self.is_some_and(|own| own.outermost));
         if writes && !is_manager && !open.blocked {
             self.remember_written(root, &path);
         }
@@ -661,12 +673,12 @@ impl Engine {
         if open.flags & writes != 0 || open.syscall == "creat" {
             return;
         }
-        if self.trees.get(&p.root).is_some_and(|tree| tree.home.is_some()) || !self.procs.contains_key(&p.root) {
+        if self.trees.get(&p.tree).is_some_and(|tree| tree.home.is_some()) || !self.procs.contains_key(&p.tree) {
             return;
         }
         let path = resolved_path(open, &p.cwd);
         if let Some(home) = self.rules.home_of_manager_file(manager, &path, &p.cwd) {
-            self.trees.entry(p.root).or_default().home = Some(home);
+            self.trees.entry(p.tree).or_default().home = Some(home);
         }
     }
 
@@ -676,7 +688,7 @@ impl Engine {
         p.home
             .as_deref()
             .or(self.options.home.as_deref())
-            .or_else(|| self.trees.get(&p.root).and_then(|tree| tree.home.as_deref()))
+            .or_else(|| self.trees.get(&p.tree).and_then(|tree| tree.home.as_deref()))
             .or_else(|| self.options.passwd.get(&p.uid).map(String::as_str))
     }
 
@@ -732,7 +744,7 @@ impl Engine {
         };
         // Files the outermost manager writes are the packages it installs; a nested one may be
         // package code (`bun payload.js`).
-        let (root, is_manager) = (p.root, p.manager_self.is_some_and(|own| own.outermost));
+        let (root, is_manager) = (p.tree, p.manager_self.is_some_and(|own| own.outermost));
         let mut hits = Vec::new();
         for (index, severity) in self.target_hits(p, &new, (event.pid, rename.tid), &[Access::Write], false) {
             let file = AlertFile {
@@ -807,14 +819,15 @@ impl Engine {
             syscall.operation.as_deref().unwrap_or(""),
             syscall.target_pid.map(|t| t.to_string()).unwrap_or_default()
         );
-        let root = p.root;
+        let tree = p.tree;
         hits.into_iter()
-            .filter_map(|(index, alert)| self.deliver(root, index, subject.clone(), alert, event.time_ns))
+            .filter_map(|(index, alert)| self.deliver(tree, index, subject.clone(), alert, event.time_ns))
             .collect()
     }
 
     /// Dedup and sweeps (see the module's documentation): whether `alert`, of the rule
-    /// `index` about `subject` in the tree of `root`, goes out, and as what.
+    /// `index` about `subject` in the tree of `root` (the alerting process's `tree`), goes out,
+    /// and as what.
     fn deliver(&mut self, root: Id, index: usize, subject: String, mut alert: Alert, time_ns: u64) -> Option<Alert> {
         if !self.procs.contains_key(&root) {
             // The root was evicted: no tree state to dedup or sweep with.

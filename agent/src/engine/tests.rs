@@ -1312,7 +1312,15 @@ fn managers_started_from_the_projects_scripts_are_watched_again() {
     run.spawn(804, 801, &["npx", "cowsay"], PROJECT_SCRIPT)
         .spawn(805, 804, &["sh", "-c", "cowsay"], &[])
         .open(805, "/home/alice/.ssh/id_ed25519");
+    let alert = run.one();
+    assert_eq!(alert.rule.id, "ssh-private-keys");
+    // The whole session is one tree (`credwatch.root_pid`), but each manager the project's code
+    // started dedups on its own: a second npx reading the same key is told again.
+    assert_eq!(alert.credwatch.root_pid, 800);
+    run.spawn(809, 801, &["npx", "cowsay"], PROJECT_SCRIPT).open(809, "/home/alice/.ssh/id_ed25519");
     assert_eq!(run.one().rule.id, "ssh-private-keys");
+    run.open(809, "/home/alice/.ssh/id_ed25519");
+    assert!(run.take().is_empty(), "the same npx again: a repeat");
     run.spawn(806, 801, &["npm", "test"], PROJECT_SCRIPT)
         .spawn(807, 806, &["sh", "-c", "jest"], PROJECT_SCRIPT)
         .open(807, "/home/alice/.ssh/id_ed25519");
