@@ -150,3 +150,40 @@ fn a_recorded_npm_run_dev_replays_quiet_and_alerts_with_watch_project() {
         .collect();
     assert_eq!(rules, ["dotenv-files", "aws-credentials"], "{}", watched.describe());
 }
+
+/// `watch`, the main mode: the project's script is quiet between two `npx` runs that alert (they
+/// prove the watch saw what happened in between). The test itself runs under `cargo test`, the
+/// project's own code: the npm commands it starts are managers of their own, as a developer's.
+#[test]
+fn under_watch_the_projects_script_is_quiet_between_npx_runs_that_alert() {
+    let sandbox = Sandbox::new();
+    let app = dotenv_app(&sandbox);
+    let tarball = sandbox.npm_pack("project/key-cli");
+    let key = sandbox.credential(".ssh/id_ed25519");
+    let npx = || {
+        let mut command = sandbox.command("npx");
+        command.args(["--yes", "--package", tarball.to_str().unwrap(), "key-cli"]).current_dir(&app);
+        sandbox.setup("npx key-cli", &mut command);
+    };
+    let key_alerts = || sandbox.alerts_now().into_iter().filter(|a| a["file"]["path"] == key.as_str()).count();
+    let watch = sandbox.watch();
+    npx();
+    let first = sandbox.wait_for(|a| a["file"]["path"] == key.as_str(), std::time::Duration::from_secs(20));
+    sandbox.setup("npm run dev", sandbox.command("npm").args(["run", "dev"]).current_dir(&app));
+    npx();
+    let start = std::time::Instant::now();
+    while key_alerts() < 2 && start.elapsed() < std::time::Duration::from_secs(20) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let run = watch.stop();
+    assert!(first.is_some(), "no alert from the first npx\n{}", run.describe());
+    assert_eq!(key_alerts(), 2, "{}", run.describe());
+    assert_served(&app, &run);
+    let env = app.join(".env").to_string_lossy().into_owned();
+    let project = run
+        .alerts()
+        .into_iter()
+        .filter(|a| a["file"]["path"] == env.as_str() || a["file"]["path"] == sandbox.credential(".aws/credentials"))
+        .collect::<Vec<_>>();
+    assert_eq!(project, Vec::<Value>::new(), "{}", run.describe());
+}
