@@ -51,6 +51,8 @@ const MAX_WRITTEN: usize = 4096;
 const MAX_SEEN: usize = 4096;
 /// Most files a sweep alert lists; the others are counted.
 const MAX_SWEEP_FILES: usize = 100;
+/// Most opens of configuration-chain files remembered per process for loader actors.
+const MAX_LOADER_OPENS: usize = 8;
 
 #[derive(Clone, Debug, Default)]
 pub struct EngineOptions {
@@ -133,6 +135,8 @@ struct Proc {
     /// unless `watch_project`. Inherited until it starts a manager that is not running the
     /// project (`npm install`, `npx`), whose tree is watched.
     project: bool,
+    /// Its latest attempts (time, path) to open a file a loader actor looks back for.
+    loader_opens: VecDeque<(u64, String)>,
 }
 
 impl Proc {
@@ -160,6 +164,7 @@ impl Proc {
             started_by_manager: false,
             started_by_project: None,
             project: false,
+            loader_opens: VecDeque::new(),
         }
     }
 
@@ -347,6 +352,7 @@ impl Engine {
             children: 0,
             started_by_manager: p.manager_self.is_some_and(|own| own.outermost),
             started_by_project: p.manager_self.and_then(|own| own.project),
+            loader_opens: VecDeque::new(),
             ..p.clone()
         };
         self.procs.get_mut(&parent).expect("live parent").children += 1;
@@ -537,8 +543,8 @@ impl Engine {
             if !self.conditions_hold(&rule.conditions, p, false) {
                 continue;
             }
-            let Some(severity) = self.severity(p, rule) else { continue };
-            let mut alert = self.alert(event, id, rule, severity, "exec", false, None);
+            let Some(judgement) = self.severity(p, rule, None) else { continue };
+            let mut alert = self.alert(event, id, rule, judgement, "exec", false, None);
             alert.credwatch.written_file = written;
             hits.push((index, alert));
         }
@@ -595,6 +601,16 @@ impl Engine {
         if self.quiet(id) && !open.blocked {
             return Vec::new();
         }
+        let p = &self.procs[&id];
+        let path = resolved_path(open, &p.cwd);
+        // Loaders probe for files that do not exist: failed attempts count as links of a chain.
+        if self.rules.is_loader_input(&path, self.home_of(p)) {
+            let p = self.procs.get_mut(&id).expect("live");
+            if p.loader_opens.len() >= MAX_LOADER_OPENS {
+                p.loader_opens.pop_front();
+            }
+            p.loader_opens.push_back((event.time_ns, path.clone()));
+        }
         // A failed open read nothing; probing for files that do not exist is what every
         // config loader does. A blocked one failed because the kernel stopped it: that is
         // the alert.
@@ -602,7 +618,6 @@ impl Engine {
             return Vec::new();
         }
         let p = self.procs.get_mut(&id).expect("live");
-        let path = resolved_path(open, &p.cwd);
         learn_from_open(p, &path);
         if open.flags & libc::O_PATH as u64 != 0 {
             // An O_PATH descriptor can neither read nor write the file.
@@ -625,15 +640,17 @@ impl Engine {
             self.remember_written(root, &path);
         }
         let p = &self.procs[&id];
-        let mut hits: Vec<(usize, Severity, Option<&str>)> = self
-            .target_hits(p, &path, (event.pid, open.tid), accesses, open.blocked)
+        let mut hits: Vec<(usize, Judgement, Option<&str>)> = self
+            .target_hits(p, &path, (event.pid, open.tid), accesses, open.blocked, Some(event.time_ns))
             .into_iter()
             .map(|(i, s)| (i, s, None))
             .collect();
         // The sensor knows the file by its inode: a hardlink or moved copy matches as the
         // credential file it is.
         if let Some(original) = open.same_file_as.as_deref().filter(|original| *original != path) {
-            for (index, severity) in self.target_hits(p, original, (event.pid, open.tid), accesses, open.blocked) {
+            for (index, severity) in
+                self.target_hits(p, original, (event.pid, open.tid), accesses, open.blocked, Some(event.time_ns))
+            {
                 if !hits.iter().any(|(i, ..)| *i == index) {
                     hits.push((index, severity, Some(original)));
                 }
@@ -693,7 +710,7 @@ impl Engine {
     }
 
     /// Target rules about one of `accesses` that match `path` for `p`, with the severity to
-    /// alert at (actors that allow are left out).
+    /// alert at (actors that allow are left out). `open_time`: the path is being opened then.
     fn target_hits(
         &self,
         p: &Proc,
@@ -701,7 +718,8 @@ impl Engine {
         (pid, tid): (u32, u32),
         accesses: &[Access],
         blocked: bool,
-    ) -> Vec<(usize, Severity)> {
+        open_time: Option<u64>,
+    ) -> Vec<(usize, Judgement)> {
         let home = self.home_of(p);
         let other = names_other_process(path, pid, tid);
         self.rules
@@ -716,7 +734,7 @@ impl Engine {
                 {
                     return None;
                 }
-                self.verdict(p, rule, blocked).map(|severity| (index, severity))
+                self.verdict(p, rule, blocked, open_time.map(|t| (path, t))).map(|judgement| (index, judgement))
             })
             .collect()
     }
@@ -746,7 +764,7 @@ impl Engine {
         // package code (`bun payload.js`).
         let (root, is_manager) = (p.tree, p.manager_self.is_some_and(|own| own.outermost));
         let mut hits = Vec::new();
-        for (index, severity) in self.target_hits(p, &new, (event.pid, rename.tid), &[Access::Write], false) {
+        for (index, severity) in self.target_hits(p, &new, (event.pid, rename.tid), &[Access::Write], false, None) {
             let file = AlertFile {
                 path: new.clone(),
                 given_path: rename.new_path.clone(),
@@ -759,7 +777,7 @@ impl Engine {
                 self.alert(event, id, &self.rules.rules()[index], severity, action, false, Some(file)),
             ));
         }
-        for (index, severity) in self.target_hits(p, &old, (event.pid, rename.tid), &[Access::Read], false) {
+        for (index, severity) in self.target_hits(p, &old, (event.pid, rename.tid), &[Access::Read], false, None) {
             let file = AlertFile {
                 path: old.clone(),
                 given_path: rename.old_path.clone(),
@@ -803,8 +821,8 @@ impl Engine {
             if !self.conditions_hold(&rule.conditions, p, other) {
                 continue;
             }
-            let Some(severity) = self.verdict(p, rule, syscall.blocked) else { continue };
-            let mut alert = self.alert(event, id, rule, severity, "syscall", syscall.blocked, None);
+            let Some(judgement) = self.verdict(p, rule, syscall.blocked, None) else { continue };
+            let mut alert = self.alert(event, id, rule, judgement, "syscall", syscall.blocked, None);
             alert.credwatch.syscall = Some(AlertSyscall {
                 name: syscall.name.clone(),
                 operation: syscall.operation.clone(),
@@ -955,8 +973,9 @@ impl Engine {
         false
     }
 
-    /// The severity to alert at, or None when an actor of the rule may do this.
-    fn severity(&self, p: &Proc, rule: &Rule) -> Option<Severity> {
+    /// The severity to alert at (and why it is not the rule's), or None when an actor of the
+    /// rule may do this. `open` is the path and time of the open being judged, if it is one.
+    fn severity(&self, p: &Proc, rule: &Rule, open: Option<(&str, u64)>) -> Option<Judgement> {
         for actor in &rule.actors {
             if !actor.managers.is_empty() && !actor.managers.iter().any(|m| m == self.manager_name(p)) {
                 continue;
@@ -966,18 +985,42 @@ impl Engine {
                 Who::Execs { execs, via_manager } => {
                     p.is_one_of(execs) && (!via_manager || self.launched_by_manager(p, execs))
                 }
+                Who::Loader { within_ns, .. } => open.is_some_and(|(path, time_ns)| {
+                    p.loader_opens.iter().any(|(t, other)| other != path && time_ns.saturating_sub(*t) <= *within_ns)
+                }),
+                Who::Under { execs } => self.under_one_of(p, execs),
             };
             if hit {
-                return actor.verdict.severity();
+                return actor.verdict.severity().map(|severity| Judgement {
+                    severity,
+                    why: Some(actor.why.clone().unwrap_or_else(|| default_why(&actor.who))),
+                });
             }
         }
-        Some(rule.severity)
+        Some(Judgement { severity: rule.severity, why: None })
     }
 
-    /// The severity to alert at, or None. What the kernel blocked is always told (at the
+    /// The judgement to alert with, or None. What the kernel blocked is always told (at the
     /// rule's severity when an actor would have allowed it): a silent kill helps no one.
-    fn verdict(&self, p: &Proc, rule: &Rule, blocked: bool) -> Option<Severity> {
-        self.severity(p, rule).or(blocked.then_some(rule.severity))
+    fn verdict(&self, p: &Proc, rule: &Rule, blocked: bool, open: Option<(&str, u64)>) -> Option<Judgement> {
+        self.severity(p, rule, open).or(blocked.then_some(Judgement { severity: rule.severity, why: None }))
+    }
+
+    /// `p`, or a process between it and its nearest manager, runs one of `execs`.
+    fn under_one_of(&self, p: &Proc, execs: &[String]) -> bool {
+        let mut next = Some(p);
+        while let Some(proc) = next {
+            if proc.manager_self.is_some() {
+                return false;
+            }
+            // `sh ./configure` and `node .../node-gyp rebuild` name the driver in argv[1].
+            let script = proc.args.get(1).filter(|arg| !arg.starts_with('-')).map(|arg| basename(arg));
+            if proc.is_one_of(execs) || script.is_some_and(|script| execs.iter().any(|e| e == script)) {
+                return true;
+            }
+            next = proc.parent.and_then(|id| self.procs.get(&id));
+        }
+        false
     }
 
     /// Every process between `p` and its nearest manager is one of `execs`.
@@ -1002,7 +1045,7 @@ impl Engine {
         event: &Event,
         id: Id,
         rule: &Rule,
-        severity: Severity,
+        judgement: Judgement,
         action: &str,
         blocked: bool,
         file: Option<AlertFile>,
@@ -1030,7 +1073,7 @@ impl Engine {
                 id: rule.id.clone(),
                 name: rule.name.clone(),
                 category: rule.category.clone(),
-                severity,
+                severity: judgement.severity,
                 description: rule.description.clone(),
             },
             process: AlertProcess {
@@ -1050,9 +1093,31 @@ impl Engine {
                 rotate: rule.rotate.clone(),
                 // Only the kernel blocks; a match here is after the fact.
                 enforcement: if blocked { "kernel" } else { "userspace" }.into(),
+                why: judgement.why,
                 ..AlertCredwatch::default()
             },
         }
+    }
+}
+
+/// The severity an alert goes out at, and why it is not the rule's own when an actor lowered
+/// it.
+#[derive(Clone, Debug)]
+struct Judgement {
+    severity: Severity,
+    why: Option<String>,
+}
+
+/// Why an actor without a `why` of its own lowered an alert.
+fn default_why(who: &Who) -> String {
+    match who {
+        Who::Manager { .. } => "a package manager read it, but one that package code started".into(),
+        Who::Execs { execs, via_manager: true } => {
+            format!("{} started by the package manager itself (e.g. for a git dependency)", execs.join("/"))
+        }
+        Who::Execs { execs, .. } => format!("{} is expected to read it", execs.join("/")),
+        Who::Loader { .. } => "read as one file of a configuration chain, the way config loaders do".into(),
+        Who::Under { execs } => format!("part of a build from sources (under {})", execs.join("/")),
     }
 }
 

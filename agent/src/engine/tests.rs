@@ -1492,3 +1492,53 @@ fn package_code_cannot_choose_the_home() {
     run.open_full(1400, "/var/lib/jenkins/.npmrc", None, -2, 0).open(1401, "/var/lib/jenkins/.aws/credentials");
     assert_eq!(run.one().rule.id, "aws-credentials");
 }
+
+#[test]
+fn a_config_chain_read_is_low_and_says_why_a_lone_or_late_read_is_not() {
+    let mut run = Run::new();
+    let pkg = "/home/alice/app/node_modules/optipng-bin";
+    run.exec(100, 1, &["npm", "install"], &[]).spawn(101, 100, &["node", "lib/install.js"], POSTINSTALL);
+    // npm-conf: the package's own .npmrc (missing), ~/.npmrc, the global npmrc.
+    run.open_full(101, &format!("{pkg}/.npmrc"), None, -2, 0).open(101, "/home/alice/.npmrc");
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("npm-registry-token", Severity::Low));
+    assert!(alert.credwatch.why.as_deref().is_some_and(|why| why.contains("configuration chain")), "{alert:#?}");
+
+    // The same chain with 60 ms between the links is no loader's single pass.
+    run.spawn(102, 100, &["node", "steal.js"], POSTINSTALL).open_full(102, &format!("{pkg}/.npmrc"), None, -2, 0);
+    run.time_ns += 60_000_000;
+    run.open(102, "/home/alice/.npmrc");
+    let alert = run.one();
+    assert_eq!((alert.rule.severity, alert.credwatch.why.as_deref()), (Severity::High, None));
+
+    // Reading the token file twice is not a chain either.
+    run.spawn(103, 100, &["node", "grab.js"], POSTINSTALL)
+        .open(103, "/home/alice/.npmrc")
+        .open(103, "/home/alice/.npmrc");
+    assert!(run.take().iter().all(|a| a.rule.severity == Severity::High));
+}
+
+#[test]
+fn programs_a_build_from_sources_generated_are_low_a_dropped_payload_is_not() {
+    let mut run = Run::new();
+    let src = "/tmp/pip-req-build-x/libfoo";
+    let write = libc::O_WRONLY as u64 | libc::O_CREAT as u64;
+    run.exec(100, 1, &["pip", "install", "./foo.tar.gz"], &[]).spawn(101, 100, &["python3", "setup.py", "build"], &[]);
+    run.spawn(102, 101, &["make", "-C", src], &[]).open_full(
+        102,
+        &format!("{src}/conftest"),
+        Some(&format!("{src}/conftest")),
+        3,
+        write,
+    );
+    run.fork(102, 103).exec_full(103, 102, &format!("{src}/conftest"), &["./conftest"], src, &[]);
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("exec-of-written-file", Severity::Low));
+    assert!(alert.credwatch.why.as_deref().is_some_and(|why| why.contains("own sources")), "{alert:#?}");
+
+    // The same program written and run by setup.py itself, under no build driver.
+    run.open_full(101, "/tmp/payload", Some("/tmp/payload"), 3, write);
+    run.fork(101, 104).exec_full(104, 101, "/tmp/payload", &["/tmp/payload"], src, &[]);
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("exec-of-written-file", Severity::High));
+}

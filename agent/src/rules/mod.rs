@@ -21,11 +21,11 @@ use self::{
     schema::Pattern,
     schema::{
         Access, Action, Actor, Conditions, ExecMatch, FileDoc, HomeFiles, ProjectCode, RuleDoc, RunsCode, Samples,
-        Sweep, SyscallMatch,
+        Sweep, SyscallMatch, Who,
     },
     target::{TargetIndex, Targets},
 };
-use crate::alert::Severity;
+use crate::alert::{Alert, Severity};
 
 mod embedded {
     include!(concat!(env!("OUT_DIR"), "/default_rules.rs"));
@@ -152,6 +152,8 @@ pub struct RuleSet {
     runs_code: Vec<(RunsCode, Origin)>,
     project_code: Vec<(ProjectCode, Origin)>,
     home_files: Vec<(HomeFiles, Origin)>,
+    /// The `after_opens` of every loader actor: the opens the engine remembers per process.
+    loader_inputs: Vec<Targets>,
     /// SHA-256 over every source file (name and text) in load order: names the rules in force
     /// in a trace header.
     digest: sha2::Sha256,
@@ -327,13 +329,31 @@ impl RuleSet {
     pub fn sample_failures(&self) -> Vec<String> {
         let mut failures = Vec::new();
         for rule in &self.rules {
-            for (kind, steps, want) in
-                [("positive", &rule.samples.positive, true), ("negative", &rule.samples.negative, false)]
-            {
+            let samples = [
+                ("positive", &rule.samples.positive),
+                ("negative", &rule.samples.negative),
+                ("lowered", &rule.samples.lowered),
+            ];
+            for (kind, steps) in samples {
+                if steps.is_empty() {
+                    continue;
+                }
                 let alerts = sample::replay(self, steps);
-                let fired = alerts.iter().any(|alert| alert.rule.id == rule.id);
-                if fired != want {
-                    let what = if want { "did not fire the rule" } else { "fired the rule" };
+                let own: Vec<_> = alerts.iter().filter(|alert| alert.rule.id == rule.id).collect();
+                let full = |alert: &&Alert| alert.rule.severity == rule.severity;
+                let wrong = match kind {
+                    "positive" if own.is_empty() => Some("did not fire the rule".to_owned()),
+                    "positive" if !own.iter().any(full) => {
+                        Some(format!("fired the rule only below its severity ({})", rule.severity.as_str()))
+                    }
+                    "negative" if !own.is_empty() => Some("fired the rule".to_owned()),
+                    "lowered" if own.is_empty() => Some("did not fire the rule".to_owned()),
+                    "lowered" if own.iter().any(|a| a.rule.severity >= rule.severity || a.credwatch.why.is_none()) => {
+                        Some("fired the rule at its own severity, or without saying why".to_owned())
+                    }
+                    _ => None,
+                };
+                if let Some(what) = wrong {
                     let others: Vec<&str> = alerts.iter().map(|a| a.rule.id.as_str()).collect();
                     failures.push(format!(
                         "{}: rule {}: the {kind} sample {what} (alerts: {})",
@@ -382,6 +402,11 @@ impl RuleSet {
         }
     }
 
+    /// Whether an attempt to open `path` is one a loader actor looks back for.
+    pub fn is_loader_input(&self, path: &str, home: Option<&str>) -> bool {
+        self.loader_inputs.iter().any(|inputs| inputs.matches(path, home))
+    }
+
     /// Indices (into [`RuleSet::rules`]) of the rules that may match `path`; confirm with
     /// [`Rule::matches_path`].
     pub fn candidates(&self, path: &str, home: Option<&str>) -> Vec<usize> {
@@ -408,6 +433,11 @@ impl RuleSet {
             if let Some(syscalls) = &rule.syscalls {
                 for name in &syscalls.names.0 {
                     self.syscall_by_name.entry(name.clone()).or_default().push(index);
+                }
+            }
+            for actor in &rule.actors {
+                if let Who::Loader { after, .. } = &actor.who {
+                    self.loader_inputs.push((**after).clone());
                 }
             }
         }
@@ -581,6 +611,12 @@ fn build_rule(doc: RuleDoc, origin: Origin) -> Result<Rule, RulesError> {
     };
     if doc.access.is_some() && doc.targets.is_none() {
         return Err(invalid("`access` goes with `targets`".into()));
+    }
+    let judged_here = |a: &schema::Actor| matches!(a.who, schema::Who::Loader { .. } | schema::Who::Under { .. });
+    if doc.action == Action::Kill && doc.actors.iter().any(judged_here) {
+        return Err(invalid(
+            "`after_opens` and `under` actors are judged in userspace only: not on a `kill` rule".into(),
+        ));
     }
     if !doc.exclude.is_empty() && doc.syscalls.is_some() {
         return Err(invalid("`exclude` goes with `targets` or `exec`, not with `syscalls`".into()));
