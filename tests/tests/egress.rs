@@ -1,0 +1,149 @@
+//! Egress of package code, end to end: a postinstall connects where `EGRESS_CASE` says
+//! (`tests/fixtures/npm/egress-probe`). Everything runs inside a mount and network namespace of
+//! the test's own (`tests/fixtures/egress/netns.sh`): only loopback exists, invented names
+//! resolve through a DNS responder on 127.0.0.53 to receivers on 127.0.0.x, and a socket of the
+//! lab's own stands at /run/docker.sock. Nothing leaves the machine.
+
+use std::{fs, path::PathBuf};
+
+use credwatch_e2e::{fixtures, Run, Sandbox, EXIT_ALERT};
+use serde_json::Value;
+
+/// Where the exfiltrating case posts, and the registry name, as the lab's DNS maps them.
+const COLLECTOR: (&str, &str) = ("collector.exfil.invalid", "127.0.0.9");
+const REGISTRY: (&str, &str) = ("registry.npmjs.org", "127.0.0.10");
+const PORT: u16 = 8080;
+
+/// One `npm install` of the probe package under `credwatch run OPTIONS`, in a fresh lab.
+struct LabRun {
+    /// Kept for its directory: the lab's records live in it.
+    _sandbox: Sandbox,
+    run: Run,
+    lab: PathBuf,
+    npmrc: String,
+}
+
+impl LabRun {
+    fn new(case: &str, options: &[&str]) -> LabRun {
+        let sandbox = Sandbox::new();
+        let tarball = sandbox.npm_pack("npm/egress-probe");
+        let project = sandbox.npm_project();
+        let lab = sandbox.work().join("lab");
+        fs::create_dir_all(&lab).unwrap();
+        let netns = fixtures().join("egress/netns.sh");
+        let receivers = format!(
+            "--dns 127.0.0.53 --map {}={} {}={} --tcp {}:{PORT} {}:{PORT} --unix /run/docker.sock",
+            COLLECTOR.0, COLLECTOR.1, REGISTRY.0, REGISTRY.1, COLLECTOR.1, REGISTRY.1
+        );
+        let cmd = [
+            "unshare",
+            "--mount",
+            "--net",
+            "--",
+            "sh",
+            netns.to_str().unwrap(),
+            lab.to_str().unwrap(),
+            "--",
+            "npm",
+            "install",
+            tarball.to_str().unwrap(),
+        ];
+        let run = sandbox.run_with(&project, options, &cmd, &[("EGRESS_CASE", case), ("NETLAB_ARGS", &receivers)]);
+        assert!(lab.join("ready").exists(), "the lab never started\n{}", run.describe());
+        let npmrc = sandbox.credential(".npmrc");
+        LabRun { _sandbox: sandbox, run, lab, npmrc }
+    }
+
+    /// What a receiver got (it records every connection, even an empty one).
+    fn received(&self, name: &str) -> String {
+        let path = self.lab.join(name);
+        fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}\n{}", path.display(), self.run.describe()))
+    }
+
+    fn alerts_of(&self, rule: &str) -> Vec<Value> {
+        self.run.alerts().into_iter().filter(|a| a["rule"]["id"] == rule).collect()
+    }
+
+    #[track_caller]
+    fn one_alert_of(&self, rule: &str) -> Value {
+        let alerts = self.alerts_of(rule);
+        assert_eq!(alerts.len(), 1, "one {rule} alert expected\n{}", self.run.describe());
+        alerts.into_iter().next().unwrap()
+    }
+}
+
+#[test]
+fn postinstall_posting_the_npmrc_to_an_invented_host_is_one_critical_exfiltration() {
+    let lab = LabRun::new("exfil", &[]);
+    lab.run.assert_exit(EXIT_ALERT);
+    let alert = lab.one_alert_of("exfiltration");
+    assert_eq!(alert["rule"]["severity"], "critical", "{alert:#}");
+    assert_eq!(alert["event"]["action"], "connect", "{alert:#}");
+    assert_eq!(alert["event"]["outcome"], "alerted", "{alert:#}");
+    assert_eq!(alert["destination"]["domain"], COLLECTOR.0, "{alert:#}");
+    assert_eq!(alert["destination"]["address"], COLLECTOR.1, "{alert:#}");
+    assert_eq!(alert["destination"]["port"], PORT, "{alert:#}");
+    assert_eq!(alert["credwatch"]["credentials_touched"], serde_json::json!([lab.npmrc]), "{alert:#}");
+    assert_eq!(alert["package"]["name"], "egress-probe", "{alert:#}");
+    assert_eq!(alert["package"]["lifecycle"], "postinstall", "{alert:#}");
+    // Without --enforce the post goes through: the receiver has the fake token.
+    let received = lab.received(&format!("tcp-{}-{PORT}", COLLECTOR.1));
+    assert!(received.contains("npm_FAKEcredwatchE2E"), "the collector got: {received:?}\n{}", lab.run.describe());
+}
+
+#[test]
+fn enforce_kills_the_exfiltrating_postinstall_before_it_sends_anything() {
+    let lab = LabRun::new("exfil", &["--enforce"]);
+    let alert = lab.one_alert_of("exfiltration");
+    assert_eq!(alert["event"]["outcome"], "blocked", "{alert:#}");
+    assert_eq!(alert["credwatch"]["enforcement"], "kernel-hold", "{alert:#}");
+    assert_eq!(alert["destination"]["domain"], COLLECTOR.0, "{alert:#}");
+    // The kernel stopped the process at the connect; the agent killed it on the verdict. The
+    // handshake may have completed, but not one byte of the request was sent.
+    let received = lab.received(&format!("tcp-{}-{PORT}", COLLECTOR.1));
+    assert_eq!(received, "", "the collector got data despite --enforce\n{}", lab.run.describe());
+    assert!(
+        lab.run.stdout.contains("Killed") || lab.run.stderr.contains("Killed"),
+        "npm should report the kill\n{}",
+        lab.run.describe()
+    );
+}
+
+#[test]
+fn a_config_read_then_the_registry_is_no_exfiltration() {
+    let lab = LabRun::new("read-then-registry", &[]);
+    assert!(lab.alerts_of("exfiltration").is_empty(), "{}", lab.run.describe());
+    // The read itself is still told (its severity is the registry rule's business).
+    assert!(lab.run.alerts().iter().any(|a| a["file"]["path"] == lab.npmrc.as_str()), "{}", lab.run.describe());
+    let received = lab.received(&format!("tcp-{}-{PORT}", REGISTRY.1));
+    assert!(received.contains("POST /collect"), "the registry stand-in got: {received:?}\n{}", lab.run.describe());
+}
+
+#[test]
+fn postinstall_talking_to_the_registry_without_reading_anything_is_quiet() {
+    let lab = LabRun::new("registry", &[]);
+    lab.run.assert_exit(0);
+    assert!(lab.run.alerts().is_empty(), "{}", lab.run.describe());
+    assert!(lab.received(&format!("tcp-{}-{PORT}", REGISTRY.1)).contains("POST /collect"), "{}", lab.run.describe());
+}
+
+#[test]
+fn postinstall_connecting_to_the_docker_socket_is_high() {
+    let lab = LabRun::new("docker", &[]);
+    lab.run.assert_exit(EXIT_ALERT);
+    let alert = lab.one_alert_of("docker-socket");
+    assert_eq!(alert["rule"]["severity"], "high", "{alert:#}");
+    assert_eq!(alert["destination"]["address"], "/run/docker.sock", "{alert:#}");
+    assert_eq!(alert["destination"]["family"], "unix", "{alert:#}");
+    assert!(lab.received("unix-docker.sock").contains("/containers/json"), "{}", lab.run.describe());
+}
+
+#[test]
+fn postinstall_connecting_to_the_cloud_metadata_address_is_high_even_when_it_fails() {
+    let lab = LabRun::new("metadata", &[]);
+    lab.run.assert_exit(EXIT_ALERT);
+    let alert = lab.one_alert_of("cloud-metadata");
+    assert_eq!(alert["rule"]["severity"], "high", "{alert:#}");
+    assert_eq!(alert["destination"]["address"], "169.254.169.254", "{alert:#}");
+    assert_eq!(alert["destination"]["port"], 80, "{alert:#}");
+}
