@@ -13,6 +13,8 @@ use serde_json::Value;
 const COLLECTOR: (&str, &str) = ("collector.exfil.invalid", "127.0.0.9");
 const REGISTRY: (&str, &str) = ("registry.npmjs.org", "127.0.0.10");
 const PORT: u16 = 8080;
+/// The lab's stand-in for an SSH agent, in the private /run; the install's `SSH_AUTH_SOCK`.
+const AGENT_SOCKET: &str = "/run/lab-ssh-agent.sock";
 
 /// One `npm install` of the probe package under `credwatch run OPTIONS`, in a fresh lab.
 struct LabRun {
@@ -32,7 +34,7 @@ impl LabRun {
         fs::create_dir_all(&lab).unwrap();
         let netns = fixtures().join("egress/netns.sh");
         let receivers = format!(
-            "--dns 127.0.0.53 --map {}={} {}={} --tcp {}:{PORT} {}:{PORT} --unix /run/docker.sock",
+            "--dns 127.0.0.53 --map {}={} {}={} --tcp {}:{PORT} {}:{PORT} --unix /run/docker.sock {AGENT_SOCKET}",
             COLLECTOR.0, COLLECTOR.1, REGISTRY.0, REGISTRY.1, COLLECTOR.1, REGISTRY.1
         );
         let cmd = [
@@ -48,7 +50,8 @@ impl LabRun {
             "install",
             tarball.to_str().unwrap(),
         ];
-        let run = sandbox.run_with(&project, options, &cmd, &[("EGRESS_CASE", case), ("NETLAB_ARGS", &receivers)]);
+        let env = [("EGRESS_CASE", case), ("NETLAB_ARGS", &receivers), ("SSH_AUTH_SOCK", AGENT_SOCKET)];
+        let run = sandbox.run_with(&project, options, &cmd, &env);
         assert!(lab.join("ready").exists(), "the lab never started\n{}", run.describe());
         let npmrc = sandbox.credential(".npmrc");
         LabRun { _sandbox: sandbox, run, lab, npmrc }
@@ -146,4 +149,15 @@ fn postinstall_connecting_to_the_cloud_metadata_address_is_high_even_when_it_fai
     assert_eq!(alert["rule"]["severity"], "high", "{alert:#}");
     assert_eq!(alert["destination"]["address"], "169.254.169.254", "{alert:#}");
     assert_eq!(alert["destination"]["port"], 80, "{alert:#}");
+}
+
+#[test]
+fn postinstall_connecting_to_the_ssh_agent_socket_is_high() {
+    let lab = LabRun::new("ssh-agent", &[]);
+    lab.run.assert_exit(EXIT_ALERT);
+    let alert = lab.one_alert_of("ssh-agent-socket");
+    assert_eq!(alert["rule"]["severity"], "high", "{alert:#}");
+    assert_eq!(alert["destination"]["address"], AGENT_SOCKET, "{alert:#}");
+    // The request the package sent (SSH_AGENTC_REQUEST_IDENTITIES) reached the lab's socket.
+    assert!(lab.received("unix-lab-ssh-agent.sock").contains('\u{b}'), "{}", lab.run.describe());
 }
