@@ -156,7 +156,7 @@ pub fn render(alert: &Alert, colour: bool) -> String {
 }
 
 /// `name (address:port)`, or the address alone.
-fn destination_text(destination: &AlertDestination) -> String {
+pub fn destination_text(destination: &AlertDestination) -> String {
     let address = match destination.port {
         Some(port) => crate::net::host_port(&destination.address, port),
         None => destination.address.clone(),
