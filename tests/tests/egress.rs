@@ -6,7 +6,7 @@
 
 use std::{fs, path::PathBuf};
 
-use credwatch_e2e::{fixtures, Run, Sandbox, EXIT_ALERT};
+use credwatch_e2e::{credwatch_binary, fixtures, parse_alerts, Run, Sandbox, EXIT_ALERT};
 use serde_json::Value;
 
 /// Where the exfiltrating case posts, and the registry name, as the lab's DNS maps them.
@@ -18,15 +18,24 @@ const AGENT_SOCKET: &str = "/run/lab-ssh-agent.sock";
 
 /// One `npm install` of the probe package under `credwatch run OPTIONS`, in a fresh lab.
 struct LabRun {
-    /// Kept for its directory: the lab's records live in it.
-    _sandbox: Sandbox,
+    /// The lab's records live in its directory.
+    sandbox: Sandbox,
     run: Run,
     lab: PathBuf,
     npmrc: String,
 }
 
 impl LabRun {
+    /// `credwatch run OPTIONS -- <the install>`.
     fn new(case: &str, options: &[&str]) -> LabRun {
+        LabRun::with(case, |sandbox| {
+            let alerts = sandbox.alerts_file().to_string_lossy().into_owned();
+            ["run", "--json", "--alerts", &alerts].iter().chain(options).map(|s| (*s).to_owned()).collect()
+        })
+    }
+
+    /// `credwatch ARGS -- <the install>`, ARGS made from the sandbox.
+    fn with(case: &str, args: impl Fn(&Sandbox) -> Vec<String>) -> LabRun {
         let sandbox = Sandbox::new();
         let tarball = sandbox.npm_pack("npm/egress-probe");
         let project = sandbox.npm_project();
@@ -50,11 +59,13 @@ impl LabRun {
             "install",
             tarball.to_str().unwrap(),
         ];
-        let env = [("EGRESS_CASE", case), ("NETLAB_ARGS", &receivers), ("SSH_AUTH_SOCK", AGENT_SOCKET)];
-        let run = sandbox.run_with(&project, options, &cmd, &env);
+        let env = [("EGRESS_CASE", case), ("NETLAB_ARGS", receivers.as_str()), ("SSH_AUTH_SOCK", AGENT_SOCKET)];
+        let mut command = sandbox.command(credwatch_binary());
+        command.args(args(&sandbox)).arg("--").args(cmd).current_dir(&project).envs(env);
+        let run = sandbox.wait(sandbox.spawn(command));
         assert!(lab.join("ready").exists(), "the lab never started\n{}", run.describe());
         let npmrc = sandbox.credential(".npmrc");
-        LabRun { _sandbox: sandbox, run, lab, npmrc }
+        LabRun { sandbox, run, lab, npmrc }
     }
 
     /// What a receiver got (it records every connection, even an empty one).
@@ -110,6 +121,30 @@ fn enforce_kills_the_exfiltrating_postinstall_before_it_sends_anything() {
         "npm should report the kill\n{}",
         lab.run.describe()
     );
+}
+
+#[test]
+fn a_recorded_enforced_exfiltration_replays_to_the_same_blocked_alert() {
+    let trace = std::sync::OnceLock::new();
+    let lab = LabRun::with("exfil", |sandbox| {
+        let path = trace.get_or_init(|| sandbox.work().join("exfil.jsonl")).to_string_lossy().into_owned();
+        let alerts = sandbox.alerts_file().to_string_lossy().into_owned();
+        ["record", "--enforce", "-o", &path, "--json", "--alerts", &alerts].map(str::to_owned).to_vec()
+    });
+    let live = lab.one_alert_of("exfiltration");
+    assert_eq!(live["event"]["outcome"], "blocked", "{live:#}");
+    let trace = trace.get().unwrap();
+    let text = fs::read_to_string(trace).unwrap();
+    assert!(text.contains(r#""kind":"connect""#) && text.contains(r#""held":true"#), "{}", lab.run.describe());
+    assert!(text.contains(r#""kind":"dns_query""#), "{}", lab.run.describe());
+    let replay = lab
+        .sandbox
+        .command(credwatch_binary())
+        .args(["replay", "--json", trace.to_str().unwrap()])
+        .output()
+        .expect("running credwatch replay");
+    let replayed = parse_alerts(&String::from_utf8_lossy(&replay.stdout));
+    assert_eq!(replayed, lab.run.alerts(), "replay differs from live\n{}", lab.run.describe());
 }
 
 #[test]
