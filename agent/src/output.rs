@@ -353,6 +353,28 @@ mod tests {
         exec.file = None;
         exec.process.args = vec!["gh".into(), "auth".into(), "token".into()];
         assert!(render(&exec, false).contains(" ran gh auth token\n"));
+
+        let mut connect = alert();
+        connect.file = None;
+        connect.destination = Some(AlertDestination {
+            address: "127.0.0.9".into(),
+            port: Some(8080),
+            domain: Some("collector.exfil.invalid".into()),
+            family: "inet".into(),
+        });
+        connect.credwatch.credentials_touched = vec!["/home/a/.npmrc".into(), "/home/a/.ssh/id\u{1b}[2J".into()];
+        let text = render(&connect, false);
+        assert!(text.contains(" connected to collector.exfil.invalid (127.0.0.9:8080)\n"), "{text}");
+        assert!(text.contains("  after    /home/a/.npmrc\n           /home/a/.ssh/id\\u{1b}[2J\n"), "{text}");
+        assert!(text.contains("the connection was not blocked"), "{text}");
+        let mut unix = alert();
+        unix.file = None;
+        unix.destination = Some(AlertDestination {
+            address: "/run/docker.sock\n".into(),
+            family: "unix".into(),
+            ..AlertDestination::default()
+        });
+        assert!(render(&unix, false).contains(" connected to /run/docker.sock\\n\n"), "{}", render(&unix, false));
     }
 
     #[test]
