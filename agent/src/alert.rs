@@ -169,6 +169,9 @@ pub struct AlertDestination {
     pub domain: Option<String>,
     /// `inet`, `inet6` or `unix`.
     pub family: String,
+    /// `stream` (TCP for inet), `dgram` (UDP), ... when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket_type: Option<String>,
 }
 
 /// One tree reading many kinds of credentials.

@@ -196,6 +196,9 @@ pub struct Connect {
     pub tid: u32,
     /// `inet`, `inet6`, `unix`, or the `AF_*` number for others.
     pub family: String,
+    /// `stream` (TCP for inet), `dgram` (UDP), `seqpacket`, `raw`, ... when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket_type: Option<String>,
     /// The IP address (inet, inet6), as text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,

@@ -65,6 +65,20 @@ pub fn sockaddr(bytes: &[u8]) -> SockAddr {
     }
 }
 
+/// The name of a `SOCK_*` type, as `Connect::socket_type` gives it.
+pub fn socket_type_name(sock_type: u32) -> Option<String> {
+    match sock_type {
+        0 => None,
+        1 => Some("stream".into()),
+        2 => Some("dgram".into()),
+        3 => Some("raw".into()),
+        4 => Some("rdm".into()),
+        5 => Some("seqpacket".into()),
+        10 => Some("packet".into()),
+        other => Some(format!("type{other}")),
+    }
+}
+
 /// `address:port`, with brackets around an IPv6 address.
 pub fn host_port(address: &str, port: u16) -> String {
     if address.contains(':') {

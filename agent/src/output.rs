@@ -361,6 +361,7 @@ mod tests {
             port: Some(8080),
             domain: Some("collector.exfil.invalid".into()),
             family: "inet".into(),
+            socket_type: Some("stream".into()),
         });
         connect.credwatch.credentials_touched = vec!["/home/a/.npmrc".into(), "/home/a/.ssh/id\u{1b}[2J".into()];
         let text = render(&connect, false);

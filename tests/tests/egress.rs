@@ -97,6 +97,7 @@ fn postinstall_posting_the_npmrc_to_an_invented_host_is_one_critical_exfiltratio
     assert_eq!(alert["destination"]["domain"], COLLECTOR.0, "{alert:#}");
     assert_eq!(alert["destination"]["address"], COLLECTOR.1, "{alert:#}");
     assert_eq!(alert["destination"]["port"], PORT, "{alert:#}");
+    assert_eq!(alert["destination"]["socket_type"], "stream", "{alert:#}");
     assert_eq!(alert["credwatch"]["credentials_touched"], serde_json::json!([lab.npmrc]), "{alert:#}");
     assert_eq!(alert["package"]["name"], "egress-probe", "{alert:#}");
     assert_eq!(alert["package"]["lifecycle"], "postinstall", "{alert:#}");

@@ -188,6 +188,7 @@ impl Engine {
             port: connect.port,
             domain: to.name.map(str::to_owned),
             family: connect.family.clone(),
+            socket_type: connect.socket_type.clone(),
         });
         if with_credentials {
             alert.credwatch.credentials_touched = self.egress.touched.get(&p.tree).cloned().unwrap_or_default();

@@ -517,7 +517,7 @@ impl StraceSource {
                 });
             }
             "connect" => {
-                let (fd, _) = fd_arg(args.first().copied().unwrap_or_default());
+                let (fd, socket) = fd_arg(args.first().copied().unwrap_or_default());
                 let addr = args.get(1).map(|a| sockaddr(a)).unwrap_or_default();
                 if let Some(fd) = fd {
                     if addr.port == Some(DNS_PORT) && matches!(addr.family.as_str(), "inet" | "inet6") {
@@ -536,6 +536,7 @@ impl StraceSource {
                     data: EventData::Connect(Connect {
                         tid,
                         family: addr.family,
+                        socket_type: socket.as_deref().and_then(socket_type),
                         address: addr.address,
                         port: addr.port,
                         path: addr.path,
@@ -688,6 +689,17 @@ fn sockaddr(text: &str) -> net::SockAddr {
         }
         "AF_UNSPEC" => net::SockAddr { family: "unspec".into(), ..net::SockAddr::default() },
         other => net::SockAddr { family: other.trim_start_matches("AF_").to_ascii_lowercase(), ..Default::default() },
+    }
+}
+
+/// The socket type from `-yy`'s fd annotation (`TCP:[...]`, `UDPv6:[...]`, `UNIX-STREAM:[...]`).
+fn socket_type(annotation: &str) -> Option<String> {
+    let protocol = annotation.split(':').next()?;
+    match protocol {
+        "TCP" | "TCPv6" | "UNIX-STREAM" => Some("stream".into()),
+        "UDP" | "UDPv6" | "UNIX-DGRAM" => Some("dgram".into()),
+        "UNIX-SEQPACKET" => Some("seqpacket".into()),
+        _ => None,
     }
 }
 
@@ -936,7 +948,7 @@ mod tests {
         // glibc's resolver: a UDP socket connected to the nameserver, then sendmmsg (A and AAAA),
         // as strace 6 prints them (`-y -s 256`); a query cut by `-s` is no query.
         let text = r#"300 10:00:00.000001 connect(3<socket:[41]>, {sa_family=AF_UNIX, sun_path="/var/run/nscd/socket"}, 110) = -1 ENOENT (No such file or directory)
-300 10:00:00.000002 connect(4, {sa_family=AF_INET, sin_port=htons(53), sin_addr=inet_addr("127.0.0.53")}, 16) = 0
+300 10:00:00.000002 connect(4<UDP:[0.0.0.0:0]>, {sa_family=AF_INET, sin_port=htons(53), sin_addr=inet_addr("127.0.0.53")}, 16) = 0
 300 10:00:00.000003 sendmmsg(4, [{msg_hdr={msg_name=NULL, msg_namelen=0, msg_iov=[{iov_base="`!\1\0\0\1\0\0\0\0\0\0\tcollector\5exfil\7invalid\0\0\1\0\1", iov_len=41}], msg_iovlen=1, msg_controllen=0, msg_flags=0}, msg_len=41}, {msg_hdr={msg_name=NULL, msg_namelen=0, msg_iov=[{iov_base="Vx\x01\x00", iov_len=41}], msg_iovlen=1, msg_controllen=0, msg_flags=0}, msg_len=41}], 2, MSG_NOSIGNAL) = 2
 300 10:00:00.000004 connect(5, {sa_family=AF_INET6, sin6_port=htons(8080), sin6_flowinfo=htonl(0), inet_pton(AF_INET6, "::ffff:127.0.0.9", &sin6_addr), sin6_scope_id=0}, 28) = -1 EINPROGRESS (Operation now in progress)
 300 10:00:00.000005 sendto(6, "\xab\xcd\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x03pay\x07example\x00\x00\x10\x00\x01", 29, 0, {sa_family=AF_INET, sin_port=htons(53), sin_addr=inet_addr("10.0.0.2")}, 16) = 29
@@ -950,8 +962,9 @@ mod tests {
             .iter()
             .map(|event| match &event.data {
                 EventData::Connect(c) => format!(
-                    "connect {} {} {} {} {:?}",
+                    "connect {}{} {} {} {} {:?}",
                     c.family,
+                    c.socket_type.as_deref().map(|t| format!("/{t}")).unwrap_or_default(),
                     c.address.as_deref().unwrap_or("-"),
                     c.port.map_or("-".into(), |p| p.to_string()),
                     c.path.as_deref().unwrap_or("-"),
@@ -965,7 +978,7 @@ mod tests {
             summary,
             [
                 "connect unix - - /var/run/nscd/socket Some(-2)",
-                "connect inet 127.0.0.53 53 - Some(0)",
+                "connect inet/dgram 127.0.0.53 53 - Some(0)",
                 "dns collector.exfil.invalid A 127.0.0.53:53",
                 "connect inet6 ::ffff:127.0.0.9 8080 - Some(-115)",
                 "dns pay.example TXT 10.0.0.2:53",

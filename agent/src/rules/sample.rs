@@ -111,6 +111,7 @@ fn connect_event(connect: &ConnectStep) -> Connect {
     Connect {
         tid: connect.pid,
         family: family.into(),
+        socket_type: None,
         address: connect.address.map(|address| address.to_string()),
         port: connect.port,
         path: connect.path.clone(),

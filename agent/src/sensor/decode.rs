@@ -381,6 +381,7 @@ fn connect(event: &ConnectEvent) -> Connect {
     Connect {
         tid: event.header.tid,
         family: addr.family,
+        socket_type: net::socket_type_name(event.sock_type),
         address: addr.address,
         port: addr.port,
         path: addr.path,
@@ -715,11 +716,13 @@ mod tests {
         connect.addr[..8].copy_from_slice(&[2, 0, 0x1f, 0x90, 127, 0, 0, 9]);
         connect.addr_len = 16;
         connect.copied = 16;
+        connect.sock_type = 1;
         let EventData::Connect(decoded) = decode(&decoder, &bytes_of(&connect)).unwrap().data else { panic!() };
         assert_eq!(
             (decoded.family.as_str(), decoded.address.as_deref(), decoded.port, decoded.held),
             ("inet", Some("127.0.0.9"), Some(8080), true)
         );
+        assert_eq!(decoded.socket_type.as_deref(), Some("stream"));
         // A lying `copied` is clamped to the buffer.
         connect.copied = u32::MAX;
         assert!(decode(&decoder, &bytes_of(&connect)).is_ok());

@@ -234,6 +234,9 @@ pub struct KernelOffsets {
     pub file_f_flags: u32,
     /// The inline name of a dentry: `d_shortname` (Linux 6.14+) or `d_iname`.
     pub dentry_d_shortname: u32,
+    /// `socket::type` (a short: `SOCK_STREAM`, `SOCK_DGRAM`, ...); a socket's file has its
+    /// `struct socket` in `private_data`.
+    pub socket_type: u32,
 }
 
 /// Words of a `struct file` read at once from the lower of `f_inode` and `f_path`, which must
@@ -476,7 +479,8 @@ pub struct ConnectEvent {
     /// `addrlen` as given, and how many bytes of it `addr` holds (at most [`MAX_SOCKADDR`]).
     pub addr_len: u32,
     pub copied: u32,
-    pub _pad: u32,
+    /// The socket's type (`SOCK_STREAM` 1, `SOCK_DGRAM` 2, ...); 0 when it could not be read.
+    pub sock_type: u32,
     /// The `struct sockaddr` as the process passed it (decoded in userspace).
     pub addr: [u8; MAX_SOCKADDR],
 }
@@ -613,7 +617,7 @@ mod tests {
 
     #[test]
     fn config_has_no_padding() {
-        assert_eq!(size_of::<KernelOffsets>(), 41 * 4);
+        assert_eq!(size_of::<KernelOffsets>(), 42 * 4);
         assert_eq!(size_of::<Config>(), size_of::<KernelOffsets>() + 20);
         assert_eq!(size_of::<SparedExe>(), 8);
         assert_eq!(size_of::<ManagerValue>(), 8);

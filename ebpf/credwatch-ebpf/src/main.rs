@@ -1649,6 +1649,8 @@ fn report_connect(pid_tgid: u64, mark: Mark, fd: i32, addr: u64, addr_len: u64) 
     } else {
         (0, 0)
     };
+    // SAFETY: kernel reads through probe helpers only.
+    let sock_type = unsafe { socket_type(&config.offsets, fd) }.unwrap_or(0);
     let key = (pid_tgid & 0xffff_ffff_0000_0000) | (fd as u32 as u64);
     let inet = family == AF_INET || family == AF_INET6;
     let mut record_flags = 0;
@@ -1686,10 +1688,25 @@ fn report_connect(pid_tgid: u64, mark: Mark, fd: i32, addr: u64, addr_len: u64) 
         (*event).record_flags = record_flags;
         (*event).addr_len = addr_len as u32;
         (*event).copied = copied;
-        (*event)._pad = 0;
+        (*event).sock_type = sock_type;
     }
     submit(entry, true);
     Ok(())
+}
+
+/// The type of the socket behind `fd` (`file->private_data` is its `struct socket`).
+#[inline(always)]
+unsafe fn socket_type(off: &KernelOffsets, fd: i32) -> Res<u32> {
+    if fd < 0 {
+        return Err(-1);
+    }
+    // SAFETY: kernel reads through probe helpers only.
+    let file = unsafe { fd_file(off, fd as u64) }?;
+    let socket: u64 = read(file, off.file_private_data)?;
+    if socket == 0 {
+        return Err(-1);
+    }
+    Ok(read::<u16>(socket, off.socket_type)? as u32)
 }
 
 /// Reports a send as a DNS query when it goes to port 53: by the address given, or on a
