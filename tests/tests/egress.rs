@@ -159,6 +159,21 @@ fn a_config_read_then_the_registry_is_no_exfiltration() {
 }
 
 #[test]
+fn a_config_loaders_read_is_low_alone_and_critical_once_it_is_sent_elsewhere() {
+    let quiet = LabRun::new("loader-then-registry", &[]);
+    let reads: Vec<Value> =
+        quiet.run.alerts().into_iter().filter(|a| a["file"]["path"] == quiet.npmrc.as_str()).collect();
+    assert!(!reads.is_empty() && reads.iter().all(|a| a["rule"]["severity"] == "low"), "{}", quiet.run.describe());
+    assert!(quiet.alerts_of("exfiltration").is_empty(), "{}", quiet.run.describe());
+
+    let sent = LabRun::new("loader-then-collector", &[]);
+    let alert = sent.one_alert_of("exfiltration");
+    assert_eq!(alert["rule"]["severity"], "critical", "{alert:#}");
+    assert_eq!(alert["destination"]["domain"], COLLECTOR.0, "{alert:#}");
+    assert_eq!(alert["credwatch"]["credentials_touched"], serde_json::json!([sent.npmrc]), "{alert:#}");
+}
+
+#[test]
 fn postinstall_talking_to_the_registry_without_reading_anything_is_quiet() {
     let lab = LabRun::new("registry", &[]);
     lab.run.assert_exit(0);

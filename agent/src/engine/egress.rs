@@ -203,6 +203,7 @@ mod tests {
 
     use super::*;
     use crate::{
+        alert::Severity,
         engine::EngineOptions,
         event::{EventData, Exec, Open},
         rules::{schema::Cidr, RuleSet, RulesError},
