@@ -36,14 +36,14 @@ const DNS_PORT: u16 = 53;
 
 #[derive(Default)]
 pub(super) struct Egress {
-    /// By root id: credential files package code of the tree opened, and whether more were.
+    /// By root id: the first credential files members of the tree opened (see `touched`).
     touched: BTreeMap<Id, Vec<String>>,
     /// By process id: the names it looked up, most recent last.
     lookups: BTreeMap<Id, VecDeque<String>>,
 }
 
 impl Egress {
-    /// Package code of the tree of `root` opened the credential file `path`.
+    /// A member of the tree of `root` opened the credential file `path`, and no actor allowed it.
     pub(super) fn touched(&mut self, root: Id, path: &str) {
         let files = self.touched.entry(root).or_default();
         if files.len() < MAX_TOUCHED && !files.iter().any(|f| f == path) {
