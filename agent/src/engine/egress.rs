@@ -217,7 +217,8 @@ mod tests {
 
     impl Run {
         fn new(rules: RuleSet) -> Run {
-            Run { engine: Engine::new(rules, EngineOptions { host_name: "box".into() }), time_ns: 1 }
+            let options = EngineOptions { host_name: "box".into(), ..EngineOptions::default() };
+            Run { engine: Engine::new(rules, options), time_ns: 1 }
         }
 
         fn send(&mut self, pid: u32, data: EventData) -> Vec<Alert> {
