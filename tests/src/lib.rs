@@ -59,6 +59,17 @@ pub const FAKE_CREDENTIALS: &[(&str, &str)] = &[
     (".config/glab-cli/config.yml", "hosts:\n  gitlab.com:\n    token: glpat-FAKEcredwatchE2E\n"),
 ];
 
+/// The string at `pointer` in `alert` is `expected`; the failure shows the alert and the run.
+#[track_caller]
+pub fn assert_field(alert: &Value, pointer: &str, expected: &str, run: &Run) {
+    assert_eq!(
+        alert.pointer(pointer).and_then(Value::as_str),
+        Some(expected),
+        "{pointer} in {alert:#}\n{}",
+        run.describe()
+    );
+}
+
 /// The checked-in fixtures.
 pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")

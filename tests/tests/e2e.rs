@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use credwatch_e2e::{Run, Sandbox, EXIT_ALERT};
+use credwatch_e2e::{assert_field, Run, Sandbox, EXIT_ALERT};
 use serde_json::Value;
 
 fn report(sandbox: &Sandbox, name: &str, run: &Run) -> Value {
@@ -15,16 +15,6 @@ fn report(sandbox: &Sandbox, name: &str, run: &Run) -> Value {
     let text = fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("the fixture wrote no report {} ({e})\n{}", path.display(), run.describe()));
     serde_json::from_str(&text).unwrap()
-}
-
-#[track_caller]
-fn assert_field(alert: &Value, pointer: &str, expected: &str, run: &Run) {
-    assert_eq!(
-        alert.pointer(pointer).and_then(Value::as_str),
-        Some(expected),
-        "{pointer} in {alert:#}\n{}",
-        run.describe()
-    );
 }
 
 /// The alert's ancestry runs from the tree's root down; the root here is CMD itself.

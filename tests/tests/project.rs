@@ -6,7 +6,7 @@
 
 use std::{fs, path::PathBuf};
 
-use credwatch_e2e::{Run, Sandbox, EXIT_ALERT};
+use credwatch_e2e::{assert_field, Run, Sandbox, EXIT_ALERT};
 use serde_json::Value;
 
 /// The dotenv app in the sandbox, with the dependency's tarball where its `setup` script
@@ -17,16 +17,6 @@ fn dotenv_app(sandbox: &Sandbox) -> PathBuf {
     fs::create_dir_all(app.join("vendor")).unwrap();
     fs::copy(&tarball, app.join("vendor/npmrc-peek-1.0.0.tgz")).unwrap();
     app
-}
-
-#[track_caller]
-fn assert_field(alert: &Value, pointer: &str, expected: &str, run: &Run) {
-    assert_eq!(
-        alert.pointer(pointer).and_then(Value::as_str),
-        Some(expected),
-        "{pointer} in {alert:#}\n{}",
-        run.describe()
-    );
 }
 
 /// The app ran to its end (it reads both files first): a quiet run is not a vacuous one.
