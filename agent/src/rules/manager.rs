@@ -1,9 +1,10 @@
 //! Package managers: which execs make a process the root of a package tree. The kernel gets
-//! the same table (basenames and module keys) so that both sides agree on what a root is.
+//! the same table (basenames, module keys and script stems) so that both sides agree on what a
+//! root is: the kernel marks a superset (a stem, not the whole pattern), the engine decides.
 
 use serde::Deserialize;
 
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Manager {
     /// `npm`, `cargo`, `pip`, ...
@@ -14,6 +15,13 @@ pub struct Manager {
     /// Interpreter invocations that are this manager (`python3 -m pip`).
     #[serde(default)]
     pub modules: Vec<ModuleRoot>,
+    /// Release files an interpreter runs that are this manager (`node yarn-4.5.3.cjs`).
+    #[serde(default)]
+    pub scripts: Vec<ScriptRoot>,
+    /// The installed manager is a script run by an interpreter (npm, yarn, pip): a binary of
+    /// its name in a temporary directory is not it (see [`TEMP_DIRS`]).
+    #[serde(default)]
+    pub script: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -25,21 +33,76 @@ pub struct ModuleRoot {
     pub args: Vec<String>,
 }
 
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptRoot {
+    /// Interpreter basenames (`node`).
+    pub interpreters: Vec<String>,
+    /// Basename patterns of the script, the first argv word after argv[0] that is not an
+    /// option (`yarn-*.cjs`, `npm-cli.js`); `*` matches any run of characters. Each starts with
+    /// its stem, the literal text up to the first `-` or `.`, which is what the kernel looks up.
+    pub files: Vec<String>,
+}
+
+/// Directories where anyone may write and nothing is installed: a binary named like a script
+/// manager there is a copy made to pass for it.
+pub const TEMP_DIRS: &[&str] = &["/tmp/", "/var/tmp/", "/dev/shm/"];
+
 /// The last component of a path, as the kernel's basename lookup sees it.
 pub fn basename(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
+}
+
+/// The kernel's key for a script: its basename up to the first `-` or `.` (`yarn-4.5.3.cjs`:
+/// `yarn`).
+pub fn script_stem(path: &str) -> &str {
+    let base = basename(path);
+    &base[..base.find(['-', '.']).unwrap_or(base.len())]
+}
+
+/// The stem of a script pattern, or why it has none the kernel could look up.
+pub fn pattern_stem(pattern: &str) -> Result<&str, String> {
+    let stem = script_stem(pattern);
+    if pattern.contains('/') || stem.is_empty() || stem.contains('*') {
+        return Err(format!(
+            "script pattern {pattern:?} must start with a literal name up to its first '-' or '.' (`yarn-*.cjs`)"
+        ));
+    }
+    Ok(stem)
+}
+
+/// The script an interpreter runs: the first word of `args` after argv[0] that is not an
+/// option. (An option's value, `node -r x`, is taken for the script; the kernel does the same.)
+pub fn script_arg(args: &[String]) -> Option<&str> {
+    args.iter().skip(1).map(String::as_str).find(|arg| !arg.starts_with('-'))
+}
+
+/// `*` matches any run of characters, everything else itself.
+fn wildcard(pattern: &str, text: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == text,
+        Some((head, rest)) => {
+            let Some(text) = text.strip_prefix(head) else { return false };
+            (0..=text.len()).filter(|&i| text.is_char_boundary(i)).any(|i| wildcard(rest, &text[i..]))
+        }
+    }
 }
 
 /// The index in `managers` of the manager that `filename` with `args` (argv, argv[0] included)
 /// starts, if any.
 pub fn root_manager(managers: &[Manager], filename: &str, args: &[String]) -> Option<usize> {
     let name = basename(filename);
+    let script = || script_arg(args).map(basename);
     managers.iter().position(|manager| {
         manager.execs.iter().any(|exec| exec == name)
             || manager.modules.iter().any(|module| {
                 module.interpreters.iter().any(|interpreter| interpreter == name)
                     && args.len() > module.args.len()
                     && args[1..=module.args.len()] == module.args[..]
+            })
+            || manager.scripts.iter().any(|scripts| {
+                scripts.interpreters.iter().any(|interpreter| interpreter == name)
+                    && script().is_some_and(|script| scripts.files.iter().any(|file| wildcard(file, script)))
             })
     })
 }
@@ -50,7 +113,7 @@ mod tests {
 
     fn managers() -> Vec<Manager> {
         vec![
-            Manager { name: "npm".into(), execs: vec!["npm".into(), "npx".into()], modules: vec![] },
+            Manager { name: "npm".into(), execs: vec!["npm".into(), "npx".into()], ..Manager::default() },
             Manager {
                 name: "pip".into(),
                 execs: vec!["pip3".into()],
@@ -58,6 +121,15 @@ mod tests {
                     interpreters: vec!["python3".into()],
                     args: vec!["-m".into(), "pip".into()],
                 }],
+                ..Manager::default()
+            },
+            Manager {
+                name: "yarn".into(),
+                scripts: vec![ScriptRoot {
+                    interpreters: vec!["node".into()],
+                    files: vec!["yarn-*.cjs".into(), "yarn.js".into()],
+                }],
+                ..Manager::default()
             },
         ]
     }
@@ -74,5 +146,35 @@ mod tests {
         assert_eq!(root_manager(&m, "/usr/bin/python3", &args(&["python3", "-m", "venv"])), None);
         assert_eq!(root_manager(&m, "/usr/bin/python3", &args(&["python3", "-m"])), None);
         assert_eq!(root_manager(&m, "/usr/bin/node", &args(&["node"])), None);
+    }
+
+    #[test]
+    fn finds_release_files_run_by_their_interpreter() {
+        let m = managers();
+        let yarn = |words: &[&str]| root_manager(&m, "/usr/bin/node", &args(words));
+        assert_eq!(yarn(&["node", ".yarn/releases/yarn-4.5.3.cjs", "install"]), Some(2));
+        assert_eq!(yarn(&["node", "--max-old-space-size=4096", "/w/.yarn/releases/yarn-4.5.3.cjs"]), Some(2));
+        assert_eq!(yarn(&["node", "/opt/yarn/bin/yarn.js"]), Some(2));
+        // Same stem, another file: the kernel marks it, the engine does not take it for yarn.
+        assert_eq!(yarn(&["node", "yarn-helper.js"]), None);
+        assert_eq!(yarn(&["node", "app.js", "yarn-4.5.3.cjs"]), None);
+        // Another interpreter running the same file is not it.
+        assert_eq!(root_manager(&m, "/usr/bin/python3", &args(&["python3", "yarn-4.5.3.cjs"])), None);
+    }
+
+    #[test]
+    fn stems_and_patterns() {
+        assert_eq!(script_stem("/usr/lib/node_modules/npm/bin/npm-cli.js"), "npm");
+        assert_eq!(script_stem(".yarn/releases/yarn-4.5.3.cjs"), "yarn");
+        assert_eq!(script_stem("pnpm.cjs"), "pnpm");
+        assert_eq!(script_stem("/x/.yarnrc"), "");
+        assert_eq!(pattern_stem("yarn-*.cjs"), Ok("yarn"));
+        assert_eq!(pattern_stem("__pip-runner__.py"), Ok("__pip"));
+        assert!(pattern_stem("*.cjs").is_err());
+        assert!(pattern_stem("ya*rn.js").is_err());
+        assert!(pattern_stem("bin/yarn.js").is_err());
+        assert!(wildcard("yarn-*.cjs", "yarn-4.5.3.cjs"));
+        assert!(wildcard("a*b*c", "aXXbYc"));
+        assert!(!wildcard("yarn-*.cjs", "yarn-4.5.3.js"));
     }
 }

@@ -335,12 +335,19 @@ impl RuleSet {
     /// Checks what needs the whole set: references to managers.
     fn validate(&self) -> Result<(), RulesError> {
         for (manager, origin) in self.managers.iter().zip(&self.manager_origins) {
-            if manager.execs.is_empty() && manager.modules.is_empty() {
+            if manager.execs.is_empty() && manager.modules.is_empty() && manager.scripts.is_empty() {
                 return Err(RulesError::Invalid {
                     origin: origin.clone(),
                     column: None,
-                    message: format!("manager {:?} has neither `execs` nor `modules`", manager.name),
+                    message: format!("manager {:?} has none of `execs`, `modules` and `scripts`", manager.name),
                 });
+            }
+            for pattern in manager.scripts.iter().flat_map(|scripts| &scripts.files) {
+                manager::pattern_stem(pattern).map_err(|message| RulesError::Invalid {
+                    origin: origin.clone(),
+                    column: None,
+                    message: format!("manager {:?}: {message}", manager.name),
+                })?;
             }
         }
         let known = |name: &str| name == "run" || self.managers.iter().any(|m| m.name == name);
