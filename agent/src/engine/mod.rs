@@ -31,7 +31,7 @@ use crate::{
     },
     event::{normalize_path, Event, EventData, Exec, Open, Rename, Syscall},
     rules::{
-        manager::{basename, root_manager},
+        manager::{basename, root_manager, script_arg, TEMP_DIRS},
         schema::{Access, Conditions, ExecMatch, Who},
         Rule, RuleKind, RuleSet,
     },
@@ -378,8 +378,10 @@ impl Engine {
         let pid = event.pid;
         let filename = if exec.filename.is_empty() { &exec.executable } else { &exec.filename };
         let started = root_manager(self.rules.managers(), filename, &exec.args);
-        // `bun payload.js` roots a tree like `bun install`, but it is code, not the manager.
-        let runs_code = started.filter(|&m| self.rules.runs_code(m, filename, &exec.args));
+        // `bun payload.js` roots a tree like `bun install`, but it is code, not the manager;
+        // so is a program that only poses as a manager (node copied to /tmp/x/npm).
+        let runs_code = started
+            .filter(|&m| self.rules.runs_code(m, filename, &exec.args) || self.masquerades(m, filename, exec));
         let id = match self.live(pid) {
             Some(id) => id,
             // A member's child whose fork we did not see (lost) is still a member.
@@ -439,6 +441,26 @@ impl Engine {
             return Vec::new();
         }
         self.exec_rules(event, id, by_manager)
+    }
+
+    /// Whether an exec of the manager `manager` is not the installed manager but a program
+    /// posing as it: its program (or the release file an interpreter runs) was written by
+    /// package code of a tree still running, or it is a binary executed by the name of a
+    /// manager whose installed form is a script (npm, yarn, pip: for those the kernel reports
+    /// the interpreter as the executable), lying in a temporary directory.
+    fn masquerades(&self, manager: usize, filename: &str, exec: &Exec) -> bool {
+        let m = &self.rules.managers()[manager];
+        let exe = absolute(if exec.executable.is_empty() { filename } else { &exec.executable }, &exec.cwd);
+        let named = m.execs.iter().any(|name| name == basename(filename));
+        if m.script && named && basename(&exe) == basename(filename) && TEMP_DIRS.iter().any(|d| exe.starts_with(d)) {
+            return true;
+        }
+        let mut paths = vec![absolute(filename, &exec.cwd), exe];
+        let interpreter = basename(filename);
+        if m.scripts.iter().any(|s| s.interpreters.iter().any(|i| i == interpreter)) {
+            paths.extend(script_arg(&exec.args).map(|script| absolute(script, &exec.cwd)));
+        }
+        self.trees.values().any(|tree| paths.iter().any(|path| tree.written.contains(path)))
     }
 
     fn exec_rules(&mut self, event: &Event, id: Id, by_manager: bool) -> Vec<Alert> {

@@ -1167,3 +1167,109 @@ fn the_tj_actions_chain() {
         ["exec-of-written-file", "curl-pipe-shell", "proc-environ-mem", "proc-environ-mem", "ptrace-attach"]
     );
 }
+
+/// `exec` with the kernel's executable apart from the path given to execve.
+fn exec_as(run: &mut Run, pid: u32, ppid: u32, filename: &str, executable: &str, args: &[&str]) {
+    run.fork(ppid, pid).send(
+        pid,
+        EventData::Exec(Exec {
+            ppid,
+            filename: filename.into(),
+            executable: executable.into(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            cwd: "/home/alice/app".into(),
+            uid: 1000,
+            gid: 1000,
+            ..Exec::default()
+        }),
+    );
+}
+
+#[test]
+fn a_manager_run_through_its_interpreter_and_release_file_is_the_manager() {
+    let mut run = Run::new();
+    run.exec_full(100, 1, "/usr/bin/node", &["node", ".yarn/releases/yarn-4.5.3.cjs", "install"], "/w", &[])
+        .open(100, "/home/alice/.yarnrc.yml");
+    assert!(run.take().is_empty(), "yarn reading its own configuration");
+    run.spawn(101, 100, &["sh", "-c", "node x.js"], POSTINSTALL).open(101, "/home/alice/.yarnrc.yml");
+    let alert = run.one();
+    assert_eq!((alert.package.manager.as_str(), alert.rule.severity), ("yarn", Severity::High));
+    assert_eq!((alert.package.name.as_deref(), alert.credwatch.root_pid), (Some("evil-pkg"), 100));
+
+    // npm's own entry point run by node; node running anything else roots nothing.
+    run.exec_full(200, 1, "/usr/bin/node", &["node", "/usr/lib/node_modules/npm/bin/npm-cli.js", "ci"], "/w", &[])
+        .spawn(201, 200, &["sh", "-c", "node x.js"], POSTINSTALL)
+        .open(201, "/home/alice/.npmrc");
+    assert_eq!(run.one().package.manager, "npm");
+    run.exec_full(300, 1, "/usr/bin/node", &["node", "server.js"], "/w", &[]).open(300, "/home/alice/.npmrc");
+    assert!(run.take().is_empty(), "node server.js is no tree");
+}
+
+#[test]
+fn a_program_posing_as_a_manager_is_package_code() {
+    // The postinstall copies node to a temporary directory under npm's name and runs it.
+    let mut run = npm_tree();
+    run.spawn(103, 102, &["cp", "/usr/bin/node", "/tmp/x/npm"], &[]).open_full(
+        103,
+        "/tmp/x/npm",
+        Some("/tmp/x/npm"),
+        3,
+        write_flags(),
+    );
+    exec_as(&mut run, 104, 102, "/tmp/x/npm", "/tmp/x/npm", &["/tmp/x/npm", "-e", "read()"]);
+    assert_eq!(run.one().rule.id, "exec-of-written-file");
+    run.open(104, "/home/alice/.npmrc");
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("npm-registry-token", Severity::High));
+    assert_eq!((alert.package.manager.as_str(), alert.package.name.as_deref()), ("npm", Some("evil-pkg")));
+
+    // Written by the tree, wherever it lies: not the installed manager either.
+    let mut run = npm_tree();
+    let copy = "/home/alice/app/node_modules/.cache/yarn";
+    run.open_full(102, copy, Some(copy), 3, write_flags());
+    exec_as(&mut run, 104, 102, copy, copy, &[copy, "-e", "read()"]);
+    run.take();
+    run.open(104, "/home/alice/.yarnrc.yml");
+    assert_eq!(run.one().rule.severity, Severity::High);
+
+    // A release file the tree wrote, run by node.
+    let mut run = npm_tree();
+    let release = "/home/alice/app/node_modules/evil/yarn-4.5.3.cjs";
+    run.open_full(102, release, Some(release), 3, write_flags());
+    exec_as(&mut run, 104, 102, "/usr/bin/node", "/usr/bin/node", &["node", release, "install"]);
+    run.take();
+    run.open(104, "/home/alice/.yarnrc.yml");
+    assert_eq!(run.one().rule.severity, Severity::High);
+
+    // Outside any tree, it roots one and its reads alert.
+    let mut run = Run::new();
+    exec_as(&mut run, 500, 1, "/dev/shm/npm", "/dev/shm/npm", &["npm"]);
+    run.open(500, "/home/alice/.npmrc");
+    assert_eq!(run.one().rule.severity, Severity::High);
+}
+
+#[test]
+fn the_installed_manager_is_still_the_manager() {
+    // The real npm is a script: the kernel names node as its executable. Started by package
+    // code (`npm whoami`), its read of the token is low, as before.
+    let mut run = npm_tree();
+    exec_as(&mut run, 104, 102, "/usr/bin/npm", "/usr/bin/node", &["npm", "whoami"]);
+    assert_eq!(run.one().rule.id, "npm-token-use");
+    run.open(104, "/home/alice/.npmrc");
+    assert_eq!(run.one().rule.severity, Severity::Low);
+    // pip of a virtual environment under /tmp (a script run by the venv's python) and
+    // `python3 -m pip` of a venv whose python is a copy: the manager, reading its own config.
+    let mut run = Run::new();
+    exec_as(&mut run, 600, 1, "/tmp/venv/bin/pip", "/usr/bin/python3.11", &["/tmp/venv/bin/python3", "/tmp/venv/bin/pip"]);
+    exec_as(&mut run, 601, 1, "/tmp/venv/bin/python3", "/tmp/venv/bin/python3", &["python3", "-m", "pip", "install"]);
+    for pid in [600, 601] {
+        run.open(pid, "/home/alice/.config/pip/pip.conf").open(pid, "/home/alice/.pypirc");
+    }
+    let alerts = run.take();
+    assert!(alerts.iter().all(|a| a.rule.severity <= Severity::Low), "{alerts:#?}");
+    // cargo is a binary wherever it is installed (a test HOME under /tmp).
+    let mut run = Run::new();
+    exec_as(&mut run, 700, 1, "/tmp/h/.cargo/bin/cargo", "/tmp/h/.cargo/bin/cargo", &["cargo", "build"]);
+    run.open(700, "/tmp/h/.cargo/credentials.toml");
+    assert!(run.take().is_empty());
+}
