@@ -380,8 +380,8 @@ impl Engine {
         let started = root_manager(self.rules.managers(), filename, &exec.args);
         // `bun payload.js` roots a tree like `bun install`, but it is code, not the manager;
         // so is a program that only poses as a manager (node copied to /tmp/x/npm).
-        let runs_code = started
-            .filter(|&m| self.rules.runs_code(m, filename, &exec.args) || self.masquerades(m, filename, exec));
+        let runs_code =
+            started.filter(|&m| self.rules.runs_code(m, filename, &exec.args) || self.masquerades(m, filename, exec));
         let id = match self.live(pid) {
             Some(id) => id,
             // A member's child whose fork we did not see (lost) is still a member.

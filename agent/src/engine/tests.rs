@@ -1260,7 +1260,14 @@ fn the_installed_manager_is_still_the_manager() {
     // pip of a virtual environment under /tmp (a script run by the venv's python) and
     // `python3 -m pip` of a venv whose python is a copy: the manager, reading its own config.
     let mut run = Run::new();
-    exec_as(&mut run, 600, 1, "/tmp/venv/bin/pip", "/usr/bin/python3.11", &["/tmp/venv/bin/python3", "/tmp/venv/bin/pip"]);
+    exec_as(
+        &mut run,
+        600,
+        1,
+        "/tmp/venv/bin/pip",
+        "/usr/bin/python3.11",
+        &["/tmp/venv/bin/python3", "/tmp/venv/bin/pip"],
+    );
     exec_as(&mut run, 601, 1, "/tmp/venv/bin/python3", "/tmp/venv/bin/python3", &["python3", "-m", "pip", "install"]);
     for pid in [600, 601] {
         run.open(pid, "/home/alice/.config/pip/pip.conf").open(pid, "/home/alice/.pypirc");

@@ -908,7 +908,8 @@ mod tests {
         let scripts: Vec<(&[u8], u32)> = keys.scripts.iter().map(|(key, m)| (&key[..6], *m)).collect();
         assert_eq!(scripts, [(&b"__pip\0"[..], 1), (&b"yarn\0\0"[..], 2)]);
 
-        let long = vec![Manager { name: "x".into(), execs: vec!["a-very-long-exec-name".into()], ..Manager::default() }];
+        let long =
+            vec![Manager { name: "x".into(), execs: vec!["a-very-long-exec-name".into()], ..Manager::default() }];
         let error = manager_keys(&long).unwrap_err().to_string();
         assert!(error.contains("a-very-long-exec-name"), "{error}");
     }

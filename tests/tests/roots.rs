@@ -1,0 +1,169 @@
+//! Roots everywhere (a manager started through its interpreter and release file is a manager),
+//! masquerade (a program posing as a manager is not one), attribution of pip and cargo builds.
+//! Privileged: run as root with `cargo xtask test`.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use credwatch_e2e::{in_tree, Run, Sandbox, EXIT_ALERT};
+use serde_json::Value;
+
+const YARNRC: &str = "npmAuthToken: npm_FAKEcredwatchE2Eyarn000000000000000000\n";
+
+#[track_caller]
+fn assert_field(alert: &Value, pointer: &str, expected: &str, run: &Run) {
+    assert_eq!(
+        alert.pointer(pointer).and_then(Value::as_str),
+        Some(expected),
+        "{pointer} in {alert:#}\n{}",
+        run.describe()
+    );
+}
+
+/// The Yarn Berry project with its (fake) release file, its dependency beside it, and a fake
+/// ~/.yarnrc.yml holding a token.
+fn berry_project(sandbox: &Sandbox) -> PathBuf {
+    sandbox.copy_fixture("yarn/yarnrc-reader");
+    fs::write(sandbox.home().join(".yarnrc.yml"), YARNRC).unwrap();
+    sandbox.copy_fixture("yarn/berry-app")
+}
+
+/// The real npm's entry point (`/usr/lib/node_modules/npm/bin/npm-cli.js`): `npm` on PATH is a
+/// link to it.
+fn npm_cli(sandbox: &Sandbox) -> String {
+    let which = sandbox.setup("which npm", sandbox.command("sh").args(["-c", "command -v npm"]));
+    let cli = fs::canonicalize(which.trim()).expect("resolving npm's link");
+    assert!(cli.ends_with("bin/npm-cli.js"), "npm is not npm-cli.js: {}", cli.display());
+    cli.to_string_lossy().into_owned()
+}
+
+/// The alerts of the process whose executable ends with `suffix`.
+fn by_executable(run: &Run, suffix: &str) -> Vec<Value> {
+    run.alerts()
+        .into_iter()
+        .filter(|a| a["process"]["executable"].as_str().is_some_and(|e| e.ends_with(suffix)))
+        .collect()
+}
+
+#[test]
+fn yarn_berry_release_file_run_by_node_is_the_manager() {
+    let sandbox = Sandbox::new();
+    let project = berry_project(&sandbox);
+    let run = sandbox.run(&project, &["node", ".yarn/releases/yarn-4.5.3.cjs", "install"]);
+
+    run.assert_exit(EXIT_ALERT);
+    let yarnrc = sandbox.credential(".yarnrc.yml");
+    let alerts = run.alerts_for(&yarnrc);
+    // yarn reading its own configuration is what it is for: only the postinstall's read alerts.
+    assert_eq!(alerts.len(), 1, "{}", run.describe());
+    let alert = &alerts[0];
+    assert!(alert["process"]["executable"].as_str().is_some_and(|e| e.ends_with("/cat")), "{alert:#}");
+    assert_field(alert, "/rule/id", "npm-registry-token", &run);
+    assert_field(alert, "/package/manager", "yarn", &run);
+    assert_field(alert, "/package/name", "yarnrc-reader", &run);
+    assert_field(alert, "/package/version", "0.4.1", &run);
+    assert_field(alert, "/package/lifecycle", "postinstall", &run);
+}
+
+#[test]
+fn npm_cli_js_run_by_node_is_the_manager() {
+    let sandbox = Sandbox::new();
+    let cli = npm_cli(&sandbox);
+    let tarball = sandbox.npm_pack("npm/npmrc-reader");
+    let project = sandbox.npm_project();
+    let run = sandbox.run(&project, &["node", &cli, "install", tarball.to_str().unwrap()]);
+
+    run.assert_exit(EXIT_ALERT);
+    // npm read the fake ~/.npmrc (its `package-lock=false` took effect) without an alert.
+    assert!(!project.join("package-lock.json").exists(), "npm did not read the fake ~/.npmrc");
+    let alerts = run.alerts_for(&sandbox.credential(".npmrc"));
+    assert_eq!(alerts.len(), 1, "only the postinstall's read alerts\n{}", run.describe());
+    let alert = &alerts[0];
+    assert_ne!(alert["process"]["pid"], alert["credwatch"]["root_pid"], "npm itself was reported: {alert:#}");
+    assert_field(alert, "/package/manager", "npm", &run);
+    assert_field(alert, "/package/name", "npmrc-reader", &run);
+    assert_field(alert, "/package/version", "3.1.4", &run);
+    assert_field(alert, "/package/lifecycle", "postinstall", &run);
+}
+
+/// Starts `sh -c SCRIPT` in `dir` detached from this test's process tree before credwatch
+/// starts (its parent exits at once, so it is reparented and the /proc seed does not put it in
+/// the tree of the `cargo` running the tests). SCRIPT waits for the file `go` in `dir`; the
+/// returned closure creates it.
+fn detached(sandbox: &Sandbox, dir: &Path, script: &str) -> impl Fn() {
+    let outer = format!("setsid sh -c '{}' >detached.log 2>&1 </dev/null &", script.replace('\'', r"'\''"));
+    sandbox.setup("starting a detached command", sandbox.command("sh").args(["-c", &outer]).current_dir(dir));
+    let go = dir.join("go");
+    move || fs::write(&go, "").unwrap()
+}
+
+/// The kernel marks the release file's exec itself: nothing it started was in a tree before.
+#[test]
+fn watch_roots_a_release_file_and_npm_cli_js_started_after_it() {
+    let sandbox = Sandbox::new();
+    let project = berry_project(&sandbox);
+    let cli = npm_cli(&sandbox);
+    let tarball = sandbox.npm_pack("npm/npmrc-reader");
+    let npm_project = sandbox.npm_project();
+    let wait_go = "while [ ! -e go ]; do sleep 0.05; done; echo $$ >pid;";
+    let go_yarn = detached(&sandbox, &project, &format!("{wait_go} exec node .yarn/releases/yarn-4.5.3.cjs install"));
+    let go_npm =
+        detached(&sandbox, &npm_project, &format!("{wait_go} exec node {cli} install {}", tarball.to_str().unwrap()));
+    let watch = sandbox.watch();
+    go_yarn();
+    go_npm();
+    let yarnrc = sandbox.credential(".yarnrc.yml");
+    let npmrc = sandbox.credential(".npmrc");
+    let pid_of = |dir: &Path| {
+        let start = Instant::now();
+        loop {
+            if let Some(pid) = fs::read_to_string(dir.join("pid")).ok().and_then(|p| p.trim().parse::<u32>().ok()) {
+                return pid;
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "the detached command never started");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let (yarn_pid, npm_pid) = (pid_of(&project), pid_of(&npm_project));
+    let yarn_alert = sandbox.wait_for(|a| a["file"]["path"] == yarnrc && in_tree(a, yarn_pid), Duration::from_secs(60));
+    let npm_alert = sandbox.wait_for(|a| a["file"]["path"] == npmrc && in_tree(a, npm_pid), Duration::from_secs(60));
+    let run = watch.stop();
+    run.assert_exit(0);
+    let yarn_alert = yarn_alert.unwrap_or_else(|| panic!("no alert in the yarn tree\n{}", run.describe()));
+    assert_field(&yarn_alert, "/package/manager", "yarn", &run);
+    assert_field(&yarn_alert, "/package/name", "yarnrc-reader", &run);
+    let npm_alert = npm_alert.unwrap_or_else(|| panic!("no alert in the npm tree\n{}", run.describe()));
+    assert_field(&npm_alert, "/package/manager", "npm", &run);
+    assert_field(&npm_alert, "/package/name", "npmrc-reader", &run);
+    // The managers' own reads of their configuration raised nothing.
+    for (pid, path) in [(yarn_pid, &yarnrc), (npm_pid, &npmrc)] {
+        let own =
+            run.alerts().into_iter().filter(|a| a["process"]["pid"] == pid && a["file"]["path"] == **path).count();
+        assert_eq!(own, 0, "the manager ({pid}) was reported\n{}", run.describe());
+    }
+}
+
+#[test]
+fn node_copied_to_tmp_as_npm_is_package_code() {
+    let sandbox = Sandbox::new();
+    let tarball = sandbox.npm_pack("npm/masquerade");
+    let project = sandbox.npm_project();
+    let run = sandbox.run(&project, &["npm", "install", tarball.to_str().unwrap()]);
+
+    run.assert_exit(EXIT_ALERT);
+    let fake = sandbox.top().join("x/npm");
+    assert!(fake.is_file(), "the postinstall did not copy node\n{}", run.describe());
+    let alerts: Vec<Value> = by_executable(&run, "/x/npm")
+        .into_iter()
+        .filter(|a| a["file"]["path"] == sandbox.credential(".npmrc"))
+        .collect();
+    let alert = alerts.first().unwrap_or_else(|| panic!("no alert for the fake npm's read\n{}", run.describe()));
+    // Not the low "manager started by package code": package code reading the token.
+    assert_field(alert, "/rule/id", "npm-registry-token", &run);
+    assert_field(alert, "/rule/severity", "high", &run);
+    assert_field(alert, "/package/name", "npm-masquerade", &run);
+    assert_field(alert, "/package/lifecycle", "postinstall", &run);
+}
