@@ -88,6 +88,22 @@ pub struct Exec {
     /// Not an exec seen live: the process was already running (seeded from `/proc`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub seeded: bool,
+    /// For a Python interpreter: the project in its working directory, as the project's own
+    /// metadata names it (build backends run there; the engine reads no files, so the sensor
+    /// attaches it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<Project>,
+}
+
+/// A project named by its metadata (`PKG-INFO`, `pyproject.toml`'s `[project]`, `setup.cfg`'s
+/// `[metadata]`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Project {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// The file it came from, relative to the working directory.
+    pub source: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

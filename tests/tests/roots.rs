@@ -167,3 +167,34 @@ fn node_copied_to_tmp_as_npm_is_package_code() {
     assert_field(alert, "/package/name", "npm-masquerade", &run);
     assert_field(alert, "/package/lifecycle", "postinstall", &run);
 }
+
+#[test]
+fn pip_install_of_a_local_directory_names_the_project() {
+    let sandbox = Sandbox::new();
+    let project = sandbox.copy_fixture("pip/local-project");
+    let target = sandbox.work().join("site");
+    let run = sandbox.run(
+        &sandbox.work(),
+        &[
+            "python3",
+            "-m",
+            "pip",
+            "install",
+            "--no-index",
+            "--no-build-isolation",
+            "--no-deps",
+            "--target",
+            target.to_str().unwrap(),
+            project.to_str().unwrap(),
+        ],
+    );
+
+    run.assert_exit(EXIT_ALERT);
+    assert!(target.join("local_project.py").exists(), "pip did not install the project\n{}", run.describe());
+    let alert = run.expect_alert(&sandbox.credential(".pypirc"));
+    assert_field(&alert, "/package/manager", "pip", &run);
+    // From pyproject.toml's [project]: there is no archive or build directory to go by.
+    assert_field(&alert, "/package/name", "local-project", &run);
+    assert_field(&alert, "/package/version", "0.7.0", &run);
+    assert_field(&alert, "/package/lifecycle", "setup.py", &run);
+}

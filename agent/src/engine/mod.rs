@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 use time::{format_description::well_known::Rfc3339, OffsetDateTime};
 
-use self::attribution::{Attribution, Rustc};
+use self::attribution::{Attribution, ProcMacroPackages, Rustc};
 use crate::{
     alert::{
         Alert, AlertAncestor, AlertCredwatch, AlertEvent, AlertFile, AlertHost, AlertPackage, AlertParent,
@@ -158,6 +158,8 @@ struct Tree {
     /// Credential alerts within the sweep window: (time, rule index, file).
     recent: VecDeque<(u64, usize, String)>,
     sweep: Option<SweepState>,
+    /// The packages of the proc-macros the tree built, to name them when they run.
+    proc_macro_packages: ProcMacroPackages,
 }
 
 struct SweepState {
@@ -391,6 +393,13 @@ impl Engine {
                 None => return Vec::new(),
             },
         };
+        // A tree whose root was evicted keeps no state (nothing would ever drop it).
+        let root = self.procs[&id].root;
+        if let Some(built) =
+            ProcMacroPackages::built_by(&exec.args, &exec.env).filter(|_| self.procs.contains_key(&root))
+        {
+            self.trees.entry(root).or_default().proc_macro_packages.insert(built);
+        }
         let managers = self.rules.managers();
         let p = self.procs.get_mut(&id).expect("just found or inserted");
         p.filename = filename.clone();
@@ -430,7 +439,8 @@ impl Engine {
                 p.manager = runs_code;
             }
             let path = if filename.starts_with('/') { filename.as_str() } else { p.executable.as_str() };
-            let (attr, rustc) = attribution::for_exec(&p.attribution, path, &exec.args, &exec.cwd, &exec.env);
+            let packages = self.trees.get(&root).map(|tree| &tree.proc_macro_packages);
+            let (attr, rustc) = attribution::for_exec(&p.attribution, path, exec, packages);
             p.attribution = attr;
             p.rustc = rustc;
         }
@@ -981,9 +991,9 @@ impl Engine {
 /// running `setup.py`.
 fn learn_from_open(p: &mut Proc, path: &str) {
     if let Some(rustc) = &p.rustc {
-        if let Some((name, _)) = rustc.proc_macros.iter().find(|(_, so)| so == path || basename(so) == basename(path)) {
-            p.attribution.name = Some(name.clone());
-            p.attribution.version = None;
+        if let Some(found) = rustc.proc_macros.iter().find(|m| m.path == path || basename(&m.path) == basename(path)) {
+            p.attribution.name = Some(found.name.clone());
+            p.attribution.version.clone_from(&found.version);
             p.attribution.lifecycle = Some("proc-macro".into());
         }
     }

@@ -1280,3 +1280,88 @@ fn the_installed_manager_is_still_the_manager() {
     run.open(700, "/tmp/h/.cargo/credentials.toml");
     assert!(run.take().is_empty());
 }
+
+#[test]
+fn cargo_names_packages_as_published() {
+    let mut run = Run::new();
+    let deps = "/home/alice/w/target/debug/deps";
+    let built = [("CARGO_PKG_NAME", "derive-stamp"), ("CARGO_PKG_VERSION", "1.0.2")];
+    run.exec(300, 1, &["cargo", "build"], &[])
+        .spawn(
+            301,
+            300,
+            &["rustc", "--crate-name", "derive_stamp", "--crate-type", "proc-macro", "-C", "extra-filename=-0a1b2c3d"],
+            &built,
+        )
+        .exit(301);
+    let stamp = format!("derive_stamp={deps}/libderive_stamp-0a1b2c3d.so");
+    run.spawn(302, 300, &["rustc", "--crate-name", "app", "--extern", &stamp], &[("CARGO_PKG_NAME", "app")])
+        .open(302, "/home/alice/.aws/credentials");
+    let alert = run.one();
+    assert_eq!(alert.package.name.as_deref(), Some("derive-stamp"));
+    assert_eq!(alert.package.version.as_deref(), Some("1.0.2"));
+    assert_eq!(alert.package.lifecycle.as_deref(), Some("proc-macro"));
+
+    // A crate's own `include_str!` of a credential names the package, not the crate identifier.
+    run.spawn(303, 300, &["rustc", "--crate-name", "my_crate"], &[("CARGO_PKG_NAME", "my-crate")])
+        .open(303, "/home/alice/.pgpass");
+    let alert = run.one();
+    assert_eq!(
+        (alert.package.name.as_deref(), alert.package.lifecycle.as_deref()),
+        (Some("my-crate"), Some("compile"))
+    );
+}
+
+#[test]
+fn python_builds_of_local_directories_are_named_from_the_projects_metadata() {
+    let project = |name: &str, version: &str| crate::event::Project {
+        name: name.into(),
+        version: Some(version.into()),
+        source: "pyproject.toml".into(),
+    };
+    let backend = |ppid: u32, args: &[&str], project: crate::event::Project| {
+        EventData::Exec(Exec {
+            ppid,
+            filename: "/usr/bin/python3".into(),
+            executable: "/usr/bin/python3.11".into(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            cwd: "/home/alice/src/local-dir".into(),
+            project: Some(project),
+            ..Exec::default()
+        })
+    };
+    let mut run = Run::new();
+    // `pip install ./local-dir`: no archive, no build directory to go by.
+    run.exec(200, 1, &["pip", "install", "./local-dir"], &[]).fork(200, 201);
+    let hook = ["python3", "_in_process.py", "get_requires_for_build_wheel"];
+    run.send(201, backend(200, &hook, project("local-dir", "0.7.0"))).open(201, "/home/alice/.pypirc");
+    let alert = run.one();
+    assert_eq!((alert.package.manager.as_str(), alert.package.name.as_deref()), ("pip", Some("local-dir")));
+    assert_eq!(alert.package.version.as_deref(), Some("0.7.0"));
+    assert_eq!(alert.package.lifecycle.as_deref(), Some("build-backend"));
+
+    // `uv pip install ./dir`: uv runs the backend's hooks from `python -c`.
+    run.exec(210, 1, &["uv", "pip", "install", "./dir"], &[]).fork(210, 211);
+    let code = "import setuptools.build_meta as backend\nbackend.build_wheel('/tmp/w')";
+    run.send(211, backend(210, &["python3", "-c", code], project("uv-dir", "2.0"))).open(211, "/home/alice/.pypirc");
+    let alert = run.one();
+    assert_eq!((alert.package.manager.as_str(), alert.package.name.as_deref()), ("uv", Some("uv-dir")));
+    assert_eq!(alert.package.lifecycle.as_deref(), Some("build-backend"));
+
+    // An sdist's PKG-INFO wins over pip's build directory name (`evil_pkg_0f1e`).
+    run.exec(220, 1, &["pip", "install", "evil-pkg"], &[]).fork(220, 221);
+    let EventData::Exec(mut exec) =
+        backend(220, &["python3", "_in_process.py", "build_wheel"], project("evil-pkg", "3.0"))
+    else {
+        unreachable!()
+    };
+    exec.cwd = "/tmp/pip-install-q1w2/evil_pkg_0f1e2d3c".into();
+    run.send(221, EventData::Exec(exec)).open(221, "/home/alice/.pypirc");
+    assert_eq!(run.one().package.name.as_deref(), Some("evil-pkg"));
+
+    // Under an npm tree, a python child (node-gyp) keeps the npm package's name.
+    let mut run = npm_tree();
+    run.fork(102, 103).send(103, backend(102, &["python3", "gyp_main.py"], project("not-this", "1")));
+    run.open(103, "/home/alice/.pypirc");
+    assert_eq!(run.one().package.name.as_deref(), Some("evil-pkg"));
+}

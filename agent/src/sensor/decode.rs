@@ -227,6 +227,7 @@ fn exec(bytes: &[u8], header: &EventHeader) -> Result<Exec, DecodeError> {
         cgroup_id: event.header.cgroup_id,
         env: attribution_env(env),
         seeded: false,
+        project: None,
     })
 }
 

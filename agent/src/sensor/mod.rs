@@ -7,6 +7,7 @@ pub mod credentials;
 pub mod decode;
 mod doctor;
 pub mod offsets;
+mod project;
 mod seed;
 
 use std::{
@@ -705,13 +706,14 @@ impl Sensor {
                 let ring = if ring == 0 { &mut *priority } else { &mut *events };
                 while let Some(item) = ring.next() {
                     match decoder.decode(&item, &cred_path) {
-                        Ok(event) => {
+                        Ok(mut event) => {
                             if let Some(canary) = canary.as_mut().filter(|c| c.pid == event.pid) {
                                 canary.saw(&event.data);
                                 continue;
                             }
-                            if let EventData::Exec(exec) = &event.data {
+                            if let EventData::Exec(exec) = &mut event.data {
                                 homes.extend(exec.env.get("HOME").cloned());
+                                exec.project = project::for_exec(&exec.executable, &exec.args, &exec.cwd);
                             }
                             stats.events += 1;
                             out.push(event);

@@ -75,6 +75,7 @@ fn read_proc(dir: &Path) -> Option<Proc> {
             cgroup_id: cgroup_id(dir),
             env: attribution_env(&fs::read(dir.join("environ")).unwrap_or_default()),
             seeded: true,
+            project: None,
             args,
         },
     })
@@ -143,6 +144,7 @@ pub fn scan(
             None => manager.map(|(manager, _)| Mark { root_pid: pid, depth: 0, manager: manager as u32, flags: 0 }),
         };
         if let Some(mark) = mark {
+            exec.project = super::project::for_exec(&exec.executable, &exec.args, &exec.cwd);
             let boot_ns = proc.start_ticks.saturating_mul(1_000_000_000) / ticks_per_second;
             found.push((Event { time_ns: decoder.wall_ns(boot_ns), pid, data: EventData::Exec(exec) }, mark));
         }
