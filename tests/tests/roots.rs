@@ -198,3 +198,38 @@ fn pip_install_of_a_local_directory_names_the_project() {
     assert_field(&alert, "/package/version", "0.7.0", &run);
     assert_field(&alert, "/package/lifecycle", "setup.py", &run);
 }
+
+/// `python3 -m uv` is uv (`cargo xtask test` installs uv for python3 beforehand; this test
+/// stays offline), and uv's build of a local directory names the project.
+#[test]
+fn python_m_uv_pip_install_of_a_local_directory_names_the_project() {
+    let sandbox = Sandbox::new();
+    let project = sandbox.copy_fixture("pip/local-project");
+    let target = sandbox.work().join("site");
+    let run = sandbox.run(
+        &sandbox.work(),
+        &[
+            "python3",
+            "-m",
+            "uv",
+            "pip",
+            "install",
+            "--offline",
+            "--no-index",
+            "--no-build-isolation",
+            "--no-deps",
+            "--python",
+            "python3",
+            "--target",
+            target.to_str().unwrap(),
+            project.to_str().unwrap(),
+        ],
+    );
+
+    run.assert_exit(EXIT_ALERT);
+    let alert = run.expect_alert(&sandbox.credential(".pypirc"));
+    assert_field(&alert, "/package/manager", "uv", &run);
+    assert_field(&alert, "/package/name", "local-project", &run);
+    assert_field(&alert, "/package/version", "0.7.0", &run);
+    assert_field(&alert, "/package/lifecycle", "setup.py", &run);
+}
