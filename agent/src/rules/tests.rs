@@ -69,6 +69,9 @@ fn default_managers_come_from_the_rules() {
     assert_eq!(find("/usr/bin/node", &["node", "/usr/lib/node_modules/npm/bin/npm-cli.js", "ci"]), Some("npm"));
     assert_eq!(find("/usr/bin/node", &["node", "node_modules/pnpm/bin/pnpm.cjs", "install"]), Some("pnpm"));
     assert_eq!(find("/usr/bin/node", &["node", "server.js"]), None);
+    assert_eq!(find("/usr/bin/node", &["node", "/usr/bin/npm", "install"]), Some("npm"));
+    assert_eq!(find("/usr/bin/python3", &["python3", "/tmp/venv/bin/pip", "install", "x"]), Some("pip"));
+    assert_eq!(find("/usr/bin/python3", &["python3", "pipeline.py"]), None);
     assert_eq!(find("/usr/bin/python3", &["python3", "-m", "uv", "pip", "install", "x"]), Some("uv"));
     assert_eq!(find("/usr/bin/python3.11", &["python3.11", "-m", "poetry", "install"]), Some("poetry"));
     assert_eq!(find("/usr/bin/python", &["python", "-m", "pdm", "install"]), Some("pdm"));
