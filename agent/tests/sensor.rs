@@ -254,7 +254,11 @@ fn exec_of_a_manager_or_interpreter_module_or_script_makes_a_root() {
         },
         Manager {
             name: "fakeyarn".into(),
-            scripts: vec![ScriptRoot { interpreters: vec!["python3".into()], files: vec!["fakeyarn-*.py".into()] }],
+            scripts: vec![ScriptRoot {
+                interpreters: vec!["python3".into()],
+                files: vec!["fakeyarn-*.py".into()],
+                args: vec![],
+            }],
             ..Manager::default()
         },
     ];

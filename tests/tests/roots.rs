@@ -31,6 +31,30 @@ fn berry_project(sandbox: &Sandbox) -> PathBuf {
     sandbox.copy_fixture("yarn/berry-app")
 }
 
+/// [`berry_project`] pinned to yarn 4.5.3 through `packageManager`, with corepack's cache
+/// (`COREPACK_HOME`) already holding that version: the fake release file. Returns the project
+/// and the environment that keeps corepack offline and in the sandbox.
+fn corepack_project(sandbox: &Sandbox) -> (PathBuf, Vec<(&'static str, String)>) {
+    let project = berry_project(sandbox);
+    let manifest = project.join("package.json");
+    let mut package: Value = serde_json::from_str(&fs::read_to_string(&manifest).unwrap()).unwrap();
+    package["packageManager"] = "yarn@4.5.3".into();
+    fs::write(&manifest, package.to_string()).unwrap();
+    let home = sandbox.top().join("corepack");
+    let cached = home.join("v1/yarn/4.5.3");
+    fs::create_dir_all(&cached).unwrap();
+    fs::copy(project.join(".yarn/releases/yarn-4.5.3.cjs"), cached.join("yarn.js")).unwrap();
+    let corepack = r#"{"locator":{"name":"yarn","reference":"4.5.3"},"bin":{"yarn":"yarn.js","yarnpkg":"yarn.js"},"hash":"sha512.0"}"#;
+    fs::write(cached.join(".corepack"), corepack).unwrap();
+    let env = vec![
+        ("COREPACK_HOME", home.to_string_lossy().into_owned()),
+        ("COREPACK_ENABLE_NETWORK", "0".to_owned()),
+        ("COREPACK_ENABLE_DOWNLOAD_PROMPT", "0".to_owned()),
+        ("COREPACK_ENABLE_AUTO_PIN", "0".to_owned()),
+    ];
+    (project, env)
+}
+
 /// The real npm's entry point (`/usr/lib/node_modules/npm/bin/npm-cli.js`): `npm` on PATH is a
 /// link to it.
 fn npm_cli(sandbox: &Sandbox) -> String {
@@ -68,6 +92,24 @@ fn yarn_berry_release_file_run_by_node_is_the_manager() {
     assert_field(alert, "/package/lifecycle", "postinstall", &run);
 }
 
+/// `corepack yarn install` runs the release inside corepack's own process (`node
+/// /usr/bin/corepack yarn install`): that process is yarn.
+#[test]
+fn corepack_yarn_is_the_manager() {
+    let sandbox = Sandbox::new();
+    let (project, env) = corepack_project(&sandbox);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let run = sandbox.run_with_env(&project, &["corepack", "yarn", "install"], &env);
+
+    run.assert_exit(EXIT_ALERT);
+    let alerts = run.alerts_for(&sandbox.credential(".yarnrc.yml"));
+    assert_eq!(alerts.len(), 1, "only the postinstall's read alerts\n{}", run.describe());
+    let alert = &alerts[0];
+    assert!(alert["process"]["executable"].as_str().is_some_and(|e| e.ends_with("/cat")), "{alert:#}");
+    assert_field(alert, "/package/manager", "yarn", &run);
+    assert_field(alert, "/package/name", "yarnrc-reader", &run);
+}
+
 #[test]
 fn npm_cli_js_run_by_node_is_the_manager() {
     let sandbox = Sandbox::new();
@@ -91,58 +133,68 @@ fn npm_cli_js_run_by_node_is_the_manager() {
 
 /// Starts `sh -c SCRIPT` in `dir` detached from this test's process tree before credwatch
 /// starts (its parent exits at once, so it is reparented and the /proc seed does not put it in
-/// the tree of the `cargo` running the tests). SCRIPT waits for the file `go` in `dir`; the
-/// returned closure creates it.
-fn detached(sandbox: &Sandbox, dir: &Path, script: &str) -> impl Fn() {
-    let outer = format!("setsid sh -c '{}' >detached.log 2>&1 </dev/null &", script.replace('\'', r"'\''"));
-    sandbox.setup("starting a detached command", sandbox.command("sh").args(["-c", &outer]).current_dir(dir));
-    let go = dir.join("go");
+/// the tree of the `cargo` running the tests). SCRIPT runs once the file `go-NAME` exists in
+/// `dir`, after writing its pid to `pid-NAME`; the returned closure creates `go-NAME`.
+fn detached(sandbox: &Sandbox, dir: &Path, name: &str, env: &[(&str, String)], script: &str) -> impl Fn() {
+    let script = format!("while [ ! -e go-{name} ]; do sleep 0.05; done; echo $$ >pid-{name}; {script}");
+    let outer = format!("setsid sh -c '{}' >detached-{name}.log 2>&1 </dev/null &", script.replace('\'', r"'\''"));
+    let mut command = sandbox.command("sh");
+    command.args(["-c", &outer]).current_dir(dir).envs(env.iter().map(|(k, v)| (k, v)));
+    sandbox.setup("starting a detached command", &mut command);
+    let go = dir.join(format!("go-{name}"));
     move || fs::write(&go, "").unwrap()
 }
 
-/// The kernel marks the release file's exec itself: nothing it started was in a tree before.
+/// The pid a [`detached`] command wrote.
+fn detached_pid(dir: &Path, name: &str) -> u32 {
+    let start = Instant::now();
+    loop {
+        let pid = fs::read_to_string(dir.join(format!("pid-{name}"))).ok().and_then(|p| p.trim().parse().ok());
+        if let Some(pid) = pid {
+            return pid;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "the detached command {name} never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The kernel marks these execs itself: nothing they started from was in a tree before.
 #[test]
-fn watch_roots_a_release_file_and_npm_cli_js_started_after_it() {
+fn watch_roots_a_release_file_corepack_and_npm_cli_js_started_after_it() {
     let sandbox = Sandbox::new();
-    let project = berry_project(&sandbox);
+    let (project, corepack_env) = corepack_project(&sandbox);
     let cli = npm_cli(&sandbox);
     let tarball = sandbox.npm_pack("npm/npmrc-reader");
     let npm_project = sandbox.npm_project();
-    let wait_go = "while [ ! -e go ]; do sleep 0.05; done; echo $$ >pid;";
-    let go_yarn = detached(&sandbox, &project, &format!("{wait_go} exec node .yarn/releases/yarn-4.5.3.cjs install"));
-    let go_npm =
-        detached(&sandbox, &npm_project, &format!("{wait_go} exec node {cli} install {}", tarball.to_str().unwrap()));
+    let go = [
+        detached(&sandbox, &project, "yarn", &[], "exec node .yarn/releases/yarn-4.5.3.cjs install"),
+        detached(&sandbox, &project, "corepack", &corepack_env, "exec corepack yarn install"),
+        detached(&sandbox, &npm_project, "npm", &[], &format!("exec node {cli} install {}", tarball.to_str().unwrap())),
+    ];
     let watch = sandbox.watch();
-    go_yarn();
-    go_npm();
+    go.iter().for_each(|go| go());
     let yarnrc = sandbox.credential(".yarnrc.yml");
     let npmrc = sandbox.credential(".npmrc");
-    let pid_of = |dir: &Path| {
-        let start = Instant::now();
-        loop {
-            if let Some(pid) = fs::read_to_string(dir.join("pid")).ok().and_then(|p| p.trim().parse::<u32>().ok()) {
-                return pid;
-            }
-            assert!(start.elapsed() < Duration::from_secs(60), "the detached command never started");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
-    let (yarn_pid, npm_pid) = (pid_of(&project), pid_of(&npm_project));
-    let yarn_alert = sandbox.wait_for(|a| a["file"]["path"] == yarnrc && in_tree(a, yarn_pid), Duration::from_secs(60));
-    let npm_alert = sandbox.wait_for(|a| a["file"]["path"] == npmrc && in_tree(a, npm_pid), Duration::from_secs(60));
+    let trees = [
+        (detached_pid(&project, "yarn"), &yarnrc, "yarn", "yarnrc-reader"),
+        (detached_pid(&project, "corepack"), &yarnrc, "yarn", "yarnrc-reader"),
+        (detached_pid(&npm_project, "npm"), &npmrc, "npm", "npmrc-reader"),
+    ];
+    let alerts: Vec<Option<Value>> = trees
+        .iter()
+        .map(|(pid, path, ..)| {
+            sandbox.wait_for(|a| a["file"]["path"] == **path && in_tree(a, *pid), Duration::from_secs(60))
+        })
+        .collect();
     let run = watch.stop();
     run.assert_exit(0);
-    let yarn_alert = yarn_alert.unwrap_or_else(|| panic!("no alert in the yarn tree\n{}", run.describe()));
-    assert_field(&yarn_alert, "/package/manager", "yarn", &run);
-    assert_field(&yarn_alert, "/package/name", "yarnrc-reader", &run);
-    let npm_alert = npm_alert.unwrap_or_else(|| panic!("no alert in the npm tree\n{}", run.describe()));
-    assert_field(&npm_alert, "/package/manager", "npm", &run);
-    assert_field(&npm_alert, "/package/name", "npmrc-reader", &run);
-    // The managers' own reads of their configuration raised nothing.
-    for (pid, path) in [(yarn_pid, &yarnrc), (npm_pid, &npmrc)] {
-        let own =
-            run.alerts().into_iter().filter(|a| a["process"]["pid"] == pid && a["file"]["path"] == **path).count();
-        assert_eq!(own, 0, "the manager ({pid}) was reported\n{}", run.describe());
+    for ((pid, path, manager, package), alert) in trees.iter().zip(alerts) {
+        let alert = alert.unwrap_or_else(|| panic!("no alert in the {manager} tree of {pid}\n{}", run.describe()));
+        assert_field(&alert, "/package/manager", manager, &run);
+        assert_field(&alert, "/package/name", package, &run);
+        // The manager's own read of its configuration raised nothing.
+        let own = run.alerts().into_iter().filter(|a| a["process"]["pid"] == *pid && a["file"]["path"] == **path);
+        assert_eq!(own.count(), 0, "the manager ({pid}) was reported\n{}", run.describe());
     }
 }
 

@@ -139,7 +139,7 @@ fn test() -> Result<()> {
 /// The fixtures run real npm and pip offline; pip builds the sdist with the interpreter's own
 /// setuptools and wheel (no build isolation), so those are installed here, never by a test.
 fn test_prerequisites() -> Result<()> {
-    for program in ["node", "npm", "python3"] {
+    for program in ["node", "npm", "corepack", "python3"] {
         if toolchain::find_in_path(program).is_none() {
             bail!("the end-to-end tests need `{program}` on PATH");
         }

@@ -42,6 +42,10 @@ pub struct ScriptRoot {
     /// option (`yarn-*.cjs`, `npm-cli.js`); `*` matches any run of characters. Each starts with
     /// its stem, the literal text up to the first `-` or `.`, which is what the kernel looks up.
     pub files: Vec<String>,
+    /// The argv words right after the script (`corepack yarn ...`: `[yarn]`). The kernel looks
+    /// up the stem only, so it marks every one of them (`corepack enable` too).
+    #[serde(default)]
+    pub args: Vec<String>,
 }
 
 /// Directories where anyone may write and nothing is installed: a binary named like a script
@@ -74,7 +78,11 @@ pub fn pattern_stem(pattern: &str) -> Result<&str, String> {
 /// The script an interpreter runs: the first word of `args` after argv[0] that is not an
 /// option. (An option's value, `node -r x`, is taken for the script; the kernel does the same.)
 pub fn script_arg(args: &[String]) -> Option<&str> {
-    args.iter().skip(1).map(String::as_str).find(|arg| !arg.starts_with('-'))
+    script_index(args).map(|i| args[i].as_str())
+}
+
+fn script_index(args: &[String]) -> Option<usize> {
+    (1..args.len()).find(|&i| !args[i].starts_with('-'))
 }
 
 /// `*` matches any run of characters, everything else itself.
@@ -92,7 +100,7 @@ fn wildcard(pattern: &str, text: &str) -> bool {
 /// starts, if any.
 pub fn root_manager(managers: &[Manager], filename: &str, args: &[String]) -> Option<usize> {
     let name = basename(filename);
-    let script = || script_arg(args).map(basename);
+    let script = script_index(args);
     managers.iter().position(|manager| {
         manager.execs.iter().any(|exec| exec == name)
             || manager.modules.iter().any(|module| {
@@ -102,7 +110,10 @@ pub fn root_manager(managers: &[Manager], filename: &str, args: &[String]) -> Op
             })
             || manager.scripts.iter().any(|scripts| {
                 scripts.interpreters.iter().any(|interpreter| interpreter == name)
-                    && script().is_some_and(|script| scripts.files.iter().any(|file| wildcard(file, script)))
+                    && script.is_some_and(|i| {
+                        scripts.files.iter().any(|file| wildcard(file, basename(&args[i])))
+                            && args[i + 1..].starts_with(&scripts.args)
+                    })
             })
     })
 }
@@ -125,10 +136,18 @@ mod tests {
             },
             Manager {
                 name: "yarn".into(),
-                scripts: vec![ScriptRoot {
-                    interpreters: vec!["node".into()],
-                    files: vec!["yarn-*.cjs".into(), "yarn.js".into()],
-                }],
+                scripts: vec![
+                    ScriptRoot {
+                        interpreters: vec!["node".into()],
+                        files: vec!["yarn-*.cjs".into(), "yarn.js".into()],
+                        args: vec![],
+                    },
+                    ScriptRoot {
+                        interpreters: vec!["node".into()],
+                        files: vec!["corepack".into()],
+                        args: vec!["yarn".into()],
+                    },
+                ],
                 ..Manager::default()
             },
         ]
@@ -160,6 +179,10 @@ mod tests {
         assert_eq!(yarn(&["node", "app.js", "yarn-4.5.3.cjs"]), None);
         // Another interpreter running the same file is not it.
         assert_eq!(root_manager(&m, "/usr/bin/python3", &args(&["python3", "yarn-4.5.3.cjs"])), None);
+        // A script that is a manager only with the words after it.
+        assert_eq!(yarn(&["node", "/usr/bin/corepack", "yarn", "install"]), Some(2));
+        assert_eq!(yarn(&["node", "/usr/bin/corepack", "enable"]), None);
+        assert_eq!(yarn(&["node", "/usr/bin/corepack"]), None);
     }
 
     #[test]

@@ -72,6 +72,9 @@ fn default_managers_come_from_the_rules() {
     assert_eq!(find("/usr/bin/node", &["node", "/usr/bin/npm", "install"]), Some("npm"));
     assert_eq!(find("/usr/bin/python3", &["python3", "/tmp/venv/bin/pip", "install", "x"]), Some("pip"));
     assert_eq!(find("/usr/bin/python3", &["python3", "pipeline.py"]), None);
+    assert_eq!(find("/usr/bin/node", &["node", "/usr/bin/corepack", "pnpm", "install"]), Some("pnpm"));
+    assert_eq!(find("/usr/bin/node", &["node", "/usr/bin/corepack", "yarn", "install"]), Some("yarn"));
+    assert_eq!(find("/usr/bin/node", &["node", "/usr/bin/corepack", "enable"]), None);
     assert_eq!(find("/usr/bin/python3", &["python3", "-m", "uv", "pip", "install", "x"]), Some("uv"));
     assert_eq!(find("/usr/bin/python3.11", &["python3.11", "-m", "poetry", "install"]), Some("poetry"));
     assert_eq!(find("/usr/bin/python", &["python", "-m", "pdm", "install"]), Some("pdm"));

@@ -883,6 +883,7 @@ mod tests {
                 scripts: vec![ScriptRoot {
                     interpreters: vec!["python3".into()],
                     files: vec!["__pip-runner__.py".into()],
+                    args: vec![],
                 }],
                 ..Manager::default()
             },
@@ -891,6 +892,7 @@ mod tests {
                 scripts: vec![ScriptRoot {
                     interpreters: vec!["node".into(), "npm".into()],
                     files: vec!["yarn-*.cjs".into(), "yarn.js".into()],
+                    args: vec![],
                 }],
                 ..Manager::default()
             },

@@ -168,7 +168,11 @@ mod tests {
             Manager { name: "npm".into(), execs: vec!["npm".into()], ..Manager::default() },
             Manager {
                 name: "yarn".into(),
-                scripts: vec![ScriptRoot { interpreters: vec!["node".into()], files: vec!["yarn-*.cjs".into()] }],
+                scripts: vec![ScriptRoot {
+                    interpreters: vec!["node".into()],
+                    files: vec!["yarn-*.cjs".into()],
+                    args: vec![],
+                }],
                 ..Manager::default()
             },
         ];
