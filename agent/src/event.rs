@@ -241,6 +241,22 @@ mod tests {
     }
 
     #[test]
+    fn an_exec_keeps_its_project_through_json_and_old_ones_read_without() {
+        let exec = Exec {
+            filename: "/usr/bin/python3".into(),
+            project: Some(Project { name: "local-dir".into(), version: None, source: "setup.cfg".into() }),
+            ..Exec::default()
+        };
+        let event = Event { time_ns: 1, pid: 7, data: EventData::Exec(exec) };
+        let line = serde_json::to_string(&event).unwrap();
+        assert!(line.contains(r#""project":{"name":"local-dir","source":"setup.cfg"}"#), "{line}");
+        assert_eq!(serde_json::from_str::<Event>(&line).unwrap(), event);
+        let old = r#"{"time_ns":1,"pid":7,"kind":"exec","ppid":1,"filename":"x","executable":"x","args":[],"cwd":"/","uid":0,"gid":0}"#;
+        let EventData::Exec(exec) = serde_json::from_str::<Event>(old).unwrap().data else { panic!() };
+        assert_eq!(exec.project, None);
+    }
+
+    #[test]
     fn round_trips_through_json() {
         let event = Event {
             time_ns: 1,

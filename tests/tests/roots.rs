@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use credwatch_e2e::{in_tree, Run, Sandbox, EXIT_ALERT};
+use credwatch_e2e::{credwatch_binary, in_tree, parse_alerts, Run, Sandbox, EXIT_ALERT};
 use serde_json::Value;
 
 const YARNRC: &str = "npmAuthToken: npm_FAKEcredwatchE2Eyarn000000000000000000\n";
@@ -284,4 +284,57 @@ fn python_m_uv_pip_install_of_a_local_directory_names_the_project() {
     assert_field(&alert, "/package/name", "local-project", &run);
     assert_field(&alert, "/package/version", "0.7.0", &run);
     assert_field(&alert, "/package/lifecycle", "setup.py", &run);
+}
+
+/// The project's metadata travels in the trace: replay names the package as live did, and so
+/// does it for a program posing as npm (decided from the events).
+#[test]
+fn replay_names_local_builds_and_masquerades_as_live() {
+    let sandbox = Sandbox::new();
+    let work = sandbox.work();
+    let project = sandbox.copy_fixture("pip/local-project");
+    let target = work.join("site");
+    let tarball = sandbox.npm_pack("npm/masquerade");
+    let app = sandbox.npm_project();
+    let cases: [(&Path, Vec<&str>); 2] = [
+        (
+            &work,
+            vec![
+                "python3",
+                "-m",
+                "pip",
+                "install",
+                "--no-index",
+                "--no-build-isolation",
+                "--no-deps",
+                "--target",
+                target.to_str().unwrap(),
+                project.to_str().unwrap(),
+            ],
+        ),
+        (&app, vec!["npm", "install", tarball.to_str().unwrap()]),
+    ];
+    for (i, (cwd, cmd)) in cases.iter().enumerate() {
+        let trace = work.join(format!("trace-{i}.jsonl"));
+        let (live, replayed) = (work.join(format!("live-{i}.jsonl")), work.join(format!("replayed-{i}.jsonl")));
+        let mut record = sandbox.command(credwatch_binary());
+        record.args(["record", "-o"]).arg(&trace).args(["--json", "--alerts"]).arg(&live).arg("--").args(cmd);
+        record.current_dir(cwd);
+        let recording = sandbox.wait(sandbox.spawn(record));
+        recording.assert_exit(EXIT_ALERT);
+        let mut replay = sandbox.command(credwatch_binary());
+        replay.args(["replay", "--json", "--alerts"]).arg(&replayed).arg(&trace);
+        let replay = sandbox.wait(sandbox.spawn(replay));
+        replay.assert_exit(EXIT_ALERT);
+        let live = parse_alerts(&fs::read_to_string(&live).unwrap());
+        assert_eq!(parse_alerts(&fs::read_to_string(&replayed).unwrap()), live, "{}", replay.describe());
+        let wanted = if i == 0 { "local-project" } else { "npm-masquerade" };
+        assert!(
+            live.iter().any(|a| a["package"]["name"] == wanted && a["rule"]["severity"] == "high"),
+            "no high alert naming {wanted}\n{}",
+            recording.describe()
+        );
+    }
+    let trace = fs::read_to_string(work.join("trace-0.jsonl")).unwrap();
+    assert!(trace.contains(r#""project":{"name":"local-project","version":"0.7.0","source":"pyproject.toml"}"#));
 }
