@@ -67,10 +67,11 @@ impl ProcMacroPackages {
     }
 }
 
-/// Attribution of a manager process itself: the package named by the one archive in its
-/// arguments (`pip install ./evil-1.0.tar.gz`, `npm install ./x-1.0.0.tgz`), if exactly one.
-pub fn for_manager(args: &[String]) -> Attribution {
-    let mut archives = args.iter().skip(1).filter_map(|arg| archive_name_version(basename(arg)));
+/// Attribution of a manager process itself: the package named by the one archive among the
+/// words of its command (`pip install ./evil-1.0.tar.gz`, `npm install ./x-1.0.0.tgz`), if
+/// exactly one.
+pub fn for_manager(words: &[String]) -> Attribution {
+    let mut archives = words.iter().filter_map(|arg| archive_name_version(basename(arg)));
     match (archives.next(), archives.next()) {
         (Some((name, version)), None) => Attribution { name: Some(name), version: Some(version), lifecycle: None },
         _ => Attribution::default(),
@@ -251,7 +252,7 @@ mod tests {
         assert_eq!(archive_name_version("evil_pkg-2.1.0-py3-none-any.whl"), Some(("evil_pkg".into(), "2.1.0".into())));
         assert_eq!(archive_name_version("evil-pkg-0.3.0.tgz"), Some(("evil-pkg".into(), "0.3.0".into())));
         assert_eq!(archive_name_version("requirements.txt"), None);
-        assert_eq!(for_manager(&args(&["pip", "install", "a-1.tar.gz", "b-2.tar.gz"])), Attribution::default());
+        assert_eq!(for_manager(&args(&["install", "a-1.tar.gz", "b-2.tar.gz"])), Attribution::default());
         assert_eq!(pip_build_dir_name("/tmp/pip-install-x1y2/evil_0123abcd/src"), Some("evil".into()));
         assert_eq!(pip_build_dir_name("/tmp/pip-req-build-x1y2"), None);
         assert_eq!(

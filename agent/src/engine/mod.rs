@@ -31,7 +31,7 @@ use crate::{
     },
     event::{normalize_path, Event, EventData, Exec, Open, Rename, Syscall},
     rules::{
-        manager::{basename, root_manager, script_arg, TEMP_DIRS},
+        manager::{basename, command_args, root_manager, script_arg, TEMP_DIRS},
         schema::{Access, Conditions, ExecMatch, Who},
         Rule, RuleKind, RuleSet,
     },
@@ -429,7 +429,7 @@ impl Engine {
             p.manager_self = Some(ManagerSelf { outermost });
             // A manager started by package code (`npm whoami` in a postinstall) keeps naming
             // that package unless its own arguments name another.
-            let own = attribution::for_manager(&exec.args);
+            let own = attribution::for_manager(command_args(&managers[kind], filename, &exec.args));
             if outermost || own.name.is_some() {
                 p.attribution = own;
             }

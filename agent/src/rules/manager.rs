@@ -118,6 +118,34 @@ pub fn root_manager(managers: &[Manager], filename: &str, args: &[String]) -> Op
     })
 }
 
+/// The words of `args` that are the command given to `manager`, started as `filename` (see
+/// [`root_manager`]): after argv[0] for one of its executables, after the module words
+/// (`python3 -m pip install x`: `install x`), after the script and its words (`node
+/// .yarn/releases/yarn-4.5.3.cjs install`, `node corepack yarn install`: `install`).
+pub fn command_args<'a>(manager: &Manager, filename: &str, args: &'a [String]) -> &'a [String] {
+    let name = basename(filename);
+    let after = |n: usize| args.get(n..).unwrap_or_default();
+    if manager.execs.iter().any(|exec| exec == name) {
+        return after(1);
+    }
+    if let Some(module) = manager.modules.iter().find(|module| {
+        module.interpreters.iter().any(|interpreter| interpreter == name)
+            && args.get(1..=module.args.len()).is_some_and(|words| words == module.args)
+    }) {
+        return after(1 + module.args.len());
+    }
+    let Some(i) = script_index(args) else { return after(1) };
+    let scripts = manager.scripts.iter().find(|scripts| {
+        scripts.interpreters.iter().any(|interpreter| interpreter == name)
+            && scripts.files.iter().any(|file| wildcard(file, basename(&args[i])))
+            && args[i + 1..].starts_with(&scripts.args)
+    });
+    match scripts {
+        Some(scripts) => after(i + 1 + scripts.args.len()),
+        None => after(1),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,6 +211,21 @@ mod tests {
         assert_eq!(yarn(&["node", "/usr/bin/corepack", "yarn", "install"]), Some(2));
         assert_eq!(yarn(&["node", "/usr/bin/corepack", "enable"]), None);
         assert_eq!(yarn(&["node", "/usr/bin/corepack"]), None);
+    }
+
+    #[test]
+    fn command_words_start_after_the_invocation() {
+        let m = managers();
+        let words =
+            |manager: usize, filename: &str, argv: &[&str]| command_args(&m[manager], filename, &args(argv)).join(" ");
+        assert_eq!(words(0, "/usr/bin/npm", &["npm", "run", "dev"]), "run dev");
+        assert_eq!(words(1, "/usr/bin/python3", &["python3", "-m", "pip", "install", "x"]), "install x");
+        assert_eq!(
+            words(2, "/usr/bin/node", &["node", "--x", ".yarn/releases/yarn-4.5.3.cjs", "run", "dev"]),
+            "run dev"
+        );
+        assert_eq!(words(2, "/usr/bin/node", &["node", "/usr/bin/corepack", "yarn", "install"]), "install");
+        assert_eq!(words(2, "/usr/bin/node", &["node", "/usr/bin/corepack", "yarn"]), "");
     }
 
     #[test]
