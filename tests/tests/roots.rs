@@ -218,6 +218,16 @@ fn node_copied_to_tmp_as_npm_is_package_code() {
     assert_field(alert, "/rule/severity", "high", &run);
     assert_field(alert, "/package/name", "npm-masquerade", &run);
     assert_field(alert, "/package/lifecycle", "postinstall", &run);
+
+    // Run later, by a tree that did not write it: a binary named npm in a temporary directory
+    // is still not npm (the installed npm is a script: its executable is node).
+    fs::remove_file(sandbox.alerts_file()).unwrap();
+    let read = "require('fs').readFileSync(require('os').homedir() + '/.npmrc')";
+    let later = sandbox.run(&project, &["sh", "-c", r#""$1" -e "$2""#, "sh", fake.to_str().unwrap(), read]);
+    later.assert_exit(EXIT_ALERT);
+    let alert = later.expect_alert(&sandbox.credential(".npmrc"));
+    assert_field(&alert, "/rule/severity", "high", &later);
+    assert!(alert["process"]["executable"].as_str().is_some_and(|e| e.ends_with("/x/npm")), "{alert:#}");
 }
 
 #[test]
