@@ -69,6 +69,8 @@ fn default_managers_come_from_the_rules() {
     assert_eq!(find("/usr/bin/node", &["node", "/usr/lib/node_modules/npm/bin/npm-cli.js", "ci"]), Some("npm"));
     assert_eq!(find("/usr/bin/node", &["node", "node_modules/pnpm/bin/pnpm.cjs", "install"]), Some("pnpm"));
     assert_eq!(find("/usr/bin/node", &["node", "server.js"]), None);
+    assert_eq!(find("/usr/bin/node", &["node", "/opt/yarn-1.22.22.js", "install"]), Some("yarn"));
+    assert_eq!(find("/usr/bin/node", &["node", "scripts/yarn-helper.js"]), None);
     assert_eq!(find("/usr/bin/node", &["node", "/usr/bin/npm", "install"]), Some("npm"));
     assert_eq!(find("/usr/bin/python3", &["python3", "/tmp/venv/bin/pip", "install", "x"]), Some("pip"));
     assert_eq!(find("/usr/bin/python3", &["python3", "pipeline.py"]), None);
