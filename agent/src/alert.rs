@@ -145,6 +145,9 @@ pub struct AlertCredwatch {
     /// On an exec alert about a file the tree wrote: that file (the program or its script).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub written_file: Option<String>,
+    /// Why the alert is at a lower severity than its rule's (an actor of the rule judged it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
 }
 
 /// One tree reading many kinds of credentials.

@@ -39,6 +39,8 @@ pub struct Outputs<'a> {
     /// Kill package code in the kernel when it opens a `kill` rule's target or makes a
     /// blockable tamper syscall.
     pub enforce: bool,
+    /// Alert on the project's own scripts and programs too.
+    pub watch_project: bool,
 }
 
 pub fn host_name() -> String {
@@ -84,7 +86,10 @@ impl Session {
             .context("registering credential files with the kernel")?;
         let sink = AlertSink::new(outputs.json, outputs.alerts_file, false)
             .with_context(|| format!("opening {}", outputs.alerts_file.unwrap_or(Path::new("")).display()))?;
-        let engine = Engine::new(rules, EngineOptions { host_name: host_name() });
+        let engine = Engine::new(
+            rules,
+            EngineOptions { host_name: host_name(), watch_project: outputs.watch_project, ..EngineOptions::default() },
+        );
         Ok(Session { sensor, engine, sink, recorder, batch: Vec::new(), started })
     }
 

@@ -13,6 +13,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
 use credwatch::{
+    engine::EngineOptions,
     output::escape,
     rules::{self, RuleSet},
     sensor,
@@ -61,6 +62,11 @@ struct CommonArgs {
     /// A folder of rule files that add to or override the default rules (same id overrides).
     #[arg(long, value_name = "DIR")]
     rules: Option<PathBuf>,
+    /// Watch the project's own scripts and programs too (`npm run`, `npm test`, `cargo run`,
+    /// `cargo test`, ...), which are quiet by default: for CI jobs that run untrusted pull
+    /// requests' code.
+    #[arg(long)]
+    watch_project: bool,
 }
 
 #[derive(Args)]
@@ -145,6 +151,14 @@ struct ReplayArgs {
     /// date of the file's modification time).
     #[arg(long, value_name = "DATE", value_parser = parse_date)]
     date: Option<time::Date>,
+    /// The home of the traced processes when the trace does not carry `HOME` (strace without
+    /// `-v`, auditd, Tetragon): beats the home inferred from the managers' own reads.
+    #[arg(long, value_name = "DIR", value_parser = parse_home)]
+    home: Option<String>,
+    /// The traced host's passwd file: homes by uid, the last resort when the trace carries no
+    /// `HOME` and no manager's own reads tell it.
+    #[arg(long, value_name = "FILE")]
+    passwd: Option<PathBuf>,
     /// Trace files; `-` reads standard input.
     #[arg(required = true, value_name = "FILE")]
     files: Vec<PathBuf>,
@@ -174,6 +188,7 @@ fn main() -> ExitCode {
             alerts_file: args.output.as_deref(),
             trace: None,
             enforce: args.enforce.enforce,
+            watch_project: args.common.watch_project,
         }),
         Commands::Run(args) => linger(args.linger).and_then(|linger| {
             let outputs = Outputs {
@@ -182,6 +197,7 @@ fn main() -> ExitCode {
                 alerts_file: args.alerts.as_deref(),
                 trace: None,
                 enforce: args.enforce.enforce,
+                watch_project: args.common.watch_project,
             };
             live::run_command(&outputs, &args.command, linger)
         }),
@@ -192,6 +208,7 @@ fn main() -> ExitCode {
                 alerts_file: args.alerts.as_deref(),
                 trace: Some(&args.output),
                 enforce: args.enforce.enforce,
+                watch_project: args.common.watch_project,
             };
             if args.command.is_empty() {
                 live::watch_machine(&outputs)
@@ -199,18 +216,21 @@ fn main() -> ExitCode {
                 live::run_command(&outputs, &args.command, linger)
             }
         }),
-        Commands::Replay(args) => replay::replay(
-            &args.files,
-            &replay::ReplayOptions {
-                json: args.common.json,
-                rules: args.common.rules.as_deref(),
-                keep_going: args.keep_going,
-                alerts_file: args.alerts.as_deref(),
-                report: args.report.then_some(args.report_format),
-                from: args.from,
-                import: credwatch::import::ImportOptions { date: args.date },
-            },
-        ),
+        Commands::Replay(args) => replay_options(&args).and_then(|engine| {
+            replay::replay(
+                &args.files,
+                &replay::ReplayOptions {
+                    json: args.common.json,
+                    rules: args.common.rules.as_deref(),
+                    keep_going: args.keep_going,
+                    alerts_file: args.alerts.as_deref(),
+                    report: args.report.then_some(args.report_format),
+                    from: args.from,
+                    import: credwatch::import::ImportOptions { date: args.date },
+                    engine,
+                },
+            )
+        }),
         Commands::Doctor => {
             print!("{}", sensor::doctor());
             Ok(ExitCode::SUCCESS)
@@ -222,6 +242,28 @@ fn main() -> ExitCode {
         eprintln!("credwatch: {}", escape(&format!("{error:#}")));
         ExitCode::FAILURE
     })
+}
+
+/// The engine's options of a replay: `--watch-project`, `--home`, `--passwd`.
+fn replay_options(args: &ReplayArgs) -> Result<EngineOptions> {
+    let passwd = match &args.passwd {
+        Some(path) => credwatch::import::passwd::read(path).context("reading --passwd")?,
+        None => Default::default(),
+    };
+    Ok(EngineOptions {
+        watch_project: args.common.watch_project,
+        home: args.home.clone(),
+        passwd,
+        ..EngineOptions::default()
+    })
+}
+
+fn parse_home(text: &str) -> Result<String, String> {
+    if text.starts_with('/') {
+        Ok(credwatch::event::normalize_path(text))
+    } else {
+        Err(format!("{text:?} is not an absolute path (the home as the traced host saw it)"))
+    }
 }
 
 fn parse_date(text: &str) -> Result<time::Date, String> {
@@ -275,6 +317,20 @@ mod tests {
         let Commands::Run(args) = cli.command else { panic!("not run") };
         assert!(args.common.json);
         assert_eq!(args.command, ["npm", "install", "--json"]);
+    }
+
+    #[test]
+    fn watch_project_is_on_every_mode_and_home_on_replay() {
+        for mode in [&["watch"][..], &["run", "--", "true"], &["record", "-o", "t.jsonl"], &["replay", "t.jsonl"]] {
+            let words = [&["credwatch"][..], &mode[..1], &["--watch-project"], &mode[1..]].concat();
+            assert!(Cli::try_parse_from(&words).is_ok(), "{words:?}");
+        }
+        let cli =
+            Cli::try_parse_from(["credwatch", "replay", "--home", "/var/lib/jenkins/", "--passwd", "p", "t"]).unwrap();
+        let Commands::Replay(args) = cli.command else { panic!("not replay") };
+        assert_eq!(args.home.as_deref(), Some("/var/lib/jenkins"));
+        assert!(Cli::try_parse_from(["credwatch", "replay", "--home", "jenkins", "t"]).is_err());
+        assert!(Cli::try_parse_from(["credwatch", "run", "--home", "/h", "--", "true"]).is_err());
     }
 
     #[test]

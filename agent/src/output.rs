@@ -107,6 +107,9 @@ pub fn render(alert: &Alert, colour: bool) -> String {
         escape(&alert.rule.category),
         escape(&alert.rule.name)
     );
+    if let Some(why) = &alert.credwatch.why {
+        let _ = writeln!(out, "  why      {}", escape(why));
+    }
     if let Some(file) = &alert.file {
         let _ =
             writeln!(out, "  file     {}  (given as {}, {})", escape(&file.path), escape(&file.given_path), file.flags);

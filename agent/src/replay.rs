@@ -41,6 +41,8 @@ pub struct ReplayOptions<'a> {
     /// The files' format; detected from each file's first bytes when None.
     pub from: Option<Format>,
     pub import: ImportOptions,
+    /// `--watch-project`, `--home`, `--passwd` (the host name comes from each file).
+    pub engine: EngineOptions,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -155,7 +157,7 @@ fn replay_file(
     let mut reader = import::open_group(group, options.from, &options.import)?;
     totals.consumed.lock().map_err(|_| anyhow::anyhow!("progress lock poisoned"))?.push(reader.consumed());
     let host_name = reader.host().unwrap_or_default();
-    let mut engine = Engine::new(rules.clone(), EngineOptions { host_name });
+    let mut engine = Engine::new(rules.clone(), EngineOptions { host_name, ..options.engine.clone() });
     loop {
         match reader.next_event() {
             Ok(Some(event)) => {

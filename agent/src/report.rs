@@ -299,7 +299,10 @@ mod tests {
     }
 
     fn report_of(events: &[Event]) -> Report {
-        let mut engine = Engine::new(RuleSet::defaults().unwrap(), EngineOptions { host_name: "h".into() });
+        let mut engine = Engine::new(
+            RuleSet::defaults().unwrap(),
+            EngineOptions { host_name: "h".into(), ..EngineOptions::default() },
+        );
         let mut report = Report::default();
         for event in events {
             let alerts = engine.handle(event);

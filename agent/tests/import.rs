@@ -71,7 +71,7 @@ impl Repro {
 
 fn engine_alerts(source: &mut dyn EventSource) -> (Vec<Alert>, Vec<Event>) {
     let rules = RuleSet::load(None).unwrap();
-    let mut engine = Engine::new(rules, EngineOptions { host_name: "test".into() });
+    let mut engine = Engine::new(rules, EngineOptions { host_name: "test".into(), ..EngineOptions::default() });
     let (mut alerts, mut events) = (Vec::new(), Vec::new());
     while let Some(event) = source.next_event().unwrap_or_else(|e| panic!("{e}")) {
         alerts.extend(engine.handle(&event));

@@ -37,6 +37,26 @@ pub const FAKE_CREDENTIALS: &[(&str, &str)] = &[
     ),
     (".cargo/credentials.toml", "[registry]\ntoken = \"cio_FAKEcredwatchE2E\"\n"),
     (".pypirc", "[pypi]\nusername = __token__\npassword = pypi-FAKEcredwatchE2E\n"),
+    (
+        ".gnupg/private-keys-v1.d/0C5A33B8A1C8D09F9B8E1E4D2E3F4A5B6C7D8E9F.key",
+        "Created: 20260101T000000\nKey: (private-key (ecc (curve Ed25519)(q #FAKE#)(d #FAKE-credwatch-e2e-not-a-key#)))\n",
+    ),
+    (".terraform.d/credentials.tfrc.json", "{\"credentials\":{\"app.terraform.io\":{\"token\":\"FAKE.atlasv1.credwatchE2E\"}}}\n"),
+    (".terraformrc", "credentials \"tfe.example.invalid\" {\n  token = \"FAKE.atlasv1.credwatchE2E\"\n}\n"),
+    (".gem/credentials", "---\n:rubygems_api_key: rubygems_FAKEcredwatchE2E\n"),
+    (
+        ".m2/settings.xml",
+        "<settings><servers><server><id>central</id><username>alice</username><password>FAKE-credwatch-e2e</password></server></servers></settings>\n",
+    ),
+    (".m2/settings-security.xml", "<settingsSecurity><master>{FAKEcredwatchE2E=}</master></settingsSecurity>\n"),
+    (".gradle/gradle.properties", "signing.password=FAKE-credwatch-e2e\nmavenCentralPassword=FAKE-credwatch-e2e\n"),
+    (".config/github-copilot/hosts.json", "{\"github.com\":{\"user\":\"alice\",\"oauth_token\":\"ghu_FAKEcredwatchE2E\"}}\n"),
+    (".config/op/config", "{\"latest_signin\":\"alice\",\"accounts\":[{\"shorthand\":\"alice\",\"email\":\"alice@example.invalid\"}]}\n"),
+    (".config/rclone/rclone.conf", "[s3]\ntype = s3\naccess_key_id = AKIAFAKECREDWATCHE2E\nsecret_access_key = fake/credwatch/e2e\n"),
+    (".s3cfg", "[default]\naccess_key = AKIAFAKECREDWATCHE2E\nsecret_key = fake/credwatch/e2e\n"),
+    (".local/share/keyrings/login.keyring", "GnomeKeyring\n FAKE-credwatch-e2e-not-a-keyring\n"),
+    (".password-store/email/work.gpg", "FAKE-credwatch-e2e-not-a-gpg-message\n"),
+    (".config/glab-cli/config.yml", "hosts:\n  gitlab.com:\n    token: glpat-FAKEcredwatchE2E\n"),
 ];
 
 /// The checked-in fixtures.

@@ -264,7 +264,8 @@ fn watch_reports_an_npm_script_started_after_it() {
     )
     .unwrap();
     let mut watch = sandbox.command(credwatch_e2e::credwatch_binary());
-    watch.args(["watch", "--json", "--output"]).arg(sandbox.alerts_file());
+    // The project's own script is quiet by default: `--watch-project` watches it.
+    watch.args(["watch", "--watch-project", "--json", "--output"]).arg(sandbox.alerts_file());
     let mut watcher = sandbox.spawn(watch);
 
     // Attaching takes a moment; repeat the script until its alert shows (or give up).

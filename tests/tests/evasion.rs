@@ -265,10 +265,14 @@ fn find_and_grep_sweeping_home_give_a_credential_sweep() {
     for (tool, script) in cases {
         let run = payload(&sandbox, &[], tool, script, &[]);
         run.assert_exit(EXIT_ALERT);
-        let sweep = expect(&run, "the sweep", |a| a["rule"]["id"] == "credential-sweep");
+        // The final summary lists every category swept (the first sweep alert, the three that
+        // made it one, which depend on the order find and grep walk the home in).
+        let sweep = expect(&run, "the sweep's final summary", |a| {
+            a["rule"]["id"] == "credential-sweep" && a["credwatch"]["sweep"]["final"] == true
+        });
         let categories: Vec<&str> =
             sweep["credwatch"]["sweep"]["categories"].as_array().unwrap().iter().map(text).collect();
-        for category in ["cloud", "registry", "ssh"] {
+        for category in ["cloud", "registry", "ssh", "gpg", "iac", "password-managers"] {
             assert!(categories.contains(&category), "{tool}: {category} missing in {sweep:#}");
         }
         assert_eq!(sweep["package"]["name"], tool, "{sweep:#}");

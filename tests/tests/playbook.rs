@@ -261,16 +261,17 @@ fn a_credential_sweep_is_one_alert_listing_the_categories_and_folds_the_rest() {
     assert!(run.stderr.contains(" 4 alerts "), "the summary line counts 4 alerts\n{}", run.describe());
 }
 
-/// The payload: read the key into a copy, then record its own exit status.
-const STEAL_KEY: &str = r#"cat "$HOME/.ssh/id_ed25519" > "$1"; echo $? > "$2""#;
+/// The payload: read the key (its path under HOME is `$3`) into a copy, then record its own
+/// exit status.
+const STEAL_KEY: &str = r#"cat "$HOME/$3" > "$1"; echo $? > "$2""#;
 
-fn steal_key(sandbox: &Sandbox, options: &[&str]) -> (Run, String, String) {
+fn steal_key(sandbox: &Sandbox, key: &str, options: &[&str]) -> (Run, String, String) {
     let (copy, status) = (sandbox.work().join("copy"), sandbox.work().join("status"));
     let manager = sandbox.fake_manager();
     let run = sandbox.run_with(
         &sandbox.work(),
         options,
-        &[manager.to_str().unwrap(), "stealer", STEAL_KEY, copy.to_str().unwrap(), status.to_str().unwrap()],
+        &[manager.to_str().unwrap(), "stealer", STEAL_KEY, copy.to_str().unwrap(), status.to_str().unwrap(), key],
         &[],
     );
     let read = |path| fs::read_to_string(path).unwrap_or_default();
@@ -282,7 +283,7 @@ fn steal_key(sandbox: &Sandbox, options: &[&str]) -> (Run, String, String) {
 #[test]
 fn enforce_kills_the_key_reader_before_the_secret_reaches_it() {
     let sandbox = Sandbox::new();
-    let (run, copy, status) = steal_key(&sandbox, &["--enforce"]);
+    let (run, copy, status) = steal_key(&sandbox, ".ssh/id_ed25519", &["--enforce"]);
 
     run.assert_exit(EXIT_ALERT);
     assert!(!copy.contains(SECRET), "the secret reached the payload under --enforce\n{}", run.describe());
@@ -298,7 +299,7 @@ fn enforce_kills_the_key_reader_before_the_secret_reaches_it() {
 #[test]
 fn without_enforce_the_same_payload_copies_the_key_and_is_reported() {
     let sandbox = Sandbox::new();
-    let (run, copy, status) = steal_key(&sandbox, &[]);
+    let (run, copy, status) = steal_key(&sandbox, ".ssh/id_ed25519", &[]);
 
     run.assert_exit(EXIT_ALERT);
     assert!(copy.contains(SECRET), "the payload did not copy the key\n{}", run.describe());
@@ -306,6 +307,122 @@ fn without_enforce_the_same_payload_copies_the_key_and_is_reported() {
     let alert = run.expect_alert(&sandbox.credential(".ssh/id_ed25519"));
     assert_eq!(alert["rule"]["id"], "ssh-private-keys", "{alert:#}");
     assert_eq!(alert["event"]["outcome"], "alerted", "{alert:#}");
+}
+
+/// The fake GnuPG secret key (see `FAKE_CREDENTIALS`).
+const GPG_KEY: &str = ".gnupg/private-keys-v1.d/0C5A33B8A1C8D09F9B8E1E4D2E3F4A5B6C7D8E9F.key";
+
+/// A GnuPG secret key is blocked like an SSH key: the kill set follows the rule's directory
+/// (`~/.gnupg/private-keys-v1.d/**`) to the files in it.
+#[test]
+fn enforce_kills_a_gnupg_secret_key_reader() {
+    let sandbox = Sandbox::new();
+    let (run, copy, status) = steal_key(&sandbox, GPG_KEY, &["--enforce"]);
+
+    run.assert_exit(EXIT_ALERT);
+    assert!(!copy.contains(SECRET), "the secret reached the payload under --enforce\n{}", run.describe());
+    assert_eq!(status, "137", "cat was not killed (128 + SIGKILL)\n{}", run.describe());
+    let alert = run.expect_alert(&sandbox.credential(GPG_KEY));
+    assert_eq!(alert["rule"]["id"], "gnupg-private-keys", "{alert:#}");
+    assert_eq!(alert["event"]["outcome"], "blocked", "{alert:#}");
+}
+
+/// Each credential file of the catalogue (GnuPG, Terraform, Maven, Gradle, RubyGems, Copilot,
+/// 1Password, rclone, s3cmd, the GNOME keyring, pass, glab) and the rule it must raise.
+const CATALOGUE: &[(&str, &str)] = &[
+    (GPG_KEY, "gnupg-private-keys"),
+    (".terraform.d/credentials.tfrc.json", "terraform-credentials"),
+    (".terraformrc", "terraform-credentials"),
+    (".m2/settings.xml", "maven-settings"),
+    (".m2/settings-security.xml", "maven-settings"),
+    (".gradle/gradle.properties", "gradle-properties"),
+    (".gem/credentials", "rubygems-credentials"),
+    (".config/github-copilot/hosts.json", "copilot-tokens"),
+    (".config/op/config", "onepassword"),
+    (".config/rclone/rclone.conf", "rclone-config"),
+    (".s3cfg", "s3cmd-config"),
+    (".local/share/keyrings/login.keyring", "desktop-keyrings"),
+    (".password-store/email/work.gpg", "pass-store"),
+    (".config/glab-cli/config.yml", "glab-config"),
+];
+/// Their neighbours, which are not secret.
+const CATALOGUE_LOOK_ALIKES: &[&str] = &[
+    ".gnupg/pubring.kbx",
+    ".gnupg/trustdb.gpg",
+    ".terraform.d/plugin-cache/README",
+    ".m2/repository/org/example/x/1.0/x-1.0.pom",
+    ".gem/specs/index.rubygems.org/specs.4.8",
+    ".config/rclone/README",
+];
+
+/// Sweep settings that no tree reaches (for `--rules`).
+const NO_SWEEP: &str = "schema: 1
+sweep:
+  id: credential-sweep
+  name: Credential sweep
+  description: Out of reach in this test.
+  category: sweep
+  severity: critical
+  min_categories: 100
+  window_s: 30
+  min_severity: medium
+";
+
+/// A real `npm install` whose postinstall reads the look-alikes, then every catalogue file:
+/// one alert per file, with its rule, naming the package; none for the look-alikes. The
+/// sweep is put out of reach (`--rules` with a sweep of its own) so that every read stays its
+/// own alert instead of being folded.
+#[test]
+fn postinstall_reading_the_catalogue_credentials_raises_each_files_rule() {
+    let sandbox = Sandbox::new();
+    let (home, work) = (sandbox.home(), sandbox.work());
+    for relative in CATALOGUE_LOOK_ALIKES {
+        let path = home.join(relative);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, "not a secret\n").unwrap();
+    }
+    let package = work.join("catalogue-thief");
+    fs::create_dir_all(&package).unwrap();
+    fs::write(
+        package.join("package.json"),
+        r#"{ "name": "catalogue-thief", "version": "1.0.0", "scripts": { "postinstall": "sh steal.sh" } }"#,
+    )
+    .unwrap();
+    let reads: Vec<String> = CATALOGUE_LOOK_ALIKES
+        .iter()
+        .chain(CATALOGUE.iter().map(|(relative, _)| relative))
+        .map(|relative| format!("cat \"$HOME/{relative}\" > /dev/null\n"))
+        .collect();
+    fs::write(package.join("steal.sh"), reads.concat()).unwrap();
+    let tarball = sandbox.setup("npm pack", sandbox.command("npm").args(["pack", "--silent"]).current_dir(&package));
+    let tarball = package.join(tarball.trim());
+    let rules = work.join("rules");
+    fs::create_dir_all(&rules).unwrap();
+    fs::write(rules.join("sweep.yaml"), NO_SWEEP).unwrap();
+    let project = sandbox.npm_project();
+
+    let run = sandbox.run_with(
+        &project,
+        &["--rules", rules.to_str().unwrap()],
+        &["npm", "install", tarball.to_str().unwrap()],
+        &[],
+    );
+
+    run.assert_exit(EXIT_ALERT);
+    let alerts = run.alerts();
+    let described = || format!("alerts:\n{}\n{}", summary(&alerts), run.describe());
+    for (relative, id) in CATALOGUE {
+        let path = sandbox.credential(relative);
+        let hits: Vec<&Value> = alerts.iter().filter(|a| a["file"]["path"] == path.as_str()).collect();
+        assert_eq!(hits.len(), 1, "one alert for {relative}; {}", described());
+        let alert = hits[0];
+        assert_eq!(rule(alert), *id, "{relative}: {alert:#}");
+        assert_eq!(alert["event"]["action"], "open", "{alert:#}");
+        assert_eq!(alert["package"]["name"], "catalogue-thief", "{alert:#}");
+        assert_eq!(alert["package"]["lifecycle"], "postinstall", "{alert:#}");
+        assert_eq!(alert["package"]["manager"], "npm", "{alert:#}");
+    }
+    assert_eq!(alerts.len(), CATALOGUE.len(), "nothing for the look-alikes, nothing else; {}", described());
 }
 
 /// Package code calling bpf() (a harmless BPF_PROG_GET_NEXT_ID), sending SIGCONT to the agent

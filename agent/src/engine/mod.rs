@@ -51,11 +51,21 @@ const MAX_WRITTEN: usize = 4096;
 const MAX_SEEN: usize = 4096;
 /// Most files a sweep alert lists; the others are counted.
 const MAX_SWEEP_FILES: usize = 100;
+/// Most opens of configuration-chain files remembered per process for loader actors.
+const MAX_LOADER_OPENS: usize = 8;
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct EngineOptions {
     /// `host.name` of the alerts.
     pub host_name: String,
+    /// The project's own scripts and programs (`npm run dev`, `cargo test`) alert like package
+    /// code (CI jobs that run untrusted pull requests' tests).
+    pub watch_project: bool,
+    /// The home of processes whose events carry no `HOME` (`--home`): beats the home inferred
+    /// from a manager's own reads, which beats `passwd`.
+    pub home: Option<String>,
+    /// Homes by uid, from the traced host's passwd file (`--passwd`).
+    pub passwd: HashMap<u32, String>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -79,8 +89,10 @@ type Id = u64;
 
 #[derive(Clone, Copy, Debug)]
 struct ManagerSelf {
-    /// No other manager is among its ancestors.
+    /// No other manager is among its ancestors (the project's own code is none).
     outermost: bool,
+    /// It runs the developer's own project: its `project_code` entry (`npm run dev`).
+    project: Option<usize>,
 }
 
 #[derive(Clone, Debug)]
@@ -91,6 +103,9 @@ struct Proc {
     parent: Option<Id>,
     /// The tree's root entry.
     root: Id,
+    /// Whose [`Tree`] holds its dedup, sweep, written files and home: the root's, or that of a
+    /// manager the project's own code started (each `npx` in `npm run dev` is a tree of its own).
+    tree: Id,
     root_pid: u32,
     depth: u32,
     alive: bool,
@@ -113,6 +128,15 @@ struct Proc {
     /// manager's doing (cargo running a build script it had built). A nested "manager" may be
     /// package code (`bun payload.js`).
     started_by_manager: bool,
+    /// A manager running the project (`npm run`, `cargo run`) forked it and it has not executed
+    /// anything yet: that manager's `project_code` entry.
+    started_by_project: Option<usize>,
+    /// The developer's own code (a script of `npm run`, the program of `cargo run`): quiet
+    /// unless `watch_project`. Inherited until it starts a manager that is not running the
+    /// project (`npm install`, `npx`), whose tree is watched.
+    project: bool,
+    /// Its latest attempts (time, path) to open a file a loader actor looks back for.
+    loader_opens: VecDeque<(u64, String)>,
 }
 
 impl Proc {
@@ -122,6 +146,7 @@ impl Proc {
             ppid,
             parent: None,
             root: 0,
+            tree: 0,
             root_pid: pid,
             depth: 0,
             alive: true,
@@ -137,6 +162,9 @@ impl Proc {
             rustc: None,
             children: 0,
             started_by_manager: false,
+            started_by_project: None,
+            project: false,
+            loader_opens: VecDeque::new(),
         }
     }
 
@@ -158,6 +186,9 @@ struct Tree {
     /// Credential alerts within the sweep window: (time, rule index, file).
     recent: VecDeque<(u64, usize, String)>,
     sweep: Option<SweepState>,
+    /// The home its managers' own per-user files were in (`<home>/.npmrc`), for events without
+    /// `HOME`.
+    home: Option<String>,
     /// The packages of the proc-macros the tree built, to name them when they run.
     proc_macro_packages: ProcMacroPackages,
 }
@@ -303,7 +334,9 @@ impl Engine {
 
     fn insert_root(&mut self, pid: u32, ppid: u32) -> Id {
         let id = self.insert(Proc::new_root(pid, ppid));
-        self.procs.get_mut(&id).expect("just inserted").root = id;
+        let p = self.procs.get_mut(&id).expect("just inserted");
+        p.root = id;
+        p.tree = id;
         id
     }
 
@@ -320,6 +353,8 @@ impl Engine {
             manager_self: None,
             children: 0,
             started_by_manager: p.manager_self.is_some_and(|own| own.outermost),
+            started_by_project: p.manager_self.and_then(|own| own.project),
+            loader_opens: VecDeque::new(),
             ..p.clone()
         };
         self.procs.get_mut(&parent).expect("live parent").children += 1;
@@ -363,10 +398,10 @@ impl Engine {
         }
     }
 
-    /// When the entry `id` that left the table is a root, its tree is gone: its sweep's final
-    /// summary is due.
+    /// When the entry `id` that left the table holds a tree's state (a root, or a manager the
+    /// project's code started), that tree is gone: its sweep's final summary is due.
     fn tree_ended(&mut self, id: Id, p: &Proc) {
-        if p.root != id {
+        if p.tree != id {
             return;
         }
         if let Some(mut tree) = self.trees.remove(&id) {
@@ -384,6 +419,7 @@ impl Engine {
         // so is a program that only poses as a manager (node copied to /tmp/x/npm).
         let runs_code =
             started.filter(|&m| self.rules.runs_code(m, filename, &exec.args) || self.masquerades(m, filename, exec));
+        let project_command = started.and_then(|m| self.rules.project_command(m, filename, &exec.args));
         let id = match self.live(pid) {
             Some(id) => id,
             // A member's child whose fork we did not see (lost) is still a member.
@@ -393,12 +429,12 @@ impl Engine {
                 None => return Vec::new(),
             },
         };
-        // A tree whose root was evicted keeps no state (nothing would ever drop it).
-        let root = self.procs[&id].root;
+        // A tree whose state holder was evicted keeps no state (nothing would ever drop it).
+        let tree = self.procs[&id].tree;
         if let Some(built) =
-            ProcMacroPackages::built_by(&exec.args, &exec.env).filter(|_| self.procs.contains_key(&root))
+            ProcMacroPackages::built_by(&exec.args, &exec.env).filter(|_| self.procs.contains_key(&tree))
         {
-            self.trees.entry(root).or_default().proc_macro_packages.insert(built);
+            self.trees.entry(tree).or_default().proc_macro_packages.insert(built);
         }
         let managers = self.rules.managers();
         let p = self.procs.get_mut(&id).expect("just found or inserted");
@@ -420,13 +456,38 @@ impl Engine {
             && p.manager.is_some_and(|m| {
                 exec.args.iter().skip(1).any(|arg| managers[m].execs.iter().any(|e| e == basename(arg)))
             });
+        // That exec matches the manager again (a script run by its interpreter): nothing changes.
+        let (started, runs_code, project_command) =
+            if hop { (None, None, None) } else { (started, runs_code, project_command) };
+        // The developer's own project: only when no package code runs this (a postinstall's
+        // `npm run build` is package code).
+        let package_code = p.manager.is_some() && !p.project;
+        let project_command = project_command.filter(|_| !package_code);
+        let in_place = p.manager_self.and_then(|own| own.project).filter(|_| !hop);
+        if let Some(entry) = std::mem::take(&mut p.started_by_project).or(in_place) {
+            // What the project's manager starts (or becomes: `poetry run` execs in place).
+            if started.is_none() {
+                p.project = self.rules.project_program(entry, &p.executable);
+            }
+        }
+        if started.is_some() {
+            // `bun test` is the project's code itself; `npm install` from a script is not: its
+            // tree (dedup, sweep) is its own.
+            let was_project = std::mem::replace(
+                &mut p.project,
+                project_command.is_some_and(|entry| runs_code.is_some() || self.rules.project_in_process(entry)),
+            );
+            if was_project && !p.project {
+                p.tree = id;
+            }
+        }
         if let Some(kind) = started.filter(|_| runs_code.is_none()) {
             let outermost = match p.manager_self {
                 Some(own) => own.outermost,
-                None => p.manager.is_none(),
+                None => !package_code,
             };
             p.manager = Some(kind);
-            p.manager_self = Some(ManagerSelf { outermost });
+            p.manager_self = Some(ManagerSelf { outermost, project: project_command });
             // A manager started by package code (`npm whoami` in a postinstall) keeps naming
             // that package unless its own arguments name another.
             let own = attribution::for_manager(command_args(&managers[kind], filename, &exec.args));
@@ -439,7 +500,7 @@ impl Engine {
                 p.manager = runs_code;
             }
             let path = if filename.starts_with('/') { filename.as_str() } else { p.executable.as_str() };
-            let packages = self.trees.get(&root).map(|tree| &tree.proc_macro_packages);
+            let packages = self.trees.get(&tree).map(|tree| &tree.proc_macro_packages);
             let (attr, rustc) = attribution::for_exec(&p.attribution, path, exec, packages);
             p.attribution = attr;
             p.rustc = rustc;
@@ -447,7 +508,7 @@ impl Engine {
         let by_manager = std::mem::take(&mut p.started_by_manager);
         // The root is the user's own command (or the manager): exec rules are about what runs
         // below it.
-        if p.parent.is_none() {
+        if p.parent.is_none() || self.quiet(id) {
             return Vec::new();
         }
         self.exec_rules(event, id, by_manager)
@@ -505,11 +566,11 @@ impl Engine {
                     continue;
                 }
                 match self.written_file(p, m, &exe, &names) {
-                    Some(path) if !rule.excludes(&path, p.home.as_deref()) => Some(path),
+                    Some(path) if !rule.excludes(&path, self.home_of(p)) => Some(path),
                     _ => continue,
                 }
             } else {
-                if rule.excludes(&exe, p.home.as_deref()) {
+                if rule.excludes(&exe, self.home_of(p)) {
                     continue;
                 }
                 None
@@ -517,22 +578,22 @@ impl Engine {
             if !self.conditions_hold(&rule.conditions, p, false) {
                 continue;
             }
-            let Some(severity) = self.severity(p, rule) else { continue };
-            let mut alert = self.alert(event, id, rule, severity, "exec", false, None);
+            let Some(judgement) = self.severity(p, rule, None) else { continue };
+            let mut alert = self.alert(event, id, rule, judgement, "exec", false, None);
             alert.credwatch.written_file = written;
             hits.push((index, alert));
         }
         let subject = format!("{exe}\0{}", words.join("\0"));
-        let root = p.root;
+        let tree = p.tree;
         hits.into_iter()
-            .filter_map(|(index, alert)| self.deliver(root, index, subject.clone(), alert, event.time_ns))
+            .filter_map(|(index, alert)| self.deliver(tree, index, subject.clone(), alert, event.time_ns))
             .collect()
     }
 
     /// The file of the exec that the tree wrote: the program, or for an interpreter of `m` the
     /// script (its first argument that is not an option).
     fn written_file(&self, p: &Proc, m: &ExecMatch, exe: &str, names: &[&str]) -> Option<String> {
-        let tree = self.trees.get(&p.root)?;
+        let tree = self.trees.get(&p.tree)?;
         // The kernel's executable, or the path given to execve (a script's own path).
         for path in [exe.to_owned(), absolute(&p.filename, &p.cwd)] {
             if tree.written.contains(&path) {
@@ -549,7 +610,7 @@ impl Engine {
         None
     }
 
-    /// Remembers that the tree of `root` created or wrote `path`.
+    /// Remembers that the tree of `root` (a process's `tree`) created or wrote `path`.
     fn remember_written(&mut self, root: Id, path: &str) {
         // A tree whose root was evicted keeps no state (nothing would ever drop it).
         if !self.procs.contains_key(&root) {
@@ -570,6 +631,21 @@ impl Engine {
 
     fn open(&mut self, event: &Event, open: &Open) -> Vec<Alert> {
         let Some(id) = self.live(event.pid) else { return Vec::new() };
+        self.learn_home(id, open);
+        // The kernel blocks without knowing what is the project's: a kill is never silent.
+        if self.quiet(id) && !open.blocked {
+            return Vec::new();
+        }
+        let p = &self.procs[&id];
+        let path = resolved_path(open, &p.cwd);
+        // Loaders probe for files that do not exist: failed attempts count as links of a chain.
+        if self.rules.is_loader_input(&path, self.home_of(p)) {
+            let p = self.procs.get_mut(&id).expect("live");
+            if p.loader_opens.len() >= MAX_LOADER_OPENS {
+                p.loader_opens.pop_front();
+            }
+            p.loader_opens.push_back((event.time_ns, path.clone()));
+        }
         // A failed open read nothing; probing for files that do not exist is what every
         // config loader does. A blocked one failed because the kernel stopped it: that is
         // the alert.
@@ -577,7 +653,6 @@ impl Engine {
             return Vec::new();
         }
         let p = self.procs.get_mut(&id).expect("live");
-        let path = resolved_path(open, &p.cwd);
         learn_from_open(p, &path);
         if open.flags & libc::O_PATH as u64 != 0 {
             // An O_PATH descriptor can neither read nor write the file.
@@ -595,20 +670,22 @@ impl Engine {
         };
         // Files the outermost manager writes are the packages it installs; a nested one may be
         // package code (`bun payload.js`).
-        let (root, is_manager) = (p.root, p.manager_self.is_some_and(|own| own.outermost));
+        let (root, is_manager) = (p.tree, p.manager_self.is_some_and(|own| own.outermost));
         if writes && !is_manager && !open.blocked {
             self.remember_written(root, &path);
         }
         let p = &self.procs[&id];
-        let mut hits: Vec<(usize, Severity, Option<&str>)> = self
-            .target_hits(p, &path, (event.pid, open.tid), accesses, open.blocked)
+        let mut hits: Vec<(usize, Judgement, Option<&str>)> = self
+            .target_hits(p, &path, (event.pid, open.tid), accesses, open.blocked, Some(event.time_ns))
             .into_iter()
             .map(|(i, s)| (i, s, None))
             .collect();
         // The sensor knows the file by its inode: a hardlink or moved copy matches as the
         // credential file it is.
         if let Some(original) = open.same_file_as.as_deref().filter(|original| *original != path) {
-            for (index, severity) in self.target_hits(p, original, (event.pid, open.tid), accesses, open.blocked) {
+            for (index, severity) in
+                self.target_hits(p, original, (event.pid, open.tid), accesses, open.blocked, Some(event.time_ns))
+            {
                 if !hits.iter().any(|(i, ..)| *i == index) {
                     hits.push((index, severity, Some(original)));
                 }
@@ -631,8 +708,44 @@ impl Engine {
         alerts
     }
 
+    /// The developer's own code, and not watched (`--watch-project` watches it).
+    fn quiet(&self, id: Id) -> bool {
+        !self.options.watch_project && self.procs[&id].project
+    }
+
+    /// A manager's own read (or look-up) of one of its per-user files tells its tree's home,
+    /// for events without `HOME`. Only the manager itself counts, and only reads: package code
+    /// must not choose where credentials are looked for, and a package's files that the manager
+    /// writes while unpacking it (a `.npm/` or `.pypirc` in the archive) are the package's. The
+    /// first one found stays.
+    fn learn_home(&mut self, id: Id, open: &Open) {
+        let p = &self.procs[&id];
+        let Some(manager) = p.manager.filter(|_| p.manager_self.is_some() && p.home.is_none()) else { return };
+        let writes = (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC) as u64;
+        if open.flags & writes != 0 || open.syscall == "creat" {
+            return;
+        }
+        if self.trees.get(&p.tree).is_some_and(|tree| tree.home.is_some()) || !self.procs.contains_key(&p.tree) {
+            return;
+        }
+        let path = resolved_path(open, &p.cwd);
+        if let Some(home) = self.rules.home_of_manager_file(manager, &path, &p.cwd) {
+            self.trees.entry(p.tree).or_default().home = Some(home);
+        }
+    }
+
+    /// The home of `p`'s user: its `HOME`, else `--home`, else where its tree's managers found
+    /// their per-user files, else the passwd file's entry for its uid.
+    fn home_of<'a>(&'a self, p: &'a Proc) -> Option<&'a str> {
+        p.home
+            .as_deref()
+            .or(self.options.home.as_deref())
+            .or_else(|| self.trees.get(&p.tree).and_then(|tree| tree.home.as_deref()))
+            .or_else(|| self.options.passwd.get(&p.uid).map(String::as_str))
+    }
+
     /// Target rules about one of `accesses` that match `path` for `p`, with the severity to
-    /// alert at (actors that allow are left out).
+    /// alert at (actors that allow are left out). `open_time`: the path is being opened then.
     fn target_hits(
         &self,
         p: &Proc,
@@ -640,8 +753,9 @@ impl Engine {
         (pid, tid): (u32, u32),
         accesses: &[Access],
         blocked: bool,
-    ) -> Vec<(usize, Severity)> {
-        let home = p.home.as_deref();
+        open_time: Option<u64>,
+    ) -> Vec<(usize, Judgement)> {
+        let home = self.home_of(p);
         let other = names_other_process(path, pid, tid);
         self.rules
             .candidates(path, home)
@@ -655,7 +769,7 @@ impl Engine {
                 {
                     return None;
                 }
-                self.verdict(p, rule, blocked).map(|severity| (index, severity))
+                self.verdict(p, rule, blocked, open_time.map(|t| (path, t))).map(|judgement| (index, judgement))
             })
             .collect()
     }
@@ -664,7 +778,7 @@ impl Engine {
     /// read (it is about to be opened under another name).
     fn rename(&mut self, event: &Event, rename: &Rename) -> Vec<Alert> {
         let Some(id) = self.live(event.pid) else { return Vec::new() };
-        if rename.ret < 0 {
+        if rename.ret < 0 || self.quiet(id) {
             return Vec::new();
         }
         let p = &self.procs[&id];
@@ -683,9 +797,9 @@ impl Engine {
         };
         // Files the outermost manager writes are the packages it installs; a nested one may be
         // package code (`bun payload.js`).
-        let (root, is_manager) = (p.root, p.manager_self.is_some_and(|own| own.outermost));
+        let (root, is_manager) = (p.tree, p.manager_self.is_some_and(|own| own.outermost));
         let mut hits = Vec::new();
-        for (index, severity) in self.target_hits(p, &new, (event.pid, rename.tid), &[Access::Write], false) {
+        for (index, severity) in self.target_hits(p, &new, (event.pid, rename.tid), &[Access::Write], false, None) {
             let file = AlertFile {
                 path: new.clone(),
                 given_path: rename.new_path.clone(),
@@ -698,7 +812,7 @@ impl Engine {
                 self.alert(event, id, &self.rules.rules()[index], severity, action, false, Some(file)),
             ));
         }
-        for (index, severity) in self.target_hits(p, &old, (event.pid, rename.tid), &[Access::Read], false) {
+        for (index, severity) in self.target_hits(p, &old, (event.pid, rename.tid), &[Access::Read], false, None) {
             let file = AlertFile {
                 path: old.clone(),
                 given_path: rename.old_path.clone(),
@@ -721,6 +835,9 @@ impl Engine {
 
     fn syscall(&mut self, event: &Event, syscall: &Syscall) -> Vec<Alert> {
         let Some(id) = self.live(event.pid) else { return Vec::new() };
+        if self.quiet(id) && !syscall.blocked {
+            return Vec::new();
+        }
         let p = &self.procs[&id];
         // Another process: not the caller and not a member of its tree (a parent stopping its
         // own children, a test debugging its own child, are no tamper).
@@ -739,8 +856,8 @@ impl Engine {
             if !self.conditions_hold(&rule.conditions, p, other) {
                 continue;
             }
-            let Some(severity) = self.verdict(p, rule, syscall.blocked) else { continue };
-            let mut alert = self.alert(event, id, rule, severity, "syscall", syscall.blocked, None);
+            let Some(judgement) = self.verdict(p, rule, syscall.blocked, None) else { continue };
+            let mut alert = self.alert(event, id, rule, judgement, "syscall", syscall.blocked, None);
             alert.credwatch.syscall = Some(AlertSyscall {
                 name: syscall.name.clone(),
                 operation: syscall.operation.clone(),
@@ -755,14 +872,15 @@ impl Engine {
             syscall.operation.as_deref().unwrap_or(""),
             syscall.target_pid.map(|t| t.to_string()).unwrap_or_default()
         );
-        let root = p.root;
+        let tree = p.tree;
         hits.into_iter()
-            .filter_map(|(index, alert)| self.deliver(root, index, subject.clone(), alert, event.time_ns))
+            .filter_map(|(index, alert)| self.deliver(tree, index, subject.clone(), alert, event.time_ns))
             .collect()
     }
 
     /// Dedup and sweeps (see the module's documentation): whether `alert`, of the rule
-    /// `index` about `subject` in the tree of `root`, goes out, and as what.
+    /// `index` about `subject` in the tree of `root` (the alerting process's `tree`), goes out,
+    /// and as what.
     fn deliver(&mut self, root: Id, index: usize, subject: String, mut alert: Alert, time_ns: u64) -> Option<Alert> {
         if !self.procs.contains_key(&root) {
             // The root was evicted: no tree state to dedup or sweep with.
@@ -874,20 +992,25 @@ impl Engine {
             && (!c.package_code || self.under_manager(p))
     }
 
-    /// A package manager process is among `p`'s ancestors.
+    /// A package manager process is among `p`'s ancestors, nearer than the developer's own code
+    /// (`npm publish` from `npm run release` is the developer's).
     fn under_manager(&self, p: &Proc) -> bool {
         let mut next = p.parent;
         while let Some(ancestor) = next.and_then(|id| self.procs.get(&id)) {
             if ancestor.manager_self.is_some() {
                 return true;
             }
+            if ancestor.project && !self.options.watch_project {
+                return false;
+            }
             next = ancestor.parent;
         }
         false
     }
 
-    /// The severity to alert at, or None when an actor of the rule may do this.
-    fn severity(&self, p: &Proc, rule: &Rule) -> Option<Severity> {
+    /// The severity to alert at (and why it is not the rule's), or None when an actor of the
+    /// rule may do this. `open` is the path and time of the open being judged, if it is one.
+    fn severity(&self, p: &Proc, rule: &Rule, open: Option<(&str, u64)>) -> Option<Judgement> {
         for actor in &rule.actors {
             if !actor.managers.is_empty() && !actor.managers.iter().any(|m| m == self.manager_name(p)) {
                 continue;
@@ -897,18 +1020,42 @@ impl Engine {
                 Who::Execs { execs, via_manager } => {
                     p.is_one_of(execs) && (!via_manager || self.launched_by_manager(p, execs))
                 }
+                Who::Loader { within_ns, .. } => open.is_some_and(|(path, time_ns)| {
+                    p.loader_opens.iter().any(|(t, other)| other != path && time_ns.saturating_sub(*t) <= *within_ns)
+                }),
+                Who::Under { execs } => self.under_one_of(p, execs),
             };
             if hit {
-                return actor.verdict.severity();
+                return actor.verdict.severity().map(|severity| Judgement {
+                    severity,
+                    why: Some(actor.why.clone().unwrap_or_else(|| default_why(&actor.who))),
+                });
             }
         }
-        Some(rule.severity)
+        Some(Judgement { severity: rule.severity, why: None })
     }
 
-    /// The severity to alert at, or None. What the kernel blocked is always told (at the
+    /// The judgement to alert with, or None. What the kernel blocked is always told (at the
     /// rule's severity when an actor would have allowed it): a silent kill helps no one.
-    fn verdict(&self, p: &Proc, rule: &Rule, blocked: bool) -> Option<Severity> {
-        self.severity(p, rule).or(blocked.then_some(rule.severity))
+    fn verdict(&self, p: &Proc, rule: &Rule, blocked: bool, open: Option<(&str, u64)>) -> Option<Judgement> {
+        self.severity(p, rule, open).or(blocked.then_some(Judgement { severity: rule.severity, why: None }))
+    }
+
+    /// `p`, or a process between it and its nearest manager, runs one of `execs`.
+    fn under_one_of(&self, p: &Proc, execs: &[String]) -> bool {
+        let mut next = Some(p);
+        while let Some(proc) = next {
+            if proc.manager_self.is_some() {
+                return false;
+            }
+            // `sh ./configure` and `node .../node-gyp rebuild` name the driver in argv[1].
+            let script = proc.args.get(1).filter(|arg| !arg.starts_with('-')).map(|arg| basename(arg));
+            if proc.is_one_of(execs) || script.is_some_and(|script| execs.iter().any(|e| e == script)) {
+                return true;
+            }
+            next = proc.parent.and_then(|id| self.procs.get(&id));
+        }
+        false
     }
 
     /// Every process between `p` and its nearest manager is one of `execs`.
@@ -933,7 +1080,7 @@ impl Engine {
         event: &Event,
         id: Id,
         rule: &Rule,
-        severity: Severity,
+        judgement: Judgement,
         action: &str,
         blocked: bool,
         file: Option<AlertFile>,
@@ -961,7 +1108,7 @@ impl Engine {
                 id: rule.id.clone(),
                 name: rule.name.clone(),
                 category: rule.category.clone(),
-                severity,
+                severity: judgement.severity,
                 description: rule.description.clone(),
             },
             process: AlertProcess {
@@ -981,9 +1128,31 @@ impl Engine {
                 rotate: rule.rotate.clone(),
                 // Only the kernel blocks; a match here is after the fact.
                 enforcement: if blocked { "kernel" } else { "userspace" }.into(),
+                why: judgement.why,
                 ..AlertCredwatch::default()
             },
         }
+    }
+}
+
+/// The severity an alert goes out at, and why it is not the rule's own when an actor lowered
+/// it.
+#[derive(Clone, Debug)]
+struct Judgement {
+    severity: Severity,
+    why: Option<String>,
+}
+
+/// Why an actor without a `why` of its own lowered an alert.
+fn default_why(who: &Who) -> String {
+    match who {
+        Who::Manager { .. } => "a package manager read it, but one that package code started".into(),
+        Who::Execs { execs, via_manager: true } => {
+            format!("{} started by the package manager itself (e.g. for a git dependency)", execs.join("/"))
+        }
+        Who::Execs { execs, .. } => format!("{} is expected to read it", execs.join("/")),
+        Who::Loader { .. } => "read as one file of a configuration chain, the way config loaders do".into(),
+        Who::Under { execs } => format!("part of a build from sources (under {})", execs.join("/")),
     }
 }
 

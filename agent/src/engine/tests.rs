@@ -15,9 +15,13 @@ struct Run {
 
 impl Run {
     fn new() -> Run {
+        Run::with(EngineOptions::default())
+    }
+
+    fn with(options: EngineOptions) -> Run {
         let rules = RuleSet::defaults().unwrap();
         Run {
-            engine: Engine::new(rules, EngineOptions { host_name: "box".into() }),
+            engine: Engine::new(rules, EngineOptions { host_name: "box".into(), ..options }),
             time_ns: 1_700_000_000_000_000_000,
             alerts: Vec::new(),
         }
@@ -1168,6 +1172,377 @@ fn the_tj_actions_chain() {
     );
 }
 
+/// The project's own script: `npm run <script>` forks `sh -c <script>` with npm's environment
+/// for the root project.
+const PROJECT_SCRIPT: &[(&str, &str)] =
+    &[("npm_package_name", "my-app"), ("npm_lifecycle_event", "dev"), ("npm_command", "run-script")];
+
+/// `args` under `manager_args` as the developer types it: the manager's child runs `script`,
+/// whose child reads the project's `.env` and `~/.aws/credentials`. Returns the alerts' rule ids.
+fn project_reads(run: &mut Run, manager_args: &[&str], script: &[&str]) -> Vec<String> {
+    run.exec(700, 1, manager_args, &[])
+        .spawn(701, 700, script, PROJECT_SCRIPT)
+        .spawn(702, 701, &["node", "server.js"], &[])
+        .open(702, "/home/alice/app/.env")
+        .open(702, "/home/alice/.aws/credentials");
+    run.take().into_iter().map(|a| a.rule.id).collect()
+}
+
+#[test]
+fn each_managers_project_commands_run_quiet_code() {
+    let sh = ["sh", "-c", "node server.js"];
+    for args in [
+        &["npm", "run", "dev"][..],
+        &["npm", "run-script", "dev"],
+        &["npm", "--silent", "run", "dev"],
+        &["npm", "test"],
+        &["npm", "t"],
+        &["npm", "start"],
+        &["npm", "restart"],
+        &["yarn", "run", "dev"],
+        &["yarn", "dev"],
+        &["yarn", "test"],
+        &["pnpm", "run", "dev"],
+        &["pnpm", "test"],
+        &["pnpm", "start"],
+        &["pnpm", "dev"],
+        &["bun", "dev"],
+        &["uv", "run", "server.py"],
+        &["poetry", "run", "pytest"],
+    ] {
+        let mut run = Run::new();
+        assert_eq!(project_reads(&mut run, args, &sh), Vec::<String>::new(), "{args:?}");
+        // The same under --watch-project alerts.
+        let mut run = Run::with(EngineOptions { watch_project: true, ..EngineOptions::default() });
+        let ids = project_reads(&mut run, args, &sh);
+        assert!(
+            ids.contains(&"aws-credentials".to_owned()) && ids.contains(&"dotenv-files".to_owned()),
+            "{args:?}: {ids:?}"
+        );
+    }
+    // npm as the kernel runs it: its `#!/usr/bin/env node` line first, then env's exec of node.
+    let mut run = Run::new();
+    run.exec_full(
+        700,
+        1,
+        "/usr/bin/npm",
+        &["/usr/bin/env", "node", "/usr/bin/npm", "run", "dev"],
+        "/home/alice/app",
+        &[],
+    )
+    .exec_full(700, 1, "/usr/bin/node", &["node", "/usr/bin/npm", "run", "dev"], "/home/alice/app", &[])
+    .spawn(701, 700, &["sh", "-c", "node server.js"], PROJECT_SCRIPT)
+    .open(701, "/home/alice/.aws/credentials");
+    assert!(run.take().is_empty());
+    // A running `npm run dev` found in /proc when `watch` starts: npm has retitled itself.
+    let mut run = Run::new();
+    run.exec_full(720, 1, "npm", &["npm run dev"], "/home/alice/app", &[])
+        .exec_full(721, 720, "/bin/sh", &["sh", "-c", "node server.js"], "/home/alice/app", PROJECT_SCRIPT)
+        .open(721, "/home/alice/app/.env");
+    assert!(run.take().is_empty());
+    // `bun run` is itself the project's code (it runs the script in-process).
+    let mut run = Run::new();
+    run.exec(700, 1, &["bun", "run", "dev"], &[]).open(700, "/home/alice/.aws/credentials");
+    run.spawn(701, 700, &["bun", "test"], &[]).open(701, "/home/alice/.aws/credentials");
+    assert!(run.take().is_empty());
+    // So is `bun server.ts` from the project's script: bun as the project's interpreter.
+    run.exec(710, 1, &["npm", "run", "dev"], &[])
+        .spawn(711, 710, &["sh", "-c", "bun ./src/server.ts"], PROJECT_SCRIPT)
+        .spawn(712, 711, &["bun", "./src/server.ts"], PROJECT_SCRIPT)
+        .open(712, "/home/alice/app/.env");
+    assert!(run.take().is_empty());
+    // `bunx` from it fetches registry code: watched.
+    run.spawn(713, 711, &["bunx", "cowsay"], PROJECT_SCRIPT).open(713, "/home/alice/app/.env");
+    assert_eq!(run.one().rule.id, "dotenv-files");
+}
+
+#[test]
+fn manager_commands_that_install_or_run_registry_code_stay_watched() {
+    let sh = ["sh", "-c", "node server.js"];
+    for args in [
+        &["npm", "install"][..],
+        &["npm", "ci"],
+        &["npm", "exec", "cowsay"],
+        &["npx", "run"],
+        &["npx", "cowsay"],
+        &["npm", "-w", "pkg", "run", "dev"],
+        &["yarn"],
+        &["yarn", "add", "x"],
+        &["yarn", "dlx", "x"],
+        &["pnpm", "dlx", "x"],
+        &["pnpm", "install"],
+        &["pnpm", "install-test"],
+        &["bun", "install"],
+        &["bun", "x", "cowsay"],
+        &["bunx", "x"],
+        &["uvx", "ruff"],
+        &["uv", "tool", "run", "ruff"],
+        &["poetry", "install"],
+        &["pip", "install", "x"],
+        &["cargo", "build"],
+    ] {
+        let mut run = Run::new();
+        let ids = project_reads(&mut run, args, &sh);
+        assert!(ids.contains(&"aws-credentials".to_owned()), "{args:?}: {ids:?}");
+    }
+}
+
+#[test]
+fn managers_started_from_the_projects_scripts_are_watched_again() {
+    let mut run = Run::new();
+    // `npm run setup` whose script runs `npm install ./dep-1.0.0.tgz`.
+    run.exec(800, 1, &["npm", "run", "setup"], &[])
+        .spawn(801, 800, &["sh", "-c", "npm install ./dep-1.0.0.tgz"], PROJECT_SCRIPT)
+        .spawn(802, 801, &["npm", "install", "./dep-1.0.0.tgz"], PROJECT_SCRIPT)
+        // npm itself reading its configuration is npm's business, as for an outermost npm.
+        .open(802, "/home/alice/.npmrc");
+    assert!(run.take().is_empty());
+    run.spawn(
+        803,
+        802,
+        &["sh", "-c", "node postinstall.js"],
+        &[("npm_package_name", "dep"), ("npm_package_version", "1.0.0"), ("npm_lifecycle_event", "postinstall")],
+    )
+    .open(803, "/home/alice/.npmrc");
+    let alert = run.one();
+    assert_eq!(alert.rule.id, "npm-registry-token");
+    assert_eq!(alert.package.name.as_deref(), Some("dep"));
+    assert_eq!(alert.package.lifecycle.as_deref(), Some("postinstall"));
+    // npx from a script: registry code, watched; a nested `npm test` stays the project's.
+    run.spawn(804, 801, &["npx", "cowsay"], PROJECT_SCRIPT)
+        .spawn(805, 804, &["sh", "-c", "cowsay"], &[])
+        .open(805, "/home/alice/.ssh/id_ed25519");
+    let alert = run.one();
+    assert_eq!(alert.rule.id, "ssh-private-keys");
+    // The whole session is one tree (`credwatch.root_pid`), but each manager the project's code
+    // started dedups on its own: a second npx reading the same key is told again.
+    assert_eq!(alert.credwatch.root_pid, 800);
+    run.spawn(809, 801, &["npx", "cowsay"], PROJECT_SCRIPT).open(809, "/home/alice/.ssh/id_ed25519");
+    assert_eq!(run.one().rule.id, "ssh-private-keys");
+    run.open(809, "/home/alice/.ssh/id_ed25519");
+    assert!(run.take().is_empty(), "the same npx again: a repeat");
+    run.spawn(806, 801, &["npm", "test"], PROJECT_SCRIPT)
+        .spawn(807, 806, &["sh", "-c", "jest"], PROJECT_SCRIPT)
+        .open(807, "/home/alice/.ssh/id_ed25519");
+    assert!(run.take().is_empty());
+    // The developer's own `npm publish` is no "nested publish by package code".
+    run.spawn(808, 801, &["npm", "publish"], PROJECT_SCRIPT);
+    assert!(run.take().is_empty(), "{:#?}", run.alerts);
+}
+
+#[test]
+fn project_commands_run_by_package_code_stay_watched() {
+    let mut run = Run::new();
+    run.exec(900, 1, &["npm", "install"], &[])
+        .spawn(901, 900, &["sh", "-c", "npm run build"], POSTINSTALL)
+        .spawn(902, 901, &["npm", "run", "build"], POSTINSTALL)
+        .spawn(903, 902, &["sh", "-c", "node build.js"], POSTINSTALL)
+        .open(903, "/home/alice/.aws/credentials");
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.package.name.as_deref()), ("aws-credentials", Some("evil-pkg")));
+    // Shai-Hulud's `bun run` from a postinstall is no project either.
+    run.spawn(904, 901, &["bun", "run", "payload.js"], POSTINSTALL).open(904, "/home/alice/.ssh/id_rsa");
+    assert_eq!(run.one().rule.id, "ssh-private-keys");
+}
+
+#[test]
+fn cargo_run_and_test_quiet_the_program_not_the_dependencies_build() {
+    for command in ["run", "test", "bench"] {
+        let mut run = Run::new();
+        run.exec(1000, 1, &["cargo", command], &[]);
+        // A dependency's build script: watched.
+        let script = "/home/alice/app/target/debug/build/dep-0a1b2c3d4e5f6789/build-script-build";
+        run.fork(1000, 1001).exec_full(1001, 1000, script, &[script], "/home/alice/app", &[]);
+        run.open(1001, "/home/alice/.cargo/credentials.toml");
+        let alert = run.one();
+        assert_eq!((alert.rule.id.as_str(), alert.package.name.as_deref()), ("cargo-registry-token", Some("dep")));
+        // rustc running a proc-macro: watched.
+        run.spawn(1002, 1000, &["/home/alice/.rustup/toolchains/stable/bin/rustc", "--crate-name", "app"], &[])
+            .open(1002, "/home/alice/.aws/credentials");
+        assert_eq!(run.one().rule.id, "aws-credentials");
+        // The program (or test binary) cargo built for the command, and what it starts: quiet.
+        let program = if command == "run" {
+            "/home/alice/app/target/debug/app"
+        } else {
+            "/home/alice/app/target/debug/deps/app-0123abcd"
+        };
+        run.fork(1000, 1003).exec_full(1003, 1000, program, &[program], "/home/alice/app", &[]);
+        run.open(1003, "/home/alice/.aws/credentials").spawn(1004, 1003, &["sh", "-c", "cat ~/.ssh/id_rsa"], &[]);
+        run.open(1004, "/home/alice/.ssh/id_rsa");
+        assert!(run.take().is_empty(), "cargo {command}");
+    }
+    // `cargo build` runs nothing of the project's: a program it ran would be watched.
+    let mut run = Run::new();
+    run.exec(1100, 1, &["cargo", "build"], &[]);
+    run.fork(1100, 1101).exec_full(1101, 1100, "/home/alice/app/target/debug/app", &["app"], "/home/alice/app", &[]);
+    run.open(1101, "/home/alice/.aws/credentials");
+    assert_eq!(run.one().rule.id, "aws-credentials");
+}
+
+#[test]
+fn what_the_kernel_blocked_in_the_projects_code_is_told() {
+    let mut run = Run::new();
+    run.exec(1250, 1, &["npm", "test"], &[]).spawn(1251, 1250, &["sh", "-c", "jest"], PROJECT_SCRIPT);
+    run.send(
+        1251,
+        EventData::Open(Open {
+            tid: 1251,
+            syscall: "openat".into(),
+            dirfd: AT_FDCWD,
+            path: "/home/alice/.ssh/id_ed25519".into(),
+            ret: -1,
+            blocked: true,
+            ..Open::default()
+        }),
+    );
+    syscall(&mut run, 1251, "bpf", Some("BPF_PROG_LOAD"), None, true);
+    let alerts = run.take();
+    let ids: Vec<&str> = alerts.iter().map(|a| a.rule.id.as_str()).collect();
+    assert_eq!(ids, ["ssh-private-keys", "bpf-by-package"], "{alerts:#?}");
+    assert!(alerts.iter().all(|a| a.event.outcome == "blocked"));
+    // Not blocked: quiet.
+    syscall(&mut run, 1251, "bpf", Some("BPF_PROG_LOAD"), None, false);
+    assert!(run.take().is_empty());
+}
+
+#[test]
+fn poetry_run_that_execs_in_place_is_the_project() {
+    let mut run = Run::new();
+    run.exec(1200, 1, &["poetry", "run", "pytest"], &[])
+        .exec(1200, 1, &["/home/alice/app/.venv/bin/pytest"], &[])
+        .open(1200, "/home/alice/.aws/credentials");
+    assert!(run.take().is_empty());
+}
+
+/// A foreign trace without `HOME`: npm (pid 1300, uid 112) in `/var/lib/jenkins/workspace/job`,
+/// its postinstall reading `<home>/.aws/credentials`.
+fn jenkins_npm_install(options: EngineOptions, npm_reads: &[(&str, i64)]) -> Vec<Alert> {
+    let mut run = Run::with(options);
+    let cwd = "/var/lib/jenkins/workspace/job";
+    let exec = |run: &mut Run, pid: u32, ppid: u32, args: &[&str], env: &[(&str, &str)]| {
+        let env: BTreeMap<String, String> = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        let exec = Exec {
+            ppid,
+            filename: args[0].into(),
+            executable: args[0].into(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            cwd: cwd.into(),
+            uid: 112,
+            env,
+            ..Exec::default()
+        };
+        run.send(pid, EventData::Exec(exec));
+    };
+    exec(&mut run, 1300, 1, &["/usr/bin/npm", "install"], &[]);
+    for (path, ret) in npm_reads {
+        run.open_full(1300, path, None, *ret, 0o2000000);
+    }
+    run.fork(1300, 1301);
+    exec(&mut run, 1301, 1300, &["/bin/sh", "-c", "node postinstall.js"], POSTINSTALL);
+    run.open(1301, "/var/lib/jenkins/.aws/credentials");
+    run.take()
+}
+
+#[test]
+fn a_trace_without_home_alerts_where_the_manager_looked_for_its_user_config() {
+    let none = EngineOptions::default();
+    // Without a clue there is no home to match ~/.npmrc against.
+    assert!(jenkins_npm_install(none.clone(), &[]).is_empty());
+    // The project's own .npmrc (in the working directory) is no clue; npm's look for the
+    // user's, found or not, is.
+    assert!(jenkins_npm_install(none.clone(), &[("/var/lib/jenkins/workspace/job/.npmrc", 3)]).is_empty());
+    for ret in [3, -2] {
+        let alerts = jenkins_npm_install(
+            none.clone(),
+            &[("/var/lib/jenkins/workspace/job/.npmrc", -2), ("/var/lib/jenkins/.npmrc", ret)],
+        );
+        assert_eq!(alerts.len(), 1, "{alerts:#?}");
+        assert_eq!(alerts[0].rule.id, "aws-credentials");
+        assert_eq!(alerts[0].package.name.as_deref(), Some("evil-pkg"));
+    }
+    // npm's log in ~/.npm/_logs says it too, relative to the cwd or not.
+    let alerts = jenkins_npm_install(none.clone(), &[("../../.npm/_logs/2026-12-01T10_00_00_000Z-debug-0.log", 3)]);
+    assert_eq!(alerts.len(), 1, "{alerts:#?}");
+    // --home, and the passwd file's entry for the uid.
+    let home = EngineOptions { home: Some("/var/lib/jenkins".into()), ..EngineOptions::default() };
+    assert_eq!(jenkins_npm_install(home, &[]).len(), 1);
+    let passwd = EngineOptions { passwd: [(112, "/var/lib/jenkins".to_owned())].into(), ..EngineOptions::default() };
+    assert_eq!(jenkins_npm_install(passwd, &[]).len(), 1);
+    // --home beats what was inferred, which beats passwd.
+    let elsewhere = EngineOptions { home: Some("/srv/other".into()), ..EngineOptions::default() };
+    assert!(jenkins_npm_install(elsewhere, &[("/var/lib/jenkins/.npmrc", 3)]).is_empty());
+    let passwd = EngineOptions { passwd: [(112, "/srv/other".to_owned())].into(), ..EngineOptions::default() };
+    assert_eq!(jenkins_npm_install(passwd, &[("/var/lib/jenkins/.npmrc", 3)]).len(), 1);
+}
+
+#[test]
+fn package_code_cannot_choose_the_home() {
+    let mut run = Run::new();
+    let cwd = "/var/lib/jenkins/workspace/job";
+    run.exec_full(1400, 1, "/usr/bin/npm", &["npm", "install"], cwd, &[]);
+    run.spawn(1401, 1400, &["sh", "-c", "node x.js"], POSTINSTALL)
+        .open_full(1401, "/tmp/decoy/.npmrc", None, -2, 0)
+        .open(1401, "/tmp/decoy/.aws/credentials");
+    assert!(run.take().is_empty());
+    // Nor can an archive's files that npm writes while unpacking it.
+    run.open_full(1400, "/tmp/unpack/evil/.npm/_logs/x.log", None, 3, (libc::O_WRONLY | libc::O_CREAT) as u64)
+        .open(1401, "/tmp/unpack/evil/.aws/credentials");
+    assert!(run.take().is_empty());
+    // The manager's later look-up is still the clue.
+    run.open_full(1400, "/var/lib/jenkins/.npmrc", None, -2, 0).open(1401, "/var/lib/jenkins/.aws/credentials");
+    assert_eq!(run.one().rule.id, "aws-credentials");
+}
+
+#[test]
+fn a_config_chain_read_is_low_and_says_why_a_lone_or_late_read_is_not() {
+    let mut run = Run::new();
+    let pkg = "/home/alice/app/node_modules/optipng-bin";
+    run.exec(100, 1, &["npm", "install"], &[]).spawn(101, 100, &["node", "lib/install.js"], POSTINSTALL);
+    // npm-conf: the package's own .npmrc (missing), ~/.npmrc, the global npmrc.
+    run.open_full(101, &format!("{pkg}/.npmrc"), None, -2, 0).open(101, "/home/alice/.npmrc");
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("npm-registry-token", Severity::Low));
+    assert!(alert.credwatch.why.as_deref().is_some_and(|why| why.contains("configuration chain")), "{alert:#?}");
+
+    // The same chain with 60 ms between the links is no loader's single pass.
+    run.spawn(102, 100, &["node", "steal.js"], POSTINSTALL).open_full(102, &format!("{pkg}/.npmrc"), None, -2, 0);
+    run.time_ns += 60_000_000;
+    run.open(102, "/home/alice/.npmrc");
+    let alert = run.one();
+    assert_eq!((alert.rule.severity, alert.credwatch.why.as_deref()), (Severity::High, None));
+
+    // Reading the token file twice is not a chain either.
+    run.spawn(103, 100, &["node", "grab.js"], POSTINSTALL)
+        .open(103, "/home/alice/.npmrc")
+        .open(103, "/home/alice/.npmrc");
+    assert!(run.take().iter().all(|a| a.rule.severity == Severity::High));
+}
+
+#[test]
+fn programs_a_build_from_sources_generated_are_low_a_dropped_payload_is_not() {
+    let mut run = Run::new();
+    let src = "/tmp/pip-req-build-x/libfoo";
+    let write = libc::O_WRONLY as u64 | libc::O_CREAT as u64;
+    run.exec(100, 1, &["pip", "install", "./foo.tar.gz"], &[]).spawn(101, 100, &["python3", "setup.py", "build"], &[]);
+    run.spawn(102, 101, &["make", "-C", src], &[]).open_full(
+        102,
+        &format!("{src}/conftest"),
+        Some(&format!("{src}/conftest")),
+        3,
+        write,
+    );
+    run.fork(102, 103).exec_full(103, 102, &format!("{src}/conftest"), &["./conftest"], src, &[]);
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("exec-of-written-file", Severity::Low));
+    assert!(alert.credwatch.why.as_deref().is_some_and(|why| why.contains("own sources")), "{alert:#?}");
+
+    // The same program written and run by setup.py itself, under no build driver.
+    run.open_full(101, "/tmp/payload", Some("/tmp/payload"), 3, write);
+    run.fork(101, 104).exec_full(104, 101, "/tmp/payload", &["/tmp/payload"], src, &[]);
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("exec-of-written-file", Severity::High));
+}
+
 /// `exec` with the kernel's executable apart from the path given to execve.
 fn exec_as(run: &mut Run, pid: u32, ppid: u32, filename: &str, executable: &str, args: &[&str]) {
     run.fork(ppid, pid).send(
@@ -1364,4 +1739,25 @@ fn python_builds_of_local_directories_are_named_from_the_projects_metadata() {
     run.fork(102, 103).send(103, backend(102, &["python3", "gyp_main.py"], project("not-this", "1")));
     run.open(103, "/home/alice/.pypirc");
     assert_eq!(run.one().package.name.as_deref(), Some("evil-pkg"));
+}
+
+#[test]
+fn project_commands_of_managers_started_by_their_interpreter_are_the_projects() {
+    let sh = ["sh", "-c", "node server.js"];
+    for args in [
+        &["node", ".yarn/releases/yarn-4.5.3.cjs", "dev"][..],
+        &["node", ".yarn/releases/yarn-4.5.3.cjs", "run", "dev"],
+        &["node", "/usr/bin/corepack", "pnpm", "run", "dev"],
+        &["node", "/usr/lib/node_modules/npm/bin/npm-cli.js", "run", "dev"],
+        &["python3", "-m", "poetry", "run", "pytest"],
+    ] {
+        let mut run = Run::new();
+        assert_eq!(project_reads(&mut run, args, &sh), Vec::<String>::new(), "{args:?}");
+    }
+    // Installing through the release file is watched.
+    let mut run = Run::new();
+    run.exec(700, 1, &["node", ".yarn/releases/yarn-4.5.3.cjs", "install"], &[])
+        .spawn(701, 700, &["sh", "-c", "node x.js"], POSTINSTALL)
+        .open(701, "/home/alice/.aws/credentials");
+    assert_eq!(run.one().package.manager, "yarn");
 }

@@ -146,6 +146,31 @@ pub fn command_args<'a>(manager: &Manager, filename: &str, args: &'a [String]) -
     }
 }
 
+/// The name `manager` was started by when an interpreter started it: the script's stem
+/// (`npm-cli.js`: `npm`, `npx-cli.js`: `npx`, `yarn-4.5.3.cjs`: `yarn`), the last of the words
+/// after the script (`corepack pnpm`: `pnpm`) or of the module words (`-m poetry`: `poetry`).
+/// None when it was one of its executables, or not it at all.
+pub fn invoked_name(manager: &Manager, filename: &str, args: &[String]) -> Option<String> {
+    let name = basename(filename);
+    if manager.execs.iter().any(|exec| exec == name) {
+        return None;
+    }
+    let module = manager.modules.iter().find(|module| {
+        module.interpreters.iter().any(|interpreter| interpreter == name)
+            && args.get(1..=module.args.len()).is_some_and(|words| words == module.args)
+    });
+    if let Some(module) = module {
+        return module.args.last().cloned();
+    }
+    let i = script_index(args)?;
+    let scripts = manager.scripts.iter().find(|scripts| {
+        scripts.interpreters.iter().any(|interpreter| interpreter == name)
+            && scripts.files.iter().any(|file| wildcard(file, basename(&args[i])))
+            && args[i + 1..].starts_with(&scripts.args)
+    })?;
+    Some(scripts.args.last().map_or_else(|| script_stem(&args[i]).to_owned(), Clone::clone))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,6 +251,20 @@ mod tests {
         );
         assert_eq!(words(2, "/usr/bin/node", &["node", "/usr/bin/corepack", "yarn", "install"]), "install");
         assert_eq!(words(2, "/usr/bin/node", &["node", "/usr/bin/corepack", "yarn"]), "");
+    }
+
+    #[test]
+    fn invoked_names() {
+        let m = managers();
+        let name = |manager: usize, filename: &str, argv: &[&str]| invoked_name(&m[manager], filename, &args(argv));
+        assert_eq!(name(0, "/usr/bin/npm", &["npm", "run"]), None);
+        assert_eq!(name(1, "/usr/bin/python3", &["python3", "-m", "pip", "install"]).as_deref(), Some("pip"));
+        assert_eq!(
+            name(2, "/usr/bin/node", &["node", ".yarn/releases/yarn-4.5.3.cjs", "dev"]).as_deref(),
+            Some("yarn")
+        );
+        assert_eq!(name(2, "/usr/bin/node", &["node", "/usr/bin/corepack", "yarn", "dev"]).as_deref(), Some("yarn"));
+        assert_eq!(name(2, "/usr/bin/node", &["node", "server.js"]), None);
     }
 
     #[test]

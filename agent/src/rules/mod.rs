@@ -19,10 +19,13 @@ use std::{
 use self::{
     manager::Manager,
     schema::Pattern,
-    schema::{Access, Action, Actor, Conditions, ExecMatch, FileDoc, RuleDoc, RunsCode, Samples, Sweep, SyscallMatch},
+    schema::{
+        Access, Action, Actor, Conditions, ExecMatch, FileDoc, HomeFiles, ProjectCode, RuleDoc, RunsCode, Samples,
+        Sweep, SyscallMatch, Who,
+    },
     target::{TargetIndex, Targets},
 };
-use crate::alert::Severity;
+use crate::alert::{Alert, Severity};
 
 mod embedded {
     include!(concat!(env!("OUT_DIR"), "/default_rules.rs"));
@@ -147,6 +150,10 @@ pub struct RuleSet {
     syscall_by_name: HashMap<String, Vec<usize>>,
     sweep: Option<(Sweep, Origin)>,
     runs_code: Vec<(RunsCode, Origin)>,
+    project_code: Vec<(ProjectCode, Origin)>,
+    home_files: Vec<(HomeFiles, Origin)>,
+    /// The `after_opens` of every loader actor: the opens the engine remembers per process.
+    loader_inputs: Vec<Targets>,
     /// SHA-256 over every source file (name and text) in load order: names the rules in force
     /// in a trace header.
     digest: sha2::Sha256,
@@ -220,6 +227,82 @@ impl RuleSet {
         })
     }
 
+    /// Whether the manager `manager` (an index in [`RuleSet::managers`]), executed as `filename`
+    /// with `args`, runs the developer's own project: the index of its `project_code` entry.
+    /// Options before the first word are skipped (`npm --silent run`, `cargo +nightly test`).
+    /// No word, or options with values before it (`npm -w pkg run`), is no project command.
+    pub fn project_command(&self, manager: usize, filename: &str, args: &[String]) -> Option<usize> {
+        let managed = &self.managers[manager];
+        let name = &managed.name;
+        // Started by an interpreter (`node .yarn/releases/yarn-4.5.3.cjs dev`, `python3 -m
+        // poetry run x`): by the name it stands for, with the words after the invocation.
+        let invoked = manager::invoked_name(managed, filename, args);
+        let exec = invoked.as_deref().unwrap_or_else(|| manager::basename(filename));
+        // A script run through its `#!` line has the interpreter's argv
+        // (`/usr/bin/env node /usr/bin/npm run dev`): the manager's words follow its path. A
+        // running npm seen in /proc has retitled itself: argv is the one string `npm run dev`.
+        let retitled: Vec<String>;
+        let words = match args.first() {
+            _ if invoked.is_some() => manager::command_args(managed, filename, args),
+            Some(first) if args.len() == 1 && first.split(' ').next().is_some_and(|w| manager::basename(w) == exec) => {
+                retitled = first.split(' ').skip(1).map(str::to_owned).collect();
+                &retitled[..]
+            }
+            Some(first) if manager::basename(first) != exec => {
+                let at = args.iter().skip(1).position(|arg| manager::basename(arg) == exec)?;
+                &args[at + 2..]
+            }
+            _ => args.get(1..).unwrap_or_default(),
+        };
+        let first = words.iter().find(|arg| !arg.starts_with(['-', '+']))?;
+        self.project_code.iter().position(|(p, _)| {
+            &p.manager == name
+                && p.execs.iter().any(|e| e == exec)
+                && (p.commands.iter().any(|c| c.matcher.is_match(first))
+                    || p.builtins.as_ref().is_some_and(|b| !b.contains(first)))
+        })
+    }
+
+    /// Whether the manager running the project command `entry` runs the project's code in its
+    /// own process (`bun test`).
+    pub fn project_in_process(&self, entry: usize) -> bool {
+        self.project_code[entry].0.in_process
+    }
+
+    /// Whether `executable`, started by a manager running the project command `entry` (from
+    /// [`RuleSet::project_command`]), is the project's own program.
+    pub fn project_program(&self, entry: usize, executable: &str) -> bool {
+        let (project, _) = &self.project_code[entry];
+        (project.programs.is_empty() || project.programs.iter().any(|p| p.matcher.is_match(executable)))
+            && !project.exclude.iter().any(|p| p.matcher.is_match(executable))
+    }
+
+    /// The home that `path`, opened (or looked for) by the manager `manager` itself, lies in,
+    /// when it is one of the manager's per-user files. Files in `cwd` or below it are the
+    /// project's own (`<project>/.npmrc`), and those under a `node_modules` a package's.
+    pub fn home_of_manager_file(&self, manager: usize, path: &str, cwd: &str) -> Option<String> {
+        let name = &self.managers[manager].name;
+        for (entry, _) in self.home_files.iter().filter(|(h, _)| &h.manager == name) {
+            for file in &entry.files {
+                for (at, _) in path.match_indices(&file.needle) {
+                    let (home, rest) = (&path[..at], &path[at + 1..]);
+                    let first = file.needle.len() - 1;
+                    let boundary = rest.len() == first || rest.as_bytes()[first] == b'/';
+                    let in_project = home == cwd || home.strip_prefix(cwd).is_some_and(|r| r.starts_with('/'));
+                    if boundary
+                        && home.starts_with('/')
+                        && !in_project
+                        && !home.contains("/node_modules/")
+                        && file.matcher.is_match(rest)
+                    {
+                        return Some(home.to_owned());
+                    }
+                }
+            }
+        }
+        None
+    }
+
     /// The sweep settings, if any file defines them.
     pub fn sweep(&self) -> Option<&Sweep> {
         self.sweep.as_ref().map(|(sweep, _)| sweep)
@@ -251,13 +334,31 @@ impl RuleSet {
     pub fn sample_failures(&self) -> Vec<String> {
         let mut failures = Vec::new();
         for rule in &self.rules {
-            for (kind, steps, want) in
-                [("positive", &rule.samples.positive, true), ("negative", &rule.samples.negative, false)]
-            {
+            let samples = [
+                ("positive", &rule.samples.positive),
+                ("negative", &rule.samples.negative),
+                ("lowered", &rule.samples.lowered),
+            ];
+            for (kind, steps) in samples {
+                if steps.is_empty() {
+                    continue;
+                }
                 let alerts = sample::replay(self, steps);
-                let fired = alerts.iter().any(|alert| alert.rule.id == rule.id);
-                if fired != want {
-                    let what = if want { "did not fire the rule" } else { "fired the rule" };
+                let own: Vec<_> = alerts.iter().filter(|alert| alert.rule.id == rule.id).collect();
+                let full = |alert: &&Alert| alert.rule.severity == rule.severity;
+                let wrong = match kind {
+                    "positive" if own.is_empty() => Some("did not fire the rule".to_owned()),
+                    "positive" if !own.iter().any(full) => {
+                        Some(format!("fired the rule only below its severity ({})", rule.severity.as_str()))
+                    }
+                    "negative" if !own.is_empty() => Some("fired the rule".to_owned()),
+                    "lowered" if own.is_empty() => Some("did not fire the rule".to_owned()),
+                    "lowered" if own.iter().any(|a| a.rule.severity >= rule.severity || a.credwatch.why.is_none()) => {
+                        Some("fired the rule at its own severity, or without saying why".to_owned())
+                    }
+                    _ => None,
+                };
+                if let Some(what) = wrong {
                     let others: Vec<&str> = alerts.iter().map(|a| a.rule.id.as_str()).collect();
                     failures.push(format!(
                         "{}: rule {}: the {kind} sample {what} (alerts: {})",
@@ -292,12 +393,23 @@ impl RuleSet {
         let replaced: Vec<String> = other.runs_code.iter().map(|(r, _)| r.manager.clone()).collect();
         self.runs_code.retain(|(r, _)| !replaced.contains(&r.manager));
         self.runs_code.extend(other.runs_code);
+        let replaced: Vec<String> = other.project_code.iter().map(|(p, _)| p.manager.clone()).collect();
+        self.project_code.retain(|(p, _)| !replaced.contains(&p.manager));
+        self.project_code.extend(other.project_code);
+        let replaced: Vec<String> = other.home_files.iter().map(|(h, _)| h.manager.clone()).collect();
+        self.home_files.retain(|(h, _)| !replaced.contains(&h.manager));
+        self.home_files.extend(other.home_files);
         for rule in other.rules {
             match self.rules.iter().position(|r| r.id == rule.id) {
                 Some(i) => self.rules[i] = rule,
                 None => self.rules.push(rule),
             }
         }
+    }
+
+    /// Whether an attempt to open `path` is one a loader actor looks back for.
+    pub fn is_loader_input(&self, path: &str, home: Option<&str>) -> bool {
+        self.loader_inputs.iter().any(|inputs| inputs.matches(path, home))
     }
 
     /// Indices (into [`RuleSet::rules`]) of the rules that may match `path`; confirm with
@@ -326,6 +438,11 @@ impl RuleSet {
             if let Some(syscalls) = &rule.syscalls {
                 for name in &syscalls.names.0 {
                     self.syscall_by_name.entry(name.clone()).or_default().push(index);
+                }
+            }
+            for actor in &rule.actors {
+                if let Who::Loader { after, .. } = &actor.who {
+                    self.loader_inputs.push((**after).clone());
                 }
             }
         }
@@ -357,6 +474,20 @@ impl RuleSet {
                     origin: origin.clone(),
                     column: None,
                     message: format!("runs_code: unknown manager {:?}", runs_code.manager),
+                });
+            }
+        }
+        let referenced = self
+            .project_code
+            .iter()
+            .map(|(p, origin)| ("project_code", &p.manager, origin))
+            .chain(self.home_files.iter().map(|(h, origin)| ("home_files", &h.manager, origin)));
+        for (list, manager, origin) in referenced {
+            if !self.managers.iter().any(|m| &m.name == manager) {
+                return Err(RulesError::Invalid {
+                    origin: origin.clone(),
+                    column: None,
+                    message: format!("{list}: unknown manager {manager:?}"),
                 });
             }
         }
@@ -441,6 +572,14 @@ fn parse_sources(sources: impl IntoIterator<Item = (String, String)>) -> Result<
             let line = find_line(&text, "manager", &runs_code.manager, 0);
             set.runs_code.push((runs_code, Origin { file: file.clone(), line }));
         }
+        for project in doc.project_code {
+            let line = find_line(&text, "manager", &project.manager, 0);
+            set.project_code.push((project, Origin { file: file.clone(), line }));
+        }
+        for homes in doc.home_files {
+            let line = find_line(&text, "manager", &homes.manager, 0);
+            set.home_files.push((homes, Origin { file: file.clone(), line }));
+        }
         for manager in doc.managers {
             let line = find_line(&text, "name", &manager.name, 0);
             if let Some(first) = set.managers.iter().position(|m| m.name == manager.name) {
@@ -484,6 +623,12 @@ fn build_rule(doc: RuleDoc, origin: Origin) -> Result<Rule, RulesError> {
     };
     if doc.access.is_some() && doc.targets.is_none() {
         return Err(invalid("`access` goes with `targets`".into()));
+    }
+    let judged_here = |a: &schema::Actor| matches!(a.who, schema::Who::Loader { .. } | schema::Who::Under { .. });
+    if doc.action == Action::Kill && doc.actors.iter().any(judged_here) {
+        return Err(invalid(
+            "`after_opens` and `under` actors are judged in userspace only: not on a `kill` rule".into(),
+        ));
     }
     if !doc.exclude.is_empty() && doc.syscalls.is_some() {
         return Err(invalid("`exclude` goes with `targets` or `exec`, not with `syscalls`".into()));

@@ -117,7 +117,8 @@ fn syscall_event(syscall: &SyscallStep) -> Syscall {
 
 /// Replays `steps` through a fresh engine over `rules`, end of stream included.
 pub fn replay(rules: &RuleSet, steps: &[Step]) -> Vec<Alert> {
-    let mut engine = Engine::new(rules.clone(), EngineOptions { host_name: "sample".into() });
+    let mut engine =
+        Engine::new(rules.clone(), EngineOptions { host_name: "sample".into(), ..EngineOptions::default() });
     let mut alerts: Vec<Alert> = events(steps).iter().flat_map(|event| engine.handle(event)).collect();
     alerts.extend(engine.flush());
     alerts

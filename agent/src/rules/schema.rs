@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use globset::{Glob, GlobBuilder};
 use serde::Deserialize;
 
-use super::manager::Manager;
+use super::{manager::Manager, target::Targets};
 use crate::{alert::Severity, event::Event};
 
 /// One rule file.
@@ -26,6 +26,12 @@ pub(crate) struct FileDoc {
     /// Manager invocations that run code rather than manage packages.
     #[serde(default)]
     pub runs_code: Vec<RunsCode>,
+    /// Manager invocations that run the developer's own project (`npm run dev`, `cargo run`).
+    #[serde(default)]
+    pub project_code: Vec<ProjectCode>,
+    /// Per-user files each manager opens under its user's home.
+    #[serde(default)]
+    pub home_files: Vec<HomeFiles>,
 }
 
 /// Invocations of a manager that run code (`bun payload.js`, `bunx pkg`): the process is still
@@ -42,6 +48,69 @@ pub struct RunsCode {
     /// Patterns for argv[1] that run code (`*.js`, `run`).
     #[serde(default)]
     pub first_args: Vec<WordPattern>,
+}
+
+/// Invocations of a manager that run the root project's own scripts or programs (`npm run dev`,
+/// `cargo test`): what the manager starts for them is the developer's code, quiet unless
+/// `--watch-project`. Managers they start in turn (`npm install` from a script) are watched.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectCode {
+    /// The manager's `name`.
+    pub manager: String,
+    /// Executable basenames this applies to (`npm`, not `npx`, whose first word is a package).
+    pub execs: Vec<String>,
+    /// First words (after options) that run the project (`run`, `test`, `*.js`): globs, `*`
+    /// crosses `/`.
+    pub commands: Vec<WordPattern>,
+    /// When set, any other first word than these runs a script of the project too (`yarn dev`).
+    #[serde(default)]
+    pub builtins: Option<Vec<String>>,
+    /// When set, only these executables, started by the manager, are the project's program
+    /// (cargo builds dependencies first: their build scripts stay watched).
+    #[serde(default)]
+    pub programs: Vec<WordPattern>,
+    /// Executables started by the manager that are never the project's (build scripts).
+    #[serde(default)]
+    pub exclude: Vec<WordPattern>,
+    /// The manager runs the project's code in its own process (`bun test`): the process is the
+    /// project's code, not the manager.
+    #[serde(default)]
+    pub in_process: bool,
+}
+
+/// Files under its user's home that a manager itself opens or looks for (`.npmrc`,
+/// `.npm/_logs/*`): where it looked tells a foreign trace's home when the trace has no `HOME`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HomeFiles {
+    /// The manager's `name`.
+    pub manager: String,
+    pub files: Vec<HomeFile>,
+}
+
+/// A path relative to a home: literal first component, then a glob (`*` stops at `/`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(try_from = "String")]
+pub struct HomeFile {
+    /// `/` and the first component (`/.npm`), looked for in the opened path.
+    pub needle: String,
+    pub matcher: globset::GlobMatcher,
+}
+
+impl TryFrom<String> for HomeFile {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        let first = text.split('/').next().unwrap_or_default();
+        if text.starts_with('/') || first.is_empty() || first.contains(['*', '?', '[', '{']) || first == ".." {
+            return Err(format!("home file {text:?}: a relative path whose first component is a plain name"));
+        }
+        let glob = GlobBuilder::new(&text)
+            .literal_separator(true)
+            .build()
+            .map_err(|e| format!("bad home file pattern {text:?}: {}", e.kind()))?;
+        Ok(HomeFile { needle: format!("/{first}"), matcher: glob.compile_matcher() })
+    }
 }
 
 /// The only schema this build reads.
@@ -340,9 +409,11 @@ pub struct Actor {
     /// Only when the nearest package manager is one of these (empty: any).
     pub managers: Vec<String>,
     pub verdict: Verdict,
+    /// Why an alert at this verdict is not at the rule's severity; it goes into the alert.
+    pub why: Option<String>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum Who {
     /// The package-manager process itself (its own exec was the manager). With `outermost`,
     /// only a manager that no other manager started (`npm whoami` from a postinstall is not).
@@ -351,7 +422,18 @@ pub enum Who {
     /// between the nearest manager and it must be such a process too (npm → git → ssh), so
     /// package code cannot borrow the exemption by running its own `git`.
     Execs { execs: Vec<String>, via_manager: bool },
+    /// A configuration loader: the same process tried to open another file of the chain
+    /// (`after`, successfully or not) at most `within_ns` before this one, the way config
+    /// libraries walk the project's, the user's and the global file in turn.
+    Loader { after: Box<Targets>, within_ns: u64 },
+    /// Part of a build from sources: the process, or one between it and its nearest manager,
+    /// runs one of `execs` (`make`, `configure`, `cmake`, ...).
+    Under { execs: Vec<String> },
 }
+
+/// Longest `within_ms` a loader actor may ask for: a chain is read in one go, and a longer
+/// look-back would let a stealer hide behind any earlier read.
+pub const LOADER_WITHIN_MS_MAX: u64 = 1000;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -365,21 +447,58 @@ struct ActorDoc {
     #[serde(default)]
     via_manager: bool,
     #[serde(default)]
+    after_opens: Vec<Pattern>,
+    #[serde(default)]
+    within_ms: Option<u64>,
+    #[serde(default)]
+    under: Vec<String>,
+    #[serde(default)]
     managers: Vec<String>,
     verdict: Verdict,
+    #[serde(default)]
+    why: Option<String>,
 }
 
 impl TryFrom<ActorDoc> for Actor {
-    type Error = &'static str;
-    fn try_from(doc: ActorDoc) -> Result<Self, &'static str> {
-        let who = match (doc.manager, doc.execs.is_empty()) {
-            (true, true) if !doc.via_manager => Who::Manager { outermost: doc.outermost },
-            (false, false) if !doc.outermost => Who::Execs { execs: doc.execs, via_manager: doc.via_manager },
-            (true, true) => return Err("`via_manager` goes with `execs`, not with `manager`"),
-            (false, false) => return Err("`outermost` goes with `manager: true`, not with `execs`"),
-            _ => return Err("an actor needs exactly one of `manager: true` or `execs: [...]`"),
+    type Error = String;
+    fn try_from(doc: ActorDoc) -> Result<Self, String> {
+        let kinds = [doc.manager, !doc.execs.is_empty(), !doc.after_opens.is_empty(), !doc.under.is_empty()];
+        if kinds.iter().filter(|&&k| k).count() != 1 {
+            return Err(
+                "an actor needs exactly one of `manager: true`, `execs: [...]`, `after_opens: [...]` or `under: [...]`"
+                    .into(),
+            );
+        }
+        if doc.outermost && !doc.manager {
+            return Err("`outermost` goes with `manager: true`".into());
+        }
+        if doc.via_manager && doc.execs.is_empty() {
+            return Err("`via_manager` goes with `execs`".into());
+        }
+        if doc.within_ms.is_some() == doc.after_opens.is_empty() {
+            return Err("`after_opens` and `within_ms` go together".into());
+        }
+        if doc.verdict == Verdict::Allow && doc.why.is_some() {
+            return Err("`why` explains an alert's lower severity: an `allow` actor gives no alert".into());
+        }
+        if doc.under.iter().any(|n| n.is_empty() || n.contains('/')) {
+            return Err("`under` lists basenames: not empty, no `/`".into());
+        }
+        let who = if doc.manager {
+            Who::Manager { outermost: doc.outermost }
+        } else if !doc.execs.is_empty() {
+            Who::Execs { execs: doc.execs, via_manager: doc.via_manager }
+        } else if !doc.under.is_empty() {
+            Who::Under { execs: doc.under }
+        } else {
+            let within_ms = doc.within_ms.unwrap_or_default();
+            if within_ms == 0 || within_ms > LOADER_WITHIN_MS_MAX {
+                return Err(format!("`within_ms` must be 1 to {LOADER_WITHIN_MS_MAX}"));
+            }
+            let after = Targets::compile(&doc.after_opens, &[]).map_err(|e| e.to_string())?;
+            Who::Loader { after: Box::new(after), within_ns: within_ms * 1_000_000 }
         };
-        Ok(Actor { who, managers: doc.managers, verdict: doc.verdict })
+        Ok(Actor { who, managers: doc.managers, verdict: doc.verdict, why: doc.why })
     }
 }
 
@@ -433,10 +552,13 @@ pub struct Conditions {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(try_from = "SamplesDoc")]
 pub struct Samples {
-    /// Must fire the rule.
+    /// Must fire the rule at its own severity.
     pub positive: Vec<Step>,
     /// Must not fire the rule.
     pub negative: Vec<Step>,
+    /// When given: must fire the rule, but only below its severity and saying why (an actor
+    /// lowered it).
+    pub lowered: Vec<Step>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -444,13 +566,15 @@ pub struct Samples {
 struct SamplesDoc {
     positive: Vec<Step>,
     negative: Vec<Step>,
+    #[serde(default)]
+    lowered: Vec<Step>,
 }
 
 impl TryFrom<SamplesDoc> for Samples {
     type Error = &'static str;
     fn try_from(doc: SamplesDoc) -> Result<Self, &'static str> {
         match (doc.positive.is_empty(), doc.negative.is_empty()) {
-            (false, false) => Ok(Samples { positive: doc.positive, negative: doc.negative }),
+            (false, false) => Ok(Samples { positive: doc.positive, negative: doc.negative, lowered: doc.lowered }),
             (true, _) => Err("the positive sample has no steps"),
             (_, true) => Err("the negative sample has no steps"),
         }

@@ -153,8 +153,48 @@ fn default_targets_cover_the_credential_paths() {
         "/etc/shadow",
         "/proc/1/environ",
         "/proc/1/mem",
+        "/home/a/.gnupg/private-keys-v1.d/0C5A33B8A1C8D09F9B8E1E4D2E3F4A5B6C7D8E9F.key",
+        "/home/a/.gnupg/secring.gpg",
+        "/home/a/.terraform.d/credentials.tfrc.json",
+        "/home/a/.terraformrc",
+        "/srv/infra/terraform.tfstate",
+        "/srv/infra/prod.auto.tfvars",
+        "/home/a/.gem/credentials",
+        "/home/a/.local/share/gem/credentials",
+        "/home/a/.m2/settings.xml",
+        "/home/a/.m2/settings-security.xml",
+        "/home/a/.gradle/gradle.properties",
+        "/home/a/.config/github-copilot/hosts.json",
+        "/home/a/.config/github-copilot/apps.json",
+        "/home/a/.config/op/config",
+        "/home/a/.op/config",
+        "/home/a/.config/rclone/rclone.conf",
+        "/home/a/.s3cfg",
+        "/home/a/.local/share/keyrings/login.keyring",
+        "/home/a/.password-store/email/work.gpg",
+        "/home/a/.config/glab-cli/config.yml",
+        "/home/a/.config/containers/auth.json",
+        "/run/user/1000/containers/auth.json",
+        "/home/a/.config/Code/User/globalStorage/state.vscdb",
+        "/home/a/.claude.json",
+        "/home/a/.cache/huggingface/token",
+        "/home/a/.kaggle/kaggle.json",
+        "/home/a/.config/netlify/config.json",
+        "/home/a/.config/configstore/firebase-tools.json",
+        "/etc/wireguard/wg0.conf",
+        "/etc/letsencrypt/live/example.org/privkey.pem",
     ] {
         assert!(!hits(path).is_empty(), "no rule covers {path}");
+    }
+    // One rule per file: overlapping rules would alert twice for one open.
+    for path in [
+        "/home/a/.gnupg/private-keys-v1.d/0C5A33B8A1C8D09F9B8E1E4D2E3F4A5B6C7D8E9F.key",
+        "/home/a/.ssh/server.key",
+        "/etc/ssl/private/ssl-cert-snakeoil.key",
+        "/etc/letsencrypt/archive/example.org/privkey1.pem",
+        "/home/a/.claude.json",
+    ] {
+        assert_eq!(hits(path).len(), 1, "{path} hit {:?}", hits(path));
     }
     for path in [
         "/home/a/app/index.js",
@@ -162,6 +202,12 @@ fn default_targets_cover_the_credential_paths() {
         "/srv/app/.env.example",
         "/srv/app/node_modules/x/.env",
         "/etc/passwd",
+        "/home/a/.gnupg/pubring.kbx",
+        "/home/a/.gnupg/trustdb.gpg",
+        "/home/a/.m2/repository/org/x/1.0/x-1.0.pom",
+        "/home/a/.terraform.d/plugin-cache/registry.terraform.io/x",
+        "/home/a/app/test/fixtures/server.key",
+        "/home/a/app/.mcp.json",
     ] {
         assert!(hits(path).is_empty(), "{path} hit {:?}", hits(path));
     }
@@ -363,7 +409,9 @@ fn the_default_kill_set() {
             "aws-credentials",
             "azure-credentials",
             "bpf-by-package",
+            "desktop-keyrings",
             "gcloud-credentials",
+            "gnupg-private-keys",
             "kernel-module-load",
             "ptrace-attach",
             "pypi-token",
@@ -443,6 +491,47 @@ fn runs_code_names_a_known_manager() {
 }
 
 #[test]
+fn project_code_and_home_files_are_data_with_checked_references() {
+    let set = RuleSet::defaults().unwrap();
+    let m = |name: &str| set.managers().iter().position(|m| m.name == name).unwrap();
+    let args = |words: &[&str]| words.iter().map(|w| (*w).to_owned()).collect::<Vec<_>>();
+    assert!(set.project_command(m("npm"), "/usr/bin/npm", &args(&["npm", "--silent", "run", "dev"])).is_some());
+    assert!(set.project_command(m("npm"), "/usr/bin/npx", &args(&["npx", "run"])).is_none());
+    let shebang = args(&["/usr/bin/env", "node", "/usr/bin/npm", "run", "dev"]);
+    assert!(set.project_command(m("npm"), "/usr/bin/npm", &shebang).is_some());
+    let shebang = args(&["/usr/bin/env", "node", "/usr/bin/npm", "install"]);
+    assert!(set.project_command(m("npm"), "/usr/bin/npm", &shebang).is_none());
+    assert!(set.project_command(m("npm"), "npm", &args(&["npm run dev"])).is_some(), "retitled, seen in /proc");
+    assert!(set.project_command(m("npm"), "npm", &args(&["npm install"])).is_none());
+    assert!(set.project_command(m("yarn"), "/usr/bin/yarn", &args(&["yarn", "dev"])).is_some());
+    assert!(set.project_command(m("yarn"), "/usr/bin/yarn", &args(&["yarn", "add", "x"])).is_none());
+    assert!(set.project_command(m("yarn"), "/usr/bin/yarn", &args(&["yarn"])).is_none());
+    let cargo = set.project_command(m("cargo"), "/usr/bin/cargo", &args(&["cargo", "+nightly", "test"])).unwrap();
+    assert!(set.project_program(cargo, "/w/target/debug/deps/app-0a1b2c"));
+    assert!(!set.project_program(cargo, "/w/target/debug/build/dep-0a1b2c/build-script-build"));
+    assert!(!set.project_program(cargo, "/root/.rustup/toolchains/stable/bin/rustc"));
+    let npm = m("npm");
+    let home = |path: &str| set.home_of_manager_file(npm, path, "/srv/ci/job");
+    assert_eq!(home("/srv/ci/.npmrc").as_deref(), Some("/srv/ci"));
+    assert_eq!(home("/h/.npm/_logs/x-debug-0.log").as_deref(), Some("/h"));
+    assert_eq!(home("/srv/ci/job/.npmrc"), None, "the project's own");
+    assert_eq!(home("/srv/ci/job/sub/.npmrc"), None, "the project's own");
+    assert_eq!(home("/usr/lib/node_modules/x/.npmrc"), None, "a package's");
+    assert_eq!(home("/h/.npmrc.bak"), None);
+    assert_eq!(home("/h/.npm/_logs/deeper/x.log"), None, "`*` stops at /");
+
+    let (error, file) =
+        error_for("schema: 1\nproject_code:\n  - manager: maven\n    execs: [mvn]\n    commands: [test]\n");
+    assert_invalid_at(&error, &file, 3, "project_code: unknown manager \"maven\"");
+    let (error, file) = error_for(
+        "schema: 1\nproject_code:\n  - manager: npm\n    execs: [npm]\n    commands: [run]\n    quiet: true\n",
+    );
+    assert_invalid_at(&error, &file, 6, "unknown field `quiet`");
+    let (error, file) = error_for("schema: 1\nhome_files:\n  - manager: npm\n    files: [\"*/.npmrc\"]\n");
+    assert_invalid_at(&error, &file, 4, "first component is a plain name");
+}
+
+#[test]
 fn bad_sweeps_name_file_and_line() {
     let sweep = "schema: 1\nsweep:\n  id: s\n  name: S\n  description: S.\n  category: sweep\n  severity: critical\n  min_categories: 3\n  window_s: 30\n  min_severity: medium\n";
     let (error, file) = error_for(&sweep.replace("window_s: 30", "window_s: 0"));
@@ -461,4 +550,52 @@ fn bad_sweeps_name_file_and_line() {
     std::fs::remove_file(dir.path().join("b.yaml")).unwrap();
     let set = RuleSet::load(Some(dir.path())).unwrap();
     assert_eq!(set.sweep().unwrap().id.0, "s");
+}
+
+/// Replays `steps` (sample steps in YAML) over the default rules: (rule id, severity) of
+/// each alert.
+fn replay_yaml(steps: &str) -> Vec<(String, Severity)> {
+    let steps: Vec<schema::Step> = serde_yaml::from_str(steps).unwrap();
+    sample::replay(&RuleSet::defaults().unwrap(), &steps).into_iter().map(|a| (a.rule.id, a.rule.severity)).collect()
+}
+
+#[test]
+fn the_readers_of_their_own_credentials_are_reported_low() {
+    // `npm version` signing its tag: npm -> git -> gpg -> gpg-agent reads the secret key.
+    let signing = r#"
+- exec: {pid: 100, args: [npm, version, patch], cwd: /home/alice/lib}
+- exec: {pid: 101, ppid: 100, file: /usr/bin/git, args: [git, tag, -s, -m, v1.0.1, v1.0.1]}
+- exec: {pid: 102, ppid: 101, file: /usr/bin/gpg, args: [gpg, -bsau, alice@example.org]}
+- exec: {pid: 103, ppid: 102, file: /usr/bin/gpg-agent, args: [gpg-agent, --daemon]}
+- open: {pid: 103, path: /home/alice/.gnupg/private-keys-v1.d/0C5A33B8A1C8D09F9B8E1E4D2E3F4A5B6C7D8E9F.key}
+"#;
+    assert_eq!(replay_yaml(signing), [("gnupg-private-keys".to_owned(), Severity::Low)]);
+    // The same gpg started by package code is not the manager's doing.
+    let by_package = r#"
+- exec: {pid: 100, args: [npm, install], cwd: /home/alice/app}
+- exec: {pid: 101, ppid: 100, args: [node, x.js], env: {npm_package_name: evil, npm_lifecycle_event: postinstall}}
+- exec: {pid: 102, ppid: 101, file: /usr/bin/gpg, args: [gpg, --export-secret-keys, -a]}
+- exec: {pid: 103, ppid: 102, file: /usr/bin/gpg-agent, args: [gpg-agent, --daemon]}
+- open: {pid: 103, path: /home/alice/.gnupg/private-keys-v1.d/0C5A33B8A1C8D09F9B8E1E4D2E3F4A5B6C7D8E9F.key}
+"#;
+    assert_eq!(
+        replay_yaml(by_package),
+        [
+            ("gpg-secret-key-export".to_owned(), Severity::Critical),
+            ("gnupg-private-keys".to_owned(), Severity::Critical)
+        ]
+    );
+    // Maven (java) and terraform read their own settings on every run.
+    let build_tools = r#"
+- exec: {pid: 200, args: [pip, install, ./jvm-bridge-1.0.tar.gz], cwd: /home/alice}
+- exec: {pid: 201, ppid: 200, args: [python3, setup.py, bdist_wheel], cwd: /tmp/pip-req-build-k2}
+- exec: {pid: 202, ppid: 201, file: /usr/bin/java, args: [/usr/bin/java, -classpath, /usr/share/maven/boot/plexus-classworlds.jar, org.codehaus.plexus.classworlds.launcher.Launcher, package]}
+- open: {pid: 202, path: /home/alice/.m2/settings.xml}
+- exec: {pid: 203, ppid: 201, file: /usr/local/bin/terraform, args: [terraform, providers, schema, -json]}
+- open: {pid: 203, path: /home/alice/.terraform.d/credentials.tfrc.json}
+"#;
+    assert_eq!(
+        replay_yaml(build_tools),
+        [("maven-settings".to_owned(), Severity::Low), ("terraform-credentials".to_owned(), Severity::Low)]
+    );
 }

@@ -230,6 +230,8 @@ pub fn spared(rules: &RuleSet) -> (HashMap<InodeKey, SparedExe>, u32) {
         let managers = manager_mask(&actor.managers);
         match &actor.who {
             Who::Manager { .. } => root_managers |= managers,
+            // Refused on kill rules when the rules load: only the engine can judge them.
+            Who::Loader { .. } | Who::Under { .. } => {}
             Who::Execs { execs, via_manager } => {
                 let flags = if *via_manager { spare_flag::VIA_MANAGER } else { spare_flag::ANYWHERE };
                 for exec in execs {
