@@ -33,6 +33,9 @@ pub struct Alert {
     pub process: AlertProcess,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<AlertFile>,
+    /// On a connect alert: where the process connected (ECS `destination`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination: Option<AlertDestination>,
     pub package: AlertPackage,
     pub host: AlertHost,
     pub user: AlertUser,
@@ -148,6 +151,27 @@ pub struct AlertCredwatch {
     /// Why the alert is at a lower severity than its rule's (an actor of the rule judged it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
+    /// On an exfiltration alert: the credential files the tree's package code had opened before
+    /// (the first ones, at most 32).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub credentials_touched: Vec<String>,
+}
+
+/// Where a connect went.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AlertDestination {
+    /// The IP address, or a unix socket's path.
+    pub address: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// The name the process looked up last before it connected (see the README), when any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+    /// `inet`, `inet6` or `unix`.
+    pub family: String,
+    /// `stream` (TCP for inet), `dgram` (UDP), ... when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket_type: Option<String>,
 }
 
 /// One tree reading many kinds of credentials.

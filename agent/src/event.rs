@@ -20,6 +20,8 @@ pub const ATTRIBUTION_ENV: &[&str] = &[
     "CARGO_CRATE_NAME",
     "CARGO_MANIFEST_DIR",
     "CARGO_PRIMARY_PACKAGE",
+    // The SSH agent's socket, a path: a connect to it is the agent being used.
+    "SSH_AUTH_SOCK",
 ];
 
 /// Keeps the `KEY=VALUE` entries of a NUL-separated environment block whose key is in
@@ -67,6 +69,10 @@ pub enum EventData {
     Root(Root),
     /// A source lost events it could not deliver.
     Lost(Lost),
+    /// The process connected a socket (or tried to: reported at the call).
+    Connect(Connect),
+    /// The process sent a DNS query (a datagram or stream write to port 53).
+    DnsQuery(DnsQuery),
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -201,6 +207,44 @@ pub struct Lost {
     pub count: u64,
 }
 
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Connect {
+    pub tid: u32,
+    /// `inet`, `inet6`, `unix`, or the `AF_*` number for others.
+    pub family: String,
+    /// `stream` (TCP for inet), `dgram` (UDP), `seqpacket`, `raw`, ... when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket_type: Option<String>,
+    /// The IP address (inet, inet6), as text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// A unix socket's path; an abstract one starts with `@`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The result, or `-errno`, when the source knows it (the live sensor reports at the call).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ret: Option<i64>,
+    /// The kernel stopped the process at the call (`--enforce`, a tree that opened a credential
+    /// file): the agent kills it or lets it go on after the engine's verdict.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DnsQuery {
+    pub tid: u32,
+    /// The name asked for, lowercase, without the final dot; escaped (`\ddd`) where a label
+    /// holds bytes other than letters, digits, `-` and `_`.
+    pub name: String,
+    /// `A`, `AAAA`, ... or `TYPE<n>`.
+    pub qtype: String,
+    /// The resolver it was sent to (`address:port`, `[v6]:port`), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
+}
+
 /// `path` with `.`, `..` and doubled `/` resolved lexically, as an absolute path. Only for
 /// paths no kernel resolved: it cannot know about symlinks.
 pub fn normalize_path(path: &str) -> String {
@@ -254,6 +298,37 @@ mod tests {
         let old = r#"{"time_ns":1,"pid":7,"kind":"exec","ppid":1,"filename":"x","executable":"x","args":[],"cwd":"/","uid":0,"gid":0}"#;
         let EventData::Exec(exec) = serde_json::from_str::<Event>(old).unwrap().data else { panic!() };
         assert_eq!(exec.project, None);
+    }
+
+    #[test]
+    fn egress_events_round_trip_through_json() {
+        let connect = Event {
+            time_ns: 2,
+            pid: 7,
+            data: EventData::Connect(Connect {
+                tid: 7,
+                family: "inet".into(),
+                address: Some("127.0.0.9".into()),
+                port: Some(8080),
+                ..Connect::default()
+            }),
+        };
+        let line = serde_json::to_string(&connect).unwrap();
+        assert!(line.contains(r#""kind":"connect""#) && !line.contains("held"), "{line}");
+        assert_eq!(serde_json::from_str::<Event>(&line).unwrap(), connect);
+        let query = Event {
+            time_ns: 3,
+            pid: 7,
+            data: EventData::DnsQuery(DnsQuery {
+                tid: 8,
+                name: "collector.exfil.invalid".into(),
+                qtype: "A".into(),
+                server: Some("127.0.0.53:53".into()),
+            }),
+        };
+        let line = serde_json::to_string(&query).unwrap();
+        assert!(line.contains(r#""kind":"dns_query""#), "{line}");
+        assert_eq!(serde_json::from_str::<Event>(&line).unwrap(), query);
     }
 
     #[test]

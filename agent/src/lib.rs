@@ -8,6 +8,7 @@ pub mod event;
 pub mod import;
 pub mod input;
 pub mod names;
+pub mod net;
 pub mod output;
 pub mod report;
 pub mod rules;

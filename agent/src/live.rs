@@ -104,8 +104,18 @@ impl Session {
         if let Some(recorder) = &mut self.recorder {
             recorder.write(event)?;
         }
+        let mut kill = false;
         for alert in self.engine.handle(event) {
+            kill |= alert.event.outcome == "blocked" && alert.destination.is_some();
             self.sink.write(&alert).context("writing an alert")?;
+        }
+        // The kernel stopped the process at this connect (`--enforce`): the engine's verdict
+        // decides whether it ever runs again. It cannot have exited while stopped, so the pid
+        // is still its own.
+        if matches!(&event.data, EventData::Connect(connect) if connect.held) {
+            let signal = if kill { libc::SIGKILL } else { libc::SIGCONT };
+            // SAFETY: kill(2) on a process of a watched tree that the kernel stopped for us.
+            unsafe { libc::kill(event.pid as libc::pid_t, signal) };
         }
         Ok(())
     }

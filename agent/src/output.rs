@@ -10,7 +10,7 @@ use std::{
     path::Path,
 };
 
-use crate::alert::{Alert, Severity};
+use crate::alert::{Alert, AlertDestination, Severity};
 
 /// Makes `text` safe to print on a terminal: control characters (C0, DEL, C1), bidirectional
 /// overrides and backslashes become visible escapes, so a hostile path cannot move the
@@ -117,6 +117,13 @@ pub fn render(alert: &Alert, colour: bool) -> String {
             let _ = writeln!(out, "  same as  {} (same inode: a link or copy of it)", escape(original));
         }
     }
+    if let Some(destination) = &alert.destination {
+        let _ = writeln!(out, "  dest     {}", escape(&destination_text(destination)));
+    }
+    for (index, file) in alert.credwatch.credentials_touched.iter().enumerate() {
+        let label = if index == 0 { "  after    " } else { "           " };
+        let _ = writeln!(out, "{label}{}", escape(file));
+    }
     if let Some(sweep) = &alert.credwatch.sweep {
         let _ = writeln!(out, "  sweep    {} within {} s", escape(&sweep.categories.join(", ")), sweep.window_s);
         for file in &sweep.files {
@@ -142,9 +149,22 @@ pub fn render(alert: &Alert, colour: bool) -> String {
         let _ = writeln!(out, "  rotate   {}", escape(item));
     }
     if alert.event.outcome != "blocked" {
-        let _ = writeln!(out, "  note     matched in {}; the read was not blocked", alert.credwatch.enforcement);
+        let what = if alert.destination.is_some() { "connection" } else { "read" };
+        let _ = writeln!(out, "  note     matched in {}; the {what} was not blocked", alert.credwatch.enforcement);
     }
     out
+}
+
+/// `name (address:port)`, or the address alone.
+pub fn destination_text(destination: &AlertDestination) -> String {
+    let address = match destination.port {
+        Some(port) => crate::net::host_port(&destination.address, port),
+        None => destination.address.clone(),
+    };
+    match &destination.domain {
+        Some(name) => format!("{name} ({address})"),
+        None => address,
+    }
 }
 
 /// What the process did, in a few words.
@@ -153,6 +173,9 @@ fn headline(alert: &Alert) -> String {
     if let Some(sweep) = &alert.credwatch.sweep {
         let what = if sweep.is_final { "swept (summary)" } else { "swept" };
         return format!("{what} {} kinds of credentials", sweep.categories.len());
+    }
+    if let Some(destination) = &alert.destination {
+        return format!("connected to {}", escape(&destination_text(destination)));
     }
     if let Some(syscall) = &alert.credwatch.syscall {
         let mut text = format!("called {}", escape(&syscall.name));
@@ -274,6 +297,7 @@ mod tests {
                 flags: "O_RDONLY".into(),
                 ..AlertFile::default()
             }),
+            destination: None,
             package: AlertPackage {
                 manager: "npm".into(),
                 name: Some("evil".into()),
@@ -329,6 +353,29 @@ mod tests {
         exec.file = None;
         exec.process.args = vec!["gh".into(), "auth".into(), "token".into()];
         assert!(render(&exec, false).contains(" ran gh auth token\n"));
+
+        let mut connect = alert();
+        connect.file = None;
+        connect.destination = Some(AlertDestination {
+            address: "127.0.0.9".into(),
+            port: Some(8080),
+            domain: Some("collector.exfil.invalid".into()),
+            family: "inet".into(),
+            socket_type: Some("stream".into()),
+        });
+        connect.credwatch.credentials_touched = vec!["/home/a/.npmrc".into(), "/home/a/.ssh/id\u{1b}[2J".into()];
+        let text = render(&connect, false);
+        assert!(text.contains(" connected to collector.exfil.invalid (127.0.0.9:8080)\n"), "{text}");
+        assert!(text.contains("  after    /home/a/.npmrc\n           /home/a/.ssh/id\\u{1b}[2J\n"), "{text}");
+        assert!(text.contains("the connection was not blocked"), "{text}");
+        let mut unix = alert();
+        unix.file = None;
+        unix.destination = Some(AlertDestination {
+            address: "/run/docker.sock\n".into(),
+            family: "unix".into(),
+            ..AlertDestination::default()
+        });
+        assert!(render(&unix, false).contains(" connected to /run/docker.sock\\n\n"), "{}", render(&unix, false));
     }
 
     #[test]

@@ -50,6 +50,9 @@ pub struct Incident {
     pub rule: String,
     pub severity: Severity,
     pub file: Option<String>,
+    /// For a connect: where to (`name (address:port)`, or the socket path).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub destination: Option<String>,
     /// Root first, down to the process.
     pub tree: Vec<String>,
 }
@@ -114,6 +117,7 @@ impl Report {
                     rule: alert.rule.id.clone(),
                     severity: alert.rule.severity,
                     file: alert.file.as_ref().map(|f| f.path.clone()),
+                    destination: alert.destination.as_ref().map(crate::output::destination_text),
                     tree: process_tree(alert),
                 });
             } else {
@@ -199,7 +203,8 @@ impl Report {
                 let _ = writeln!(out, "  ran        ... and {} more commands", package.commands_not_shown);
             }
             for incident in &package.incidents {
-                let file = incident.file.as_deref().map(|f| escape(f).into_owned()).unwrap_or_default();
+                let subject = incident.file.as_deref().or(incident.destination.as_deref());
+                let file = subject.map(|f| escape(f).into_owned()).unwrap_or_default();
                 let _ = writeln!(
                     out,
                     "  incident   {} {} {} {file}",
@@ -250,7 +255,7 @@ impl Report {
                 }
             }
             for incident in &package.incidents {
-                let file = incident.file.as_deref().map(code).unwrap_or_default();
+                let file = incident.file.as_deref().or(incident.destination.as_deref()).map(code).unwrap_or_default();
                 let _ = writeln!(out, "\n### {} {} {}\n", incident.timestamp, code(&incident.rule), file);
                 out.push_str("```\n");
                 for line in &incident.tree {

@@ -17,10 +17,10 @@ use crate::{
 };
 
 /// The trace schema this build writes. 2 added the `rename` and `syscall` kinds and the
-/// `same_file_as` and `blocked` fields of `open`.
-pub const TRACE_SCHEMA: u32 = 2;
+/// `same_file_as` and `blocked` fields of `open`; 3 the `connect` and `dns_query` kinds.
+pub const TRACE_SCHEMA: u32 = 3;
 /// Trace schemas this build reads: every schema is a subset of the next.
-pub const READABLE_SCHEMAS: std::ops::RangeInclusive<u32> = 1..=2;
+pub const READABLE_SCHEMAS: std::ops::RangeInclusive<u32> = 1..=3;
 
 /// The first line of a trace.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -243,7 +243,7 @@ mod tests {
     fn rejects_what_is_not_a_readable_trace() {
         assert!(matches!(reader(""), Err(TraceError::Empty { .. })));
         assert!(matches!(reader("\u{7f}ELF\x02\x01\n"), Err(TraceError::BadHeader { .. })));
-        let future = header_line().replace("\"credwatch_trace\":2", "\"credwatch_trace\":99");
+        let future = header_line().replace(&format!("\"credwatch_trace\":{TRACE_SCHEMA}"), "\"credwatch_trace\":99");
         let error = reader(&future).err().unwrap();
         assert!(matches!(error, TraceError::UnsupportedSchema { version: 99, .. }), "{error}");
         assert!(error.to_string().contains("schema 99 is not supported"), "{error}");

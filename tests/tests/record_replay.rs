@@ -84,17 +84,29 @@ fn checked_in_traces_of_every_schema_replay() {
         let run = credwatch(&sandbox, &traces, &["replay", "--json", trace.to_str().unwrap()]);
         run.assert_exit(EXIT_ALERT);
         let alerts = parse_alerts(&run.stdout);
+        // Schemas 1 and 2: telemetry-helper's postinstall reads ~/.npmrc; schema 3 (egress):
+        // egress-probe's reads it and posts it to an invented host.
         assert!(
             alerts.iter().any(|a| a["rule"]["id"] == "npm-registry-token"
-                && a["package"]["name"] == "telemetry-helper"
+                && (a["package"]["name"] == "telemetry-helper" || a["package"]["name"] == "egress-probe")
                 && a["package"]["lifecycle"] == "postinstall"),
             "{}: no npm alert\n{}",
             trace.display(),
             run.describe()
         );
+        if trace.file_name().is_some_and(|name| name.to_string_lossy().starts_with("schema-3-")) {
+            assert!(
+                alerts.iter().any(|a| a["rule"]["id"] == "exfiltration"
+                    && a["destination"]["domain"] == "collector.exfil.invalid"
+                    && a["destination"]["port"] == 8080),
+                "{}: no exfiltration alert\n{}",
+                trace.display(),
+                run.describe()
+            );
+        }
         seen += 1;
     }
-    assert!(seen >= 2, "expected a trace for schema 1 and 2 in {}", traces.display());
+    assert!(seen >= 3, "expected a trace for schemas 1, 2 and 3 in {}", traces.display());
 }
 
 /// Bad lines stop a replay with the file and line named, or with `--keep-going` are skipped and

@@ -18,6 +18,7 @@
 //!   the stream. All of it depends on the events alone, so replay still equals live.
 
 mod attribution;
+mod egress;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
@@ -116,6 +117,8 @@ struct Proc {
     uid: u32,
     /// `HOME` from its exec's environment or its ancestors'.
     home: Option<String>,
+    /// `SSH_AUTH_SOCK` likewise: a connect to it uses the SSH agent.
+    ssh_auth_sock: Option<String>,
     /// Nearest package manager (index in the rule set's managers).
     manager: Option<usize>,
     /// Set when this process is that manager itself.
@@ -156,6 +159,7 @@ impl Proc {
             cwd: String::new(),
             uid: 0,
             home: None,
+            ssh_auth_sock: None,
             manager: None,
             manager_self: None,
             attribution: Attribution::default(),
@@ -217,6 +221,8 @@ pub struct Engine {
     /// Sweep summaries of trees that ended, for the caller of `handle`.
     pending: Vec<Alert>,
     stats: EngineStats,
+    /// Credentials touched per tree and names looked up per process (see `egress`).
+    egress: egress::Egress,
 }
 
 impl Engine {
@@ -230,6 +236,7 @@ impl Engine {
             trees: BTreeMap::new(),
             pending: Vec::new(),
             stats: EngineStats::default(),
+            egress: egress::Egress::default(),
         }
     }
 
@@ -268,6 +275,8 @@ impl Engine {
             EventData::Open(open) => self.open(event, open),
             EventData::Rename(rename) => self.rename(event, rename),
             EventData::Syscall(syscall) => self.syscall(event, syscall),
+            EventData::Connect(connect) => self.connect(event, connect),
+            EventData::DnsQuery(query) => self.dns_query(event, query),
             EventData::Lost(lost) => {
                 self.stats.lost += lost.count;
                 Vec::new()
@@ -401,6 +410,7 @@ impl Engine {
     /// When the entry `id` that left the table holds a tree's state (a root, or a manager the
     /// project's code started), that tree is gone: its sweep's final summary is due.
     fn tree_ended(&mut self, id: Id, p: &Proc) {
+        self.egress.forget(id);
         if p.tree != id {
             return;
         }
@@ -448,6 +458,9 @@ impl Engine {
         }
         if let Some(home) = exec.env.get("HOME") {
             p.home = Some(home.clone());
+        }
+        if let Some(socket) = exec.env.get("SSH_AUTH_SOCK") {
+            p.ssh_auth_sock = Some(socket.clone());
         }
         p.rustc = None;
         // `npm` is a script: the kernel runs `/usr/bin/npm`, then env execs `node /usr/bin/npm`
@@ -689,6 +702,12 @@ impl Engine {
                 if !hits.iter().any(|(i, ..)| *i == index) {
                     hits.push((index, severity, Some(original)));
                 }
+            }
+        }
+        // Whatever it alerts at (or is folded into), a credential read counts for egress.
+        for (index, _, original) in &hits {
+            if self.rules.rules()[*index].is_credential() {
+                self.egress.touched(root, original.unwrap_or(&path));
             }
         }
         let mut alerts = Vec::new();
@@ -1120,6 +1139,7 @@ impl Engine {
                 ancestors,
             },
             file,
+            destination: None,
             package: self.package(p),
             host: AlertHost { name: self.options.host_name.clone() },
             user: AlertUser { id: p.uid },

@@ -6,7 +6,10 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::{join, parse_int, parse_open_flags, signal_number, EventSource, Format, ImportError, Known, Lines};
-use crate::event::{attribution_env, Event, EventData, Exec, Exit, Fork, Open, Rename, Syscall};
+use crate::{
+    event::{attribution_env, Connect, DnsQuery, Event, EventData, Exec, Exit, Fork, Open, Rename, Syscall},
+    net,
+};
 
 /// Unfinished calls remembered (one per thread at most); past it the oldest is dropped.
 const MAX_PENDING: usize = 4096;
@@ -16,6 +19,7 @@ const MAX_HELD: usize = 4096;
 const MAX_TABLE: usize = 1 << 16;
 const NS_PER_DAY: u64 = 86_400 * 1_000_000_000;
 const AT_FDCWD: i32 = -100;
+const DNS_PORT: u16 = 53;
 /// Calls that rename or link files ([`Rename`] events).
 const RENAMES: &[&str] = &["rename", "renameat", "renameat2", "link", "linkat", "symlink", "symlinkat"];
 /// Calls that matter on their own ([`Syscall`] events), as the sensor reports them.
@@ -131,6 +135,8 @@ pub(super) struct StraceSource {
     group_exited: HashMap<u32, ()>,
     held: Vec<Event>,
     out: VecDeque<Event>,
+    /// Sockets connected to port 53, by (process, fd): the resolver they were connected to.
+    dns_sockets: HashMap<(u32, i32), Option<String>>,
 }
 
 impl StraceSource {
@@ -153,6 +159,7 @@ impl StraceSource {
             group_exited: HashMap::new(),
             held: Vec::new(),
             out: VecDeque::new(),
+            dns_sockets: HashMap::new(),
         }
     }
 
@@ -317,6 +324,10 @@ impl StraceSource {
                 | "chdir"
                 | "fchdir"
                 | "exit_group"
+                | "connect"
+                | "sendto"
+                | "sendmsg"
+                | "sendmmsg"
         ) && !RENAMES.contains(&name)
             && !SYSCALLS.contains(&name)
         {
@@ -505,7 +516,66 @@ impl StraceSource {
                     }),
                 });
             }
-            _ => unreachable!("filtered above"),
+            "connect" => {
+                let (fd, socket) = fd_arg(args.first().copied().unwrap_or_default());
+                let addr = args.get(1).map(|a| sockaddr(a)).unwrap_or_default();
+                if let Some(fd) = fd {
+                    if addr.port == Some(DNS_PORT) && matches!(addr.family.as_str(), "inet" | "inet6") {
+                        if self.dns_sockets.len() >= MAX_TABLE {
+                            self.dns_sockets.clear();
+                        }
+                        let server = addr.address.as_deref().zip(addr.port).map(|(a, p)| net::host_port(a, p));
+                        self.dns_sockets.insert((tgid, fd), server);
+                    } else {
+                        self.dns_sockets.remove(&(tgid, fd));
+                    }
+                }
+                self.emit(Event {
+                    time_ns: time,
+                    pid: tgid,
+                    data: EventData::Connect(Connect {
+                        tid,
+                        family: addr.family,
+                        socket_type: socket.as_deref().and_then(socket_type),
+                        address: addr.address,
+                        port: addr.port,
+                        path: addr.path,
+                        ret,
+                        held: false,
+                    }),
+                });
+            }
+            // sendto(fd, buf, len, flags, addr, addrlen); sendmsg(fd, {msg_name=..., msg_iov=[...]},
+            // flags); sendmmsg(fd, [{msg_hdr={...}, ...}, ...], n, flags): the first message.
+            _ => {
+                let (fd, _) = fd_arg(args.first().copied().unwrap_or_default());
+                let (payload, to) = if name == "sendto" {
+                    (args.get(1).and_then(|a| quoted_bytes(a)), args.get(4).map(|a| sockaddr(a)))
+                } else {
+                    let message = args.get(1).copied().unwrap_or_default();
+                    let to = message.find("msg_name={").map(|at| sockaddr(&message[at + "msg_name=".len()..]));
+                    (message.find("iov_base=").and_then(|at| quoted_bytes(&message[at + "iov_base=".len()..])), to)
+                };
+                let server = match to.filter(|to| !to.family.is_empty() && to.family != "unknown") {
+                    Some(to) if to.port == Some(DNS_PORT) => {
+                        to.address.as_deref().zip(to.port).map(|(a, p)| net::host_port(a, p))
+                    }
+                    Some(_) => return Ok(()),
+                    None => match fd.and_then(|fd| self.dns_sockets.get(&(tgid, fd))) {
+                        Some(server) => server.clone(),
+                        None => return Ok(()),
+                    },
+                };
+                // A payload cut by `-s` that no longer holds the whole question is no query.
+                let Some(Ok((query, qtype))) = payload.map(|bytes| net::dns_question_any(&bytes)) else {
+                    return Ok(());
+                };
+                self.emit(Event {
+                    time_ns: time,
+                    pid: tgid,
+                    data: EventData::DnsQuery(DnsQuery { tid, name: query, qtype: net::qtype_name(qtype), server }),
+                });
+            }
         }
         Ok(())
     }
@@ -578,6 +648,67 @@ fn bounded_insert<V>(map: &mut HashMap<u32, V>, key: u32, value: V) {
         }
     }
     map.insert(key, value);
+}
+
+/// A socket address as strace prints it: `{sa_family=AF_INET, sin_port=htons(53),
+/// sin_addr=inet_addr("10.0.0.2")}`, `inet_pton(AF_INET6, "::1", &sin6_addr)`,
+/// `{sa_family=AF_UNIX, sun_path="/run/docker.sock"}` (abstract: `sun_path=@"name"`); `NULL` and
+/// anything else give an empty family.
+fn sockaddr(text: &str) -> net::SockAddr {
+    let Some(family) = text.find("sa_family=").map(|at| &text[at + "sa_family=".len()..]) else {
+        return net::SockAddr::default();
+    };
+    let family = &family[..family.find([',', '}']).unwrap_or(family.len())];
+    let port = text
+        .find("_port=htons(")
+        .map(|at| &text[at + "_port=htons(".len()..])
+        .and_then(|rest| rest[..rest.find(')').unwrap_or(rest.len())].parse::<u16>().ok());
+    match family {
+        "AF_INET" => net::SockAddr {
+            family: "inet".into(),
+            address: text.find("inet_addr(").and_then(|at| decode_string(&text[at + "inet_addr(".len()..])),
+            port,
+            path: None,
+        },
+        "AF_INET6" => net::SockAddr {
+            family: "inet6".into(),
+            address: text
+                .find("inet_pton(AF_INET6, ")
+                .and_then(|at| decode_string(&text[at + "inet_pton(AF_INET6, ".len()..])),
+            port,
+            path: None,
+        },
+        "AF_UNIX" => {
+            let path = text.find("sun_path=").map(|at| &text[at + "sun_path=".len()..]).and_then(|rest| {
+                match rest.strip_prefix('@') {
+                    Some(name) => decode_string(name).map(|name| format!("@{name}")),
+                    None => decode_string(rest),
+                }
+            });
+            net::SockAddr { family: "unix".into(), path, ..net::SockAddr::default() }
+        }
+        "AF_UNSPEC" => net::SockAddr { family: "unspec".into(), ..net::SockAddr::default() },
+        other => net::SockAddr { family: other.trim_start_matches("AF_").to_ascii_lowercase(), ..Default::default() },
+    }
+}
+
+/// The socket type from `-yy`'s fd annotation (`TCP:[...]`, `UDPv6:[...]`, `UNIX-STREAM:[...]`).
+fn socket_type(annotation: &str) -> Option<String> {
+    let protocol = annotation.split(':').next()?;
+    match protocol {
+        "TCP" | "TCPv6" | "UNIX-STREAM" => Some("stream".into()),
+        "UDP" | "UDPv6" | "UNIX-DGRAM" => Some("dgram".into()),
+        "UNIX-SEQPACKET" => Some("seqpacket".into()),
+        _ => None,
+    }
+}
+
+/// The bytes of the quoted string `text` starts with (escapes decoded; a `-s` cut keeps what
+/// was printed).
+fn quoted_bytes(text: &str) -> Option<Vec<u8>> {
+    let inner = text.strip_prefix('"')?;
+    let end = skip_quoted(inner.as_bytes(), 0, b'"');
+    Some(unescape(&inner[..end.min(inner.len())]))
 }
 
 /// The name of a call line (`openat(...`), if it is one.
@@ -778,6 +909,14 @@ fn errno_number(name: &str) -> Option<i64> {
         ("ENOSYS", 38),
         ("ELOOP", 40),
         ("EOPNOTSUPP", 95),
+        ("EADDRNOTAVAIL", 99),
+        ("ENETUNREACH", 101),
+        ("ECONNRESET", 104),
+        ("ETIMEDOUT", 110),
+        ("ECONNREFUSED", 111),
+        ("EHOSTUNREACH", 113),
+        ("EALREADY", 114),
+        ("EINPROGRESS", 115),
         ("EDQUOT", 122),
     ];
     ERRNO.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
@@ -802,6 +941,50 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn connects_and_dns_queries_to_port_53() {
+        // glibc's resolver: a UDP socket connected to the nameserver, then sendmmsg (A and AAAA),
+        // as strace 6 prints them (`-y -s 256`); a query cut by `-s` is no query.
+        let text = r#"300 10:00:00.000001 connect(3<socket:[41]>, {sa_family=AF_UNIX, sun_path="/var/run/nscd/socket"}, 110) = -1 ENOENT (No such file or directory)
+300 10:00:00.000002 connect(4<UDP:[0.0.0.0:0]>, {sa_family=AF_INET, sin_port=htons(53), sin_addr=inet_addr("127.0.0.53")}, 16) = 0
+300 10:00:00.000003 sendmmsg(4, [{msg_hdr={msg_name=NULL, msg_namelen=0, msg_iov=[{iov_base="`!\1\0\0\1\0\0\0\0\0\0\tcollector\5exfil\7invalid\0\0\1\0\1", iov_len=41}], msg_iovlen=1, msg_controllen=0, msg_flags=0}, msg_len=41}, {msg_hdr={msg_name=NULL, msg_namelen=0, msg_iov=[{iov_base="Vx\x01\x00", iov_len=41}], msg_iovlen=1, msg_controllen=0, msg_flags=0}, msg_len=41}], 2, MSG_NOSIGNAL) = 2
+300 10:00:00.000004 connect(5, {sa_family=AF_INET6, sin6_port=htons(8080), sin6_flowinfo=htonl(0), inet_pton(AF_INET6, "::ffff:127.0.0.9", &sin6_addr), sin6_scope_id=0}, 28) = -1 EINPROGRESS (Operation now in progress)
+300 10:00:00.000005 sendto(6, "\xab\xcd\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x03pay\x07example\x00\x00\x10\x00\x01", 29, 0, {sa_family=AF_INET, sin_port=htons(53), sin_addr=inet_addr("10.0.0.2")}, 16) = 29
+300 10:00:00.000006 sendto(7, "\xab\xcd\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x03pay\x07example\x00\x00\x10\x00\x01", 29, 0, {sa_family=AF_INET, sin_port=htons(443), sin_addr=inet_addr("10.0.0.2")}, 16) = 29
+300 10:00:00.000007 sendto(4, "\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00"..., 41, MSG_NOSIGNAL, NULL, 0) = 41
+300 10:00:00.000008 connect(8, {sa_family=AF_UNIX, sun_path=@"/tmp/.X11-unix/X0"}, 20) = 0
+"#;
+        let (events, errors) = events(text);
+        assert!(errors.is_empty(), "{errors:?}");
+        let summary: Vec<String> = events
+            .iter()
+            .map(|event| match &event.data {
+                EventData::Connect(c) => format!(
+                    "connect {}{} {} {} {} {:?}",
+                    c.family,
+                    c.socket_type.as_deref().map(|t| format!("/{t}")).unwrap_or_default(),
+                    c.address.as_deref().unwrap_or("-"),
+                    c.port.map_or("-".into(), |p| p.to_string()),
+                    c.path.as_deref().unwrap_or("-"),
+                    c.ret
+                ),
+                EventData::DnsQuery(q) => format!("dns {} {} {}", q.name, q.qtype, q.server.as_deref().unwrap_or("-")),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                "connect unix - - /var/run/nscd/socket Some(-2)",
+                "connect inet/dgram 127.0.0.53 53 - Some(0)",
+                "dns collector.exfil.invalid A 127.0.0.53:53",
+                "connect inet6 ::ffff:127.0.0.9 8080 - Some(-115)",
+                "dns pay.example TXT 10.0.0.2:53",
+                "connect unix - - @/tmp/.X11-unix/X0 Some(0)",
+            ]
+        );
     }
 
     #[test]

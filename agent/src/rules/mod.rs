@@ -20,8 +20,8 @@ use self::{
     manager::Manager,
     schema::Pattern,
     schema::{
-        Access, Action, Actor, Conditions, ExecMatch, FileDoc, HomeFiles, ProjectCode, RuleDoc, RunsCode, Samples,
-        Sweep, SyscallMatch, Who,
+        Access, Action, Actor, Conditions, ConnectMatch, ExecMatch, FileDoc, HomeFiles, ProjectCode, RuleDoc, RunsCode,
+        Samples, Sweep, SyscallMatch, UsualDestinations, Who,
     },
     target::{TargetIndex, Targets},
 };
@@ -91,6 +91,7 @@ pub enum RuleKind {
     Target(Access),
     Exec,
     Syscall,
+    Connect,
 }
 
 /// One rule.
@@ -109,6 +110,7 @@ pub struct Rule {
     pub exclude: Vec<String>,
     pub exec: Option<ExecMatch>,
     pub syscalls: Option<SyscallMatch>,
+    pub connect: Option<ConnectMatch>,
     pub actors: Vec<Actor>,
     pub conditions: Conditions,
     pub rotate: Vec<String>,
@@ -154,6 +156,10 @@ pub struct RuleSet {
     home_files: Vec<(HomeFiles, Origin)>,
     /// The `after_opens` of every loader actor: the opens the engine remembers per process.
     loader_inputs: Vec<Targets>,
+    /// Usual destinations of package trees (all files' entries, defaults then `--rules DIR`).
+    network: Vec<(UsualDestinations, Origin)>,
+    /// Connect rules.
+    connect_rules: Vec<usize>,
     /// SHA-256 over every source file (name and text) in load order: names the rules in force
     /// in a trace header.
     digest: sha2::Sha256,
@@ -304,6 +310,19 @@ impl RuleSet {
     }
 
     /// The sweep settings, if any file defines them.
+    /// The connect rules (indices).
+    pub fn connect_rules(&self) -> &[usize] {
+        &self.connect_rules
+    }
+
+    /// Usual destinations that apply to a tree whose nearest manager is `manager`.
+    pub fn usual_destinations<'a>(&'a self, manager: &'a str) -> impl Iterator<Item = &'a UsualDestinations> + 'a {
+        self.network
+            .iter()
+            .map(|(usual, _)| usual)
+            .filter(move |usual| usual.managers.is_empty() || usual.managers.iter().any(|m| m == manager))
+    }
+
     pub fn sweep(&self) -> Option<&Sweep> {
         self.sweep.as_ref().map(|(sweep, _)| sweep)
     }
@@ -399,6 +418,8 @@ impl RuleSet {
         let replaced: Vec<String> = other.home_files.iter().map(|(h, _)| h.manager.clone()).collect();
         self.home_files.retain(|(h, _)| !replaced.contains(&h.manager));
         self.home_files.extend(other.home_files);
+        // Usual destinations add up: a directory extends the defaults.
+        self.network.extend(other.network);
         for rule in other.rules {
             match self.rules.iter().position(|r| r.id == rule.id) {
                 Some(i) => self.rules[i] = rule,
@@ -445,6 +466,9 @@ impl RuleSet {
                     self.loader_inputs.push((**after).clone());
                 }
             }
+            if rule.connect.is_some() {
+                self.connect_rules.push(index);
+            }
         }
         Ok(self)
     }
@@ -488,6 +512,15 @@ impl RuleSet {
                     origin: origin.clone(),
                     column: None,
                     message: format!("{list}: unknown manager {manager:?}"),
+                });
+            }
+        }
+        for (usual, origin) in &self.network {
+            if let Some(name) = usual.managers.iter().find(|name| !known(name)) {
+                return Err(RulesError::Invalid {
+                    origin: origin.clone(),
+                    column: None,
+                    message: format!("network: unknown manager {name:?}"),
                 });
             }
         }
@@ -568,6 +601,10 @@ fn parse_sources(sources: impl IntoIterator<Item = (String, String)>) -> Result<
             }
             set.sweep = Some((sweep, Origin { file: file.clone(), line }));
         }
+        if !doc.network.is_empty() {
+            let line = text.lines().position(|l| l.starts_with("network:")).map(|i| i + 1);
+            set.network.extend(doc.network.into_iter().map(|usual| (usual, Origin { file: file.clone(), line })));
+        }
         for runs_code in doc.runs_code {
             let line = find_line(&text, "manager", &runs_code.manager, 0);
             set.runs_code.push((runs_code, Origin { file: file.clone(), line }));
@@ -615,11 +652,12 @@ fn build_rule(doc: RuleDoc, origin: Origin) -> Result<Rule, RulesError> {
         column: None,
         message: format!("rule {}: {message}", doc.id.0),
     };
-    let kind = match (&doc.targets, &doc.exec, &doc.syscalls) {
-        (Some(_), None, None) => RuleKind::Target(doc.access.unwrap_or_default()),
-        (None, Some(_), None) => RuleKind::Exec,
-        (None, None, Some(_)) => RuleKind::Syscall,
-        _ => return Err(invalid("needs exactly one of `targets`, `exec` and `syscalls`".into())),
+    let kind = match (&doc.targets, &doc.exec, &doc.syscalls, &doc.connect) {
+        (Some(_), None, None, None) => RuleKind::Target(doc.access.unwrap_or_default()),
+        (None, Some(_), None, None) => RuleKind::Exec,
+        (None, None, Some(_), None) => RuleKind::Syscall,
+        (None, None, None, Some(_)) => RuleKind::Connect,
+        _ => return Err(invalid("needs exactly one of `targets`, `exec`, `syscalls` and `connect`".into())),
     };
     if doc.access.is_some() && doc.targets.is_none() {
         return Err(invalid("`access` goes with `targets`".into()));
@@ -630,8 +668,8 @@ fn build_rule(doc: RuleDoc, origin: Origin) -> Result<Rule, RulesError> {
             "`after_opens` and `under` actors are judged in userspace only: not on a `kill` rule".into(),
         ));
     }
-    if !doc.exclude.is_empty() && doc.syscalls.is_some() {
-        return Err(invalid("`exclude` goes with `targets` or `exec`, not with `syscalls`".into()));
+    if !doc.exclude.is_empty() && (doc.syscalls.is_some() || doc.connect.is_some()) {
+        return Err(invalid("`exclude` goes with `targets` or `exec`, not with `syscalls` or `connect`".into()));
     }
     let patterns = doc.targets.map(|t| t.0).unwrap_or_default();
     let matcher = Targets::compile(&patterns, &doc.exclude).map_err(|e| invalid(e.to_string()))?;
@@ -647,6 +685,7 @@ fn build_rule(doc: RuleDoc, origin: Origin) -> Result<Rule, RulesError> {
         exclude: doc.exclude.iter().map(|p| p.text.clone()).collect(),
         exec: doc.exec,
         syscalls: doc.syscalls,
+        connect: doc.connect,
         actors: doc.actors,
         conditions: doc.conditions,
         rotate: doc.rotate,

@@ -3,13 +3,13 @@
 use std::collections::HashSet;
 
 use super::{
-    schema::{OpenStep, RenameStep, Step, SyscallStep},
+    schema::{ConnectStep, OpenStep, RenameStep, Step, SyscallStep},
     RuleSet,
 };
 use crate::{
     alert::Alert,
     engine::{Engine, EngineOptions},
-    event::{Event, EventData, Exec, Exit, Fork, Open, Rename, Root, Syscall},
+    event::{Connect, DnsQuery, Event, EventData, Exec, Exit, Fork, Open, Rename, Root, Syscall},
 };
 
 /// Samples start at this (arbitrary, fixed) time so that alerts are reproducible.
@@ -59,6 +59,17 @@ pub fn events(steps: &[Step]) -> Vec<Event> {
             Step::Open(open) => push(&mut out, open.pid, EventData::Open(open_event(open))),
             Step::Rename(rename) => push(&mut out, rename.pid, EventData::Rename(rename_event(rename))),
             Step::Syscall(syscall) => push(&mut out, syscall.pid, EventData::Syscall(syscall_event(syscall))),
+            Step::Connect(connect) => push(&mut out, connect.pid, EventData::Connect(connect_event(connect))),
+            Step::Dns(dns) => push(
+                &mut out,
+                dns.pid,
+                EventData::DnsQuery(DnsQuery {
+                    tid: dns.pid,
+                    name: dns.name.to_ascii_lowercase(),
+                    qtype: dns.qtype.clone().unwrap_or_else(|| "A".into()),
+                    server: Some("127.0.0.53:53".into()),
+                }),
+            ),
             Step::Event(event) => {
                 seen.insert(event.pid);
                 if let EventData::Fork(fork) = &event.data {
@@ -87,6 +98,25 @@ fn open_event(open: &OpenStep) -> Open {
         ret: open.ret,
         dev: 0,
         ino: 0,
+    }
+}
+
+fn connect_event(connect: &ConnectStep) -> Connect {
+    let family = match (&connect.address, &connect.path) {
+        (Some(std::net::IpAddr::V4(_)), _) => "inet",
+        (Some(std::net::IpAddr::V6(_)), _) => "inet6",
+        (None, Some(_)) => "unix",
+        (None, None) => "unspec",
+    };
+    Connect {
+        tid: connect.pid,
+        family: family.into(),
+        socket_type: None,
+        address: connect.address.map(|address| address.to_string()),
+        port: connect.port,
+        path: connect.path.clone(),
+        ret: None,
+        held: connect.held,
     }
 }
 

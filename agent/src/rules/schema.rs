@@ -32,6 +32,188 @@ pub(crate) struct FileDoc {
     /// Per-user files each manager opens under its user's home.
     #[serde(default)]
     pub home_files: Vec<HomeFiles>,
+    /// Destinations that package trees usually talk to (per manager, or every tree).
+    #[serde(default)]
+    pub network: Vec<UsualDestinations>,
+}
+
+/// Destinations that are not "elsewhere" for `connect: {unusual: true}`: every file's entries
+/// add up (`--rules DIR` extends the defaults).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UsualDestinations {
+    /// Managers whose trees (nearest manager, `run` for a CMD tree without one) these apply to;
+    /// empty: every tree.
+    #[serde(default)]
+    pub managers: Vec<String>,
+    /// Names looked up (globs; `*` crosses dots): `registry.npmjs.org`, `*.crates.io`.
+    #[serde(default)]
+    pub names: Vec<NamePattern>,
+    /// Addresses, for connects with no name looked up: `127.0.0.0/8`, `::1`.
+    #[serde(default)]
+    pub addresses: Vec<Cidr>,
+}
+
+/// A host-name glob, matched case-insensitively against the name looked up.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(try_from = "String")]
+pub struct NamePattern {
+    pub text: String,
+    pub matcher: globset::GlobMatcher,
+}
+
+impl TryFrom<String> for NamePattern {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        let glob = GlobBuilder::new(&text.to_ascii_lowercase())
+            .case_insensitive(true)
+            .build()
+            .map_err(|e| format!("bad name pattern {text:?}: {}", e.kind()))?;
+        Ok(NamePattern { matcher: glob.compile_matcher(), text })
+    }
+}
+
+/// An IP network: `169.254.169.254`, `127.0.0.0/8`, `fd00:ec2::254/128`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct Cidr {
+    pub network: std::net::IpAddr,
+    pub prefix: u8,
+}
+
+impl TryFrom<String> for Cidr {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        let bad = || format!("bad address {text:?}: use an IP address, optionally with /prefix");
+        let (address, prefix) = match text.split_once('/') {
+            Some((address, prefix)) => (address, Some(prefix.parse::<u8>().map_err(|_| bad())?)),
+            None => (text.as_str(), None),
+        };
+        let network: std::net::IpAddr = address.parse().map_err(|_| bad())?;
+        let max = if network.is_ipv4() { 32 } else { 128 };
+        let prefix = prefix.unwrap_or(max);
+        if prefix > max {
+            return Err(bad());
+        }
+        Ok(Cidr { network, prefix })
+    }
+}
+
+impl Cidr {
+    /// Whether `address` (text, as events carry it) is in this network. An IPv4-mapped IPv6
+    /// address counts as the IPv4 one.
+    pub fn contains(&self, address: &str) -> bool {
+        use std::net::IpAddr;
+        let Ok(address) = address.parse::<IpAddr>() else { return false };
+        let address = match address {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
+            v4 => v4,
+        };
+        let bits = |ip: IpAddr| -> u128 {
+            match ip {
+                IpAddr::V4(v4) => u128::from(u32::from(v4)) << 96,
+                IpAddr::V6(v6) => u128::from(v6),
+            }
+        };
+        if address.is_ipv4() != self.network.is_ipv4() {
+            return false;
+        }
+        // An IPv4 address sits in the top 32 bits, so one mask serves both families.
+        let mask = if self.prefix == 0 { 0 } else { u128::MAX << (128 - u32::from(self.prefix)) };
+        bits(address) & mask == bits(self.network) & mask
+    }
+}
+
+/// What a connect rule matches, on the connect events of tree members. Every part that is set
+/// must hold; at least one is set.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(try_from = "ConnectMatchDoc")]
+pub struct ConnectMatch {
+    /// Unix socket paths (globs; `$SSH_AUTH_SOCK` is the connecting process's own
+    /// `SSH_AUTH_SOCK`).
+    pub unix_paths: Vec<SocketPath>,
+    /// The IP address is in one of these...
+    pub addresses: Vec<Cidr>,
+    /// ...or the name looked up matches one of these.
+    pub names: Vec<NamePattern>,
+    pub ports: Vec<u16>,
+    /// An IP destination that is not among the tree's usual ones (`network`), judged by the
+    /// name looked up when there is one, else by address; port 53 (the resolver) is never
+    /// unusual, nor is a unix socket.
+    pub unusual: bool,
+    /// Package code of the tree opened a credential file before (any credential rule's target,
+    /// at any severity, unless an actor allowed it).
+    pub after_credential: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConnectMatchDoc {
+    #[serde(default)]
+    unix_paths: Vec<SocketPath>,
+    #[serde(default)]
+    addresses: Vec<Cidr>,
+    #[serde(default)]
+    names: Vec<NamePattern>,
+    #[serde(default)]
+    ports: Vec<u16>,
+    #[serde(default)]
+    unusual: bool,
+    #[serde(default)]
+    after_credential: bool,
+}
+
+impl TryFrom<ConnectMatchDoc> for ConnectMatch {
+    type Error = &'static str;
+    fn try_from(doc: ConnectMatchDoc) -> Result<Self, &'static str> {
+        if doc.unix_paths.is_empty()
+            && doc.addresses.is_empty()
+            && doc.names.is_empty()
+            && doc.ports.is_empty()
+            && !doc.unusual
+            && !doc.after_credential
+        {
+            return Err("a connect match needs at least one of `unix_paths`, `addresses`, `names`, `ports`, `unusual`, `after_credential`");
+        }
+        if !doc.unix_paths.is_empty() && (!doc.addresses.is_empty() || !doc.names.is_empty() || doc.unusual) {
+            return Err(
+                "`unix_paths` cannot go with `addresses`, `names` or `unusual`: a connect is to one or the other",
+            );
+        }
+        Ok(ConnectMatch {
+            unix_paths: doc.unix_paths,
+            addresses: doc.addresses,
+            names: doc.names,
+            ports: doc.ports,
+            unusual: doc.unusual,
+            after_credential: doc.after_credential,
+        })
+    }
+}
+
+/// A unix socket path pattern: an absolute glob (`*` stops at `/`), or `$SSH_AUTH_SOCK`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(try_from = "String")]
+pub enum SocketPath {
+    SshAuthSock,
+    Glob { text: String, matcher: globset::GlobMatcher },
+}
+
+impl TryFrom<String> for SocketPath {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        if text == "$SSH_AUTH_SOCK" {
+            return Ok(SocketPath::SshAuthSock);
+        }
+        if !text.starts_with('/') && !text.starts_with('@') {
+            return Err(format!("socket path {text:?} must be absolute, abstract (`@...`) or `$SSH_AUTH_SOCK`"));
+        }
+        let glob = GlobBuilder::new(&text)
+            .literal_separator(true)
+            .build()
+            .map_err(|e| format!("bad socket path {text:?}: {}", e.kind()))?;
+        Ok(SocketPath::Glob { matcher: glob.compile_matcher(), text })
+    }
 }
 
 /// Invocations of a manager that run code (`bun payload.js`, `bunx pkg`): the process is still
@@ -151,6 +333,8 @@ pub(crate) struct RuleDoc {
     pub exec: Option<ExecMatch>,
     #[serde(default)]
     pub syscalls: Option<SyscallMatch>,
+    #[serde(default)]
+    pub connect: Option<ConnectMatch>,
     #[serde(default)]
     pub exclude: Vec<Pattern>,
     #[serde(default)]
@@ -593,6 +777,8 @@ pub enum Step {
     Rename(RenameStep),
     Syscall(SyscallStep),
     Root(RootStep),
+    Connect(ConnectStep),
+    Dns(DnsStep),
     Event(Box<Event>),
 }
 
@@ -606,6 +792,8 @@ struct StepDoc {
     rename: Option<RenameStep>,
     syscall: Option<SyscallStep>,
     root: Option<RootStep>,
+    connect: Option<ConnectStep>,
+    dns: Option<DnsStep>,
     event: Option<Box<Event>>,
 }
 
@@ -620,12 +808,14 @@ impl TryFrom<StepDoc> for Step {
             doc.rename.map(Step::Rename),
             doc.syscall.map(Step::Syscall),
             doc.root.map(Step::Root),
+            doc.connect.map(Step::Connect),
+            doc.dns.map(Step::Dns),
             doc.event.map(Step::Event),
         ];
         let mut set = steps.into_iter().flatten();
         match (set.next(), set.next()) {
             (Some(step), None) => Ok(step),
-            _ => Err("a sample step is one of `exec`, `fork`, `exit`, `open`, `rename`, `syscall`, `root` or `event`"),
+            _ => Err("a sample step is one of `exec`, `fork`, `exit`, `open`, `rename`, `syscall`, `root`, `connect`, `dns` or `event`"),
         }
     }
 }
@@ -777,4 +967,29 @@ pub struct SyscallStep {
     pub ret: Option<i64>,
     #[serde(default)]
     pub blocked: bool,
+}
+
+/// A connect: to `address` and `port` (family from the address), or to the unix socket `path`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectStep {
+    pub pid: u32,
+    #[serde(default)]
+    pub address: Option<std::net::IpAddr>,
+    #[serde(default)]
+    pub port: Option<u16>,
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub held: bool,
+}
+
+/// A DNS query for `name` (type A unless `qtype` says).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DnsStep {
+    pub pid: u32,
+    pub name: String,
+    #[serde(default)]
+    pub qtype: Option<String>,
 }

@@ -410,6 +410,7 @@ fn the_default_kill_set() {
             "azure-credentials",
             "bpf-by-package",
             "desktop-keyrings",
+            "exfiltration",
             "gcloud-credentials",
             "gnupg-private-keys",
             "kernel-module-load",
@@ -429,7 +430,7 @@ fn the_default_kill_set() {
 fn bad_exec_and_syscall_parts_name_file_and_line() {
     // Two kinds in one rule: at the rule.
     let (error, file) = error_for(&EXEC_RULE.replace("    exec:\n", "    targets: [\"~/.x\"]\n    exec:\n"));
-    assert_invalid_at(&error, &file, 3, "exactly one of `targets`, `exec` and `syscalls`");
+    assert_invalid_at(&error, &file, 3, "exactly one of `targets`, `exec`, `syscalls` and `connect`");
     // `access` without targets.
     let (error, file) = error_for(&EXEC_RULE.replace("    exec:\n", "    access: write\n    exec:\n"));
     assert_invalid_at(&error, &file, 3, "`access` goes with `targets`");

@@ -5,14 +5,15 @@
 use std::mem::size_of;
 
 use credwatch_common::{
-    kind, open_syscall, path_flag, record_flag, rename_syscall, tamper_syscall, EventHeader, ExecEvent, ExitEvent,
-    ForkEvent, OpenEvent, RenameEvent, ResolvedPath, SyscallEvent, MAX_EXEC_RECORD, MAX_OPEN_RECORD,
+    kind, net_syscall, open_syscall, path_flag, record_flag, rename_syscall, tamper_syscall, ConnectEvent,
+    DnsQueryEvent, EventHeader, ExecEvent, ExitEvent, ForkEvent, OpenEvent, RenameEvent, ResolvedPath, SyscallEvent,
+    MAX_EXEC_RECORD, MAX_OPEN_RECORD,
 };
 use thiserror::Error;
 
 use crate::{
-    event::{attribution_env, Event, EventData, Exec, Exit, Fork, Open, Rename, Syscall},
-    names,
+    event::{attribution_env, Connect, DnsQuery, Event, EventData, Exec, Exit, Fork, Open, Rename, Syscall},
+    names, net,
 };
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -23,6 +24,8 @@ pub enum DecodeError {
     UnknownKind { kind: u32 },
     #[error("record kind {kind} declares {declared} bytes, has {len}, expects {expected}")]
     BadSize { kind: u32, declared: u32, len: usize, expected: usize },
+    #[error("query sent to port 53: {0}")]
+    Dns(#[from] net::DnsError),
 }
 
 /// Plain kernel records: `#[repr(C)]`, integers and integer arrays only, so every byte
@@ -56,6 +59,14 @@ unsafe impl Record for RenameEvent {
 // SAFETY: as above.
 unsafe impl Record for SyscallEvent {
     const KIND: u32 = kind::SYSCALL;
+}
+// SAFETY: as above.
+unsafe impl Record for ConnectEvent {
+    const KIND: u32 = kind::CONNECT;
+}
+// SAFETY: as above.
+unsafe impl Record for DnsQueryEvent {
+    const KIND: u32 = kind::DNS_QUERY;
 }
 
 /// Copies a `T` out of `bytes` once its kind and sizes are checked.
@@ -116,6 +127,8 @@ impl Decoder {
             kind::OPEN => EventData::Open(open(bytes, &header, cred_path)?),
             kind::RENAME => EventData::Rename(rename(&*record::<RenameEvent>(bytes, &header)?)),
             kind::SYSCALL => EventData::Syscall(syscall(&*record::<SyscallEvent>(bytes, &header)?)),
+            kind::CONNECT => EventData::Connect(connect(&*record::<ConnectEvent>(bytes, &header)?)),
+            kind::DNS_QUERY => EventData::DnsQuery(dns_query(&*record::<DnsQueryEvent>(bytes, &header)?)?),
             kind => return Err(DecodeError::UnknownKind { kind }),
         };
         Ok(Event { time_ns: self.wall_ns(header.boot_ns), pid: header.pid, data })
@@ -362,6 +375,42 @@ fn syscall(event: &SyscallEvent) -> Syscall {
         ret: (event.record_flags & record_flag::HAS_RET != 0).then_some(event.ret),
         blocked: event.record_flags & record_flag::BLOCKED != 0,
     }
+}
+
+fn connect(event: &ConnectEvent) -> Connect {
+    let addr = net::sockaddr(used(&event.addr, event.copied));
+    Connect {
+        tid: event.header.tid,
+        family: addr.family,
+        socket_type: net::socket_type_name(event.sock_type),
+        address: addr.address,
+        port: addr.port,
+        path: addr.path,
+        ret: None,
+        held: event.record_flags & record_flag::HELD != 0,
+    }
+}
+
+/// The name of a [`net_syscall`].
+pub fn net_name(syscall: u32) -> &'static str {
+    match syscall {
+        net_syscall::CONNECT => "connect",
+        net_syscall::SENDTO => "sendto",
+        net_syscall::SENDMSG => "sendmsg",
+        net_syscall::SENDMMSG => "sendmmsg",
+        _ => "unknown",
+    }
+}
+
+fn dns_query(event: &DnsQueryEvent) -> Result<DnsQuery, DecodeError> {
+    let (name, qtype) = net::dns_question_any(used(&event.payload, event.copied))?;
+    let server = net::sockaddr(used(&event.addr, event.addr_len));
+    Ok(DnsQuery {
+        tid: event.header.tid,
+        name,
+        qtype: net::qtype_name(qtype),
+        server: server.address.zip(server.port).map(|(address, port)| net::host_port(&address, port)),
+    })
 }
 
 #[cfg(test)]
@@ -655,6 +704,54 @@ mod tests {
         assert_eq!(decoded(record(tamper_syscall::BPF, 0, 0, 999, 0)).operation.as_deref(), Some("999"));
         assert_eq!(decoded(record(tamper_syscall::PTRACE, 0, 0, 0x9999, 0)).operation.as_deref(), Some("39321"));
         assert_eq!(decoded(record(tamper_syscall::IO_URING_SETUP, 0, 0, 0, 0)).operation, None);
+    }
+
+    #[test]
+    fn decodes_connects_and_dns_queries() {
+        let decoder = Decoder::with_offset(0);
+        // SAFETY: ABI records are plain integers and arrays.
+        let mut connect: ConnectEvent = unsafe { std::mem::zeroed() };
+        connect.header = header(kind::CONNECT, size_of::<ConnectEvent>());
+        connect.syscall = net_syscall::CONNECT;
+        connect.record_flags = record_flag::HELD;
+        connect.addr[..8].copy_from_slice(&[2, 0, 0x1f, 0x90, 127, 0, 0, 9]);
+        connect.addr_len = 16;
+        connect.copied = 16;
+        connect.sock_type = 1;
+        let EventData::Connect(decoded) = decode(&decoder, &bytes_of(&connect)).unwrap().data else { panic!() };
+        assert_eq!(
+            (decoded.family.as_str(), decoded.address.as_deref(), decoded.port, decoded.held),
+            ("inet", Some("127.0.0.9"), Some(8080), true)
+        );
+        assert_eq!(decoded.socket_type.as_deref(), Some("stream"));
+        // A lying `copied` is clamped to the buffer.
+        connect.copied = u32::MAX;
+        assert!(decode(&decoder, &bytes_of(&connect)).is_ok());
+
+        // SAFETY: as above.
+        let mut query: DnsQueryEvent = unsafe { std::mem::zeroed() };
+        query.header = header(kind::DNS_QUERY, size_of::<DnsQueryEvent>());
+        query.syscall = net_syscall::SENDMMSG;
+        query.addr[..8].copy_from_slice(&[2, 0, 0, 53, 127, 0, 0, 53]);
+        query.addr_len = 16;
+        let mut message = vec![0x12, 0x34, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+        for label in ["collector", "exfil", "invalid"] {
+            message.push(label.len() as u8);
+            message.extend_from_slice(label.as_bytes());
+        }
+        message.extend_from_slice(&[0, 0, 1, 0, 1]);
+        query.payload[..message.len()].copy_from_slice(&message);
+        query.copied = message.len() as u32;
+        let EventData::DnsQuery(decoded) = decode(&decoder, &bytes_of(&query)).unwrap().data else { panic!() };
+        assert_eq!(decoded.name, "collector.exfil.invalid");
+        assert_eq!(decoded.qtype, "A");
+        assert_eq!(decoded.server.as_deref(), Some("127.0.0.53:53"));
+        // A payload that is no query is an error, not a panic.
+        query.copied = 5;
+        assert!(matches!(decode(&decoder, &bytes_of(&query)), Err(DecodeError::Dns(_))));
+        query.copied = u32::MAX;
+        query.payload[2] = 0x80;
+        assert!(matches!(decode(&decoder, &bytes_of(&query)), Err(DecodeError::Dns(_))));
     }
 
     #[test]

@@ -23,8 +23,9 @@ use aya::{
     Ebpf, EbpfError, EbpfLoader,
 };
 use credwatch_common::{
-    config_flag, lost_index, manager_flag, mark_flag, open_syscall, rename_syscall, syscall_family, tamper_syscall,
-    Config, CredInode, HookedSyscall, InodeKey, ManagerValue, Mark, SparedExe, MANAGER_NAME_LEN, MODULE_KEY_LEN,
+    config_flag, lost_index, manager_flag, mark_flag, net_syscall, open_syscall, rename_syscall, syscall_family,
+    tamper_syscall, Config, CredInode, HookedSyscall, InodeKey, ManagerValue, Mark, SparedExe, MANAGER_NAME_LEN,
+    MODULE_KEY_LEN,
 };
 use thiserror::Error;
 
@@ -74,20 +75,21 @@ struct SyscallHook {
 
 /// The programs (entry, exit) that serve a hooked syscall: one pair per [`syscall_family`],
 /// but for `openat` and `openat2`, whose entries have a program of their own (their records
-/// have four arguments, which it loads directly).
-fn hook_programs(hook: &SyscallHook) -> (&'static str, &'static str) {
+/// have four arguments, which it loads directly). The net family reports at entry only.
+fn hook_programs(hook: &SyscallHook) -> (&'static str, Option<&'static str>) {
     match hook.family {
         syscall_family::OPEN if matches!(hook.syscall, open_syscall::OPENAT | open_syscall::OPENAT2) => {
-            ("openat_enter", "open_exit")
+            ("openat_enter", Some("open_exit"))
         }
-        syscall_family::OPEN => ("open_enter", "open_exit"),
-        syscall_family::RENAME => ("rename_enter", "rename_exit"),
-        _ => ("tamper_enter", "tamper_exit"),
+        syscall_family::OPEN => ("open_enter", Some("open_exit")),
+        syscall_family::RENAME => ("rename_enter", Some("rename_exit")),
+        syscall_family::NET => ("net_enter", None),
+        _ => ("tamper_enter", Some("tamper_exit")),
     }
 }
 
 fn syscall_hooks() -> Vec<SyscallHook> {
-    use syscall_family::{OPEN, RENAME, TAMPER};
+    use syscall_family::{NET, OPEN, RENAME, TAMPER};
     let hook = |name, number, family, syscall, required| SyscallHook { name, number, family, syscall, required };
     #[allow(unused_mut)]
     let mut hooks = vec![
@@ -108,6 +110,10 @@ fn syscall_hooks() -> Vec<SyscallHook> {
         hook("tgkill", libc::SYS_tgkill, TAMPER, tamper_syscall::TGKILL, true),
         hook("pidfd_send_signal", libc::SYS_pidfd_send_signal, TAMPER, tamper_syscall::PIDFD_SEND_SIGNAL, true),
         hook("io_uring_setup", libc::SYS_io_uring_setup, TAMPER, tamper_syscall::IO_URING_SETUP, false),
+        hook("connect", libc::SYS_connect, NET, net_syscall::CONNECT, true),
+        hook("sendto", libc::SYS_sendto, NET, net_syscall::SENDTO, true),
+        hook("sendmsg", libc::SYS_sendmsg, NET, net_syscall::SENDMSG, true),
+        hook("sendmmsg", libc::SYS_sendmmsg, NET, net_syscall::SENDMMSG, true),
     ];
     // The legacy syscalls exist only on some architectures (not arm64).
     #[cfg(target_arch = "x86_64")]
@@ -513,7 +519,7 @@ impl Sensor {
         let mut wanted: Vec<&'static str> = RAW_TRACEPOINTS.to_vec();
         for hook in &hooks {
             let (enter, exit) = hook_programs(hook);
-            for program in [enter, exit] {
+            for program in std::iter::once(enter).chain(exit) {
                 if !wanted.contains(&program) {
                     wanted.push(program);
                 }
@@ -549,7 +555,9 @@ impl Sensor {
         for hook in &hooks {
             let (enter, exit) = hook_programs(hook);
             attach(enter, "syscalls", format!("sys_enter_{}", hook.name))?;
-            attach(exit, "syscalls", format!("sys_exit_{}", hook.name))?;
+            if let Some(exit) = exit {
+                attach(exit, "syscalls", format!("sys_exit_{}", hook.name))?;
+            }
         }
         if uring {
             attach(URING_PROGRAM, "io_uring", URING_PROGRAM.to_owned())?;

@@ -51,6 +51,7 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         upid_nr: m("upid", "nr")?,
         file_f_flags: m("file", "f_flags")?,
         dentry_d_shortname: m("dentry", "d_shortname").or_else(|_| m("dentry", "d_iname"))?,
+        socket_type: m("socket", "type")?,
     };
     check_layout(&offsets)?;
     Ok(offsets)

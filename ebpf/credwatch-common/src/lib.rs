@@ -30,6 +30,22 @@ pub mod kind {
     pub const OPEN: u32 = 4;
     pub const RENAME: u32 = 5;
     pub const SYSCALL: u32 = 6;
+    pub const CONNECT: u32 = 7;
+    pub const DNS_QUERY: u32 = 8;
+}
+
+/// Bytes of a socket address kept from `connect`/`sendto` (`sizeof(struct sockaddr_storage)`).
+pub const MAX_SOCKADDR: usize = 128;
+/// Bytes of a DNS query kept: a query carries one name of at most 255 bytes, plus a 12-byte
+/// header, 4 bytes of type and class, and an EDNS record.
+pub const MAX_DNS_PAYLOAD: usize = 512;
+
+/// Which syscall a [`ConnectEvent`] or [`DnsQueryEvent`] came from.
+pub mod net_syscall {
+    pub const CONNECT: u32 = 1;
+    pub const SENDTO: u32 = 2;
+    pub const SENDMSG: u32 = 3;
+    pub const SENDMMSG: u32 = 4;
 }
 
 /// Which syscall an [`OpenEvent`] came from.
@@ -84,6 +100,12 @@ pub mod record_flag {
     /// or what the entry saved was lost): no given path, and `flags` are the opened file's
     /// `f_flags`, not the arguments.
     pub const NO_ENTRY: u32 = 16;
+    /// A [`ConnectEvent`] whose process the kernel stopped (`SIGSTOP`) at the connect's entry
+    /// under `--enforce`, because its tree opened a credential inode: the agent kills it or
+    /// lets it continue once the engine has judged the destination.
+    pub const HELD: u32 = 32;
+    /// A [`DnsQueryEvent`] sent on a socket that was connected to port 53 (no address given).
+    pub const DNS_SOCKET: u32 = 64;
 }
 
 /// Bits of [`CredInode::flags`].
@@ -216,6 +238,9 @@ pub struct KernelOffsets {
     pub file_f_flags: u32,
     /// The inline name of a dentry: `d_shortname` (Linux 6.14+) or `d_iname`.
     pub dentry_d_shortname: u32,
+    /// `socket::type` (a short: `SOCK_STREAM`, `SOCK_DGRAM`, ...); a socket's file has its
+    /// `struct socket` in `private_data`.
+    pub socket_type: u32,
 }
 
 /// Words of a `struct file` read at once from the lower of `f_inode` and `f_path`, which must
@@ -444,6 +469,61 @@ pub struct SyscallEvent {
     pub ret: i64,
 }
 
+/// Kind [`kind::CONNECT`]: a `connect` of a marked process, sent at syscall entry (a failed
+/// attempt is still an attempt; a non-blocking connect has no result yet at exit anyway).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectEvent {
+    pub header: EventHeader,
+    /// One of [`net_syscall`] (always `CONNECT` for now).
+    pub syscall: u32,
+    pub fd: i32,
+    /// [`record_flag`] bits ([`record_flag::HELD`]).
+    pub record_flags: u32,
+    /// `addrlen` as given, and how many bytes of it `addr` holds (at most [`MAX_SOCKADDR`]).
+    pub addr_len: u32,
+    pub copied: u32,
+    /// The socket's type (`SOCK_STREAM` 1, `SOCK_DGRAM` 2, ...); 0 when it could not be read.
+    pub sock_type: u32,
+    /// The `struct sockaddr` as the process passed it (decoded in userspace).
+    pub addr: [u8; MAX_SOCKADDR],
+}
+
+/// Kind [`kind::DNS_QUERY`]: the payload of a datagram (or stream write) a marked process sent
+/// to port 53, by `sendto`/`sendmsg`/`sendmmsg` with that address, or on a socket it connected
+/// there (then `addr` is the connect's address). Parsed in userspace.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DnsQueryEvent {
+    pub header: EventHeader,
+    /// One of [`net_syscall`].
+    pub syscall: u32,
+    pub fd: i32,
+    /// [`record_flag`] bits ([`record_flag::DNS_SOCKET`]).
+    pub record_flags: u32,
+    /// Bytes of `addr` that hold the resolver's address.
+    pub addr_len: u32,
+    /// Bytes the process sent (of the first message, for `sendmmsg`), and how many of them
+    /// `payload` holds (at most [`MAX_DNS_PAYLOAD`]).
+    pub sent_len: u32,
+    pub copied: u32,
+    pub addr: [u8; DNS_SOCKADDR],
+    pub payload: [u8; MAX_DNS_PAYLOAD],
+    pub _pad: u32,
+}
+
+/// Bytes of a resolver's address kept with a DNS socket (`sizeof(struct sockaddr_in6)`).
+pub const DNS_SOCKADDR: usize = 28;
+
+/// Value of the kernel's `DNS_SOCKETS` map (keyed by `tgid << 32 | fd`): a socket connected to
+/// port 53, and the address it was connected to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DnsSocket {
+    pub addr_len: u32,
+    pub addr: [u8; DNS_SOCKADDR],
+}
+
 /// Which family of hooks a syscall belongs to ([`HookedSyscall::family`]).
 pub mod syscall_family {
     /// `syscall` is one of [`super::open_syscall`].
@@ -452,6 +532,8 @@ pub mod syscall_family {
     pub const RENAME: u32 = 2;
     /// `syscall` is one of [`super::tamper_syscall`].
     pub const TAMPER: u32 = 3;
+    /// `syscall` is one of [`super::net_syscall`].
+    pub const NET: u32 = 4;
 }
 
 /// Element of the `SYSCALLS` array, indexed by the architecture's syscall number (the
@@ -526,11 +608,20 @@ mod tests {
         assert_eq!(size_of::<RenameEvent>(), 56 + 32 + 2 * MAX_GIVEN_PATH + 2 * size_of::<ResolvedPath>());
         assert_eq!(offset_of!(SyscallEvent, operation), 72);
         assert_eq!(size_of::<SyscallEvent>(), 88);
+        assert_eq!(offset_of!(ConnectEvent, syscall), 56);
+        assert_eq!(offset_of!(ConnectEvent, addr), 80);
+        assert_eq!(size_of::<ConnectEvent>(), 80 + MAX_SOCKADDR);
+        assert_eq!(align_of::<ConnectEvent>(), 8);
+        assert_eq!(offset_of!(DnsQueryEvent, addr), 80);
+        assert_eq!(offset_of!(DnsQueryEvent, payload), 80 + DNS_SOCKADDR);
+        assert_eq!(size_of::<DnsQueryEvent>(), 80 + DNS_SOCKADDR + MAX_DNS_PAYLOAD + 4);
+        assert_eq!(align_of::<DnsQueryEvent>(), 8);
+        assert_eq!(size_of::<DnsSocket>(), 4 + DNS_SOCKADDR);
     }
 
     #[test]
     fn config_has_no_padding() {
-        assert_eq!(size_of::<KernelOffsets>(), 41 * 4);
+        assert_eq!(size_of::<KernelOffsets>(), 42 * 4);
         assert_eq!(size_of::<Config>(), size_of::<KernelOffsets>() + 20);
         assert_eq!(size_of::<SparedExe>(), 8);
         assert_eq!(size_of::<ManagerValue>(), 8);

@@ -25,6 +25,11 @@
 //! - `SCRATCH`, `RENAME_SCRATCH`, `OPEN_SCRATCH`, `EXEC_SCRATCH`: per-CPU buffers too large for
 //!   the 512-byte stack (open and exec records are built in theirs, then copied to a ring buffer
 //!   at their real length).
+//! - `DNS_SOCKETS`: `tgid << 32 | fd` -> [`DnsSocket`]: sockets a marked process connected to
+//!   port 53 (glibc's resolver connects a UDP socket, then sends without an address), so that
+//!   what it sends on them is reported as a DNS query. LRU: a closed socket only ages out.
+//! - `TAINTED`: root tgid of a tree one of whose processes opened a credential inode (under
+//!   `--enforce` only): its processes' connects are held for the agent's verdict.
 //! - `SYSCALLS`: syscall number (the index) -> [`HookedSyscall`]. One program serves all the entry (or all
 //!   the exit) tracepoints of a family and reads `__syscall_nr` to know which syscall it is:
 //!   the kernel verifies each program once, and start-up is mostly verification.
@@ -55,6 +60,16 @@
 //! - Signals count as tamper only when aimed at the agent: kill(agent tgid) or kill(-1),
 //!   tkill/tgkill of its main thread, pidfd_send_signal on a pidfd of it (a /proc/<pid> dirfd
 //!   used as a pidfd is not resolved). A process-group kill that includes the agent is not.
+//! - Egress: `connect` of a marked process is reported at entry with the socket address as
+//!   given (a failed attempt is an attempt). Sends (`sendto`, `sendmsg`, `sendmmsg`) are
+//!   reported only when they go to port 53, by address or on a socket connected there: their
+//!   payload is a DNS query, parsed in userspace. `write` on such a socket is not hooked (every
+//!   process's writes would pay the lookup); glibc's resolver and c-ares use the send calls.
+//! - Holding a connect (`--enforce`): when the tree has opened a credential inode, a connect to
+//!   an IP address (not port 53) by package code (depth > 0) sends SIGSTOP to the process at
+//!   the connect's entry. The handshake may complete, but the process stops before it returns
+//!   to user space, so nothing is sent until the agent, having judged the destination, sends
+//!   SIGKILL or SIGCONT.
 //! - Verifier cost: values that would otherwise be followed one by one (a path's length, where
 //!   a basename starts, map keys built byte by byte) go through memory, where the verifier
 //!   keeps no per-value state, and are bounded again after.
@@ -79,11 +94,12 @@ use aya_ebpf::{
     EbpfContext,
 };
 use credwatch_common::{
-    config_flag, cred_flag, kind, lost_index, manager_flag, mark_flag, open_syscall, path_flag, record_flag,
-    rename_syscall, spare_flag, syscall_family, tamper_syscall, Config, CredInode, EventHeader, ExecEvent, ExitEvent,
-    ForkEvent, HookedSyscall, InodeKey, KernelOffsets, ManagerValue, Mark, OpenEvent, RenameEvent, ResolvedPath,
-    SparedExe, SyscallEvent, FILE_WINDOW, MANAGER_NAME_LEN, MAX_ARGS, MAX_ENV, MAX_EXEC_RECORD, MAX_GIVEN_PATH,
-    MAX_OPEN_RECORD, MAX_PATH_COMPONENTS, MAX_RESOLVED_PATH, MODULE_KEY_LEN, NO_MANAGER,
+    config_flag, cred_flag, kind, lost_index, manager_flag, mark_flag, net_syscall, open_syscall, path_flag,
+    record_flag, rename_syscall, spare_flag, syscall_family, tamper_syscall, Config, ConnectEvent, CredInode,
+    DnsQueryEvent, DnsSocket, EventHeader, ExecEvent, ExitEvent, ForkEvent, HookedSyscall, InodeKey, KernelOffsets,
+    ManagerValue, Mark, OpenEvent, RenameEvent, ResolvedPath, SparedExe, SyscallEvent, DNS_SOCKADDR, FILE_WINDOW,
+    MANAGER_NAME_LEN, MAX_ARGS, MAX_DNS_PAYLOAD, MAX_ENV, MAX_EXEC_RECORD, MAX_GIVEN_PATH, MAX_OPEN_RECORD,
+    MAX_PATH_COMPONENTS, MAX_RESOLVED_PATH, MAX_SOCKADDR, MODULE_KEY_LEN, NO_MANAGER,
 };
 
 /// Processes that can be marked at once; a full map is counted in `LOST[MARKS_FULL]`.
@@ -110,6 +126,14 @@ const MAX_SPARED_EXES: u32 = 256;
 const MAX_PENDING_RENAMES: u32 = 256;
 const MAX_PENDING_SYSCALLS: u32 = 4096;
 const SIGKILL: u32 = 9;
+const SIGSTOP: u32 = 19;
+/// Sockets connected to port 53 remembered at once (LRU).
+const MAX_DNS_SOCKETS: u32 = 4096;
+/// Trees remembered as having opened a credential inode (LRU).
+const MAX_TAINTED: u32 = 4096;
+const AF_INET: u16 = 2;
+const AF_INET6: u16 = 10;
+const DNS_PORT: u16 = 53;
 /// `IORING_OP_OPENAT` and `IORING_OP_OPENAT2`: submissions that open files go to `PRIORITY`.
 const IORING_OP_OPENAT: u8 = 18;
 const IORING_OP_OPENAT2: u8 = 28;
@@ -155,6 +179,7 @@ const TP_ARG1: usize = 24;
 const TP_ARG2: usize = 32;
 const TP_ARG3: usize = 40;
 const TP_ARG4: usize = 48;
+const TP_ARG5: usize = 56;
 const TP_RET: usize = 16;
 
 /// What an open's entry saw, for its exit. The path itself is read at exit: by then the
@@ -259,6 +284,10 @@ static EXEC_SCRATCH: PerCpuArray<ExecScratch> = PerCpuArray::with_max_entries(1,
 static OPEN_SCRATCH: PerCpuArray<OpenScratch> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static SYSCALLS: Array<HookedSyscall> = Array::with_max_entries(SYSCALL_TABLE, 0);
+#[map]
+static DNS_SOCKETS: LruHashMap<u64, DnsSocket> = LruHashMap::with_max_entries(MAX_DNS_SOCKETS, 0);
+#[map]
+static TAINTED: LruHashMap<u32, u32> = LruHashMap::with_max_entries(MAX_TAINTED, 0);
 #[map]
 static WAKEUP_COUNTDOWN: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
@@ -1208,6 +1237,10 @@ fn report_open(ctx: &TracePointContext, pid_tgid: u64, mark: Mark, pending: Opti
                 if let Some(cred) = CRED_INODES.get(&key).copied() {
                     record_flags |= record_flag::CRED_INODE;
                     (*event).cred_index = cred.index;
+                    // The tree's later connects are held for the agent's verdict.
+                    if config.flags & config_flag::ENFORCE != 0 {
+                        let _ = TAINTED.insert(&mark.root_pid, &1, 0);
+                    }
                     // Killed before the syscall returns to user space: the fd exists, but the
                     // process never runs again to read it.
                     if config.flags & config_flag::ENFORCE != 0
@@ -1620,6 +1653,205 @@ pub fn io_uring_submit_req(ctx: TracePointContext) -> u32 {
     let priority = opcode == IORING_OP_OPENAT || opcode == IORING_OP_OPENAT2;
     emit_syscall(pid_tgid, mark, tamper_syscall::IO_URING_SUBMIT_REQ, 0, 0, opcode as u64, 0, priority);
     0
+}
+
+// ---------------------------------------------------------------------------------------------
+// network egress
+
+/// Every `sys_enter_*` of the net family (connect, sendto, sendmsg, sendmmsg).
+#[tracepoint]
+pub fn net_enter(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
+    if let Some(syscall) = hooked_syscall(&ctx, syscall_family::NET) {
+        let _ = try_net_enter(&ctx, syscall, pid_tgid, mark);
+    }
+    0
+}
+
+#[inline(always)]
+fn try_net_enter(ctx: &TracePointContext, syscall: u32, pid_tgid: u64, mark: Mark) -> Res<()> {
+    let arg = first_args(ctx);
+    let fd = arg[0] as i32;
+    match syscall {
+        // connect(fd, addr, addrlen)
+        net_syscall::CONNECT => report_connect(pid_tgid, mark, fd, arg[1], later_arg(ctx, TP_ARG2)?),
+        // sendto(fd, buf, len, flags, addr, addrlen)
+        net_syscall::SENDTO => {
+            let len = later_arg(ctx, TP_ARG2)?;
+            let addr = later_arg(ctx, TP_ARG4)?;
+            let addr_len = later_arg(ctx, TP_ARG5)?;
+            report_dns(pid_tgid, mark, syscall, fd, (arg[1], len), (addr, addr_len))
+        }
+        // sendmsg(fd, msghdr, flags), sendmmsg(fd, mmsghdr, vlen, flags): an mmsghdr starts with
+        // its msghdr, and only the first message is looked at (glibc sends its A and AAAA
+        // queries for one name together).
+        _ => {
+            // msg_name, msg_namelen, msg_iov, msg_iovlen
+            let header: [u64; 4] = read_user(arg[1])?;
+            if header[3] == 0 {
+                return Ok(());
+            }
+            let [base, len]: [u64; 2] = read_user(header[2])?;
+            report_dns(pid_tgid, mark, syscall, fd, (base, len), (header[0], header[1] & 0xffff_ffff))
+        }
+    }
+}
+
+#[inline(always)]
+fn read_user<T>(at: u64) -> Res<T> {
+    // SAFETY: bpf_probe_read_user checks the address; a bad pointer is an error, not a fault.
+    unsafe { aya_ebpf::helpers::bpf_probe_read_user(at as *const T).map_err(|e| e as i64) }
+}
+
+/// The family and port (host order) at the start of a socket address.
+#[inline(always)]
+fn family_port(head: [u8; 4]) -> (u16, u16) {
+    (u16::from_ne_bytes([head[0], head[1]]), u16::from_be_bytes([head[2], head[3]]))
+}
+
+#[inline(always)]
+fn report_connect(pid_tgid: u64, mark: Mark, fd: i32, addr: u64, addr_len: u64) -> Res<()> {
+    let config = config().ok_or(-1i64)?;
+    // Connects are rare next to opens, and the agent must see a held one at once.
+    let Some(mut entry) = reserve::<ConnectEvent>(true) else { return Ok(()) };
+    let event = entry.as_mut_ptr();
+    let want = if addr == 0 { 0 } else { addr_len.min(MAX_SOCKADDR as u64) as u32 };
+    // SAFETY: event points to a reserved record of the right size; user memory through probe
+    // helpers only, at most MAX_SOCKADDR bytes into `addr`.
+    let copied = unsafe {
+        if want > 0
+            && want <= MAX_SOCKADDR as u32
+            && bpf_probe_read_user(addr_of_mut!((*event).addr) as *mut c_void, want, addr as *const c_void) == 0
+        {
+            want
+        } else {
+            0
+        }
+    };
+    let (family, port) = if copied >= 4 {
+        // SAFETY: as above; the first 4 bytes were copied.
+        family_port(unsafe { [(*event).addr[0], (*event).addr[1], (*event).addr[2], (*event).addr[3]] })
+    } else {
+        (0, 0)
+    };
+    // SAFETY: kernel reads through probe helpers only.
+    let sock_type = unsafe { socket_type(&config.offsets, fd) }.unwrap_or(0);
+    let key = (pid_tgid & 0xffff_ffff_0000_0000) | (fd as u32 as u64);
+    let inet = family == AF_INET || family == AF_INET6;
+    let mut record_flags = 0;
+    if inet && port == DNS_PORT {
+        let mut socket = DnsSocket { addr_len: copied.min(DNS_SOCKADDR as u32), addr: [0; DNS_SOCKADDR] };
+        // SAFETY: both buffers hold at least DNS_SOCKADDR bytes.
+        unsafe {
+            bpf_probe_read_kernel(
+                socket.addr.as_mut_ptr() as *mut c_void,
+                DNS_SOCKADDR as u32,
+                addr_of_mut!((*event).addr) as *const c_void,
+            );
+        }
+        let _ = DNS_SOCKETS.insert(&key, &socket, 0);
+    } else {
+        // The fd number may have been a DNS socket once (closes are not hooked).
+        let _ = DNS_SOCKETS.remove(&key);
+        if inet
+            && mark.depth > 0
+            && config.flags & config_flag::ENFORCE != 0
+            // SAFETY: copied out at once.
+            && unsafe { TAINTED.get(&mark.root_pid) }.is_some()
+            && !spared(config, mark)
+            // SAFETY: signals the current process; allowed from tracepoint programs.
+            && unsafe { aya_ebpf::helpers::generated::bpf_send_signal(SIGSTOP) } == 0
+        {
+            record_flags = record_flag::HELD;
+        }
+    }
+    // SAFETY: event points to a reserved record of the right size.
+    unsafe {
+        fill_header(addr_of_mut!((*event).header), kind::CONNECT, size_of::<ConnectEvent>(), pid_tgid, mark);
+        (*event).syscall = net_syscall::CONNECT;
+        (*event).fd = fd;
+        (*event).record_flags = record_flags;
+        (*event).addr_len = addr_len as u32;
+        (*event).copied = copied;
+        (*event).sock_type = sock_type;
+    }
+    submit(entry, true);
+    Ok(())
+}
+
+/// The type of the socket behind `fd` (`file->private_data` is its `struct socket`).
+#[inline(always)]
+unsafe fn socket_type(off: &KernelOffsets, fd: i32) -> Res<u32> {
+    if fd < 0 {
+        return Err(-1);
+    }
+    // SAFETY: kernel reads through probe helpers only.
+    let file = unsafe { fd_file(off, fd as u64) }?;
+    let socket: u64 = read(file, off.file_private_data)?;
+    if socket == 0 {
+        return Err(-1);
+    }
+    Ok(read::<u16>(socket, off.socket_type)? as u32)
+}
+
+/// Reports a send as a DNS query when it goes to port 53: by the address given, or on a
+/// socket connected there.
+#[inline(always)]
+fn report_dns(
+    pid_tgid: u64,
+    mark: Mark,
+    syscall: u32,
+    fd: i32,
+    (buf, len): (u64, u64),
+    (addr, addr_len): (u64, u64),
+) -> Res<()> {
+    let mut socket = DnsSocket { addr_len: 0, addr: [0; DNS_SOCKADDR] };
+    let mut record_flags = 0;
+    if addr != 0 && addr_len >= 4 {
+        let (family, port) = family_port(read_user(addr)?);
+        if !(family == AF_INET || family == AF_INET6) || port != DNS_PORT {
+            return Ok(());
+        }
+        let want = addr_len.min(DNS_SOCKADDR as u64) as u32;
+        // SAFETY: at most DNS_SOCKADDR bytes into the local buffer.
+        if want <= DNS_SOCKADDR as u32
+            && unsafe { bpf_probe_read_user(socket.addr.as_mut_ptr() as *mut c_void, want, addr as *const c_void) } == 0
+        {
+            socket.addr_len = want;
+        }
+    } else {
+        let key = (pid_tgid & 0xffff_ffff_0000_0000) | (fd as u32 as u64);
+        // SAFETY: copied out at once.
+        socket = unsafe { DNS_SOCKETS.get(&key).copied() }.ok_or(-1i64)?;
+        record_flags = record_flag::DNS_SOCKET;
+    }
+    let Some(mut entry) = reserve::<DnsQueryEvent>(false) else { return Ok(()) };
+    let event = entry.as_mut_ptr();
+    let want = len.min(MAX_DNS_PAYLOAD as u64) as u32;
+    // SAFETY: event points to a reserved record of the right size; at most MAX_DNS_PAYLOAD
+    // bytes of user memory into `payload`.
+    unsafe {
+        let copied = if want > 0
+            && want <= MAX_DNS_PAYLOAD as u32
+            && bpf_probe_read_user(addr_of_mut!((*event).payload) as *mut c_void, want, buf as *const c_void) == 0
+        {
+            want
+        } else {
+            0
+        };
+        fill_header(addr_of_mut!((*event).header), kind::DNS_QUERY, size_of::<DnsQueryEvent>(), pid_tgid, mark);
+        (*event).syscall = syscall;
+        (*event).fd = fd;
+        (*event).record_flags = record_flags;
+        (*event).addr_len = socket.addr_len;
+        (*event).sent_len = len as u32;
+        (*event).copied = copied;
+        (*event).addr = socket.addr;
+        (*event)._pad = 0;
+    }
+    submit(entry, false);
+    Ok(())
 }
 
 #[cfg(not(test))]
