@@ -846,7 +846,8 @@ fn script_root(scratch: &mut Scratch, arg_start: u64, len: usize, first: usize) 
     let mut offset = first;
     let mut word_len = 0usize;
     for _ in 0..SCRIPT_WORDS {
-        let at = launder(&mut scratch.slot, offset as u64) as usize & (MAX_ARGS - 1);
+        // Only an address in user memory: no bound needed but argv's length.
+        let at = launder(&mut scratch.slot, offset as u64) as usize;
         if at >= len {
             return Ok(None);
         }
