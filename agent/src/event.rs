@@ -94,6 +94,22 @@ pub struct Exec {
     /// Not an exec seen live: the process was already running (seeded from `/proc`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub seeded: bool,
+    /// For a Python interpreter: the project in its working directory, as the project's own
+    /// metadata names it (build backends run there; the engine reads no files, so the sensor
+    /// attaches it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<Project>,
+}
+
+/// A project named by its metadata (`PKG-INFO`, `pyproject.toml`'s `[project]`, `setup.cfg`'s
+/// `[metadata]`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Project {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// The file it came from, relative to the working directory.
+    pub source: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -266,6 +282,22 @@ mod tests {
         assert!(!env.contains_key("NPM_TOKEN"));
         assert_eq!(env["npm_package_name"], "evil");
         assert_eq!(env["npm_lifecycle_event"], "postinstall");
+    }
+
+    #[test]
+    fn an_exec_keeps_its_project_through_json_and_old_ones_read_without() {
+        let exec = Exec {
+            filename: "/usr/bin/python3".into(),
+            project: Some(Project { name: "local-dir".into(), version: None, source: "setup.cfg".into() }),
+            ..Exec::default()
+        };
+        let event = Event { time_ns: 1, pid: 7, data: EventData::Exec(exec) };
+        let line = serde_json::to_string(&event).unwrap();
+        assert!(line.contains(r#""project":{"name":"local-dir","source":"setup.cfg"}"#), "{line}");
+        assert_eq!(serde_json::from_str::<Event>(&line).unwrap(), event);
+        let old = r#"{"time_ns":1,"pid":7,"kind":"exec","ppid":1,"filename":"x","executable":"x","args":[],"cwd":"/","uid":0,"gid":0}"#;
+        let EventData::Exec(exec) = serde_json::from_str::<Event>(old).unwrap().data else { panic!() };
+        assert_eq!(exec.project, None);
     }
 
     #[test]

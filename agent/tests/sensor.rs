@@ -14,7 +14,7 @@ use std::{
 use credwatch::{
     event::{Event, EventData, Lost, Open, Rename, Syscall},
     rules::{
-        manager::{Manager, ModuleRoot},
+        manager::{Manager, ModuleRoot, ScriptRoot},
         RuleSet,
     },
     sensor::{doctor, lost_source, Protection, Sensor},
@@ -232,14 +232,17 @@ fn fake_manager(dir: &Path, name: &str) -> PathBuf {
 }
 
 #[test]
-fn exec_of_a_manager_or_interpreter_module_makes_a_root() {
+fn exec_of_a_manager_or_interpreter_module_or_script_makes_a_root() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let fx = fixture();
     let module_dir = fx.root.join("py");
     fs::create_dir(&module_dir).unwrap();
     fs::write(module_dir.join("fakepip.py"), "open('secret.txt').close()\n").unwrap();
+    // A release file run by its interpreter, after an option (`node --flag yarn-4.5.3.cjs`).
+    let script = module_dir.join("fakeyarn-4.5.3.py");
+    fs::write(&script, "open('secret.txt').close()\n").unwrap();
     let managers = vec![
-        Manager { name: "fake".into(), execs: vec!["fakemgr".into()], modules: vec![] },
+        Manager { name: "fake".into(), execs: vec!["fakemgr".into()], ..Manager::default() },
         Manager {
             name: "fakepip".into(),
             execs: vec![],
@@ -247,6 +250,16 @@ fn exec_of_a_manager_or_interpreter_module_makes_a_root() {
                 interpreters: vec!["python3".into()],
                 args: vec!["-m".into(), "fakepip".into()],
             }],
+            ..Manager::default()
+        },
+        Manager {
+            name: "fakeyarn".into(),
+            scripts: vec![ScriptRoot {
+                interpreters: vec!["python3".into()],
+                files: vec!["fakeyarn-*.py".into()],
+                args: vec![],
+            }],
+            ..Manager::default()
         },
     ];
     let mut sensor = Sensor::start(&managers, true).unwrap();
@@ -267,10 +280,13 @@ fn exec_of_a_manager_or_interpreter_module_makes_a_root() {
         .unwrap();
     let module_pid = module.id();
     assert!(module.wait_with_output().unwrap().status.success());
+    let release = Command::new(PYTHON).arg("-B").arg(&script).current_dir(&fx.root).spawn().unwrap();
+    let release_pid = release.id();
+    assert!(release.wait_with_output().unwrap().status.success());
 
     let secret = fx.root.join("secret.txt").to_str().unwrap().to_owned();
     let mut events = Vec::new();
-    collect(&mut sensor, &mut events, |events| exited(events, module_pid).is_some());
+    collect(&mut sensor, &mut events, |events| exited(events, release_pid).is_some());
 
     let manager_exec = events
         .iter()
@@ -280,6 +296,7 @@ fn exec_of_a_manager_or_interpreter_module_makes_a_root() {
     assert_eq!(cat.len(), 1, "{events:#?}");
     assert_eq!(open_of(&events, cat[0], "secret.txt").abs_path.as_deref(), Some(secret.as_str()));
     assert_eq!(open_of(&events, module_pid, "secret.txt").abs_path.as_deref(), Some(secret.as_str()));
+    assert_eq!(open_of(&events, release_pid, "secret.txt").abs_path.as_deref(), Some(secret.as_str()));
     assert!(events.iter().all(|e| e.pid != plain_pid), "python without -m fakepip was reported");
 }
 
@@ -306,7 +323,7 @@ fn seed_marks_trees_that_were_already_running() {
         assert!(Instant::now() < deadline, "the manager's child did not start");
         std::thread::sleep(Duration::from_millis(10));
     };
-    let managers = vec![Manager { name: "seed".into(), execs: vec!["seedmgr".into()], modules: vec![] }];
+    let managers = vec![Manager { name: "seed".into(), execs: vec!["seedmgr".into()], ..Manager::default() }];
     let mut sensor = Sensor::start(&managers, false).unwrap();
     let seeded = sensor.seed(&managers).unwrap();
     let pids: Vec<u32> = seeded.iter().map(|e| e.pid).collect();
@@ -803,7 +820,7 @@ fn enforce_spares_a_kill_rules_actor_only_in_a_chain_from_the_manager() {
     );
     fs::write(rules_dir.join("test.yaml"), spared).unwrap();
     let rules = RuleSet::load_dir(&rules_dir).unwrap();
-    let managers = vec![Manager { name: "fake".into(), execs: vec!["sparemgr".into()], modules: vec![] }];
+    let managers = vec![Manager { name: "fake".into(), execs: vec!["sparemgr".into()], ..Manager::default() }];
     let mut sensor = Sensor::start(&managers, true).unwrap();
     sensor.protect(Protection { rules, homes: vec![h.home.clone()], enforce: true }).unwrap();
 

@@ -116,6 +116,7 @@ fn cargo_build_script_reading_cargo_credentials_is_reported() {
     assert_field(&alert, "/rule/category", "registry", &run);
     assert_field(&alert, "/package/manager", "cargo", &run);
     assert_field(&alert, "/package/name", "evil-build", &run);
+    assert_field(&alert, "/package/version", "0.3.1", &run);
     assert_field(&alert, "/package/lifecycle", "build-script", &run);
     assert_ancestry_starts_at(&alert, "cargo", &run);
 }
@@ -136,8 +137,10 @@ fn proc_macro_reading_aws_credentials_inside_rustc_is_reported() {
         "the read happens inside rustc: {alert:#}"
     );
     assert_field(&alert, "/package/lifecycle", "proc-macro", &run);
-    // rustc's `--extern` names the macro crate it loaded.
-    assert_field(&alert, "/package/name", "evil_macro", &run);
+    // Named as published (not the crate identifier `evil_macro`): the tree built the macro,
+    // and cargo named its package to the rustc that built it.
+    assert_field(&alert, "/package/name", "evil-macro", &run);
+    assert_field(&alert, "/package/version", "0.2.0", &run);
 }
 
 #[test]
@@ -172,8 +175,8 @@ fn pip_sdist_setup_py_reading_pypirc_is_reported() {
     let alert = run.expect_alert(&sandbox.credential(".pypirc"));
     assert_field(&alert, "/rule/category", "registry", &run);
     assert_field(&alert, "/package/manager", "pip", &run);
-    // Named from the archive pip is building; the read happened in setup.py.
-    assert_field(&alert, "/package/name", "evil_sdist", &run);
+    // Named by the sdist's own metadata (PKG-INFO), as published; the read happened in setup.py.
+    assert_field(&alert, "/package/name", "evil-sdist", &run);
     assert_field(&alert, "/package/version", "4.5.6", &run);
     assert_field(&alert, "/package/lifecycle", "setup.py", &run);
 }

@@ -139,7 +139,7 @@ fn test() -> Result<()> {
 /// The fixtures run real npm and pip offline; pip builds the sdist with the interpreter's own
 /// setuptools and wheel (no build isolation), so those are installed here, never by a test.
 fn test_prerequisites() -> Result<()> {
-    for program in ["node", "npm", "python3"] {
+    for program in ["node", "npm", "corepack", "python3"] {
         if toolchain::find_in_path(program).is_none() {
             bail!("the end-to-end tests need `{program}` on PATH");
         }
@@ -166,16 +166,19 @@ fn test_prerequisites() -> Result<()> {
             Command::new("apt-get").args(["install", "-y", "--no-install-recommends"]).args(&missing),
         )?;
     }
-    if importable("setuptools, wheel") {
-        println!("xtask: test prerequisites: node, npm, strace, auditd, python3 with setuptools and wheel: present");
+    if importable("setuptools, wheel, uv") {
+        println!(
+            "xtask: test prerequisites: node, npm, strace, auditd, python3 with setuptools, wheel and uv: present"
+        );
         return Ok(());
     }
+    // uv: a test runs `python3 -m uv` offline on a local project.
     run(
-        "install setuptools and wheel for python3 (the pip fixture builds without isolation)",
-        Command::new("python3").args(["-m", "pip", "install", "--quiet", "setuptools", "wheel"]),
+        "install setuptools, wheel and uv for python3 (the pip fixture builds without isolation)",
+        Command::new("python3").args(["-m", "pip", "install", "--quiet", "setuptools", "wheel", "uv"]),
     )?;
-    if !importable("setuptools, wheel") {
-        bail!("python3 still cannot import setuptools and wheel after installing them");
+    if !importable("setuptools, wheel, uv") {
+        bail!("python3 still cannot import setuptools, wheel and uv after installing them");
     }
     Ok(())
 }

@@ -2,9 +2,9 @@
 //! environment, cargo's build-script path and rustc's arguments, pip's build directories.
 //! Only the events are used (never the filesystem), so replay attributes like live.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
-use crate::rules::manager::basename;
+use crate::{event::Exec, rules::manager::basename};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Attribution {
@@ -17,13 +17,61 @@ pub struct Attribution {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Rustc {
     /// `--extern name=path` entries whose path is a shared object (proc-macros).
-    pub proc_macros: Vec<(String, String)>,
+    pub proc_macros: Vec<ProcMacro>,
 }
 
-/// Attribution of a manager process itself: the package named by the one archive in its
-/// arguments (`pip install ./evil-1.0.tar.gz`, `npm install ./x-1.0.0.tgz`), if exactly one.
-pub fn for_manager(args: &[String]) -> Attribution {
-    let mut archives = args.iter().skip(1).filter_map(|arg| archive_name_version(basename(arg)));
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcMacro {
+    /// The package as published (`derive-stamp`) when the tree built it, else the crate
+    /// identifier of `--extern` (`derive_stamp`).
+    pub name: String,
+    pub version: Option<String>,
+    /// The shared object.
+    pub path: String,
+}
+
+/// Most proc-macro packages remembered per tree.
+const MAX_PROC_MACROS: usize = 4096;
+
+/// The packages of the proc-macros a tree's rustc built, by the shared object's file stem
+/// (`libderive_stamp-0a1b2c3d4e5f6789`). cargo gives rustc the package's name and version
+/// when it compiles a crate; a crate that uses the macro later sees only the crate identifier.
+#[derive(Debug, Default)]
+pub struct ProcMacroPackages {
+    by_stem: HashMap<String, (String, Option<String>)>,
+}
+
+/// A proc-macro package a rustc exec builds: the stem of its shared object, its name and version.
+pub type BuiltProcMacro = (String, (String, Option<String>));
+
+impl ProcMacroPackages {
+    /// The proc-macro package that a rustc exec with `args` and `env` builds, if it builds one.
+    pub fn built_by(args: &[String], env: &BTreeMap<String, String>) -> Option<BuiltProcMacro> {
+        if flag_value(args, "--crate-type") != Some("proc-macro") {
+            return None;
+        }
+        let (krate, package) = (flag_value(args, "--crate-name")?, env.get("CARGO_PKG_NAME")?);
+        let extra = codegen_option(args, "extra-filename").unwrap_or_default();
+        Some((format!("lib{krate}{extra}"), (package.clone(), env.get("CARGO_PKG_VERSION").cloned())))
+    }
+
+    pub fn insert(&mut self, (stem, package): BuiltProcMacro) {
+        if self.by_stem.len() < MAX_PROC_MACROS {
+            self.by_stem.insert(stem, package);
+        }
+    }
+
+    fn package(&self, so: &str) -> Option<&(String, Option<String>)> {
+        let stem = basename(so).split_once('.').map_or(basename(so), |(stem, _)| stem);
+        self.by_stem.get(stem)
+    }
+}
+
+/// Attribution of a manager process itself: the package named by the one archive among the
+/// words of its command (`pip install ./evil-1.0.tar.gz`, `npm install ./x-1.0.0.tgz`), if
+/// exactly one.
+pub fn for_manager(words: &[String]) -> Attribution {
+    let mut archives = words.iter().filter_map(|arg| archive_name_version(basename(arg)));
     match (archives.next(), archives.next()) {
         (Some((name, version)), None) => Attribution { name: Some(name), version: Some(version), lifecycle: None },
         _ => Attribution::default(),
@@ -31,14 +79,15 @@ pub fn for_manager(args: &[String]) -> Attribution {
 }
 
 /// Refines `inherited` for a process that executed `executable` with `args`, in `cwd`, with
-/// the attribution variables `env`. Also returns the rustc state when it is rustc.
+/// the attribution variables `env` and the `project` the sensor found in `cwd`. Also returns
+/// the rustc state when it is rustc.
 pub fn for_exec(
     inherited: &Attribution,
     executable: &str,
-    args: &[String],
-    cwd: &str,
-    env: &BTreeMap<String, String>,
+    exec: &Exec,
+    proc_macro_packages: Option<&ProcMacroPackages>,
 ) -> (Attribution, Option<Rustc>) {
+    let (args, cwd, env, project) = (&exec.args, exec.cwd.as_str(), &exec.env, exec.project.as_ref());
     let mut attr = inherited.clone();
     if let Some(name) = env.get("npm_package_name") {
         attr = Attribution {
@@ -56,18 +105,19 @@ pub fn for_exec(
         return (attr, None);
     }
     if basename(executable) == "rustc" || args.first().is_some_and(|a| basename(a) == "rustc") {
-        let rustc = Rustc { proc_macros: proc_macro_externs(args) };
+        let rustc = Rustc { proc_macros: proc_macro_externs(args, proc_macro_packages) };
+        // The package as published (`evil-macro`), else the crate identifier (`evil_macro`).
         let crate_name = flag_value(args, "--crate-name").map(str::to_owned);
         attr = Attribution {
-            name: crate_name.or_else(|| env.get("CARGO_PKG_NAME").cloned()),
+            name: env.get("CARGO_PKG_NAME").cloned().or(crate_name),
             version: env.get("CARGO_PKG_VERSION").cloned(),
             // Code runs inside rustc only through proc-macros; a read without any is the
             // crate's own `include_*!`.
             lifecycle: Some(if rustc.proc_macros.is_empty() { "compile" } else { "proc-macro" }.into()),
         };
-        if let [(name, _)] = rustc.proc_macros.as_slice() {
-            attr.name = Some(name.clone());
-            attr.version = None;
+        if let [only] = rustc.proc_macros.as_slice() {
+            attr.name = Some(only.name.clone());
+            attr.version.clone_from(&only.version);
         }
         return (attr, Some(rustc));
     }
@@ -77,12 +127,32 @@ pub fn for_exec(
         }
         attr.name = Some(name);
     }
-    if args.iter().any(|arg| arg.contains("_in_process.py")) {
-        attr.lifecycle = Some("build-backend".into());
+    let lifecycle = if runs_build_backend(args) {
+        Some("build-backend")
     } else if args.iter().skip(1).any(|arg| arg.contains("setup.py")) {
-        attr.lifecycle = Some("setup.py".into());
+        Some("setup.py")
+    } else {
+        None
+    };
+    // A build step names the project it builds by the project's own metadata (exact, and the
+    // only name a local directory has); any Python process of an unnamed tree too.
+    if let Some(project) = project.filter(|_| lifecycle.is_some() || attr.name.is_none()) {
+        attr.name = Some(project.name.clone());
+        attr.version.clone_from(&project.version);
+    }
+    if let Some(lifecycle) = lifecycle {
+        attr.lifecycle = Some(lifecycle.into());
     }
     (attr, None)
+}
+
+/// A PEP 517 build backend's hooks: pip, poetry and pdm run them through pyproject_hooks'
+/// `_in_process.py`, uv from a `python -c` script.
+fn runs_build_backend(args: &[String]) -> bool {
+    const HOOKS: [&str; 3] = ["build_wheel", "build_editable", "build_sdist"];
+    args.iter().any(|arg| arg.contains("_in_process.py"))
+        || (args.get(1).is_some_and(|flag| flag == "-c")
+            && args.get(2).is_some_and(|code| HOOKS.iter().any(|hook| code.contains(hook))))
 }
 
 /// The crate of `.../build/<crate>-<hash>/build-script-build`.
@@ -108,7 +178,19 @@ fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
     })
 }
 
-fn proc_macro_externs(args: &[String]) -> Vec<(String, String)> {
+/// The value of `-C key=value` (or `-Ckey=value`, `--codegen key=value`).
+fn codegen_option<'a>(args: &'a [String], key: &str) -> Option<&'a str> {
+    let prefix = format!("{key}=");
+    args.iter().enumerate().find_map(|(i, arg)| {
+        let option = match arg.as_str() {
+            "-C" | "--codegen" => args.get(i + 1)?.as_str(),
+            _ => arg.strip_prefix("-C").or_else(|| arg.strip_prefix("--codegen="))?,
+        };
+        option.strip_prefix(&prefix)
+    })
+}
+
+fn proc_macro_externs(args: &[String], packages: Option<&ProcMacroPackages>) -> Vec<ProcMacro> {
     let mut out = Vec::new();
     for (i, arg) in args.iter().enumerate() {
         let value = match arg.strip_prefix("--extern=") {
@@ -121,7 +203,11 @@ fn proc_macro_externs(args: &[String]) -> Vec<(String, String)> {
         };
         if let Some((name, path)) = value.split_once('=') {
             if path.ends_with(".so") {
-                out.push((name.to_owned(), path.to_owned()));
+                let (name, version) = match packages.and_then(|packages| packages.package(path)) {
+                    Some((package, version)) => (package.clone(), version.clone()),
+                    None => (name.to_owned(), None),
+                };
+                out.push(ProcMacro { name, version, path: path.to_owned() });
             }
         }
     }
@@ -166,7 +252,7 @@ mod tests {
         assert_eq!(archive_name_version("evil_pkg-2.1.0-py3-none-any.whl"), Some(("evil_pkg".into(), "2.1.0".into())));
         assert_eq!(archive_name_version("evil-pkg-0.3.0.tgz"), Some(("evil-pkg".into(), "0.3.0".into())));
         assert_eq!(archive_name_version("requirements.txt"), None);
-        assert_eq!(for_manager(&args(&["pip", "install", "a-1.tar.gz", "b-2.tar.gz"])), Attribution::default());
+        assert_eq!(for_manager(&args(&["install", "a-1.tar.gz", "b-2.tar.gz"])), Attribution::default());
         assert_eq!(pip_build_dir_name("/tmp/pip-install-x1y2/evil_0123abcd/src"), Some("evil".into()));
         assert_eq!(pip_build_dir_name("/tmp/pip-req-build-x1y2"), None);
         assert_eq!(
@@ -175,5 +261,40 @@ mod tests {
         );
         assert_eq!(build_script_crate("/w/target/debug/deps/foo-0a1b/build-script-build"), None);
         assert_eq!(build_script_crate("/usr/bin/build-script-build"), None);
+    }
+
+    #[test]
+    fn remembers_proc_macro_packages_by_shared_object() {
+        let env: BTreeMap<String, String> = [("CARGO_PKG_NAME", "derive-stamp"), ("CARGO_PKG_VERSION", "1.0.2")]
+            .map(|(k, v)| (k.into(), v.into()))
+            .into();
+        let rustc = |words: &[&str]| args(words);
+        let built = ProcMacroPackages::built_by(
+            &rustc(&["rustc", "--crate-name", "derive_stamp", "--crate-type=proc-macro", "-Cextra-filename=-0a1b"]),
+            &env,
+        );
+        assert_eq!(built, Some(("libderive_stamp-0a1b".into(), ("derive-stamp".into(), Some("1.0.2".into())))));
+        assert_eq!(
+            ProcMacroPackages::built_by(&rustc(&["rustc", "--crate-name", "lib", "--crate-type", "lib"]), &env),
+            None
+        );
+        let mut packages = ProcMacroPackages::default();
+        packages.insert(built.unwrap());
+        let externs = proc_macro_externs(
+            &rustc(&[
+                "rustc",
+                "--extern",
+                "derive_stamp=/t/deps/libderive_stamp-0a1b.so",
+                "--extern=other=/t/libother-9.so",
+            ]),
+            Some(&packages),
+        );
+        let names: Vec<(&str, Option<&str>)> =
+            externs.iter().map(|m| (m.name.as_str(), m.version.as_deref())).collect();
+        assert_eq!(names, [("derive-stamp", Some("1.0.2")), ("other", None)]);
+        assert_eq!(
+            codegen_option(&rustc(&["-C", "opt-level=3", "--codegen", "extra-filename=-x"]), "extra-filename"),
+            Some("-x")
+        );
     }
 }

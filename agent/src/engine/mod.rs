@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 use time::{format_description::well_known::Rfc3339, OffsetDateTime};
 
-use self::attribution::{Attribution, Rustc};
+use self::attribution::{Attribution, ProcMacroPackages, Rustc};
 use crate::{
     alert::{
         Alert, AlertAncestor, AlertCredwatch, AlertEvent, AlertFile, AlertHost, AlertPackage, AlertParent,
@@ -32,7 +32,7 @@ use crate::{
     },
     event::{normalize_path, Event, EventData, Exec, Open, Rename, Syscall},
     rules::{
-        manager::{basename, root_manager},
+        manager::{basename, command_args, root_manager, script_arg, TEMP_DIRS},
         schema::{Access, Conditions, ExecMatch, Who},
         Rule, RuleKind, RuleSet,
     },
@@ -193,6 +193,8 @@ struct Tree {
     /// The home its managers' own per-user files were in (`<home>/.npmrc`), for events without
     /// `HOME`.
     home: Option<String>,
+    /// The packages of the proc-macros the tree built, to name them when they run.
+    proc_macro_packages: ProcMacroPackages,
 }
 
 struct SweepState {
@@ -423,8 +425,10 @@ impl Engine {
         let pid = event.pid;
         let filename = if exec.filename.is_empty() { &exec.executable } else { &exec.filename };
         let started = root_manager(self.rules.managers(), filename, &exec.args);
-        // `bun payload.js` roots a tree like `bun install`, but it is code, not the manager.
-        let runs_code = started.filter(|&m| self.rules.runs_code(m, filename, &exec.args));
+        // `bun payload.js` roots a tree like `bun install`, but it is code, not the manager;
+        // so is a program that only poses as a manager (node copied to /tmp/x/npm).
+        let runs_code =
+            started.filter(|&m| self.rules.runs_code(m, filename, &exec.args) || self.masquerades(m, filename, exec));
         let project_command = started.and_then(|m| self.rules.project_command(m, filename, &exec.args));
         let id = match self.live(pid) {
             Some(id) => id,
@@ -435,6 +439,13 @@ impl Engine {
                 None => return Vec::new(),
             },
         };
+        // A tree whose state holder was evicted keeps no state (nothing would ever drop it).
+        let tree = self.procs[&id].tree;
+        if let Some(built) =
+            ProcMacroPackages::built_by(&exec.args, &exec.env).filter(|_| self.procs.contains_key(&tree))
+        {
+            self.trees.entry(tree).or_default().proc_macro_packages.insert(built);
+        }
         let managers = self.rules.managers();
         let p = self.procs.get_mut(&id).expect("just found or inserted");
         p.filename = filename.clone();
@@ -458,6 +469,9 @@ impl Engine {
             && p.manager.is_some_and(|m| {
                 exec.args.iter().skip(1).any(|arg| managers[m].execs.iter().any(|e| e == basename(arg)))
             });
+        // That exec matches the manager again (a script run by its interpreter): nothing changes.
+        let (started, runs_code, project_command) =
+            if hop { (None, None, None) } else { (started, runs_code, project_command) };
         // The developer's own project: only when no package code runs this (a postinstall's
         // `npm run build` is package code).
         let package_code = p.manager.is_some() && !p.project;
@@ -489,7 +503,7 @@ impl Engine {
             p.manager_self = Some(ManagerSelf { outermost, project: project_command });
             // A manager started by package code (`npm whoami` in a postinstall) keeps naming
             // that package unless its own arguments name another.
-            let own = attribution::for_manager(&exec.args);
+            let own = attribution::for_manager(command_args(&managers[kind], filename, &exec.args));
             if outermost || own.name.is_some() {
                 p.attribution = own;
             }
@@ -499,7 +513,8 @@ impl Engine {
                 p.manager = runs_code;
             }
             let path = if filename.starts_with('/') { filename.as_str() } else { p.executable.as_str() };
-            let (attr, rustc) = attribution::for_exec(&p.attribution, path, &exec.args, &exec.cwd, &exec.env);
+            let packages = self.trees.get(&tree).map(|tree| &tree.proc_macro_packages);
+            let (attr, rustc) = attribution::for_exec(&p.attribution, path, exec, packages);
             p.attribution = attr;
             p.rustc = rustc;
         }
@@ -510,6 +525,26 @@ impl Engine {
             return Vec::new();
         }
         self.exec_rules(event, id, by_manager)
+    }
+
+    /// Whether an exec of the manager `manager` is not the installed manager but a program
+    /// posing as it: its program (or the release file an interpreter runs) was written by
+    /// package code of a tree still running, or it is a binary executed by the name of a
+    /// manager whose installed form is a script (npm, yarn, pip: for those the kernel reports
+    /// the interpreter as the executable), lying in a temporary directory.
+    fn masquerades(&self, manager: usize, filename: &str, exec: &Exec) -> bool {
+        let m = &self.rules.managers()[manager];
+        let exe = absolute(if exec.executable.is_empty() { filename } else { &exec.executable }, &exec.cwd);
+        let named = m.execs.iter().any(|name| name == basename(filename));
+        if m.script && named && basename(&exe) == basename(filename) && TEMP_DIRS.iter().any(|d| exe.starts_with(d)) {
+            return true;
+        }
+        let mut paths = vec![absolute(filename, &exec.cwd), exe];
+        let interpreter = basename(filename);
+        if m.scripts.iter().any(|s| s.interpreters.iter().any(|i| i == interpreter)) {
+            paths.extend(script_arg(&exec.args).map(|script| absolute(script, &exec.cwd)));
+        }
+        self.trees.values().any(|tree| paths.iter().any(|path| tree.written.contains(path)))
     }
 
     fn exec_rules(&mut self, event: &Event, id: Id, by_manager: bool) -> Vec<Alert> {
@@ -1145,9 +1180,9 @@ fn default_why(who: &Who) -> String {
 /// running `setup.py`.
 fn learn_from_open(p: &mut Proc, path: &str) {
     if let Some(rustc) = &p.rustc {
-        if let Some((name, _)) = rustc.proc_macros.iter().find(|(_, so)| so == path || basename(so) == basename(path)) {
-            p.attribution.name = Some(name.clone());
-            p.attribution.version = None;
+        if let Some(found) = rustc.proc_macros.iter().find(|m| m.path == path || basename(&m.path) == basename(path)) {
+            p.attribution.name = Some(found.name.clone());
+            p.attribution.version.clone_from(&found.version);
             p.attribution.lifecycle = Some("proc-macro".into());
         }
     }

@@ -1542,3 +1542,222 @@ fn programs_a_build_from_sources_generated_are_low_a_dropped_payload_is_not() {
     let alert = run.one();
     assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("exec-of-written-file", Severity::High));
 }
+
+/// `exec` with the kernel's executable apart from the path given to execve.
+fn exec_as(run: &mut Run, pid: u32, ppid: u32, filename: &str, executable: &str, args: &[&str]) {
+    run.fork(ppid, pid).send(
+        pid,
+        EventData::Exec(Exec {
+            ppid,
+            filename: filename.into(),
+            executable: executable.into(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            cwd: "/home/alice/app".into(),
+            uid: 1000,
+            gid: 1000,
+            ..Exec::default()
+        }),
+    );
+}
+
+#[test]
+fn a_manager_run_through_its_interpreter_and_release_file_is_the_manager() {
+    let mut run = Run::new();
+    run.exec_full(100, 1, "/usr/bin/node", &["node", ".yarn/releases/yarn-4.5.3.cjs", "install"], "/w", &[])
+        .open(100, "/home/alice/.yarnrc.yml");
+    assert!(run.take().is_empty(), "yarn reading its own configuration");
+    run.spawn(101, 100, &["sh", "-c", "node x.js"], POSTINSTALL).open(101, "/home/alice/.yarnrc.yml");
+    let alert = run.one();
+    assert_eq!((alert.package.manager.as_str(), alert.rule.severity), ("yarn", Severity::High));
+    assert_eq!((alert.package.name.as_deref(), alert.credwatch.root_pid), (Some("evil-pkg"), 100));
+
+    // npm's own entry point run by node; node running anything else roots nothing.
+    run.exec_full(200, 1, "/usr/bin/node", &["node", "/usr/lib/node_modules/npm/bin/npm-cli.js", "ci"], "/w", &[])
+        .spawn(201, 200, &["sh", "-c", "node x.js"], POSTINSTALL)
+        .open(201, "/home/alice/.npmrc");
+    assert_eq!(run.one().package.manager, "npm");
+    run.exec_full(300, 1, "/usr/bin/node", &["node", "server.js"], "/w", &[]).open(300, "/home/alice/.npmrc");
+    assert!(run.take().is_empty(), "node server.js is no tree");
+}
+
+#[test]
+fn a_program_posing_as_a_manager_is_package_code() {
+    // The postinstall copies node to a temporary directory under npm's name and runs it.
+    let mut run = npm_tree();
+    run.spawn(103, 102, &["cp", "/usr/bin/node", "/tmp/x/npm"], &[]).open_full(
+        103,
+        "/tmp/x/npm",
+        Some("/tmp/x/npm"),
+        3,
+        write_flags(),
+    );
+    exec_as(&mut run, 104, 102, "/tmp/x/npm", "/tmp/x/npm", &["/tmp/x/npm", "-e", "read()"]);
+    assert_eq!(run.one().rule.id, "exec-of-written-file");
+    run.open(104, "/home/alice/.npmrc");
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("npm-registry-token", Severity::High));
+    assert_eq!((alert.package.manager.as_str(), alert.package.name.as_deref()), ("npm", Some("evil-pkg")));
+
+    // Written by the tree, wherever it lies: not the installed manager either.
+    let mut run = npm_tree();
+    let copy = "/home/alice/app/node_modules/.cache/yarn";
+    run.open_full(102, copy, Some(copy), 3, write_flags());
+    exec_as(&mut run, 104, 102, copy, copy, &[copy, "-e", "read()"]);
+    run.take();
+    run.open(104, "/home/alice/.yarnrc.yml");
+    assert_eq!(run.one().rule.severity, Severity::High);
+
+    // A release file the tree wrote, run by node.
+    let mut run = npm_tree();
+    let release = "/home/alice/app/node_modules/evil/yarn-4.5.3.cjs";
+    run.open_full(102, release, Some(release), 3, write_flags());
+    exec_as(&mut run, 104, 102, "/usr/bin/node", "/usr/bin/node", &["node", release, "install"]);
+    run.take();
+    run.open(104, "/home/alice/.yarnrc.yml");
+    assert_eq!(run.one().rule.severity, Severity::High);
+
+    // Outside any tree, it roots one and its reads alert.
+    let mut run = Run::new();
+    exec_as(&mut run, 500, 1, "/dev/shm/npm", "/dev/shm/npm", &["npm"]);
+    run.open(500, "/home/alice/.npmrc");
+    assert_eq!(run.one().rule.severity, Severity::High);
+}
+
+#[test]
+fn the_installed_manager_is_still_the_manager() {
+    // The real npm is a script: the kernel names node as its executable. Started by package
+    // code (`npm whoami`), its read of the token is low, as before.
+    let mut run = npm_tree();
+    exec_as(&mut run, 104, 102, "/usr/bin/npm", "/usr/bin/node", &["npm", "whoami"]);
+    assert_eq!(run.one().rule.id, "npm-token-use");
+    run.open(104, "/home/alice/.npmrc");
+    assert_eq!(run.one().rule.severity, Severity::Low);
+    // pip of a virtual environment under /tmp (a script run by the venv's python) and
+    // `python3 -m pip` of a venv whose python is a copy: the manager, reading its own config.
+    let mut run = Run::new();
+    exec_as(
+        &mut run,
+        600,
+        1,
+        "/tmp/venv/bin/pip",
+        "/usr/bin/python3.11",
+        &["/tmp/venv/bin/python3", "/tmp/venv/bin/pip"],
+    );
+    exec_as(&mut run, 601, 1, "/tmp/venv/bin/python3", "/tmp/venv/bin/python3", &["python3", "-m", "pip", "install"]);
+    for pid in [600, 601] {
+        run.open(pid, "/home/alice/.config/pip/pip.conf").open(pid, "/home/alice/.pypirc");
+    }
+    let alerts = run.take();
+    assert!(alerts.iter().all(|a| a.rule.severity <= Severity::Low), "{alerts:#?}");
+    // cargo is a binary wherever it is installed (a test HOME under /tmp).
+    let mut run = Run::new();
+    exec_as(&mut run, 700, 1, "/tmp/h/.cargo/bin/cargo", "/tmp/h/.cargo/bin/cargo", &["cargo", "build"]);
+    run.open(700, "/tmp/h/.cargo/credentials.toml");
+    assert!(run.take().is_empty());
+}
+
+#[test]
+fn cargo_names_packages_as_published() {
+    let mut run = Run::new();
+    let deps = "/home/alice/w/target/debug/deps";
+    let built = [("CARGO_PKG_NAME", "derive-stamp"), ("CARGO_PKG_VERSION", "1.0.2")];
+    run.exec(300, 1, &["cargo", "build"], &[])
+        .spawn(
+            301,
+            300,
+            &["rustc", "--crate-name", "derive_stamp", "--crate-type", "proc-macro", "-C", "extra-filename=-0a1b2c3d"],
+            &built,
+        )
+        .exit(301);
+    let stamp = format!("derive_stamp={deps}/libderive_stamp-0a1b2c3d.so");
+    run.spawn(302, 300, &["rustc", "--crate-name", "app", "--extern", &stamp], &[("CARGO_PKG_NAME", "app")])
+        .open(302, "/home/alice/.aws/credentials");
+    let alert = run.one();
+    assert_eq!(alert.package.name.as_deref(), Some("derive-stamp"));
+    assert_eq!(alert.package.version.as_deref(), Some("1.0.2"));
+    assert_eq!(alert.package.lifecycle.as_deref(), Some("proc-macro"));
+
+    // A crate's own `include_str!` of a credential names the package, not the crate identifier.
+    run.spawn(303, 300, &["rustc", "--crate-name", "my_crate"], &[("CARGO_PKG_NAME", "my-crate")])
+        .open(303, "/home/alice/.pgpass");
+    let alert = run.one();
+    assert_eq!(
+        (alert.package.name.as_deref(), alert.package.lifecycle.as_deref()),
+        (Some("my-crate"), Some("compile"))
+    );
+}
+
+#[test]
+fn python_builds_of_local_directories_are_named_from_the_projects_metadata() {
+    let project = |name: &str, version: &str| crate::event::Project {
+        name: name.into(),
+        version: Some(version.into()),
+        source: "pyproject.toml".into(),
+    };
+    let backend = |ppid: u32, args: &[&str], project: crate::event::Project| {
+        EventData::Exec(Exec {
+            ppid,
+            filename: "/usr/bin/python3".into(),
+            executable: "/usr/bin/python3.11".into(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            cwd: "/home/alice/src/local-dir".into(),
+            project: Some(project),
+            ..Exec::default()
+        })
+    };
+    let mut run = Run::new();
+    // `pip install ./local-dir`: no archive, no build directory to go by.
+    run.exec(200, 1, &["pip", "install", "./local-dir"], &[]).fork(200, 201);
+    let hook = ["python3", "_in_process.py", "get_requires_for_build_wheel"];
+    run.send(201, backend(200, &hook, project("local-dir", "0.7.0"))).open(201, "/home/alice/.pypirc");
+    let alert = run.one();
+    assert_eq!((alert.package.manager.as_str(), alert.package.name.as_deref()), ("pip", Some("local-dir")));
+    assert_eq!(alert.package.version.as_deref(), Some("0.7.0"));
+    assert_eq!(alert.package.lifecycle.as_deref(), Some("build-backend"));
+
+    // `uv pip install ./dir`: uv runs the backend's hooks from `python -c`.
+    run.exec(210, 1, &["uv", "pip", "install", "./dir"], &[]).fork(210, 211);
+    let code = "import setuptools.build_meta as backend\nbackend.build_wheel('/tmp/w')";
+    run.send(211, backend(210, &["python3", "-c", code], project("uv-dir", "2.0"))).open(211, "/home/alice/.pypirc");
+    let alert = run.one();
+    assert_eq!((alert.package.manager.as_str(), alert.package.name.as_deref()), ("uv", Some("uv-dir")));
+    assert_eq!(alert.package.lifecycle.as_deref(), Some("build-backend"));
+
+    // An sdist's PKG-INFO wins over pip's build directory name (`evil_pkg_0f1e`).
+    run.exec(220, 1, &["pip", "install", "evil-pkg"], &[]).fork(220, 221);
+    let EventData::Exec(mut exec) =
+        backend(220, &["python3", "_in_process.py", "build_wheel"], project("evil-pkg", "3.0"))
+    else {
+        unreachable!()
+    };
+    exec.cwd = "/tmp/pip-install-q1w2/evil_pkg_0f1e2d3c".into();
+    run.send(221, EventData::Exec(exec)).open(221, "/home/alice/.pypirc");
+    assert_eq!(run.one().package.name.as_deref(), Some("evil-pkg"));
+
+    // Under an npm tree, a python child (node-gyp) keeps the npm package's name.
+    let mut run = npm_tree();
+    run.fork(102, 103).send(103, backend(102, &["python3", "gyp_main.py"], project("not-this", "1")));
+    run.open(103, "/home/alice/.pypirc");
+    assert_eq!(run.one().package.name.as_deref(), Some("evil-pkg"));
+}
+
+#[test]
+fn project_commands_of_managers_started_by_their_interpreter_are_the_projects() {
+    let sh = ["sh", "-c", "node server.js"];
+    for args in [
+        &["node", ".yarn/releases/yarn-4.5.3.cjs", "dev"][..],
+        &["node", ".yarn/releases/yarn-4.5.3.cjs", "run", "dev"],
+        &["node", "/usr/bin/corepack", "pnpm", "run", "dev"],
+        &["node", "/usr/lib/node_modules/npm/bin/npm-cli.js", "run", "dev"],
+        &["python3", "-m", "poetry", "run", "pytest"],
+    ] {
+        let mut run = Run::new();
+        assert_eq!(project_reads(&mut run, args, &sh), Vec::<String>::new(), "{args:?}");
+    }
+    // Installing through the release file is watched.
+    let mut run = Run::new();
+    run.exec(700, 1, &["node", ".yarn/releases/yarn-4.5.3.cjs", "install"], &[])
+        .spawn(701, 700, &["sh", "-c", "node x.js"], POSTINSTALL)
+        .open(701, "/home/alice/.aws/credentials");
+    assert_eq!(run.one().package.manager, "yarn");
+}

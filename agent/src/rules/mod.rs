@@ -238,13 +238,18 @@ impl RuleSet {
     /// Options before the first word are skipped (`npm --silent run`, `cargo +nightly test`).
     /// No word, or options with values before it (`npm -w pkg run`), is no project command.
     pub fn project_command(&self, manager: usize, filename: &str, args: &[String]) -> Option<usize> {
-        let name = &self.managers[manager].name;
-        let exec = manager::basename(filename);
+        let managed = &self.managers[manager];
+        let name = &managed.name;
+        // Started by an interpreter (`node .yarn/releases/yarn-4.5.3.cjs dev`, `python3 -m
+        // poetry run x`): by the name it stands for, with the words after the invocation.
+        let invoked = manager::invoked_name(managed, filename, args);
+        let exec = invoked.as_deref().unwrap_or_else(|| manager::basename(filename));
         // A script run through its `#!` line has the interpreter's argv
         // (`/usr/bin/env node /usr/bin/npm run dev`): the manager's words follow its path. A
         // running npm seen in /proc has retitled itself: argv is the one string `npm run dev`.
         let retitled: Vec<String>;
         let words = match args.first() {
+            _ if invoked.is_some() => manager::command_args(managed, filename, args),
             Some(first) if args.len() == 1 && first.split(' ').next().is_some_and(|w| manager::basename(w) == exec) => {
                 retitled = first.split(' ').skip(1).map(str::to_owned).collect();
                 &retitled[..]
@@ -471,12 +476,19 @@ impl RuleSet {
     /// Checks what needs the whole set: references to managers.
     fn validate(&self) -> Result<(), RulesError> {
         for (manager, origin) in self.managers.iter().zip(&self.manager_origins) {
-            if manager.execs.is_empty() && manager.modules.is_empty() {
+            if manager.execs.is_empty() && manager.modules.is_empty() && manager.scripts.is_empty() {
                 return Err(RulesError::Invalid {
                     origin: origin.clone(),
                     column: None,
-                    message: format!("manager {:?} has neither `execs` nor `modules`", manager.name),
+                    message: format!("manager {:?} has none of `execs`, `modules` and `scripts`", manager.name),
                 });
+            }
+            for pattern in manager.scripts.iter().flat_map(|scripts| &scripts.files) {
+                manager::pattern_stem(pattern).map_err(|message| RulesError::Invalid {
+                    origin: origin.clone(),
+                    column: None,
+                    message: format!("manager {:?}: {message}", manager.name),
+                })?;
             }
         }
         let known = |name: &str| name == "run" || self.managers.iter().any(|m| m.name == name);

@@ -55,7 +55,7 @@ fn every_default_rule_passes_its_samples() {
 fn default_managers_come_from_the_rules() {
     let set = RuleSet::defaults().unwrap();
     let names: Vec<&str> = set.managers().iter().map(|m| m.name.as_str()).collect();
-    assert_eq!(names, ["npm", "yarn", "pnpm", "bun", "cargo", "pip", "uv", "poetry"]);
+    assert_eq!(names, ["npm", "yarn", "pnpm", "bun", "cargo", "pip", "uv", "poetry", "pdm"]);
     let args = |words: &[&str]| words.iter().map(|w| (*w).to_owned()).collect::<Vec<_>>();
     let find = |file: &str, argv: &[&str]| {
         manager::root_manager(set.managers(), file, &args(argv)).map(|i| set.managers()[i].name.as_str())
@@ -64,6 +64,35 @@ fn default_managers_come_from_the_rules() {
     assert_eq!(find("/usr/bin/python3.12", &["python3.12", "-m", "pip", "install", "x"]), Some("pip"));
     assert_eq!(find("/usr/bin/python3.7", &["python3.7", "-m", "pip", "install", "x"]), None);
     assert_eq!(find("/root/.cargo/bin/cargo", &["cargo", "build"]), Some("cargo"));
+    // Started through the interpreter and a release file.
+    assert_eq!(find("/usr/bin/node", &["node", ".yarn/releases/yarn-4.5.3.cjs", "install"]), Some("yarn"));
+    assert_eq!(find("/usr/bin/node", &["node", "/usr/lib/node_modules/npm/bin/npm-cli.js", "ci"]), Some("npm"));
+    assert_eq!(find("/usr/bin/node", &["node", "node_modules/pnpm/bin/pnpm.cjs", "install"]), Some("pnpm"));
+    assert_eq!(find("/usr/bin/node", &["node", "server.js"]), None);
+    assert_eq!(find("/usr/bin/node", &["node", "/opt/yarn-1.22.22.js", "install"]), Some("yarn"));
+    assert_eq!(find("/usr/bin/node", &["node", "scripts/yarn-helper.js"]), None);
+    assert_eq!(find("/usr/bin/node", &["node", "/usr/bin/npm", "install"]), Some("npm"));
+    assert_eq!(find("/usr/bin/python3", &["python3", "/tmp/venv/bin/pip", "install", "x"]), Some("pip"));
+    assert_eq!(find("/usr/bin/python3", &["python3", "pipeline.py"]), None);
+    assert_eq!(find("/usr/bin/node", &["node", "/usr/bin/corepack", "pnpm", "install"]), Some("pnpm"));
+    assert_eq!(find("/usr/bin/node", &["node", "/usr/bin/corepack", "yarn", "install"]), Some("yarn"));
+    assert_eq!(find("/usr/bin/node", &["node", "/usr/bin/corepack", "enable"]), None);
+    assert_eq!(find("/usr/bin/python3", &["python3", "-m", "uv", "pip", "install", "x"]), Some("uv"));
+    assert_eq!(find("/usr/bin/python3.11", &["python3.11", "-m", "poetry", "install"]), Some("poetry"));
+    assert_eq!(find("/usr/bin/python", &["python", "-m", "pdm", "install"]), Some("pdm"));
+    assert_eq!(
+        find("/usr/bin/python3", &["python3", "/usr/lib/python3/dist-packages/pip/__pip-runner__.py", "install"]),
+        Some("pip")
+    );
+}
+
+#[test]
+fn script_patterns_need_a_stem_the_kernel_can_look_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = "schema: 1\nmanagers:\n  - name: yarn\n    scripts:\n      - interpreters: [node]\n        files: [\"*.cjs\"]\n";
+    std::fs::write(dir.path().join("m.yaml"), yaml).unwrap();
+    let error = RuleSet::load_dir(dir.path()).unwrap_err().to_string();
+    assert!(error.contains("m.yaml") && error.contains("\"*.cjs\""), "{error}");
 }
 
 #[test]

@@ -240,6 +240,7 @@ fn exec(bytes: &[u8], header: &EventHeader) -> Result<Exec, DecodeError> {
         cgroup_id: event.header.cgroup_id,
         env: attribution_env(env),
         seeded: false,
+        project: None,
     })
 }
 

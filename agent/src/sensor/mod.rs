@@ -7,6 +7,7 @@ pub mod credentials;
 pub mod decode;
 mod doctor;
 pub mod offsets;
+mod project;
 mod seed;
 
 use std::{
@@ -397,41 +398,63 @@ fn padded_key<const N: usize>(bytes: &[u8]) -> Option<[u8; N]> {
     Some(key)
 }
 
-/// The kernel keys for `managers`: exec basenames and module words (`-m\0pip\0`).
-#[allow(clippy::type_complexity)]
-pub fn manager_keys(
-    managers: &[Manager],
-) -> Result<(Vec<([u8; MANAGER_NAME_LEN], ManagerValue)>, Vec<([u8; MODULE_KEY_LEN], u32)>), SensorError> {
-    let mut names = Vec::new();
-    let mut modules = Vec::new();
-    let too_long = |manager: &Manager, what, value: &str, max| SensorError::KeyTooLong {
+/// The kernel's tables of managers (the eBPF program's `MANAGERS`, `MANAGER_MODULES` and
+/// `MANAGER_SCRIPTS` maps).
+#[derive(Debug, Default)]
+pub struct ManagerKeys {
+    /// Exec basenames, and interpreters that need a module or a script to be a root.
+    pub names: Vec<([u8; MANAGER_NAME_LEN], ManagerValue)>,
+    /// Module words (`-m\0pip\0`) -> manager index.
+    pub modules: Vec<([u8; MODULE_KEY_LEN], u32)>,
+    /// Script stems (`yarn` of `yarn-*.cjs`) -> manager index.
+    pub scripts: Vec<([u8; MANAGER_NAME_LEN], u32)>,
+}
+
+/// The kernel keys for `managers`: exec basenames, module words (`-m\0pip\0`) and script stems.
+pub fn manager_keys(managers: &[Manager]) -> Result<ManagerKeys, SensorError> {
+    let mut keys = ManagerKeys::default();
+    let too_long = |manager: &Manager, what, value: &str| SensorError::KeyTooLong {
         manager: manager.name.clone(),
         what,
         value: value.to_owned(),
-        max,
+        max: if what == "module args" { MODULE_KEY_LEN } else { MANAGER_NAME_LEN },
     };
     for (index, manager) in managers.iter().enumerate() {
         let index = index as u32;
         for exec in &manager.execs {
-            let key = padded_key(exec.as_bytes()).ok_or_else(|| too_long(manager, "exec", exec, MANAGER_NAME_LEN))?;
-            names.push((key, ManagerValue { manager: index, flags: 0 }));
+            let key = padded_key(exec.as_bytes()).ok_or_else(|| too_long(manager, "exec", exec))?;
+            // A plain exec is a root whatever its argv, even if another manager's interpreter.
+            keys.names.retain(|(name, _)| *name != key);
+            keys.names.push((key, ManagerValue { manager: index, flags: 0 }));
         }
+        let mut interpreters = Vec::new();
         for module in &manager.modules {
             let joined: Vec<u8> = module.args.iter().flat_map(|w| w.bytes().chain([0])).collect();
-            let key = padded_key(&joined)
-                .ok_or_else(|| too_long(manager, "module args", &module.args.join(" "), MODULE_KEY_LEN))?;
-            modules.push((key, index));
-            for interpreter in &module.interpreters {
-                let key = padded_key(interpreter.as_bytes())
-                    .ok_or_else(|| too_long(manager, "interpreter", interpreter, MANAGER_NAME_LEN))?;
-                // A plain exec of the same basename wins: it is a root whatever its argv.
-                if !names.iter().any(|(name, _)| *name == key) {
-                    names.push((key, ManagerValue { manager: index, flags: manager_flag::NEEDS_MODULE }));
+            let key = padded_key(&joined).ok_or_else(|| too_long(manager, "module args", &module.args.join(" ")))?;
+            keys.modules.push((key, index));
+            interpreters.extend(module.interpreters.iter().map(|name| (name, manager_flag::NEEDS_MODULE)));
+        }
+        for scripts in &manager.scripts {
+            for pattern in &scripts.files {
+                let stem = crate::rules::manager::pattern_stem(pattern).unwrap_or(pattern);
+                let key = padded_key(stem.as_bytes()).ok_or_else(|| too_long(manager, "script stem", stem))?;
+                if !keys.scripts.contains(&(key, index)) {
+                    keys.scripts.push((key, index));
                 }
+            }
+            interpreters.extend(scripts.interpreters.iter().map(|name| (name, manager_flag::NEEDS_SCRIPT)));
+        }
+        for (name, flag) in interpreters {
+            let key = padded_key(name.as_bytes()).ok_or_else(|| too_long(manager, "interpreter", name))?;
+            match keys.names.iter_mut().find(|(existing, _)| *existing == key) {
+                // A plain exec of the same basename wins.
+                Some((_, value)) if value.flags == 0 => {}
+                Some((_, value)) => value.flags |= flag,
+                None => keys.names.push((key, ManagerValue { manager: index, flags: flag })),
             }
         }
     }
-    Ok((names, modules))
+    Ok(keys)
 }
 
 impl Sensor {
@@ -441,7 +464,7 @@ impl Sensor {
     pub fn start(managers: &[Manager], auto_roots: bool) -> Result<Sensor, SensorError> {
         ensure_tracefs()?;
         raise_memlock()?;
-        let (names, modules) = manager_keys(managers)?;
+        let keys = manager_keys(managers)?;
         let decoder = Decoder::new();
         // aya's loader parses the kernel BTF whatever it is told (the programs carry no CO-RE
         // relocations: offsets come through CONFIG), and so does the offset resolver: both at
@@ -464,12 +487,16 @@ impl Sensor {
         let mut config_map: Array<MapData, Config> = take_typed(&mut ebpf, "CONFIG")?;
         config_map.set(0, config, 0).map_err(map_err("CONFIG"))?;
         let mut manager_map: HashMap<_, [u8; MANAGER_NAME_LEN], ManagerValue> = take_typed(&mut ebpf, "MANAGERS")?;
-        for (key, value) in &names {
+        for (key, value) in &keys.names {
             manager_map.insert(key, value, 0).map_err(map_err("MANAGERS"))?;
         }
         let mut module_map: HashMap<_, [u8; MODULE_KEY_LEN], u32> = take_typed(&mut ebpf, "MANAGER_MODULES")?;
-        for (key, value) in &modules {
+        for (key, value) in &keys.modules {
             module_map.insert(key, value, 0).map_err(map_err("MANAGER_MODULES"))?;
+        }
+        let mut script_map: HashMap<_, [u8; MANAGER_NAME_LEN], u32> = take_typed(&mut ebpf, "MANAGER_SCRIPTS")?;
+        for (key, value) in &keys.scripts {
+            script_map.insert(key, value, 0).map_err(map_err("MANAGER_SCRIPTS"))?;
         }
         let events: RingBuf<MapData> = take_typed(&mut ebpf, "EVENTS")?;
         let priority: RingBuf<MapData> = take_typed(&mut ebpf, "PRIORITY")?;
@@ -687,13 +714,14 @@ impl Sensor {
                 let ring = if ring == 0 { &mut *priority } else { &mut *events };
                 while let Some(item) = ring.next() {
                     match decoder.decode(&item, &cred_path) {
-                        Ok(event) => {
+                        Ok(mut event) => {
                             if let Some(canary) = canary.as_mut().filter(|c| c.pid == event.pid) {
                                 canary.saw(&event.data);
                                 continue;
                             }
-                            if let EventData::Exec(exec) = &event.data {
+                            if let EventData::Exec(exec) = &mut event.data {
                                 homes.extend(exec.env.get("HOME").cloned());
+                                exec.project = project::for_exec(&exec.executable, &exec.args, &exec.cwd);
                             }
                             stats.events += 1;
                             out.push(event);
@@ -827,7 +855,7 @@ pub(crate) fn boot_ns() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::manager::ModuleRoot;
+    use crate::rules::manager::{ModuleRoot, ScriptRoot};
 
     #[test]
     fn blocks_the_syscalls_that_kill_rules_name_without_operations() {
@@ -850,9 +878,9 @@ mod tests {
     }
 
     #[test]
-    fn builds_kernel_keys_for_execs_and_modules() {
+    fn builds_kernel_keys_for_execs_modules_and_scripts() {
         let managers = vec![
-            Manager { name: "npm".into(), execs: vec!["npm".into()], modules: vec![] },
+            Manager { name: "npm".into(), execs: vec!["npm".into()], ..Manager::default() },
             Manager {
                 name: "pip".into(),
                 execs: vec!["pip3".into()],
@@ -860,18 +888,40 @@ mod tests {
                     interpreters: vec!["python3".into()],
                     args: vec!["-m".into(), "pip".into()],
                 }],
+                scripts: vec![ScriptRoot {
+                    interpreters: vec!["python3".into()],
+                    files: vec!["__pip-runner__.py".into()],
+                    args: vec![],
+                }],
+                ..Manager::default()
+            },
+            Manager {
+                name: "yarn".into(),
+                scripts: vec![ScriptRoot {
+                    interpreters: vec!["node".into(), "npm".into()],
+                    files: vec!["yarn-*.cjs".into(), "yarn.js".into()],
+                    args: vec![],
+                }],
+                ..Manager::default()
             },
         ];
-        let (names, modules) = manager_keys(&managers).unwrap();
-        assert_eq!(names.len(), 3);
-        assert_eq!(&names[0].0[..4], b"npm\0");
-        assert_eq!(names[0].1, ManagerValue { manager: 0, flags: 0 });
-        assert_eq!(&names[2].0[..8], b"python3\0");
-        assert_eq!(names[2].1, ManagerValue { manager: 1, flags: manager_flag::NEEDS_MODULE });
-        assert_eq!(&modules[0].0[..8], b"-m\0pip\0\0");
-        assert_eq!(modules[0].1, 1);
+        let keys = manager_keys(&managers).unwrap();
+        assert_eq!(keys.names.len(), 4);
+        assert_eq!(&keys.names[0].0[..4], b"npm\0");
+        // npm is a plain exec: a yarn script run by "npm" does not make it an interpreter.
+        assert_eq!(keys.names[0].1, ManagerValue { manager: 0, flags: 0 });
+        assert_eq!(&keys.names[2].0[..8], b"python3\0");
+        let both = manager_flag::NEEDS_MODULE | manager_flag::NEEDS_SCRIPT;
+        assert_eq!(keys.names[2].1, ManagerValue { manager: 1, flags: both });
+        assert_eq!(&keys.names[3].0[..5], b"node\0");
+        assert_eq!(keys.names[3].1, ManagerValue { manager: 2, flags: manager_flag::NEEDS_SCRIPT });
+        assert_eq!(&keys.modules[0].0[..8], b"-m\0pip\0\0");
+        assert_eq!(keys.modules[0].1, 1);
+        let scripts: Vec<(&[u8], u32)> = keys.scripts.iter().map(|(key, m)| (&key[..6], *m)).collect();
+        assert_eq!(scripts, [(&b"__pip\0"[..], 1), (&b"yarn\0\0"[..], 2)]);
 
-        let long = vec![Manager { name: "x".into(), execs: vec!["a-very-long-exec-name".into()], modules: vec![] }];
+        let long =
+            vec![Manager { name: "x".into(), execs: vec!["a-very-long-exec-name".into()], ..Manager::default() }];
         let error = manager_keys(&long).unwrap_err().to_string();
         assert!(error.contains("a-very-long-exec-name"), "{error}");
     }

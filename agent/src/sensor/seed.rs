@@ -75,6 +75,7 @@ fn read_proc(dir: &Path) -> Option<Proc> {
             cgroup_id: cgroup_id(dir),
             env: attribution_env(&fs::read(dir.join("environ")).unwrap_or_default()),
             seeded: true,
+            project: None,
             args,
         },
     })
@@ -143,6 +144,7 @@ pub fn scan(
             None => manager.map(|(manager, _)| Mark { root_pid: pid, depth: 0, manager: manager as u32, flags: 0 }),
         };
         if let Some(mark) = mark {
+            exec.project = super::project::for_exec(&exec.executable, &exec.args, &exec.cwd);
             let boot_ns = proc.start_ticks.saturating_mul(1_000_000_000) / ticks_per_second;
             found.push((Event { time_ns: decoder.wall_ns(boot_ns), pid, data: EventData::Exec(exec) }, mark));
         }
@@ -158,10 +160,22 @@ mod tests {
     use std::os::unix::process::CommandExt;
 
     use super::*;
+    use crate::rules::manager::ScriptRoot;
 
     #[test]
     fn finds_retitled_and_script_managers() {
-        let managers = vec![Manager { name: "npm".into(), execs: vec!["npm".into()], modules: vec![] }];
+        let managers = vec![
+            Manager { name: "npm".into(), execs: vec!["npm".into()], ..Manager::default() },
+            Manager {
+                name: "yarn".into(),
+                scripts: vec![ScriptRoot {
+                    interpreters: vec!["node".into()],
+                    files: vec!["yarn-*.cjs".into()],
+                    args: vec![],
+                }],
+                ..Manager::default()
+            },
+        ];
         let exec = |executable: &str, args: &[&str]| Exec {
             executable: executable.into(),
             filename: args[0].into(),
@@ -178,6 +192,10 @@ mod tests {
             manager_of(&managers, &exec("/usr/bin/dash", &["/bin/sh", script, "ci"])),
             Some((0, script.to_owned()))
         );
+        // A release file run by its interpreter: the engine sees the interpreter's exec.
+        let berry = exec("/usr/bin/node", &["node", ".yarn/releases/yarn-4.5.3.cjs", "install"]);
+        assert_eq!(manager_of(&managers, &berry), Some((1, "/usr/bin/node".to_owned())));
+        assert_eq!(manager_of(&managers, &exec("/usr/bin/node", &["node", "server.js"])), None);
         // An argument that merely names a manager is not one.
         assert_eq!(manager_of(&managers, &exec("/usr/bin/vim", &["vim", "npm"])), None);
         let data = dir.path().join("npm.txt");
@@ -204,7 +222,7 @@ mod tests {
         // nothing unrelated is found, and it is a root.
         let exe = std::env::current_exe().unwrap();
         let name = exe.file_name().unwrap().to_str().unwrap().to_owned();
-        let managers = vec![Manager { name: "self".into(), execs: vec![name], modules: vec![] }];
+        let managers = vec![Manager { name: "self".into(), execs: vec![name], ..Manager::default() }];
         let found = scan(Path::new("/proc"), &managers, 0, &Decoder::new()).unwrap();
         let me = std::process::id();
         let (event, mark) = found.iter().find(|(event, _)| event.pid == me).expect("this process is found");
@@ -220,8 +238,8 @@ mod tests {
         let exe = std::env::current_exe().unwrap();
         let name = exe.file_name().unwrap().to_str().unwrap().to_owned();
         let managers = vec![
-            Manager { name: "self".into(), execs: vec![name], modules: vec![] },
-            Manager { name: "npm".into(), execs: vec!["npm".into()], modules: vec![] },
+            Manager { name: "self".into(), execs: vec![name], ..Manager::default() },
+            Manager { name: "npm".into(), execs: vec!["npm".into()], ..Manager::default() },
         ];
         // npm retitles itself (argv[0] becomes `npm run x`) before the scan sees it.
         let mut child = std::process::Command::new("sleep").arg0("npm run payload").arg("30").spawn().unwrap();

@@ -142,6 +142,10 @@ pub mod manager_flag {
     /// The basename is an interpreter (python3, ...): it becomes a root only when the argv
     /// words after argv[0] are a key of the `MANAGER_MODULES` map (`-m\0pip\0`).
     pub const NEEDS_MODULE: u32 = 1;
+    /// The basename is an interpreter (node, ...): it becomes a root only when the stem of
+    /// the script it runs (the first argv word after argv[0] not starting with `-`, its
+    /// basename up to the first `-` or `.`) is a key of the `MANAGER_SCRIPTS` map.
+    pub const NEEDS_SCRIPT: u32 = 2;
 }
 
 /// Bits of [`ResolvedPath::flags`].

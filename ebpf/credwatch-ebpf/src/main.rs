@@ -7,6 +7,9 @@
 //! - `MANAGERS`: NUL-padded exec basename -> [`ManagerValue`] (filled from the rules).
 //! - `MANAGER_MODULES`: NUL-separated, NUL-padded argv words after argv[0] -> manager index
 //!   (`-m\0pip\0`), for interpreters flagged `NEEDS_MODULE`.
+//! - `MANAGER_SCRIPTS`: NUL-padded script stem (`yarn` of `.yarn/releases/yarn-4.5.3.cjs`) ->
+//!   manager index, for interpreters flagged `NEEDS_SCRIPT`. The kernel marks every script of
+//!   that stem; the engine keeps only the files the rules name.
 //! - `CONFIG`: the single [`Config`] (kernel offsets from BTF, flags, the agent's tgid).
 //! - `EVENTS`: the bulk ring buffer of records for userspace.
 //! - `PRIORITY`: a small ring buffer for the records that must not share the bulk's fate:
@@ -157,6 +160,10 @@ const DENTRY_WINDOW: usize = 8;
 const INLINE_NAME: usize = 32;
 /// Bytes of argv examined to find the words after argv[0] for `MANAGER_MODULES`.
 const MODULE_SCAN: usize = 256;
+/// argv words after argv[0] looked at for an interpreter's script (options come first).
+const SCRIPT_WORDS: usize = 8;
+/// Longest basename of a script that is looked up in `MANAGER_SCRIPTS`.
+const SCRIPT_BASE_MAX: usize = 48;
 /// Power-of-two sizes of the scratch buffers, so that masked indexes stay inside them.
 const SCRATCH_NAME: usize = 1024;
 const SCRATCH_ARGS: usize = 512;
@@ -244,6 +251,8 @@ static MARKS: HashMap<u32, Mark> = HashMap::with_max_entries(MAX_MARKS, 0);
 static MANAGERS: HashMap<[u8; MANAGER_NAME_LEN], ManagerValue> = HashMap::with_max_entries(MAX_MANAGERS, 0);
 #[map]
 static MANAGER_MODULES: HashMap<[u8; MODULE_KEY_LEN], u32> = HashMap::with_max_entries(MAX_MANAGERS, 0);
+#[map]
+static MANAGER_SCRIPTS: HashMap<[u8; MANAGER_NAME_LEN], u32> = HashMap::with_max_entries(MAX_MANAGERS, 0);
 #[map]
 static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 #[map]
@@ -758,20 +767,22 @@ fn manager_root(off: &KernelOffsets, bprm: u64) -> Res<Option<u32>> {
     }
     // SAFETY: copied out at once.
     let Some(value) = (unsafe { MANAGERS.get(&scratch.name_key).copied() }) else { return Ok(None) };
-    if value.flags & manager_flag::NEEDS_MODULE == 0 {
+    if value.flags & (manager_flag::NEEDS_MODULE | manager_flag::NEEDS_SCRIPT) == 0 {
         return Ok(Some(value.manager));
     }
-    module_root(off, scratch)
+    interpreter_root(off, scratch, value.flags)
 }
 
-/// For an interpreter: the manager whose argv words after argv[0] (`-m pip`) start this argv.
+/// For an interpreter: the manager whose argv words after argv[0] (`-m pip`) start this argv
+/// (`NEEDS_MODULE`), or whose script it runs (`NEEDS_SCRIPT`).
 #[inline(always)]
-fn module_root(off: &KernelOffsets, scratch: &mut Scratch) -> Res<Option<u32>> {
+fn interpreter_root(off: &KernelOffsets, scratch: &mut Scratch, flags: u32) -> Res<Option<u32>> {
     let task = unsafe { bpf_get_current_task() };
     let mm: u64 = read(task, off.task_struct_mm)?;
     let arg_start: u64 = read(mm, off.mm_struct_arg_start)?;
     let arg_end: u64 = read(mm, off.mm_struct_arg_end)?;
-    let mut len = arg_end.saturating_sub(arg_start) as usize;
+    let argv_len = arg_end.saturating_sub(arg_start) as usize;
+    let mut len = argv_len;
     if len > MODULE_SCAN {
         len = MODULE_SCAN;
     }
@@ -803,22 +814,98 @@ fn module_root(off: &KernelOffsets, scratch: &mut Scratch) -> Res<Option<u32>> {
         // SAFETY: in bounds of module_key, 8-byte chunks; volatile as above.
         unsafe { write_volatile(scratch.module_key.as_mut_ptr().add(j * 8) as *mut [u8; 8], [0; 8]) };
     }
-    let mut previous = 1u8;
-    for j in 0..MODULE_KEY_LEN {
-        let byte = scratch.args[(first + j) & (SCRATCH_ARGS - 1)];
-        scratch.module_key[j] = byte;
-        if byte == 0 {
-            if previous == 0 {
-                break;
+    if flags & manager_flag::NEEDS_MODULE != 0 {
+        let mut previous = 1u8;
+        for j in 0..MODULE_KEY_LEN {
+            let byte = scratch.args[(first + j) & (SCRATCH_ARGS - 1)];
+            scratch.module_key[j] = byte;
+            if byte == 0 {
+                if previous == 0 {
+                    break;
+                }
+                // SAFETY: copied out at once.
+                if let Some(manager) = unsafe { MANAGER_MODULES.get(&scratch.module_key).copied() } {
+                    return Ok(Some(manager));
+                }
             }
-            // SAFETY: copied out at once.
-            if let Some(manager) = unsafe { MANAGER_MODULES.get(&scratch.module_key).copied() } {
-                return Ok(Some(manager));
-            }
+            previous = byte;
         }
-        previous = byte;
     }
-    Ok(None)
+    if flags & manager_flag::NEEDS_SCRIPT == 0 {
+        return Ok(None);
+    }
+    script_root(scratch, arg_start, argv_len, first)
+}
+
+/// The manager whose script stem is that of the first argv word after argv[0] (it starts at
+/// `first`, argv is `len` bytes from `arg_start`) that does not start with `-`: its basename
+/// up to the first `-` or `.` (see `MANAGER_SCRIPTS`). Each word is read with one string read
+/// rather than scanned byte by byte: the verifier follows a byte loop per byte.
+#[inline(never)]
+fn script_root(scratch: &mut Scratch, arg_start: u64, len: usize, first: usize) -> Res<Option<u32>> {
+    let mut offset = first;
+    let mut word_len = 0usize;
+    for _ in 0..SCRIPT_WORDS {
+        // Only an address in user memory: no bound needed but argv's length.
+        let at = launder(&mut scratch.slot, offset as u64) as usize;
+        if at >= len {
+            return Ok(None);
+        }
+        // SAFETY: the destination is MAX_GIVEN_PATH bytes of the name buffer.
+        let n = unsafe {
+            bpf_probe_read_user_str(
+                scratch.name.as_mut_ptr() as *mut c_void,
+                MAX_GIVEN_PATH as u32,
+                (arg_start + at as u64) as *const c_void,
+            )
+        };
+        // An empty word, or one too long to hold its basename, ends the search.
+        if n <= 1 || n as usize >= MAX_GIVEN_PATH {
+            return Ok(None);
+        }
+        if scratch.name[0] != b'-' {
+            word_len = n as usize - 1;
+            break;
+        }
+        offset = at + n as usize;
+    }
+    if word_len == 0 {
+        return Ok(None);
+    }
+    let len = launder(&mut scratch.slot, word_len as u64) as usize & (SCRATCH_NAME - 1);
+    // Its basename starts after the last '/', scanning back at most as far as a script's
+    // basename that is looked up can reach.
+    let mut start = SCRATCH_NAME;
+    for i in 1..=SCRIPT_BASE_MAX + 1 {
+        if i > len {
+            start = 0;
+            break;
+        }
+        if scratch.name[(len - i) & (SCRATCH_NAME - 1)] == b'/' {
+            start = len - i + 1;
+            break;
+        }
+    }
+    if start == SCRATCH_NAME {
+        return Ok(None);
+    }
+    let start = launder(&mut scratch.slot, start as u64) as usize & (SCRATCH_NAME - 1);
+    // The stem, NUL-padded (the word's NUL ends it too); one longer than a key is no manager's.
+    let mut ended = false;
+    for k in 0..MANAGER_NAME_LEN {
+        let byte = scratch.name[(start + k) & (SCRATCH_NAME - 1)];
+        if byte == 0 || byte == b'-' || byte == b'.' {
+            ended = true;
+        }
+        scratch.name_key[k] = if ended { 0 } else { byte };
+    }
+    let next = scratch.name[(start + MANAGER_NAME_LEN) & (SCRATCH_NAME - 1)];
+    if !ended && next != 0 && next != b'-' && next != b'.' {
+        return Ok(None);
+    }
+    // SAFETY: copied out at once.
+    let Some(manager) = (unsafe { MANAGER_SCRIPTS.get(&scratch.name_key).copied() }) else { return Ok(None) };
+    Ok(Some(manager))
 }
 
 /// `value` laundered (see [`launder`]) and checked against `max`, for the verifier: offsets
