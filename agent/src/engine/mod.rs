@@ -495,9 +495,13 @@ impl Engine {
             }
         }
         if let Some(kind) = started.filter(|_| runs_code.is_none()) {
+            let helper = p.started_by_manager
+                && p.manager == Some(kind)
+                && script_arg(&exec.args)
+                    .is_some_and(|script| managers[kind].helpers.iter().any(|h| h == basename(script)));
             let outermost = match p.manager_self {
                 Some(own) => own.outermost,
-                None => !package_code,
+                None => !package_code || helper,
             };
             p.manager = Some(kind);
             p.manager_self = Some(ManagerSelf { outermost, project: project_command });

@@ -1761,3 +1761,17 @@ fn project_commands_of_managers_started_by_their_interpreter_are_the_projects() 
         .open(701, "/home/alice/.aws/credentials");
     assert_eq!(run.one().package.manager, "yarn");
 }
+
+#[test]
+fn pips_own_runner_is_pip_a_runner_started_by_package_code_is_not() {
+    let mut run = Run::new();
+    let runner = ["/usr/bin/python3", "/usr/lib/python3/dist-packages/pip/__pip-runner__.py", "install", "setuptools"];
+    run.exec(100, 1, &["pip", "install", "./six-1.16.0.tar.gz"], &[]).spawn(101, 100, &runner, &[]);
+    run.open(101, "/home/alice/.netrc");
+    assert!(run.take().is_empty());
+    // setup.py starting the same runner is package code borrowing pip's name.
+    run.spawn(102, 100, &["python3", "setup.py", "egg_info"], &[]).spawn(103, 102, &runner, &[]);
+    run.open(103, "/home/alice/.netrc");
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("netrc", Severity::High));
+}

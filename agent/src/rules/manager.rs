@@ -22,6 +22,12 @@ pub struct Manager {
     /// its name in a temporary directory is not it (see [`TEMP_DIRS`]).
     #[serde(default)]
     pub script: bool,
+    /// Script basenames through which the manager runs itself for its own work (pip's
+    /// `__pip-runner__.py` installing build requirements into its isolated build environment):
+    /// forked by the outermost manager and executed at once, such a process is that manager
+    /// too, not a manager package code started.
+    #[serde(default)]
+    pub helpers: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
