@@ -136,6 +136,28 @@ fn test() -> Result<()> {
     )
 }
 
+/// Where the set-up keeps the wheels pip installs into an isolated build environment: a test
+/// builds an sdist the way pip does by default, offline, from this directory.
+const E2E_WHEELS: &str = "target/e2e-wheels";
+
+/// Downloads setuptools' wheel into [`E2E_WHEELS`] once (the tests never use the network).
+fn build_requirement_wheels() -> Result<()> {
+    let dir = workspace().join(E2E_WHEELS);
+    let present = std::fs::read_dir(&dir)
+        .map(|entries| entries.flatten().any(|e| e.file_name().to_string_lossy().starts_with("setuptools-")))
+        .unwrap_or(false);
+    if present {
+        return Ok(());
+    }
+    run(
+        "download setuptools' wheel (pip's isolated build environment in a test)",
+        Command::new("python3")
+            .args(["-m", "pip", "download", "--quiet", "--only-binary", ":all:", "--no-deps", "--dest"])
+            .arg(&dir)
+            .arg("setuptools"),
+    )
+}
+
 /// The fixtures run real npm and pip offline; pip builds the sdist with the interpreter's own
 /// setuptools and wheel (no build isolation), so those are installed here, never by a test.
 fn test_prerequisites() -> Result<()> {
@@ -166,6 +188,7 @@ fn test_prerequisites() -> Result<()> {
             Command::new("apt-get").args(["install", "-y", "--no-install-recommends"]).args(&missing),
         )?;
     }
+    build_requirement_wheels()?;
     if importable("setuptools, wheel, uv") {
         println!(
             "xtask: test prerequisites: node, npm, strace, auditd, python3 with setuptools, wheel and uv: present"
