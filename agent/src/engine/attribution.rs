@@ -122,10 +122,12 @@ pub fn for_exec(
         return (attr, Some(rustc));
     }
     if let Some(name) = std::iter::once(cwd).chain(args.iter().map(String::as_str)).find_map(pip_build_dir_name) {
-        if attr.name.as_deref() != Some(name.as_str()) {
+        // The directory's name is pip's normalised one (`pynacl`): a name the project's own
+        // metadata gave (`PyNaCl` 1.6.2) stays, with its version.
+        if !attr.name.as_deref().is_some_and(|known| normalized(known) == normalized(&name)) {
             attr.version = None;
+            attr.name = Some(name);
         }
-        attr.name = Some(name);
     }
     let lifecycle = if runs_build_backend(args) {
         Some("build-backend")
@@ -224,6 +226,21 @@ fn pip_build_dir_name(path: &str) -> Option<String> {
     (!name.is_empty() && !hash.is_empty() && hash.bytes().all(|b| b.is_ascii_alphanumeric())).then(|| name.to_owned())
 }
 
+/// A Python project name as PEP 503 compares them: lowercase, runs of `-`, `_` and `.` as one `-`.
+fn normalized(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        if matches!(c, '-' | '_' | '.') {
+            if !out.ends_with('-') {
+                out.push('-');
+            }
+        } else {
+            out.push(c.to_ascii_lowercase());
+        }
+    }
+    out
+}
+
 /// (name, version) of an sdist, wheel or npm tarball file name.
 fn archive_name_version(file: &str) -> Option<(String, String)> {
     if let Some(stem) = file.strip_suffix(".whl") {
@@ -261,6 +278,33 @@ mod tests {
         );
         assert_eq!(build_script_crate("/w/target/debug/deps/foo-0a1b/build-script-build"), None);
         assert_eq!(build_script_crate("/usr/bin/build-script-build"), None);
+    }
+
+    #[test]
+    fn a_build_step_below_the_sdist_keeps_the_projects_own_name_and_version() {
+        let sdist = "/tmp/pip-install-x1y2/pynacl_0123abcd";
+        let backend = Exec {
+            args: args(&["python3", "_in_process.py", "build_wheel"]),
+            cwd: sdist.into(),
+            project: Some(crate::event::Project {
+                name: "PyNaCl".into(),
+                version: Some("1.6.2".into()),
+                source: "PKG-INFO".into(),
+            }),
+            ..Exec::default()
+        };
+        let (attr, _) = for_exec(&Attribution::default(), "/usr/bin/python3", &backend, None);
+        let configure = Exec {
+            args: args(&["sh", "./configure"]),
+            cwd: format!("{sdist}/build/temp/libsodium"),
+            ..Exec::default()
+        };
+        let (attr, _) = for_exec(&attr, "/bin/sh", &configure, None);
+        assert_eq!((attr.name.as_deref(), attr.version.as_deref()), (Some("PyNaCl"), Some("1.6.2")));
+        // Another project's build directory is another name.
+        let other = Exec { args: args(&["sh"]), cwd: "/tmp/pip-install-x1y2/cffi_4567cdef".into(), ..Exec::default() };
+        let (attr, _) = for_exec(&attr, "/bin/sh", &other, None);
+        assert_eq!((attr.name.as_deref(), attr.version), (Some("cffi"), None));
     }
 
     #[test]
