@@ -124,7 +124,7 @@ pub fn for_exec(
     if let Some(name) = std::iter::once(cwd).chain(args.iter().map(String::as_str)).find_map(pip_build_dir_name) {
         // The directory's name is pip's normalised one (`pynacl`): a name the project's own
         // metadata gave (`PyNaCl` 1.6.2) stays, with its version.
-        if !attr.name.as_deref().is_some_and(|known| normalized(known) == normalized(&name)) {
+        if attr.name.as_deref().is_none_or(|known| normalized(known) != normalized(&name)) {
             attr.version = None;
             attr.name = Some(name);
         }
