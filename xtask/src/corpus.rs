@@ -1042,18 +1042,34 @@ pub fn install_succeeded(entry: &Entry, project: &Path, log: &str) -> bool {
     }
 }
 
-/// The first line of the output that looks like an error, else its last line.
+/// What a failed install's output says went wrong, most telling first: a compiler's fatal
+/// error, node-gyp's configure error, an `Error:` line, rustc/pip/uv `error:` lines, npm's lines.
+const ERROR_MARKS: &[&str] =
+    &["fatal error", "gyp: ", "Error: ", "error: ", "error[", "ERR! stack Error", "npm error ", "ERROR"];
+/// Lines that say that something failed without saying what.
+const UNTELLING: &[&str] = &[
+    "npm error code",
+    "npm error path",
+    "npm error command",
+    "npm error gyp info",
+    "npm error A complete log",
+    "subprocess-exited-with-error",
+    "This error originates from a subprocess",
+    "ERROR: Failed building wheel",
+    "ERROR: Could not build wheels",
+    "error: failed-wheel-build-for-install",
+];
+
+/// The most telling error line of the output, else its last line.
 pub fn first_error(log: &str) -> String {
-    let lines: Vec<&str> = log.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-    let line = lines
+    let lines: Vec<&str> = log
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("credwatch: ") && !UNTELLING.iter().any(|u| l.contains(u)))
+        .collect();
+    let line = ERROR_MARKS
         .iter()
-        .find(|l| {
-            let lower = l.to_ascii_lowercase();
-            (lower.starts_with("npm error") && !lower.starts_with("npm error code"))
-                || lower.starts_with("error")
-                || lower.contains("error:")
-                || lower.starts_with("credwatch: ")
-        })
+        .find_map(|mark| lines.iter().find(|l| l.contains(mark)))
         .or(lines.last())
         .copied()
         .unwrap_or("no output");
@@ -1322,7 +1338,11 @@ mod tests {
         let lock = "[[package]]\nname = \"libc\"\nversion = \"0.2.177\"\n\n[[package]]\nname = \"ring\"\nversion = \"0.17.14\"\nsource = \"x\"\n";
         assert_eq!(cargo_lock_version("ring", lock).as_deref(), Some("0.17.14"));
         assert_eq!(cargo_lock_version("serde", lock), None);
-        assert_eq!(first_error("npm error code 1\nnpm error path /x\nmore"), "npm error path /x");
+        assert_eq!(first_error("npm error code 1\nnpm error path /x\nnpm error it broke\nmore"), "npm error it broke");
+        let gyp = "npm error gyp info spawn\nnpm error Package pixman-1 was not found\nnpm error gyp: Call to 'pkg-config pixman-1' failed\nnpm error gyp ERR! stack Error: `gyp` failed";
+        assert_eq!(first_error(gyp), "npm error gyp: Call to 'pkg-config pixman-1' failed");
+        let pip = "error: subprocess-exited-with-error\n  x.c:1:10: fatal error: pixman.h: No such file\nERROR: Failed building wheel for x\n";
+        assert_eq!(first_error(pip), "x.c:1:10: fatal error: pixman.h: No such file");
         assert_eq!(first_error("compiling\nerror: linker `cc` not found\n"), "error: linker `cc` not found");
         assert_eq!(first_error("a\nlast line\n\n"), "last line");
         let pip = Entry { eco: Eco::Pip, name: "six".into(), version: None, line: 1 };
