@@ -486,12 +486,16 @@ pub fn markdown(tables: &Tables, outcomes: &[Outcome], header: &[String]) -> Str
             s.medium_or_higher
         );
     }
-    if let Some(npm) = tables.ecosystems.get(&Eco::Npm) {
+    let npm: Vec<Option<bool>> = outcomes.iter().filter(|o| o.eco == Eco::Npm).map(|o| o.install_code).collect();
+    if !npm.is_empty() {
+        let count = |value: Option<bool>| npm.iter().filter(|code| **code == value).count();
         let _ = writeln!(
             text,
-            "\nnpm: {} of {} packages have install scripts or a binding.gyp of their own (the others install \
-             dependencies that do).",
-            npm.with_install_code, npm.tried
+            "\nnpm: {} packages have install scripts or a binding.gyp of their own, {} have none (only their \
+             dependencies may), {} could not be checked (the install failed).",
+            count(Some(true)),
+            count(Some(false)),
+            count(None)
         );
     }
     text += "\n## Alerts by rule and package\n\n";
@@ -1297,6 +1301,10 @@ mod tests {
         assert!(text.contains("**Packages with medium-or-higher alerts: 3 of 6.**"), "{text}");
         assert!(text.contains("| npm | 3 | 2 | 1 | 0 | 0 | 2 | 0 | 0 | 2 |"), "{text}");
         assert!(text.contains("| pip | six | timed out |"), "{text}");
+        assert!(
+            text.contains("npm: 3 packages have install scripts or a binding.gyp of their own, 0 have none"),
+            "{text}"
+        );
         let json = to_json(&tables, &outcomes, &[]);
         assert_eq!(json["headline"], json!({ "medium_or_higher": 3, "tried": 6 }));
         assert_eq!(json["ecosystems"]["pip"]["timed_out"], 1);
