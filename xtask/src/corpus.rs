@@ -296,7 +296,8 @@ pub struct AlertLine {
     pub severity: String,
     /// The package as the alert names it: `name@version (step)`, or the manager's tree.
     pub package: String,
-    /// The file (`~` for the fake HOME, `$INSTALL` for the install's directory) or the command.
+    /// The file (`~` for the fake HOME, `$INSTALL` for the install's directory), the destination
+    /// of a connection, or the command.
     pub target: String,
 }
 
@@ -327,9 +328,19 @@ pub fn parse_alert(line: &str, places: &[(String, &str)]) -> Result<AlertLine> {
     if let Some(step) = text("/package/lifecycle").filter(|step| !step.is_empty()) {
         let _ = write!(package, " ({step})");
     }
-    let target = match text("/file/path") {
-        Some(path) => shorten(path, places),
-        None => {
+    let target = match (text("/file/path"), alert.get("destination")) {
+        (Some(path), _) => shorten(path, places),
+        (None, Some(destination)) => {
+            let field =
+                |key: &str| destination.get(key).map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned));
+            let address = field("address").or_else(|| field("path")).unwrap_or_default();
+            let port = field("port").map(|port| format!(":{port}")).unwrap_or_default();
+            match field("domain") {
+                Some(domain) => format!("connect: {domain} ({address}{port})"),
+                None => format!("connect: {address}{port}"),
+            }
+        }
+        (None, None) => {
             let args: Vec<&str> = alert
                 .pointer("/process/args")
                 .and_then(Value::as_array)
@@ -1323,6 +1334,8 @@ mod tests {
             parse_alert(exec, &places).unwrap(),
             alert("exec-of-written-file", "medium", "(pip tree, no package)", "exec: ./conftest $INSTALL/project")
         );
+        let connect = r#"{"rule":{"id":"exfiltration","severity":"critical"},"package":{"manager":"npm","name":"gif2webp-bin","version":"5.0.0"},"destination":{"address":"127.0.0.1","port":80,"domain":"raw.github.com"},"process":{"args":["node","lib/install.js"]}}"#;
+        assert_eq!(parse_alert(connect, &places).unwrap().target, "connect: raw.github.com (127.0.0.1:80)");
         assert_eq!(format!("{:#}", parse_alert("{}", &places).unwrap_err()), "no rule.id");
         assert!(parse_alert("nope", &places).is_err());
     }
