@@ -1,11 +1,12 @@
 //! `cargo xtask toolchain [--dry-run]`, `cargo xtask build`, `cargo xtask test`,
-//! `cargo xtask bench [--quick] [--no-build] [--only SECTION,...]`.
+//! `cargo xtask bench [--quick] [--no-build] [--only SECTION,...]`, `cargo xtask corpus [OPTIONS]`.
 
 mod bench;
 mod bench_events;
 mod bench_install;
 mod bench_replay;
 mod bench_syscalls;
+mod corpus;
 mod toolchain;
 
 use std::{
@@ -27,7 +28,11 @@ const USAGE: &str = "usage: cargo xtask <command>
   bench [--quick] [--no-build] [--only syscalls,install,throughput,replay,memory]
                          (root) build, then measure overhead, install workloads, event and replay
                          throughput, memory and start-up, side by side with the hook's floor,
-                         bpftrace, auditd and strace: target/bench/bench.md and bench.json";
+                         bpftrace, auditd and strace: target/bench/bench.md and bench.json
+  corpus [--only npm,pip,uv,cargo] [--jobs N] [--list FILE] [--binary PATH] [--timeout SECS]
+                         (root, network) install each package of xtask/corpus/packages.txt from its
+                         registry under `credwatch run`, with a throwaway HOME of fake credentials:
+                         target/corpus/corpus.md and corpus.json, alerts/<eco>/<pkg>.jsonl";
 
 /// The end-to-end crate: it needs root and the release binary, so it runs after the unit tests.
 const E2E_CRATE: &str = "credwatch-e2e";
@@ -41,6 +46,7 @@ fn main() -> ExitCode {
         ["build"] => build(),
         ["test"] => test(),
         ["bench", options @ ..] => bench::bench(options),
+        ["corpus", options @ ..] => corpus::corpus(options),
         #[cfg(feature = "bench-trace")]
         ["bench-gen-trace", file, bytes] => {
             bytes.parse().context("trace size").and_then(|bytes| bench_replay::generate(Path::new(file), bytes))
