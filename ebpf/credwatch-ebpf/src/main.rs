@@ -719,6 +719,22 @@ fn spared(config: &Config, mark: Mark) -> bool {
             || (exe.flags & spare_flag::VIA_MANAGER != 0 && mark.flags & mark_flag::ACTOR_CHAIN != 0))
 }
 
+/// Where the basename of the `len`-byte path in `name` starts: after its last '/', scanning back
+/// at most `MAX + 1` bytes (None: the basename is longer than `MAX`). One path through the loop
+/// per iteration keeps the verifier's work linear.
+#[inline(always)]
+fn basename_start<const MAX: usize>(name: &[u8; SCRATCH_NAME + MANAGER_NAME_LEN], len: usize) -> Option<usize> {
+    for i in 1..=MAX + 1 {
+        if i > len {
+            return Some(0);
+        }
+        if name[(len - i) & (SCRATCH_NAME - 1)] == b'/' {
+            return Some(len - i + 1);
+        }
+    }
+    None
+}
+
 /// Index of the manager whose exec this is, per `MANAGERS` and `MANAGER_MODULES`.
 #[inline(never)]
 fn manager_root(off: &KernelOffsets, bprm: u64) -> Res<Option<u32>> {
@@ -738,23 +754,8 @@ fn manager_root(off: &KernelOffsets, bprm: u64) -> Res<Option<u32>> {
         return Ok(None);
     }
     let len = (n as usize - 1) & (SCRATCH_NAME - 1);
-    // Scan back from the end for the last '/', only as far as a key can reach: a longer
-    // basename is no manager's. One path through the loop per iteration keeps the verifier's
-    // work linear.
-    let mut start = SCRATCH_NAME;
-    for i in 1..=MANAGER_NAME_LEN + 1 {
-        if i > len {
-            start = 0;
-            break;
-        }
-        if scratch.name[(len - i) & (SCRATCH_NAME - 1)] == b'/' {
-            start = len - i + 1;
-            break;
-        }
-    }
-    if start == SCRATCH_NAME {
-        return Ok(None);
-    }
+    // A longer basename than a key is no manager's.
+    let Some(start) = basename_start::<MANAGER_NAME_LEN>(&scratch.name, len) else { return Ok(None) };
     let start = launder(&mut scratch.slot, start as u64) as usize & (SCRATCH_NAME - 1);
     if start >= len || len - start > MANAGER_NAME_LEN {
         return Ok(None);
@@ -873,22 +874,8 @@ fn script_root(scratch: &mut Scratch, arg_start: u64, len: usize, first: usize) 
         return Ok(None);
     }
     let len = launder(&mut scratch.slot, word_len as u64) as usize & (SCRATCH_NAME - 1);
-    // Its basename starts after the last '/', scanning back at most as far as a script's
-    // basename that is looked up can reach.
-    let mut start = SCRATCH_NAME;
-    for i in 1..=SCRIPT_BASE_MAX + 1 {
-        if i > len {
-            start = 0;
-            break;
-        }
-        if scratch.name[(len - i) & (SCRATCH_NAME - 1)] == b'/' {
-            start = len - i + 1;
-            break;
-        }
-    }
-    if start == SCRATCH_NAME {
-        return Ok(None);
-    }
+    // Only as far back as a script's basename that is looked up can reach.
+    let Some(start) = basename_start::<SCRIPT_BASE_MAX>(&scratch.name, len) else { return Ok(None) };
     let start = launder(&mut scratch.slot, start as u64) as usize & (SCRATCH_NAME - 1);
     // The stem, NUL-padded (the word's NUL ends it too); one longer than a key is no manager's.
     let mut ended = false;
