@@ -14,12 +14,12 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use credwatch::{
+use credwatch::sensor::{credentials::system_homes, lost_source, Protection, Sensor};
+use credwatch_core::{
     engine::{Engine, EngineOptions},
     event::{Event, EventData, Root},
     output::{escape, AlertSink},
     rules::RuleSet,
-    sensor::{credentials::system_homes, lost_source, Protection, Sensor},
     trace::{TraceHeader, TraceWriter, TRACE_SCHEMA},
 };
 

@@ -12,12 +12,8 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
-use credwatch::{
-    engine::EngineOptions,
-    output::escape,
-    rules::{self, RuleSet},
-    sensor,
-};
+use credwatch::sensor;
+use credwatch_core::{engine::EngineOptions, output::escape, rules::RuleSet, samples};
 use live::Outputs;
 
 #[derive(Parser)]
@@ -146,7 +142,7 @@ struct ReplayArgs {
     report_format: replay::ReportFormat,
     /// The files' format: credwatch, strace, auditd, tetragon or tracee (detected when omitted).
     #[arg(long, value_name = "FORMAT")]
-    from: Option<credwatch::import::Format>,
+    from: Option<credwatch_core::import::Format>,
     /// The date (YYYY-MM-DD, UTC) of strace `-t`/`-tt` times, which carry none (default: the
     /// date of the file's modification time).
     #[arg(long, value_name = "DATE", value_parser = parse_date)]
@@ -226,7 +222,7 @@ fn main() -> ExitCode {
                     alerts_file: args.alerts.as_deref(),
                     report: args.report.then_some(args.report_format),
                     from: args.from,
-                    import: credwatch::import::ImportOptions { date: args.date },
+                    import: credwatch_core::import::ImportOptions { date: args.date },
                     engine,
                 },
             )
@@ -247,7 +243,7 @@ fn main() -> ExitCode {
 /// The engine's options of a replay: `--watch-project`, `--home`, `--passwd`.
 fn replay_options(args: &ReplayArgs) -> Result<EngineOptions> {
     let passwd = match &args.passwd {
-        Some(path) => credwatch::import::passwd::read(path).context("reading --passwd")?,
+        Some(path) => credwatch_core::import::passwd::read(path).context("reading --passwd")?,
         None => Default::default(),
     };
     Ok(EngineOptions {
@@ -260,7 +256,7 @@ fn replay_options(args: &ReplayArgs) -> Result<EngineOptions> {
 
 fn parse_home(text: &str) -> Result<String, String> {
     if text.starts_with('/') {
-        Ok(credwatch::event::normalize_path(text))
+        Ok(credwatch_core::event::normalize_path(text))
     } else {
         Err(format!("{text:?} is not an absolute path (the home as the traced host saw it)"))
     }
@@ -278,7 +274,7 @@ fn linger(seconds: Option<f64>) -> Result<Option<Duration>> {
 }
 
 fn rules_check(dir: &Path) -> Result<ExitCode> {
-    let report = rules::check_dir(dir).with_context(|| format!("checking rules in {}", dir.display()))?;
+    let report = samples::check_dir(dir).with_context(|| format!("checking rules in {}", dir.display()))?;
     println!("{report}");
     Ok(ExitCode::SUCCESS)
 }

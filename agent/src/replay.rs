@@ -15,7 +15,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use credwatch::{
+use credwatch_core::{
     engine::{Engine, EngineOptions},
     import::{self, Format, ImportOptions},
     output::{escape, AlertSink},

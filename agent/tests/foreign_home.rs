@@ -3,7 +3,7 @@
 //! `npm install` with `HOME=/var/lib/jenkins`, and a Tetragon export of a GitHub container job
 //! (`/github/home`). Each alerts on what its package code read, through the home the engine
 //! infers from npm's own per-user reads; `--home` and `--passwd` stand in when no such read is
-//! in the trace. How the fixtures were made: tests/fixtures/import/README.md.
+//! in the trace. How the fixtures were made: core/tests/fixtures/import/README.md.
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
@@ -11,7 +11,7 @@ use std::{
     process::Command,
 };
 
-use credwatch::{
+use credwatch_core::{
     alert::Alert,
     engine::{Engine, EngineOptions},
     event::{Event, EventData},
@@ -19,7 +19,7 @@ use credwatch::{
     rules::RuleSet,
 };
 
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/import/foreign-home");
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../core/tests/fixtures/import/foreign-home");
 
 /// A fixture, the home it was recorded with, the credential its package code read, the rule
 /// and the package the alert must name.

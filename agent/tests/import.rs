@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use credwatch::{
+use credwatch_core::{
     alert::Alert,
     engine::{Engine, EngineOptions},
     event::{Event, EventData},
@@ -20,7 +20,7 @@ use credwatch::{
     trace::{TraceHeader, TraceWriter},
 };
 
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/import");
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../core/tests/fixtures/import");
 
 /// The stand-in for npm: runs a "postinstall" of `evil-pkg` that reads `~/.npmrc` twice, by
 /// absolute path and, after a `cd`, by a relative one (strace's `-y` and cwd tracking).
@@ -305,7 +305,7 @@ fn auditd_log_of_a_reproduction_alerts() {
 #[test]
 fn auditd_checked_in_log_alerts() {
     // Made by auditd 3.0.9 (RAW format) on kernel 6.18 with the steps of the test above, in
-    // /tmp/cw-repro (see tests/fixtures/import/README.md).
+    // /tmp/cw-repro (see core/tests/fixtures/import/README.md).
     let mut source = import::open(&Path::new(FIXTURES).join("auditd/npm-install.log"), None, &options()).unwrap();
     assert_eq!(source.format(), Format::Auditd);
     let (alerts, events) = engine_alerts(source.as_mut());
@@ -340,7 +340,7 @@ fn tracee_exports_alert_in_both_schemas() {
 fn credwatch_traces_read_through_the_same_interface_compressed_or_not() {
     let dir = tempfile::tempdir().unwrap();
     let header = TraceHeader {
-        credwatch_trace: credwatch::trace::TRACE_SCHEMA,
+        credwatch_trace: credwatch_core::trace::TRACE_SCHEMA,
         credwatch_version: "0.1.0".into(),
         host: "recorder".into(),
         kernel: "6.18".into(),

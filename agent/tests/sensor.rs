@@ -11,13 +11,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use credwatch::{
+use credwatch::sensor::{doctor, lost_source, Protection, Sensor};
+use credwatch_core::{
     event::{Event, EventData, Lost, Open, Rename, Syscall},
     rules::{
         manager::{Manager, ModuleRoot, ScriptRoot},
         RuleSet,
     },
-    sensor::{doctor, lost_source, Protection, Sensor},
 };
 
 /// The tests share kernel tracepoints; one sensor at a time keeps their event streams apart.

@@ -139,7 +139,7 @@ mod generator {
     use std::{collections::BTreeMap, path::Path};
 
     use anyhow::{Context, Result};
-    use credwatch::{
+    use credwatch_core::{
         event::{Event, EventData, Exec, Exit, Fork, Open},
         trace::{TraceHeader, TraceReader, TraceWriter, TRACE_SCHEMA},
     };
@@ -217,6 +217,7 @@ mod generator {
                 cgroup_id: 4242,
                 env: vars,
                 seeded: false,
+                project: None,
             };
             self.emit(pid, EventData::Exec(exec))
         }

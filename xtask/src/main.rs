@@ -34,6 +34,9 @@ const USAGE: &str = "usage: cargo xtask <command>
                          registry under `credwatch run`, with a throwaway HOME of fake credentials:
                          target/corpus/corpus.md and corpus.json, alerts/<eco>/<pkg>.jsonl";
 
+/// Everything but the kernel side: builds and tests with stable Rust alone.
+const CORE_CRATE: &str = "credwatch-core";
+
 /// The end-to-end crate: it needs root and the release binary, so it runs after the unit tests.
 const E2E_CRATE: &str = "credwatch-e2e";
 
@@ -127,11 +130,21 @@ fn build() -> Result<()> {
 }
 
 fn test() -> Result<()> {
+    core_alone()?;
     build()?;
     test_prerequisites()?;
     run(
         "host unit tests",
-        cargo().args(["test", "--workspace", "--exclude", "credwatch-ebpf", "--exclude", E2E_CRATE]),
+        cargo().args([
+            "test",
+            "--workspace",
+            "--exclude",
+            "credwatch-ebpf",
+            "--exclude",
+            CORE_CRATE,
+            "--exclude",
+            E2E_CRATE,
+        ]),
     )?;
     if !is_root() {
         bail!("the end-to-end tests load eBPF programs and need root: run `sudo -E cargo xtask test`");
@@ -139,6 +152,32 @@ fn test() -> Result<()> {
     run(
         "privileged end-to-end tests",
         cargo().args(["test", "-p", E2E_CRATE, "--", "--test-threads=1", "--show-output"]),
+    )
+}
+
+/// Tests the core before anything of the eBPF toolchain is set up (on a fresh machine it is
+/// not there yet), with the machine's stable Rust and nothing bpf in the environment, after
+/// checking that no aya crate is among its dependencies.
+fn core_alone() -> Result<()> {
+    let tree = cargo()
+        .args(["tree", "-p", CORE_CRATE, "--edges", "normal,build", "--prefix", "none"])
+        .output()
+        .context("running cargo tree")?;
+    if !tree.status.success() {
+        bail!("cargo tree -p {CORE_CRATE} failed: {}", String::from_utf8_lossy(&tree.stderr));
+    }
+    let dependencies = String::from_utf8_lossy(&tree.stdout);
+    let names = dependencies.lines().filter_map(|line| line.split_whitespace().next());
+    if let Some(kernel_side) = names.into_iter().find(|name| name.starts_with("aya") || name.ends_with("-ebpf")) {
+        bail!("{CORE_CRATE} must build without the eBPF toolchain, but depends on {kernel_side}");
+    }
+    run(
+        "core unit tests, stable Rust alone",
+        cargo()
+            .args(["test", "-p", CORE_CRATE])
+            .env_remove("RUSTC")
+            .env_remove("RUSTC_BOOTSTRAP")
+            .env_remove("CREDWATCH_EBPF_OBJECT"),
     )
 }
 

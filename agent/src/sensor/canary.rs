@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::event::EventData;
+use credwatch_core::event::EventData;
 
 /// How often a canary runs: one fork and three syscalls.
 pub const CANARY_INTERVAL: Duration = Duration::from_secs(5);
@@ -146,7 +146,7 @@ impl Canary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{Exit, Open, Rename};
+    use credwatch_core::event::{Exit, Open, Rename};
 
     fn canary(started: Instant) -> Canary {
         Canary { pid: 0, started, release: -1, open: false, rename: false, exit: false, lost_at_start: 3 }

@@ -20,7 +20,7 @@ use std::{
 
 use credwatch_common::{cred_flag, spare_flag, CredInode, InodeKey, SparedExe};
 
-use crate::rules::{
+use credwatch_core::rules::{
     schema::{Action, Who},
     Rule, RuleSet,
 };
@@ -252,7 +252,7 @@ pub fn spared(rules: &RuleSet) -> (HashMap<InodeKey, SparedExe>, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::RuleSet;
+    use credwatch_core::rules::RuleSet;
 
     fn rules(yaml: &str) -> Vec<Rule> {
         let dir = tempfile::tempdir().unwrap();

@@ -4,7 +4,6 @@
 pub mod btf;
 mod canary;
 pub mod credentials;
-pub mod decode;
 mod doctor;
 pub mod offsets;
 mod project;
@@ -34,10 +33,10 @@ use self::{
     btf::BtfError,
     canary::{Canary, Verdict, CANARY_INTERVAL},
     credentials::{CredentialTable, RESCAN_INTERVAL},
-    decode::Decoder,
 };
-use crate::{
+use credwatch_core::{
     event::{Event, EventData, Lost},
+    record::{self, Decoder},
     rules::{manager::Manager, schema::Action, Rule, RuleSet},
 };
 
@@ -145,7 +144,7 @@ fn block_syscalls(rules: &[Rule]) -> u32 {
         .filter_map(|rule| rule.syscalls.as_ref())
         .filter(|syscalls| syscalls.operations.is_empty())
         .flat_map(|syscalls| syscalls.names.0.iter())
-        .filter_map(|name| decode::tamper_number(name))
+        .filter_map(|name| record::tamper_number(name))
         .filter(|&number| number != tamper_syscall::IO_URING_SUBMIT_REQ)
         .fold(0, |mask, number| mask | 1 << number)
 }
@@ -436,7 +435,7 @@ pub fn manager_keys(managers: &[Manager]) -> Result<ManagerKeys, SensorError> {
         }
         for scripts in &manager.scripts {
             for pattern in &scripts.files {
-                let stem = crate::rules::manager::pattern_stem(pattern).unwrap_or(pattern);
+                let stem = credwatch_core::rules::manager::pattern_stem(pattern).unwrap_or(pattern);
                 let key = padded_key(stem.as_bytes()).ok_or_else(|| too_long(manager, "script stem", stem))?;
                 if !keys.scripts.contains(&(key, index)) {
                     keys.scripts.push((key, index));
@@ -645,7 +644,7 @@ impl Sensor {
     }
 
     /// Finds the package trees already running (processes under a manager, per
-    /// [`crate::rules::manager::root_manager`]), marks them in the kernel and returns an
+    /// [`credwatch_core::rules::manager::root_manager`]), marks them in the kernel and returns an
     /// `Exec { seeded: true }` event for each, parents first. A process that the kernel
     /// already marked keeps its mark.
     pub fn seed(&mut self, managers: &[Manager]) -> Result<Vec<Event>, SensorError> {
@@ -855,7 +854,7 @@ pub(crate) fn boot_ns() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::manager::{ModuleRoot, ScriptRoot};
+    use credwatch_core::rules::manager::{ModuleRoot, ScriptRoot};
 
     #[test]
     fn blocks_the_syscalls_that_kill_rules_name_without_operations() {
@@ -872,7 +871,7 @@ mod tests {
         );
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("t.yaml"), yaml).unwrap();
-        let rules = crate::rules::RuleSet::load_dir(dir.path()).unwrap();
+        let rules = credwatch_core::rules::RuleSet::load_dir(dir.path()).unwrap();
         let expected = 1 << tamper_syscall::BPF | 1 << tamper_syscall::FINIT_MODULE | 1 << tamper_syscall::KILL;
         assert_eq!(block_syscalls(rules.rules()), expected);
     }

@@ -10,7 +10,7 @@ use std::{
     path::Path,
 };
 
-use crate::{event::Project, rules::manager::basename};
+use credwatch_core::{event::Project, rules::manager::basename};
 
 /// Bytes read of a metadata file: names and versions come first in all three formats.
 const MAX_METADATA: u64 = 64 * 1024;

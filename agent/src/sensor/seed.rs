@@ -9,9 +9,9 @@ use std::{
 
 use credwatch_common::Mark;
 
-use super::decode::{words, Decoder};
-use crate::{
+use credwatch_core::{
     event::{attribution_env, Event, EventData, Exec},
+    record::{words, Decoder},
     rules::manager::{root_manager, Manager},
 };
 
@@ -160,7 +160,7 @@ mod tests {
     use std::os::unix::process::CommandExt;
 
     use super::*;
-    use crate::rules::manager::ScriptRoot;
+    use credwatch_core::rules::manager::ScriptRoot;
 
     #[test]
     fn finds_retitled_and_script_managers() {

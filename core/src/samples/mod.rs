@@ -1,16 +1,28 @@
-//! Turns a rule's sample steps into the `Event`s the engine consumes, and replays them.
+//! Rule samples: turns a rule's sample steps into the `Event`s the engine consumes, replays
+//! them, and checks each rule does what its samples promise. It sits above both `rules` and
+//! `engine`, which know nothing of each other.
 
-use std::collections::HashSet;
+use std::{collections::HashSet, fmt, path::Path};
 
-use super::{
-    schema::{ConnectStep, OpenStep, RenameStep, Step, SyscallStep},
-    RuleSet,
-};
 use crate::{
     alert::Alert,
     engine::{Engine, EngineOptions},
     event::{Connect, DnsQuery, Event, EventData, Exec, Exit, Fork, Open, Rename, Root, Syscall},
+    rules::{
+        load_dir_over_defaults,
+        schema::{ConnectStep, OpenStep, RenameStep, Step, SyscallStep},
+        RuleSet, RulesError,
+    },
 };
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    #[error(transparent)]
+    Rules(#[from] RulesError),
+    /// Samples that did not do what they promise.
+    #[error("{} sample(s) failed:\n{}", failures.len(), failures.join("\n"))]
+    Samples { failures: Vec<String> },
+}
 
 /// Samples start at this (arbitrary, fixed) time so that alerts are reproducible.
 const SAMPLE_EPOCH_NS: u64 = 1_767_225_600_000_000_000;
@@ -153,3 +165,86 @@ pub fn replay(rules: &RuleSet, steps: &[Step]) -> Vec<Alert> {
     alerts.extend(engine.flush());
     alerts
 }
+
+/// Replays every rule's samples over `set`; the failures, one line each.
+pub fn failures(set: &RuleSet) -> Vec<String> {
+    let mut failures = Vec::new();
+    for rule in set.rules() {
+        let samples = [
+            ("positive", &rule.samples.positive),
+            ("negative", &rule.samples.negative),
+            ("lowered", &rule.samples.lowered),
+        ];
+        for (kind, steps) in samples {
+            if steps.is_empty() {
+                continue;
+            }
+            let alerts = replay(set, steps);
+            let own: Vec<_> = alerts.iter().filter(|alert| alert.rule.id == rule.id).collect();
+            let full = |alert: &&Alert| alert.rule.severity == rule.severity;
+            let wrong = match kind {
+                "positive" if own.is_empty() => Some("did not fire the rule".to_owned()),
+                "positive" if !own.iter().any(full) => {
+                    Some(format!("fired the rule only below its severity ({})", rule.severity.as_str()))
+                }
+                "negative" if !own.is_empty() => Some("fired the rule".to_owned()),
+                "lowered" if own.is_empty() => Some("did not fire the rule".to_owned()),
+                "lowered" if own.iter().any(|a| a.rule.severity >= rule.severity || a.credwatch.why.is_none()) => {
+                    Some("fired the rule at its own severity, or without saying why".to_owned())
+                }
+                _ => None,
+            };
+            if let Some(what) = wrong {
+                let others: Vec<&str> = alerts.iter().map(|a| a.rule.id.as_str()).collect();
+                failures.push(format!(
+                    "{}: rule {}: the {kind} sample {what} (alerts: {})",
+                    rule.origin,
+                    rule.id,
+                    if others.is_empty() { "none".to_owned() } else { others.join(", ") }
+                ));
+            }
+        }
+    }
+    failures
+}
+
+/// What `credwatch rules check` found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckReport {
+    /// Rule files read from the directory.
+    pub files: usize,
+    /// Managers and rules defined in the directory.
+    pub managers: usize,
+    pub rules: usize,
+    /// Samples replayed (defaults and the directory's, as merged), all passing.
+    pub samples: usize,
+}
+
+impl fmt::Display for CheckReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} file(s): {} manager(s), {} rule(s); {} sample(s) replayed over the merged rules, all passed",
+            self.files, self.managers, self.rules, self.samples
+        )
+    }
+}
+
+/// `credwatch rules check DIR`: parses and validates `dir`, merges it over the defaults as
+/// `--rules DIR` would, and replays every rule's samples.
+pub fn check_dir(dir: &Path) -> Result<CheckReport, CheckError> {
+    let loaded = load_dir_over_defaults(dir)?;
+    let failures = failures(&loaded.merged);
+    if !failures.is_empty() {
+        return Err(CheckError::Samples { failures });
+    }
+    Ok(CheckReport {
+        files: loaded.files,
+        managers: loaded.managers,
+        rules: loaded.rules,
+        samples: loaded.merged.rules().len() * 2,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -151,7 +151,7 @@ fn lossy(bytes: &[u8]) -> String {
 }
 
 /// NUL-separated words (argv), without the empty word after the final NUL.
-pub(crate) fn words(block: &[u8]) -> Vec<String> {
+pub fn words(block: &[u8]) -> Vec<String> {
     let block = block.strip_suffix(&[0]).unwrap_or(block);
     if block.is_empty() {
         return Vec::new();

@@ -5,8 +5,9 @@
 //! (credential targets, who may touch them, and samples). Loading a directory on top of the
 //! defaults replaces a rule or manager of the same id/name and adds the others.
 
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub mod manager;
-pub mod sample;
 pub mod schema;
 pub mod target;
 
@@ -25,7 +26,7 @@ use self::{
     },
     target::{TargetIndex, Targets},
 };
-use crate::alert::{Alert, Severity};
+use crate::alert::Severity;
 
 mod embedded {
     include!(concat!(env!("OUT_DIR"), "/default_rules.rs"));
@@ -57,9 +58,6 @@ pub enum RulesError {
     /// Anything wrong in a file: syntax, unknown key, bad value, duplicate, bad reference.
     #[error("{}{}: {message}", origin, column.map(|c| format!(":{c}")).unwrap_or_default())]
     Invalid { origin: Origin, column: Option<usize>, message: String },
-    /// Samples that did not do what they promise.
-    #[error("{} sample(s) failed:\n{}", failures.len(), failures.join("\n"))]
-    Samples { failures: Vec<String> },
 }
 
 impl RulesError {
@@ -163,28 +161,6 @@ pub struct RuleSet {
     /// SHA-256 over every source file (name and text) in load order: names the rules in force
     /// in a trace header.
     digest: sha2::Sha256,
-}
-
-/// What `credwatch rules check` found.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CheckReport {
-    /// Rule files read from the directory.
-    pub files: usize,
-    /// Managers and rules defined in the directory.
-    pub managers: usize,
-    pub rules: usize,
-    /// Samples replayed (defaults and the directory's, as merged), all passing.
-    pub samples: usize,
-}
-
-impl fmt::Display for CheckReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} file(s): {} manager(s), {} rule(s); {} sample(s) replayed over the merged rules, all passed",
-            self.files, self.managers, self.rules, self.samples
-        )
-    }
 }
 
 impl RuleSet {
@@ -349,48 +325,6 @@ impl RuleSet {
         self.digest.clone().finalize().iter().map(|byte| format!("{byte:02x}")).collect()
     }
 
-    /// Replays every rule's samples; the failures, one line each.
-    pub fn sample_failures(&self) -> Vec<String> {
-        let mut failures = Vec::new();
-        for rule in &self.rules {
-            let samples = [
-                ("positive", &rule.samples.positive),
-                ("negative", &rule.samples.negative),
-                ("lowered", &rule.samples.lowered),
-            ];
-            for (kind, steps) in samples {
-                if steps.is_empty() {
-                    continue;
-                }
-                let alerts = sample::replay(self, steps);
-                let own: Vec<_> = alerts.iter().filter(|alert| alert.rule.id == rule.id).collect();
-                let full = |alert: &&Alert| alert.rule.severity == rule.severity;
-                let wrong = match kind {
-                    "positive" if own.is_empty() => Some("did not fire the rule".to_owned()),
-                    "positive" if !own.iter().any(full) => {
-                        Some(format!("fired the rule only below its severity ({})", rule.severity.as_str()))
-                    }
-                    "negative" if !own.is_empty() => Some("fired the rule".to_owned()),
-                    "lowered" if own.is_empty() => Some("did not fire the rule".to_owned()),
-                    "lowered" if own.iter().any(|a| a.rule.severity >= rule.severity || a.credwatch.why.is_none()) => {
-                        Some("fired the rule at its own severity, or without saying why".to_owned())
-                    }
-                    _ => None,
-                };
-                if let Some(what) = wrong {
-                    let others: Vec<&str> = alerts.iter().map(|a| a.rule.id.as_str()).collect();
-                    failures.push(format!(
-                        "{}: rule {}: the {kind} sample {what} (alerts: {})",
-                        rule.origin,
-                        rule.id,
-                        if others.is_empty() { "none".to_owned() } else { others.join(", ") }
-                    ));
-                }
-            }
-        }
-        failures
-    }
-
     fn overlay(&mut self, other: RuleSet) {
         use sha2::Digest as _;
         self.digest.update(other.digest.finalize());
@@ -540,21 +474,26 @@ impl RuleSet {
     }
 }
 
-/// `credwatch rules check DIR`: parses and validates `dir`, merges it over the defaults as
-/// `--rules DIR` would, and replays every rule's samples.
-pub fn check_dir(dir: &Path) -> Result<CheckReport, RulesError> {
+/// A directory's own rules, and the set they make merged over the defaults as `--rules DIR`
+/// does.
+pub struct DirOverDefaults {
+    /// Rule files read from the directory.
+    pub files: usize,
+    /// Managers and rules defined in the directory.
+    pub managers: usize,
+    pub rules: usize,
+    pub merged: RuleSet,
+}
+
+/// Parses and validates `dir`, and merges it over the defaults.
+pub fn load_dir_over_defaults(dir: &Path) -> Result<DirOverDefaults, RulesError> {
     let sources = read_dir(dir)?;
     let files = sources.len();
     let own = parse_sources(sources)?;
     let (managers, rules) = (own.managers.len(), own.rules.len());
-    let mut set = parse_sources(default_sources())?;
-    set.overlay(own);
-    let set = set.finish()?;
-    let failures = set.sample_failures();
-    if !failures.is_empty() {
-        return Err(RulesError::Samples { failures });
-    }
-    Ok(CheckReport { files, managers, rules, samples: set.rules.len() * 2 })
+    let mut merged = parse_sources(default_sources())?;
+    merged.overlay(own);
+    Ok(DirOverDefaults { files, managers, rules, merged: merged.finish()? })
 }
 
 /// The `*.yaml` and `*.yml` files of `dir`, sorted by name: (path, text).

@@ -1,0 +1,17 @@
+//! credwatch without the kernel. One [`event::Event`] stream, from the live sensor, a recorded
+//! trace or another tool's trace, is driven by [`pipeline`] through one [`engine::Engine`],
+//! which produces [`alert::Alert`]s for the sinks.
+
+pub mod alert;
+pub mod engine;
+pub mod event;
+pub mod import;
+pub mod input;
+pub mod names;
+pub mod net;
+pub mod output;
+pub mod record;
+pub mod report;
+pub mod rules;
+pub mod samples;
+pub mod trace;
