@@ -180,7 +180,12 @@ impl RuleSet {
 
     /// Only the files of `dir`.
     pub fn load_dir(dir: &Path) -> Result<RuleSet, RulesError> {
-        parse_sources(read_dir(dir)?)?.finish()
+        RuleSet::from_sources(read_dir(dir)?)
+    }
+
+    /// Rules from (file name, text) pairs alone: no defaults, no filesystem.
+    pub fn from_sources(sources: impl IntoIterator<Item = (String, String)>) -> Result<RuleSet, RulesError> {
+        parse_sources(sources)?.finish()
     }
 
     pub fn managers(&self) -> &[Manager] {
