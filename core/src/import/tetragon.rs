@@ -166,6 +166,8 @@ pub(super) fn rfc3339_ns(text: &str) -> Option<u64> {
 
 /// Tetragon's `arguments` string, split at spaces; double quotes group an argument that
 /// holds spaces and a backslash escapes the next character.
+/// Tetragon's own quoting, not shell syntax: a single quote or a `#` is an ordinary character
+/// there, where shell-word splitters (`shlex`, `shell-words`) fail on `it's` and drop `#x`.
 fn split_arguments(text: &str) -> Vec<String> {
     let mut args = Vec::new();
     let mut current = String::new();
@@ -208,6 +210,7 @@ mod tests {
     fn splits_arguments() {
         assert_eq!(split_arguments(r#"-c "cat ~/.npmrc"  x\"y"#), ["-c", "cat ~/.npmrc", "x\"y"]);
         assert!(split_arguments("").is_empty());
+        assert_eq!(split_arguments("echo it's #1"), ["echo", "it's", "#1"]);
     }
 
     #[test]
