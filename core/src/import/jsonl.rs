@@ -75,6 +75,12 @@ impl<D: Decoder> EventSource for JsonLines<D> {
     }
 }
 
+/// RFC 3339 time (both formats' timestamps) to nanoseconds since the epoch.
+pub(super) fn rfc3339_ns(text: &str) -> Option<u64> {
+    let time = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok()?;
+    u64::try_from(time.unix_timestamp_nanos()).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use serde_json::{Map, Value};
 
 use super::{
-    jsonl::{Decoder, JsonLines},
+    jsonl::{rfc3339_ns, Decoder, JsonLines},
     signal_number, Format, Known, Lines,
 };
 use crate::event::{Event, EventData, Exec, Exit, Open};
@@ -156,12 +156,6 @@ fn uint(value: &Value, key: &str) -> Option<u32> {
 
 fn string(value: &Value, key: &str) -> String {
     value.get(key).and_then(Value::as_str).unwrap_or_default().to_owned()
-}
-
-/// RFC 3339 time to nanoseconds since the epoch.
-pub(super) fn rfc3339_ns(text: &str) -> Option<u64> {
-    let time = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok()?;
-    u64::try_from(time.unix_timestamp_nanos()).ok()
 }
 
 /// Tetragon's `arguments` string, split at spaces; double quotes group an argument that

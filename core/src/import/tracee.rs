@@ -7,10 +7,8 @@ use std::collections::VecDeque;
 use serde_json::{Map, Value};
 
 use super::{
-    jsonl::{Decoder, JsonLines},
-    makedev,
-    tetragon::rfc3339_ns,
-    Format, Known, Lines,
+    jsonl::{rfc3339_ns, Decoder, JsonLines},
+    makedev, Format, Known, Lines,
 };
 use crate::event::{attribution_env, Event, EventData, Exec, Exit, Fork, Open};
 
