@@ -1,5 +1,5 @@
-//! `credwatch replay`: traces through the same engine and rules as the live modes, with the
-//! same alert output. Files are replayed in parallel, each with an engine of its own (traces are
+//! `credwatch replay`: traces through the same pipeline, engine and rules as the live modes,
+//! with the same alert output. Files are replayed in parallel, each with an engine of its own (traces are
 //! separate histories), each streamed in constant memory.
 
 use std::{
@@ -16,9 +16,12 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use credwatch_core::{
+    alert::Alert,
     engine::{Engine, EngineOptions},
-    import::{self, Format, ImportOptions},
+    event::Event,
+    import::{self, Format, ImportError, ImportOptions},
     output::{escape, AlertSink},
+    pipeline::{self, Control, Sink, SinkError},
     report::Report,
     rules::RuleSet,
 };
@@ -146,11 +149,21 @@ pub fn replay(files: &[PathBuf], options: &ReplayOptions) -> Result<ExitCode> {
     Ok(if alerts > 0 { ExitCode::from(ALERT_EXIT_STATUS) } else { ExitCode::SUCCESS })
 }
 
+/// Counts events for the progress display and the summary.
+struct Counted<'a>(&'a AtomicU64);
+
+impl Sink for Counted<'_> {
+    fn event(&mut self, _: &Engine, _: &Event, _: &[Alert]) -> Result<(), SinkError> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
 fn replay_file(
     group: &[PathBuf],
     rules: &RuleSet,
     sink: &Mutex<AlertSink>,
-    mut report: Option<&mut Report>,
+    report: Option<&mut Report>,
     options: &ReplayOptions,
     totals: &Totals,
 ) -> Result<()> {
@@ -158,38 +171,18 @@ fn replay_file(
     totals.consumed.lock().map_err(|_| anyhow::anyhow!("progress lock poisoned"))?.push(reader.consumed());
     let host_name = reader.host().unwrap_or_default();
     let mut engine = Engine::new(rules.clone(), EngineOptions { host_name, ..options.engine.clone() });
-    loop {
-        match reader.next_event() {
-            Ok(Some(event)) => {
-                totals.events.fetch_add(1, Ordering::Relaxed);
-                let alerts = engine.handle(&event);
-                if !alerts.is_empty() {
-                    let mut sink = sink.lock().map_err(|_| anyhow::anyhow!("output lock poisoned"))?;
-                    for alert in &alerts {
-                        sink.write(alert).context("writing an alert")?;
-                    }
-                }
-                if let Some(report) = report.as_deref_mut() {
-                    report.observe(&engine, &event, &alerts);
-                }
-            }
-            Ok(None) => {
-                // End of the file: sweep summaries of trees still running.
-                let alerts = engine.flush();
-                if !alerts.is_empty() {
-                    let mut sink = sink.lock().map_err(|_| anyhow::anyhow!("output lock poisoned"))?;
-                    for alert in &alerts {
-                        sink.write(alert).context("writing an alert")?;
-                    }
-                }
-                return Ok(());
-            }
-            Err(error) if error.recoverable && options.keep_going => {
-                if totals.bad_lines.fetch_add(1, Ordering::Relaxed) < BAD_LINES_SHOWN {
-                    eprintln!("credwatch: skipped {}", escape(&error.to_string()));
-                }
-            }
-            Err(error) => return Err(error.into()),
-        }
+    let (mut counted, mut output) = (Counted(&totals.events), sink);
+    let mut sinks: Vec<&mut dyn Sink> = vec![&mut counted, &mut output];
+    if let Some(report) = report {
+        sinks.push(report);
     }
+    let mut skip = |error: &ImportError| {
+        if totals.bad_lines.fetch_add(1, Ordering::Relaxed) < BAD_LINES_SHOWN {
+            eprintln!("credwatch: skipped {}", escape(&error.to_string()));
+        }
+    };
+    let skip = options.keep_going.then_some(&mut skip as &mut dyn FnMut(&ImportError));
+    // Each file to its end: sweep summaries of trees still running come out then.
+    pipeline::drive(&mut *reader, &mut engine, &mut sinks, skip, |_, _| Control::Continue)?;
+    Ok(())
 }
