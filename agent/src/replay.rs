@@ -25,13 +25,16 @@ use credwatch_core::{
     report::Report,
     rules::RuleSet,
 };
+use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::live::ALERT_EXIT_STATUS;
 
 /// Bad lines reported one by one under `--keep-going`; past this only the count is given.
 const BAD_LINES_SHOWN: u64 = 10;
-/// How often the progress line on a terminal is redrawn.
+/// How often the progress line on a terminal is updated.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(250);
+/// The progress line: the input files' bytes read (compressed bytes for compressed files).
+const PROGRESS_TEMPLATE: &str = "replaying: {bar:30} {percent:>3}% of {total_bytes}, {msg}";
 
 pub struct ReplayOptions<'a> {
     pub json: bool,
@@ -99,18 +102,18 @@ pub fn replay(files: &[PathBuf], options: &ReplayOptions) -> Result<ExitCode> {
                 })
             })
             .collect();
-        if show_progress {
+        if let Some(total_size) = total_size.filter(|_| show_progress) {
+            // indicatif draws on stderr, no more often than it is worth, and clears the line.
+            let style =
+                ProgressStyle::with_template(PROGRESS_TEMPLATE).unwrap_or_else(|_| ProgressStyle::default_bar());
+            let progress = ProgressBar::new(total_size).with_style(style);
             while !handles.iter().all(|h| h.is_finished()) {
                 thread::sleep(PROGRESS_INTERVAL);
-                let seconds = started.elapsed().as_secs_f64();
-                eprint!(
-                    "\rreplaying: {:5.1}% of {:.1} MB, {:.0} events/s ",
-                    100.0 * totals.bytes() as f64 / total_size.unwrap_or(1) as f64,
-                    total_size.unwrap_or(0) as f64 / 1e6,
-                    totals.events.load(Ordering::Relaxed) as f64 / seconds.max(1e-9)
-                );
+                let seconds = started.elapsed().as_secs_f64().max(1e-9);
+                progress.set_position(totals.bytes());
+                progress.set_message(format!("{:.0} events/s", totals.events.load(Ordering::Relaxed) as f64 / seconds));
             }
-            eprint!("\r\x1b[K");
+            progress.finish_and_clear();
         }
         handles
             .into_iter()
