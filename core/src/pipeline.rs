@@ -154,30 +154,36 @@ pub fn drive<S: Source + ?Sized>(
 
 impl Sink for AlertSink {
     fn event(&mut self, _: &Engine, _: &Event, alerts: &[Alert]) -> Result<(), SinkError> {
-        self.end(alerts)
+        write_alerts(self, alerts)
     }
 
     fn end(&mut self, alerts: &[Alert]) -> Result<(), SinkError> {
-        alerts.iter().try_for_each(|alert| self.write(alert).map_err(SinkError::Alert))
+        write_alerts(self, alerts)
     }
 }
 
 /// One output shared by several drives (replay's worker threads): locked only to write alerts.
 impl Sink for &Mutex<AlertSink> {
-    fn event(&mut self, engine: &Engine, event: &Event, alerts: &[Alert]) -> Result<(), SinkError> {
-        if alerts.is_empty() {
-            return Ok(());
-        }
-        // A thread that panicked holding the lock left at worst a half-written line.
-        self.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).event(engine, event, alerts)
+    fn event(&mut self, _: &Engine, _: &Event, alerts: &[Alert]) -> Result<(), SinkError> {
+        write_shared(self, alerts)
     }
 
     fn end(&mut self, alerts: &[Alert]) -> Result<(), SinkError> {
-        if alerts.is_empty() {
-            return Ok(());
-        }
-        self.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).end(alerts)
+        write_shared(self, alerts)
     }
+}
+
+fn write_alerts(sink: &mut AlertSink, alerts: &[Alert]) -> Result<(), SinkError> {
+    alerts.iter().try_for_each(|alert| sink.write(alert).map_err(SinkError::Alert))
+}
+
+fn write_shared(sink: &Mutex<AlertSink>, alerts: &[Alert]) -> Result<(), SinkError> {
+    if alerts.is_empty() {
+        return Ok(());
+    }
+    // A thread that panicked holding the lock left at worst a half-written line, and its own
+    // error ends the replay anyway.
+    write_alerts(&mut sink.lock().unwrap_or_else(|poisoned| poisoned.into_inner()), alerts)
 }
 
 /// The recorder: every event, whatever it fired.
@@ -187,8 +193,8 @@ impl Sink for TraceWriter {
     }
 }
 
-/// The responder's report takes in each event and its alerts; the end-of-stream summaries repeat
-/// alerts it has already counted.
+/// The responder's report takes in each event and its alerts. It leaves out the end-of-stream
+/// summaries: they restate sweeps it already holds as incidents.
 impl Sink for Report {
     fn event(&mut self, engine: &Engine, event: &Event, alerts: &[Alert]) -> Result<(), SinkError> {
         self.observe(engine, event, alerts);
@@ -409,6 +415,25 @@ mod tests {
             drive(&mut source, &mut engine(), &mut [&mut kept], Some(&mut skip), |_, _| Control::Continue).unwrap_err();
         assert_eq!(error.to_string(), "t.jsonl: unexpected end of gzip stream");
         assert_eq!((kept.events.len(), source.pulls), (3, 2));
+    }
+
+    #[test]
+    fn drives_share_one_alert_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("alerts.jsonl");
+        let output = Mutex::new(AlertSink::new(true, Some(&path), true).unwrap());
+        for _ in 0..2 {
+            let mut events = npm_postinstall();
+            events.push(open(4, 101, "/home/alice/.npmrc"));
+            let mut shared = &output;
+            drive(&mut Scripted::new(vec![Ok(events)]), &mut engine(), &mut [&mut shared], None, |_, _| {
+                Control::Continue
+            })
+            .unwrap();
+        }
+        assert_eq!(output.lock().unwrap().written(), 2);
+        let written = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(written.lines().filter(|line| line.contains("\"npm-registry-token\"")).count(), 2, "{written}");
     }
 
     /// A file source through the same driver: every importer and credwatch's own trace.
