@@ -472,6 +472,23 @@ fn schema_1_files_load_the_same_rules_as_schema_2() {
         assert_eq!(one.rules().len(), 1);
         assert_eq!(comparable(&one.rules()[0]), comparable(&two.rules()[0]));
     }
+    // The default rules written in schema 1: no `kind`, no `access: read` (its default).
+    let schema_1 = DEFAULT_RULES.iter().map(|(file, text)| {
+        let text: String = text
+            .lines()
+            .filter(|line| !matches!(line.trim(), "access: read") && !line.trim().starts_with("kind: "))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        assert!(text.starts_with("schema: 2\n") || text.contains("\nschema: 2\n"), "{file}");
+        ((*file).to_owned(), text.replacen("schema: 2\n", "schema: 1\n", 1))
+    });
+    let (one, two) = (RuleSet::from_sources(schema_1).unwrap(), RuleSet::defaults().unwrap());
+    assert_eq!(one.rules().len(), two.rules().len());
+    for (one, two) in one.rules().iter().zip(two.rules()) {
+        assert_eq!(comparable(one), comparable(two));
+    }
+    assert_eq!(format!("{:?}", one.managers()), format!("{:?}", two.managers()));
+    assert_eq!(format!("{:?}", one.sweep()), format!("{:?}", two.sweep()));
 }
 
 #[test]
