@@ -26,7 +26,7 @@ pub(super) fn parse<T: DeserializeOwned>(file: &str, text: &str) -> Result<T, Ru
         // before (serde_yaml); a merge would also hide which node a value came from.
         strict_booleans: true,
         merge_keys: serde_saphyr::options::MergeKeyPolicy::Error,
-        // The error names the place; the rendered excerpt is for a person at a terminal.
+        // One line per error, the place in front of it: no excerpt of the file.
         with_snippet: false,
     };
     serde_saphyr::from_str_with_options(text, options).map_err(|error| {
