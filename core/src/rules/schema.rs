@@ -325,12 +325,29 @@ impl TryFrom<u64> for SchemaVersion {
 
 /// Schema 2's `kind` of a rule: what it matches, and so which key says how.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(try_from = "String")]
 pub(crate) enum KindName {
     Target,
     Exec,
     Syscall,
     Connect,
+}
+
+impl TryFrom<String> for KindName {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        if let Some(kind) = KindName::ALL.into_iter().find(|kind| kind.as_str() == text) {
+            return Ok(kind);
+        }
+        let kinds = KindName::ALL.map(KindName::as_str).join(", ");
+        match text.as_str() {
+            // The sweep settings are one per set of files, not a rule.
+            "sweep" => {
+                Err(format!("`kind: sweep`: the sweep is the file's `sweep` section, not a rule (kinds: {kinds})"))
+            }
+            _ => Err(format!("unknown kind {text:?} (kinds: {kinds})")),
+        }
+    }
 }
 
 impl KindName {

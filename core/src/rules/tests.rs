@@ -387,14 +387,11 @@ fn schema_2_kinds_and_their_keys_name_file_line_and_column() {
         (8, 11),
         "rule demo: `kind: target` needs `access`: `read` (credentials) or `write`",
     );
-    // A kind that does not exist (the sweep is the file's `sweep`, not a rule).
+    // A kind that does not exist; the sweep is the file's `sweep`, not a rule.
+    let (error, file) = error_for(&MINIMAL_RULE.replace("kind: target", "kind: read"));
+    assert_invalid_at(&error, &file, (8, 11), "unknown kind \"read\" (kinds: target, exec, syscall, connect)");
     let (error, file) = error_for(&MINIMAL_RULE.replace("kind: target", "kind: sweep"));
-    assert_invalid_at(
-        &error,
-        &file,
-        (8, 11),
-        "unknown variant `sweep`, expected one of target, exec, syscall, connect",
-    );
+    assert_invalid_at(&error, &file, (8, 11), "`kind: sweep`: the sweep is the file's `sweep` section, not a rule");
 }
 
 #[test]
