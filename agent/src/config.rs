@@ -108,6 +108,16 @@ impl Config {
         invalid
     }
 
+    /// The keys whose value is not the default, in the order of [`Config`].
+    pub fn changed_keys(&self) -> Vec<&'static str> {
+        let (Ok(Value::Object(set)), Ok(Value::Object(defaults))) =
+            (serde_json::to_value(self), serde_json::to_value(Config::default()))
+        else {
+            return Vec::new();
+        };
+        keys().iter().copied().filter(|key| set.get(*key) != defaults.get(*key)).collect()
+    }
+
     /// The configuration as a file that loads back to it (`config show`).
     pub fn to_yaml(&self) -> Result<String, ConfigError> {
         serde_saphyr::to_string(self).map_err(|error| ConfigError::Show(error.to_string()))
@@ -679,6 +689,13 @@ mod tests {
             let (_dir, path) = file(&text);
             assert_eq!(check(&path).unwrap(), config, "{text}");
         }
+    }
+
+    #[test]
+    fn changed_keys_are_in_the_order_of_the_file_format() {
+        assert!(Config::default().changed_keys().is_empty());
+        let config = Config { json: true, linger: Some(2.0), alerts: Some("a".into()), ..Config::default() };
+        assert_eq!(config.changed_keys(), ["json", "alerts", "linger"]);
     }
 
     #[test]

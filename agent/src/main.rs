@@ -371,14 +371,7 @@ fn config_check(file: &Path) -> Result<ExitCode> {
     let config = config::check(file)?;
     let rules = RuleSet::load(config.rules.as_deref())
         .with_context(|| format!("{}: key `rules`: loading the rules", file.display()))?;
-    let defaults = serde_json::to_value(Config::default())?;
-    let set = serde_json::to_value(&config)?;
-    let changed: Vec<&str> = match (&set, &defaults) {
-        (Value::Object(set), Value::Object(defaults)) => {
-            set.iter().filter(|(key, value)| defaults.get(*key) != Some(value)).map(|(key, _)| key.as_str()).collect()
-        }
-        _ => Vec::new(),
-    };
+    let changed = config.changed_keys();
     println!(
         "{}: valid; {} ({} rules in force)",
         escape(&file.display().to_string()),
@@ -456,6 +449,20 @@ mod tests {
         assert_eq!(args.home.as_deref(), Some("/var/lib/jenkins"));
         assert!(Cli::try_parse_from(["credwatch", "replay", "--home", "jenkins", "t"]).is_err());
         assert!(Cli::try_parse_from(["credwatch", "run", "--home", "/h", "--", "true"]).is_err());
+    }
+
+    #[test]
+    fn only_the_flags_given_are_keys_over_the_configuration() {
+        let cli = Cli::try_parse_from(["credwatch", "watch", "--json", "--alerts", "a.jsonl"]).unwrap();
+        let Commands::Watch(args) = cli.command else { panic!("not watch") };
+        let given = flags(&args.common, &args.enforce, &args.output, None, None);
+        assert_eq!(Value::Object(given), serde_json::json!({"json": true, "alerts": "a.jsonl"}));
+        let cli = Cli::try_parse_from(["credwatch", "record", "--linger", "2", "-o", "t.jsonl", "--", "true"]).unwrap();
+        let Commands::Record(args) = cli.command else { panic!("not record") };
+        let given = flags(&args.common, &args.enforce, &args.alerts, args.linger, args.output.as_ref());
+        assert_eq!(Value::Object(given), serde_json::json!({"linger": 2.0, "trace": "t.jsonl"}));
+        assert!(Cli::try_parse_from(["credwatch", "run", "--config", "c.yaml", "--log-format", "json", "--", "true"])
+            .is_ok());
     }
 
     #[test]
