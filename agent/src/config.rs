@@ -364,7 +364,7 @@ fn one_key(key: &str, value: Value) -> Result<Config, serde_json::Error> {
 }
 
 fn unknown_variable(name: &str, key: &str) -> String {
-    match keys().iter().find(|known| edit_distance(key, known) <= 2) {
+    match keys().iter().find(|known| strsim::levenshtein(key, known) <= 2) {
         Some(known) => format!(
             "environment variable {name} is not a configuration key and is ignored (did you mean {ENV_PREFIX}{}?)",
             known.to_ascii_uppercase()
@@ -374,22 +374,6 @@ fn unknown_variable(name: &str, key: &str) -> String {
             keys().join(", ")
         ),
     }
-}
-
-/// Levenshtein distance, for "did you mean" (keys are a dozen short words).
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let above = row[j + 1];
-            row[j + 1] = (above + 1).min(row[j] + 1).min(diagonal + usize::from(ca != *cb));
-            diagonal = above;
-        }
-    }
-    row[b.len()]
 }
 
 /// An environment variable's value for `key`: as YAML (`true`, `5`, `[a, b]`), else the
