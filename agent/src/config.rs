@@ -212,6 +212,8 @@ pub struct Layers {
 pub struct Loaded {
     pub config: Config,
     pub warnings: Vec<String>,
+    /// Where each key that is not at its default came from.
+    pub places: BTreeMap<&'static str, Place>,
 }
 
 impl Layers {
@@ -283,7 +285,8 @@ impl Layers {
         if !invalid.is_empty() {
             return Err(ConfigError::Invalid(invalid));
         }
-        Ok(Loaded { config, warnings })
+        let places = config.changed_keys().into_iter().map(|key| (key, self.place_of(key, &places))).collect();
+        Ok(Loaded { config, warnings, places })
     }
 
     /// Where the effective value of `key` came from (`places`: the file's), for an error about it.
@@ -306,8 +309,8 @@ impl Layers {
 }
 
 /// `config check FILE`: the file alone (no environment, no flags), every problem.
-pub fn check(path: &Path) -> Result<Config, ConfigError> {
-    Layers { file: Some(path.to_owned()), ..Layers::default() }.load().map(|loaded| loaded.config)
+pub fn check(path: &Path) -> Result<Loaded, ConfigError> {
+    Layers { file: Some(path.to_owned()), ..Layers::default() }.load()
 }
 
 /// The keys of [`Config`]: the fields its derived `Deserialize` names to a deserializer.
@@ -558,6 +561,21 @@ mod tests {
             }
         );
         assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+        let places: Vec<(&str, String)> = loaded.places.iter().map(|(k, p)| (*k, p.to_string())).collect();
+        let line = |n: u32, column: u32| format!("{}:{n}:{column}", path.display());
+        assert_eq!(
+            places,
+            [
+                ("alerts", "environment variable CREDWATCH_ALERTS".to_owned()),
+                ("enforce", "environment variable CREDWATCH_ENFORCE".to_owned()),
+                ("json", line(1, 7)),
+                ("linger", "--linger".to_owned()),
+                ("log_format", "--log-format".to_owned()),
+                ("log_level", line(6, 12)),
+                ("rules", line(5, 8)),
+                ("watch_project", line(4, 16)),
+            ]
+        );
         // The environment over the file, without flags; false overrides the file's true.
         let layers =
             Layers::with_env(Some(path), &[("CREDWATCH_JSON", "false"), ("CREDWATCH_LINGER", "4")], Map::new());
@@ -622,7 +640,7 @@ mod tests {
 
         // An empty file is a valid configuration: the defaults.
         let (_dir, path) = file("\n# comments only\n");
-        assert_eq!(check(&path).unwrap(), Config::default());
+        assert_eq!(check(&path).unwrap().config, Config::default());
     }
 
     #[test]
@@ -671,7 +689,7 @@ mod tests {
         for config in [config, Config::default()] {
             let text = config.to_yaml().unwrap();
             let (_dir, path) = file(&text);
-            assert_eq!(check(&path).unwrap(), config, "{text}");
+            assert_eq!(check(&path).unwrap().config, config, "{text}");
         }
     }
 

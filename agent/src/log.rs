@@ -98,3 +98,51 @@ impl Visit for Message {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// What the text format writes for records at each level.
+    #[test]
+    fn text_lines_are_credwatch_then_the_level_then_the_message_alone() {
+        let written = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&written);
+        let subscriber = tracing_subscriber::fmt()
+            .event_format(Text)
+            .with_max_level(LevelFilter::DEBUG)
+            .with_writer(move || Writer(Arc::clone(&sink)))
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let (events, lost) = (12, 0);
+            tracing::info!(events, lost, "{events} events, {lost} lost");
+            tracing::warn!(file = "r.yaml", "reload refused: r.yaml:3:1: bad");
+            tracing::error!("2 errors:\n  a\n  b");
+            tracing::debug!("details");
+            tracing::trace!("not written");
+        });
+        let text = String::from_utf8(written.lock().unwrap().clone()).unwrap();
+        assert_eq!(
+            text,
+            "credwatch: 12 events, 0 lost\n\
+             credwatch: warning: reload refused: r.yaml:3:1: bad\n\
+             credwatch: error: 2 errors:\n  a\n  b\n\
+             credwatch: debug: details\n"
+        );
+    }
+
+    struct Writer(Arc<Mutex<Vec<u8>>>);
+
+    impl io::Write for Writer {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            self.0.lock().map_err(|_| io::Error::other("poisoned"))?.extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+}

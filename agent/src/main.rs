@@ -368,9 +368,12 @@ fn linger(seconds: Option<f64>) -> Result<Option<Duration>> {
 }
 
 fn config_check(file: &Path) -> Result<ExitCode> {
-    let config = config::check(file)?;
-    let rules = RuleSet::load(config.rules.as_deref())
-        .with_context(|| format!("{}: key `rules`: loading the rules", file.display()))?;
+    let loaded = config::check(file)?;
+    let (config, places) = (loaded.config, loaded.places);
+    let rules = RuleSet::load(config.rules.as_deref()).with_context(|| {
+        let at = places.get("rules").map_or_else(|| file.display().to_string(), ToString::to_string);
+        format!("{at}: key `rules`: loading the rules")
+    })?;
     let changed = config.changed_keys();
     println!(
         "{}: valid; {} ({} rules in force)",
