@@ -219,8 +219,8 @@ impl Session {
             Ok(config) => {
                 let file = file.map(|file| escape(&file.display().to_string()).into_owned());
                 let (rules, ms) = (self.engine.rules().rules().len(), started.elapsed().as_millis() as u64);
-                let from = file.as_ref().map(|file| format!(" ({file})")).unwrap_or_default();
-                info!(file, rules, ms, "reloaded the configuration{from} and {rules} rules in {ms} ms");
+                let what = file.as_ref().map(|file| format!("the configuration ({file}) and ")).unwrap_or_default();
+                info!(file, rules, ms, "reloaded {what}{rules} rules in {ms} ms");
                 if let Some((_, reload)) = &mut self.reload {
                     reload.config = config;
                 }

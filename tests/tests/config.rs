@@ -174,7 +174,7 @@ fn sighup_reloads_rules_keeps_running_trees_and_refuses_a_broken_rule_file() {
     // The rule file gains a rule; SIGHUP.
     fs::write(rules.join("site.yaml"), site_rules(true)).unwrap();
     hang_up(&watch);
-    let reloaded = wait_for_record(&sandbox, &mut watch, "reloaded the configuration");
+    let reloaded = wait_for_record(&sandbox, &mut watch, "reloaded the configuration (");
     fs::write(tree.join("stage2"), "").unwrap();
     let after = sandbox.wait_for(|a| in_tree(a, root) && a["file"]["path"] == token.as_str(), Duration::from_secs(30));
 
