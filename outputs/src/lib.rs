@@ -5,3 +5,5 @@
 mod transport;
 
 pub use transport::{Outgoing, Transport, TransportError};
+pub mod falco;
+pub mod webhook;
