@@ -6,4 +6,5 @@ mod transport;
 
 pub use transport::{Outgoing, Transport, TransportError};
 pub mod falco;
+pub mod nats;
 pub mod webhook;
