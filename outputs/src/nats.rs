@@ -5,10 +5,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use async_nats::connection::State;
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, Context};
-use async_nats::{ConnectOptions, ServerAddr};
+use async_nats::{Client, ConnectOptions, ServerAddr};
 
 use crate::webhook::{tls_config, TlsError};
 use crate::{Outgoing, Transport, TransportError};
@@ -62,7 +63,7 @@ pub struct Nats {
     credentials: Option<String>,
     tls: Option<rustls::ClientConfig>,
     /// Connected at the first batch, and kept: the client reconnects by itself after an outage.
-    jetstream: Option<Context>,
+    connected: Option<(Client, Context)>,
 }
 
 impl Nats {
@@ -95,7 +96,7 @@ impl Nats {
             options,
             credentials,
             tls,
-            jetstream: None,
+            connected: None,
         })
     }
 
@@ -111,9 +112,9 @@ impl Nats {
         format!("{}.{token}", self.prefix)
     }
 
-    async fn connect(&mut self) -> Result<Context, TransportError> {
-        if let Some(context) = &self.jetstream {
-            return Ok(context.clone());
+    async fn connect(&mut self) -> Result<(Client, Context), TransportError> {
+        if let Some(connected) = &self.connected {
+            return Ok(connected.clone());
         }
         let mut options = match &self.credentials {
             // Checked at construction.
@@ -128,10 +129,10 @@ impl Nats {
             options = options.tls_client_config(tls.clone()).require_tls(true);
         }
         let client = options.connect(self.server.clone()).await.map_err(|e| self.retry(format!("connect: {e}")))?;
-        let mut context = jetstream::new(client);
+        let mut context = jetstream::new(client.clone());
         context.set_timeout(self.options.ack_timeout);
-        self.jetstream = Some(context.clone());
-        Ok(context)
+        self.connected = Some((client.clone(), context.clone()));
+        Ok((client, context))
     }
 
     fn retry(&self, message: String) -> TransportError {
@@ -151,11 +152,19 @@ impl Transport for Nats {
         if batch.is_empty() {
             return Ok(());
         }
-        let context = self.connect().await?;
+        let (client, context) = self.connect().await?;
+        // While the client is reconnecting, publishes would only pile up in its buffer (and
+        // block once it is full): fail now, the batch comes again.
+        if client.connection_state() != State::Connected {
+            return Err(self.retry("not connected (the client reconnects by itself)".into()));
+        }
         let mut acks = Vec::with_capacity(batch.len());
         for alert in batch {
             let message = PublishMessage::build().payload(alert.json.clone()).message_id(&alert.id);
-            let ack = context.send_publish(self.subject(&alert.host), message).await;
+            let publish = context.send_publish(self.subject(&alert.host), message);
+            let ack = tokio::time::timeout(self.options.ack_timeout, publish)
+                .await
+                .map_err(|_| self.retry(format!("alert {}: publish timed out", alert.id)))?;
             acks.push((alert, ack.map_err(|e| self.publish_error(&alert.id, e))?));
         }
         for (alert, ack) in acks {
