@@ -6,5 +6,6 @@ mod transport;
 
 pub use transport::{Outgoing, Transport, TransportError};
 pub mod falco;
+pub mod metrics;
 pub mod nats;
 pub mod webhook;

@@ -1,0 +1,279 @@
+//! The agent's Prometheus metrics and the `/metrics` endpoint that serves them. prometheus-client
+//! keeps the counters and writes the OpenMetrics text; hyper serves it on tokio. Whoever knows a
+//! figure updates it here: the sensor its events and losses, the engine its alerts, each output
+//! its deliveries, failures, drops, queue and spool.
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use credwatch_core::alert::Severity;
+use http_body_util::Full;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::{Registry, Unit};
+use tokio::net::TcpListener;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    /// `exec`, `fork`, `open`, `connect`, ...
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BufferLabels {
+    /// The kernel ring buffer: `bulk`, `priority`, ...
+    pub buffer: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AlertLabels {
+    pub rule: String,
+    pub severity: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutputLabels {
+    /// The output's name (`webhook:https://...`, `nats:...`), as its transport gives it.
+    pub output: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailureLabels {
+    pub output: String,
+    /// `retry` (the batch comes again) or `refused` (dropped: the receiver will not take it).
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DropLabels {
+    pub output: String,
+    /// The dropped alert's severity: drops start with the lowest.
+    pub severity: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MapLabels {
+    /// The kernel map (`marks`, `credential_inodes`, ...).
+    pub map: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabels {
+    /// `applied`, or `refused` (a bad configuration or rule set; the old one kept running).
+    pub result: String,
+}
+
+/// Every figure the agent exports, all named `credwatch_*`.
+pub struct Metrics {
+    registry: Registry,
+    pub events: Family<KindLabels, Counter>,
+    pub events_lost: Family<BufferLabels, Counter>,
+    pub alerts: Family<AlertLabels, Counter>,
+    pub deliveries: Family<OutputLabels, Counter>,
+    pub delivery_failures: Family<FailureLabels, Counter>,
+    pub alerts_dropped: Family<DropLabels, Counter>,
+    pub queue_depth: Family<OutputLabels, Gauge>,
+    pub spool_bytes: Family<OutputLabels, Gauge>,
+    pub marked_processes: Gauge,
+    /// Entries in use over capacity, 0 to 1.
+    pub map_fill: Family<MapLabels, Gauge<f64, AtomicU64>>,
+    pub programs_attached: Gauge,
+    pub reloads: Family<ReloadLabels, Counter>,
+    pub start_up_seconds: Gauge<f64, AtomicU64>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("credwatch");
+        let metrics = Metrics {
+            events: Family::default(),
+            events_lost: Family::default(),
+            alerts: Family::default(),
+            deliveries: Family::default(),
+            delivery_failures: Family::default(),
+            alerts_dropped: Family::default(),
+            queue_depth: Family::default(),
+            spool_bytes: Family::default(),
+            marked_processes: Gauge::default(),
+            map_fill: Family::default(),
+            programs_attached: Gauge::default(),
+            reloads: Family::default(),
+            start_up_seconds: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register("events", "Events from the sensor, by kind", metrics.events.clone());
+        registry.register(
+            "events_lost",
+            "Kernel records lost (a full ring buffer), by buffer",
+            metrics.events_lost.clone(),
+        );
+        registry.register("alerts", "Alerts raised, by rule and severity", metrics.alerts.clone());
+        registry.register("output_deliveries", "Alerts an output's receiver took", metrics.deliveries.clone());
+        registry.register(
+            "output_failures",
+            "Failed deliveries of a batch, by output and kind (retry or refused)",
+            metrics.delivery_failures.clone(),
+        );
+        registry.register(
+            "output_dropped",
+            "Alerts an output dropped (spool full, or refused), by severity",
+            metrics.alerts_dropped.clone(),
+        );
+        registry.register(
+            "output_queue_depth",
+            "Alerts waiting in an output's memory queue",
+            metrics.queue_depth.clone(),
+        );
+        registry.register_with_unit(
+            "output_spool",
+            "Size of an output's disk spool",
+            Unit::Bytes,
+            metrics.spool_bytes.clone(),
+        );
+        registry.register(
+            "marked_processes",
+            "Processes marked as package code in the kernel",
+            metrics.marked_processes.clone(),
+        );
+        registry.register("map_fill", "Kernel map entries in use over capacity (0 to 1)", metrics.map_fill.clone());
+        registry.register("programs_attached", "Kernel programs attached", metrics.programs_attached.clone());
+        registry.register("reloads", "Reloads (SIGHUP), by result", metrics.reloads.clone());
+        registry.register_with_unit(
+            "start_up",
+            "Time from the agent's start to watching",
+            Unit::Seconds,
+            metrics.start_up_seconds.clone(),
+        );
+        Metrics { registry, ..metrics }
+    }
+
+    /// Counts an alert raised by the engine.
+    pub fn alert(&self, rule: &str, severity: Severity) {
+        self.alerts
+            .get_or_create(&AlertLabels { rule: rule.to_string(), severity: severity.as_str().to_string() })
+            .inc();
+    }
+
+    /// The OpenMetrics text of every metric.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("metrics listen address {addr}: {source}")]
+pub struct MetricsError {
+    pub addr: SocketAddr,
+    pub source: std::io::Error,
+}
+
+/// Binds the metrics address, so that a bad or taken one is an error at start-up.
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, MetricsError> {
+    TcpListener::bind(addr).await.map_err(|source| MetricsError { addr, source })
+}
+
+/// Serves `GET /metrics` on `listener` until the task is dropped. A client that misbehaves
+/// loses its own connection only.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            // Out of file descriptors, say: the next accept may work.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            continue;
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request| {
+                let metrics = metrics.clone();
+                async move { Ok::<_, std::convert::Infallible>(answer(&request, &metrics)) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+        });
+    }
+}
+
+fn answer<B>(request: &Request<B>, metrics: &Metrics) -> Response<Full<Bytes>> {
+    let (status, body, content_type) = if request.uri().path() != "/metrics" {
+        (StatusCode::NOT_FOUND, Bytes::from_static(b"not found: the metrics are at /metrics\n"), "text/plain")
+    } else if request.method() != Method::GET && request.method() != Method::HEAD {
+        (StatusCode::METHOD_NOT_ALLOWED, Bytes::from_static(b"GET /metrics\n"), "text/plain")
+    } else {
+        (StatusCode::OK, Bytes::from(metrics.encode()), "application/openmetrics-text; version=1.0.0; charset=utf-8")
+    };
+    let mut response = Response::new(Full::new(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn metrics_are_served_at_metrics() {
+        let metrics = Arc::new(Metrics::new());
+        metrics.events.get_or_create(&KindLabels { kind: "open".into() }).inc_by(3);
+        metrics.alert("ssh-private-key", Severity::High);
+        let output = OutputLabels { output: "nats:nats://127.0.0.1:4222/credwatch".into() };
+        metrics.deliveries.get_or_create(&output).inc_by(7);
+        metrics.queue_depth.get_or_create(&output).set(2);
+        metrics.spool_bytes.get_or_create(&output).set(4096);
+        metrics.map_fill.get_or_create(&MapLabels { map: "marks".into() }).set(0.25);
+        metrics.start_up_seconds.set(0.5);
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve(listener, metrics.clone()));
+
+        let client = reqwest::Client::builder()
+            .tls_backend_preconfigured(crate::webhook::tls_config(None, false).unwrap())
+            .build()
+            .unwrap();
+        let response = client.get(format!("http://{addr}/metrics")).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        assert!(response.headers()[CONTENT_TYPE].to_str().unwrap().starts_with("application/openmetrics-text"));
+        let text = response.text().await.unwrap();
+        for line in [
+            "credwatch_events_total{kind=\"open\"} 3",
+            "credwatch_alerts_total{rule=\"ssh-private-key\",severity=\"high\"} 1",
+            "credwatch_output_deliveries_total{output=\"nats:nats://127.0.0.1:4222/credwatch\"} 7",
+            "credwatch_output_queue_depth{output=\"nats:nats://127.0.0.1:4222/credwatch\"} 2",
+            "credwatch_output_spool_bytes{output=\"nats:nats://127.0.0.1:4222/credwatch\"} 4096",
+            "credwatch_map_fill{map=\"marks\"} 0.25",
+            "credwatch_start_up_seconds 0.5",
+            "# EOF",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} not in:\n{text}");
+        }
+        let response = client.get(format!("http://{addr}/")).send().await.unwrap();
+        assert_eq!(response.status(), 404);
+        let response = client.post(format!("http://{addr}/metrics")).send().await.unwrap();
+        assert_eq!(response.status(), 405);
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn a_taken_address_is_an_error_naming_it() {
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let error = bind(addr).await.unwrap_err().to_string();
+        assert!(error.starts_with(&format!("metrics listen address {addr}: ")), "{error}");
+    }
+}
