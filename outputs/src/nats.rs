@@ -14,6 +14,11 @@ use async_nats::{Client, ConnectOptions, ServerAddr};
 use crate::webhook::{tls_config, TlsError};
 use crate::{Outgoing, Transport, TransportError};
 
+/// Publishes awaiting their acknowledgement at most, per batch. The client holds at most 5,000
+/// (its `max_ack_inflight`) and waits for a free one beyond: a larger window would wait on
+/// acknowledgements that are only read after it.
+const ACK_WINDOW: usize = 500;
+
 #[derive(Clone, Debug)]
 pub struct NatsOptions {
     /// A `.creds` file (JWT and NKey seed), read at construction.
@@ -145,9 +150,9 @@ impl Transport for Nats {
         &self.name
     }
 
-    /// Publishes the whole batch before waiting for the acknowledgements (one round trip, not
-    /// one per alert); they come back in order on the one connection, so the stream keeps the
-    /// batch's order.
+    /// Publishes a window of the batch before waiting for its acknowledgements (one round trip
+    /// per window, not per alert); they come back in order on the one connection, so the stream
+    /// keeps the batch's order.
     async fn send(&mut self, batch: &[Outgoing]) -> Result<(), TransportError> {
         if batch.is_empty() {
             return Ok(());
@@ -158,17 +163,19 @@ impl Transport for Nats {
         if client.connection_state() != State::Connected {
             return Err(self.retry("not connected (the client reconnects by itself)".into()));
         }
-        let mut acks = Vec::with_capacity(batch.len());
-        for alert in batch {
-            let message = PublishMessage::build().payload(alert.json.clone()).message_id(&alert.id);
-            let publish = context.send_publish(self.subject(&alert.host), message);
-            let ack = tokio::time::timeout(self.options.ack_timeout, publish)
-                .await
-                .map_err(|_| self.retry(format!("alert {}: publish timed out", alert.id)))?;
-            acks.push((alert, ack.map_err(|e| self.publish_error(&alert.id, e))?));
-        }
-        for (alert, ack) in acks {
-            ack.await.map_err(|e| self.publish_error(&alert.id, e))?;
+        for window in batch.chunks(ACK_WINDOW) {
+            let mut acks = Vec::with_capacity(window.len());
+            for alert in window {
+                let message = PublishMessage::build().payload(alert.json.clone()).message_id(&alert.id);
+                let publish = context.send_publish(self.subject(&alert.host), message);
+                let ack = tokio::time::timeout(self.options.ack_timeout, publish)
+                    .await
+                    .map_err(|_| self.retry(format!("alert {}: publish timed out", alert.id)))?;
+                acks.push((alert, ack.map_err(|e| self.publish_error(&alert.id, e))?));
+            }
+            for (alert, ack) in acks {
+                ack.await.map_err(|e| self.publish_error(&alert.id, e))?;
+            }
         }
         Ok(())
     }

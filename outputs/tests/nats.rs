@@ -118,17 +118,29 @@ async fn read_back(context: &jetstream::Context) -> Vec<(String, String, Vec<u8>
     let mut stream = context.get_stream("CREDWATCH").await.unwrap();
     let count = stream.info().await.unwrap().state.messages as usize;
     let consumer = stream
-        .create_consumer(consumer::pull::Config { deliver_policy: consumer::DeliverPolicy::All, ..Default::default() })
+        .create_consumer(consumer::pull::Config {
+            deliver_policy: consumer::DeliverPolicy::All,
+            // Read only: no acks, so no limit of unacknowledged messages to hit.
+            ack_policy: consumer::AckPolicy::None,
+            ..Default::default()
+        })
         .await
         .unwrap();
-    // One more than the stream holds, so that a message too many would be seen.
-    let mut messages =
-        consumer.fetch().max_messages(count + 1).expires(Duration::from_secs(2)).messages().await.unwrap();
+    // Until a fetch comes back empty, so that a message beyond the count would be seen.
     let mut got = Vec::new();
-    while let Some(message) = messages.next().await {
-        let message = message.unwrap();
-        let id = message.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id")).map(|v| v.to_string()).unwrap_or_default();
-        got.push((message.subject.to_string(), id, message.payload.to_vec()));
+    loop {
+        let mut messages =
+            consumer.fetch().max_messages(500).expires(Duration::from_millis(500)).messages().await.unwrap();
+        let before = got.len();
+        while let Some(message) = messages.next().await {
+            let message = message.unwrap();
+            let id =
+                message.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id")).map(|v| v.to_string()).unwrap_or_default();
+            got.push((message.subject.to_string(), id, message.payload.to_vec()));
+        }
+        if got.len() == before {
+            break;
+        }
     }
     assert_eq!(got.len(), count);
     got
@@ -180,6 +192,17 @@ async fn a_batch_lands_in_the_stream_in_order_per_host_subject_and_a_resend_is_n
     nats.send(&second).await.unwrap();
     let all: Vec<Outgoing> = (1..=30).map(|n| alert(n, hosts[n as usize % 2])).collect();
     assert_eq!(read_back(&context).await, expected(&all));
+}
+
+#[tokio::test]
+async fn a_batch_beyond_the_clients_in_flight_limit_is_delivered() {
+    let server = Server::start();
+    let context = server.create_stream().await;
+    let mut nats = Nats::new(&server.url(), PREFIX, options()).unwrap();
+    // async-nats holds at most 5,000 publishes awaiting their acknowledgement.
+    let sent: Vec<Outgoing> = (1..=6_000).map(|n| alert(n, "build-7")).collect();
+    nats.send(&sent).await.unwrap();
+    assert_eq!(read_back(&context).await, expected(&sent));
 }
 
 #[tokio::test]
