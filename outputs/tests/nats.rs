@@ -2,7 +2,6 @@
 //! installs it) started here on a free loopback port with its store in a temporary directory:
 //! the stream's acknowledgement, what lands in the stream, dedup by `Nats-Msg-Id`, and an outage.
 
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -36,9 +35,14 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-fn spawn(port: u16, dir: &Path, extra: &[String]) -> Child {
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("server.log")).unwrap();
-    let child = Command::new(nats_server())
+/// Starts nats-server and waits until it says it is ready; `Err` with its log when it exits
+/// first (the port taken meanwhile, say).
+fn spawn(port: u16, dir: &Path, extra: &[String]) -> Result<Child, String> {
+    let log_path = dir.join("server.log");
+    let ready = |log: &str| log.matches("Server is ready").count();
+    let before = ready(&server_log(dir));
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path).unwrap();
+    let mut child = Command::new(nats_server())
         .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
         .arg(dir.join("store"))
         .args(extra)
@@ -48,11 +52,14 @@ fn spawn(port: u16, dir: &Path, extra: &[String]) -> Child {
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nats-server did not listen on {port}: {}", server_log(dir));
-        std::thread::sleep(Duration::from_millis(50));
+    while ready(&server_log(dir)) == before {
+        if child.try_wait().unwrap().is_some() {
+            return Err(server_log(dir));
+        }
+        assert!(Instant::now() < deadline, "nats-server not ready on {port} after 20 s: {}", server_log(dir));
+        std::thread::sleep(Duration::from_millis(20));
     }
-    child
+    Ok(child)
 }
 
 fn server_log(dir: &Path) -> String {
@@ -64,10 +71,18 @@ impl Server {
         Server::start_with(tempfile::tempdir().unwrap(), Vec::new())
     }
 
-    /// With further options (TLS, a token), their files in `dir`.
+    /// With further options (TLS, a token), their files in `dir`. The free port may be taken
+    /// by another test before the server binds it: then another port.
     fn start_with(dir: tempfile::TempDir, extra: Vec<String>) -> Server {
-        let port = free_port();
-        Server { child: spawn(port, dir.path(), &extra), port, dir, extra }
+        let mut log = String::new();
+        for _ in 0..5 {
+            let port = free_port();
+            match spawn(port, dir.path(), &extra) {
+                Ok(child) => return Server { child, port, dir, extra },
+                Err(text) => log = text,
+            }
+        }
+        panic!("nats-server did not start: {log}");
     }
 
     fn url(&self) -> String {
@@ -81,7 +96,18 @@ impl Server {
 
     /// On the same port and store: what the stream held is still there.
     fn restart(&mut self) {
-        self.child = spawn(self.port, self.dir.path(), &self.extra);
+        let mut log = String::new();
+        for _ in 0..10 {
+            match spawn(self.port, self.dir.path(), &self.extra) {
+                Ok(child) => {
+                    self.child = child;
+                    return;
+                }
+                Err(text) => log = text,
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("nats-server did not restart on {}: {log}", self.port);
     }
 
     /// The stream on `<prefix>.>` that a fleet's operator creates, with a duplicate window.
@@ -90,7 +116,10 @@ impl Server {
     }
 
     async fn create_stream_with(&self, options: async_nats::ConnectOptions) -> jetstream::Context {
-        let client = options.connect(self.url()).await.unwrap();
+        let client = options
+            .connect(self.url())
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}; the server said: {}", self.url(), server_log(self.dir.path())));
         let context = jetstream::new(client);
         context
             .create_stream(stream::Config {
