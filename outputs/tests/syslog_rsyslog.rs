@@ -28,9 +28,12 @@ fn rsyslogd() -> PathBuf {
         .expect("rsyslogd not found: install Debian's rsyslog package (`cargo xtask test` does)")
 }
 
-/// A port on loopback free right now (imudp cannot report the one it picks).
-fn free_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+/// Ports on loopback free right now, for UDP and for TCP: imudp cannot report a port it picks,
+/// and a restarted rsyslogd must listen where the transport sends.
+fn free_ports() -> (u16, u16) {
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    (udp, tcp)
 }
 
 struct Rsyslog {
@@ -43,7 +46,7 @@ struct Rsyslog {
 impl Rsyslog {
     fn start() -> Rsyslog {
         let dir = tempfile::tempdir().unwrap();
-        let (udp_port, tcp_port) = (free_port(), free_port());
+        let (udp_port, tcp_port) = free_ports();
         std::fs::create_dir(dir.path().join("work")).unwrap();
         let d = dir.path().display();
         // Rate limits off: a test sends bursts. `rfc5424.sock` parses what it gets as any
