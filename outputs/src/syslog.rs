@@ -191,6 +191,7 @@ impl Syslog {
                 return bad("the host is empty")
             }
             SyslogTarget::Udp { port: 0, .. } | SyslogTarget::Tcp { port: 0, .. } => return bad("port 0"),
+            _ if options.timeout.is_zero() => return bad("a timeout of 0 fails every delivery"),
             _ => {}
         }
         let max_message = options.max_message.unwrap_or(match (&target, options.format) {
@@ -216,12 +217,12 @@ impl Syslog {
             None => self.connection.insert(within(timeout, "connect", connect(&self.target)).await?),
         };
         let local = matches!(connection, Connection::Datagram(Datagram::Unix(_)));
-        let message = |outgoing| message(outgoing, &self.options, local, self.procid, self.max_message);
+        let render = |outgoing| message(outgoing, &self.options, local, self.procid, self.max_message);
         let socket = match connection {
             Connection::Tcp(stream) => {
                 let mut frames = Vec::new();
                 for outgoing in batch {
-                    let message = message(outgoing);
+                    let message = render(outgoing);
                     frames.extend_from_slice(format!("{} ", message.len()).as_bytes());
                     frames.extend_from_slice(&message);
                 }
@@ -231,7 +232,7 @@ impl Syslog {
         };
         let mut too_long = Vec::new();
         for outgoing in batch {
-            match within(timeout, "send", socket.send(&message(outgoing))).await {
+            match within(timeout, "send", socket.send(&render(outgoing))).await {
                 // Only structured data over 64 KiB does that: the rest of the batch still goes.
                 Err(error) if error.raw_os_error() == Some(libc::EMSGSIZE) => too_long.push(outgoing.id.clone()),
                 sent => drop(sent?),
@@ -653,6 +654,9 @@ mod tests {
         assert_eq!(error.unwrap_err().to_string(), "syslog:tcp:h:0: port 0");
         let error = Syslog::new(SyslogTarget::Udp { host: String::new(), port: 1 }, SyslogOptions::default());
         assert_eq!(error.unwrap_err().to_string(), "syslog:udp::1: the host is empty");
+        let instant = SyslogOptions { timeout: Duration::ZERO, ..SyslogOptions::default() };
+        let error = Syslog::new(udp(), instant).unwrap_err().to_string();
+        assert_eq!(error, "syslog:udp:127.0.0.1:514: a timeout of 0 fails every delivery");
         let error = Syslog::new(SyslogTarget::Unix(PathBuf::new()), SyslogOptions::default());
         assert_eq!(error.unwrap_err().to_string(), "syslog:unix:: the socket path is empty");
     }
