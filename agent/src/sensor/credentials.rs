@@ -103,6 +103,21 @@ impl CredentialTable {
         self.paths.get(index as usize).map(String::as_str)
     }
 
+    /// Every path, by index.
+    pub fn paths(&self) -> impl Iterator<Item = &str> {
+        self.paths.iter().map(String::as_str)
+    }
+
+    /// Takes the paths (by index) of the table of the agent before, whose indexes are still in
+    /// the kernel's map and in records not yet read. Only on a table that has none yet.
+    pub fn restore(&mut self, paths: Vec<String>) {
+        if !self.paths.is_empty() {
+            return;
+        }
+        self.indexes = paths.iter().enumerate().map(|(index, path)| (path.clone(), index as u32)).collect();
+        self.paths = paths;
+    }
+
     /// Finds every existing file that a rule targets.
     pub fn scan(&mut self) -> Scan {
         let mut scan = Scan::default();
