@@ -16,7 +16,12 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use credwatch::sensor::{credentials::system_homes, lost_source, Protection, Sensor, SensorError};
+use credwatch::sensor::{
+    credentials::system_homes,
+    lost_source,
+    pins::{Gap, Started},
+    Protection, Sensor, SensorError,
+};
 use credwatch_core::{
     alert::Alert,
     engine::{Engine, EngineOptions},
@@ -45,6 +50,8 @@ pub struct Outputs<'a> {
     pub enforce: bool,
     /// Alert on the project's own scripts and programs too.
     pub watch_project: bool,
+    /// Machine-wide modes: where the kernel side is pinned, to outlive the agent.
+    pub pin_dir: Option<&'a Path>,
 }
 
 pub fn host_name() -> String {
@@ -134,7 +141,15 @@ impl Session {
         let started = Instant::now();
         let rules = RuleSet::load(outputs.rules).context("loading rules")?;
         let recorder = outputs.trace.map(|path| open_trace(path, &rules, command)).transpose()?;
-        let mut sensor = Sensor::start(rules.managers(), command.is_empty()).context("starting the eBPF sensor")?;
+        let mut sensor = match outputs.pin_dir.filter(|_| command.is_empty()) {
+            Some(dir) => {
+                let (sensor, started) =
+                    Sensor::start_pinned(rules.managers(), dir).context("starting the eBPF sensor")?;
+                say_how_started(dir, &started);
+                sensor
+            }
+            None => Sensor::start(rules.managers(), command.is_empty()).context("starting the eBPF sensor")?,
+        };
         sensor
             .protect(Protection { rules: rules.clone(), homes: system_homes(), enforce: outputs.enforce })
             .context("registering credential files with the kernel")?;
@@ -177,8 +192,29 @@ impl Session {
         if let Some(recorder) = self.recorder {
             recorder.finish()?;
         }
-        self.live.sensor.detach_in_background();
+        if let Some(dir) = self.live.sensor.finish().context("leaving the kernel programs pinned")? {
+            eprintln!(
+                "credwatch: the kernel programs stay attached and recording (pinned in {0}) for the next `credwatch watch`; `credwatch stop --pin-dir {0}` detaches them",
+                dir.display()
+            );
+        }
         Ok(self.sink.written())
+    }
+}
+
+/// One line on how the pinned kernel side was found.
+fn say_how_started(dir: &Path, started: &Started) {
+    match started {
+        Started::Fresh => {}
+        Started::Adopted(Gap { since_boot_ns, until_boot_ns, clean_stop, previous_pid }) => eprintln!(
+            "credwatch: adopted the kernel programs pinned in {}: no agent read them for {:.1} s (the agent before, pid {previous_pid}, {}); what they recorded meanwhile is read first, its alerts carry `credwatch.gap`",
+            dir.display(),
+            until_boot_ns.saturating_sub(*since_boot_ns) as f64 / 1e9,
+            if *clean_stop { "stopped" } else { "died or was killed" },
+        ),
+        Started::Replaced(why) => {
+            eprintln!("credwatch: replaced the kernel programs pinned in {} ({why})", dir.display());
+        }
     }
 }
 

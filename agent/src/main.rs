@@ -29,7 +29,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Commands {
-    /// Watch the whole machine: every process tree a package manager starts. Ctrl-C or SIGTERM stops.
+    /// Watch the whole machine: every process tree a package manager starts. Ctrl-C or SIGTERM
+    /// stops the agent; the kernel programs stay attached (pinned) until `credwatch stop`.
     Watch(WatchArgs),
     /// Run CMD and watch only its process tree (CMD is a root whatever it is).
     ///
@@ -43,6 +44,10 @@ enum Commands {
     ///
     /// Exit status: 0 when no alert fired, 10 when any did.
     Replay(ReplayArgs),
+    /// Stop `watch`: stop the agent if one runs, and detach and unpin its kernel programs.
+    ///
+    /// Exit status: 0 when they were detached or nothing was pinned.
+    Stop(PinArgs),
     /// Report the kernel features credwatch needs and which sensor it will use.
     Doctor,
     /// Check or list rules.
@@ -75,11 +80,21 @@ struct EnforceArgs {
 }
 
 #[derive(Args)]
+struct PinArgs {
+    /// Where the kernel side of `watch` (and `record` without CMD) is pinned, on bpffs: the
+    /// programs stay attached and recording while no agent runs, and the next one adopts them.
+    #[arg(long, value_name = "DIR", default_value = sensor::pins::DEFAULT_PIN_DIR)]
+    pin_dir: PathBuf,
+}
+
+#[derive(Args)]
 struct WatchArgs {
     #[command(flatten)]
     common: CommonArgs,
     #[command(flatten)]
     enforce: EnforceArgs,
+    #[command(flatten)]
+    pin: PinArgs,
     /// Also append every alert as a JSON line to FILE.
     #[arg(long, value_name = "FILE")]
     output: Option<PathBuf>,
@@ -109,6 +124,9 @@ struct RecordArgs {
     common: CommonArgs,
     #[command(flatten)]
     enforce: EnforceArgs,
+    /// Without CMD only.
+    #[command(flatten)]
+    pin: PinArgs,
     /// The trace file to write.
     #[arg(short = 'o', long, value_name = "FILE")]
     output: PathBuf,
@@ -185,6 +203,7 @@ fn main() -> ExitCode {
             trace: None,
             enforce: args.enforce.enforce,
             watch_project: args.common.watch_project,
+            pin_dir: Some(&args.pin.pin_dir),
         }),
         Commands::Run(args) => linger(args.linger).and_then(|linger| {
             let outputs = Outputs {
@@ -194,6 +213,7 @@ fn main() -> ExitCode {
                 trace: None,
                 enforce: args.enforce.enforce,
                 watch_project: args.common.watch_project,
+                pin_dir: None,
             };
             live::run_command(&outputs, &args.command, linger)
         }),
@@ -205,6 +225,7 @@ fn main() -> ExitCode {
                 trace: Some(&args.output),
                 enforce: args.enforce.enforce,
                 watch_project: args.common.watch_project,
+                pin_dir: Some(&args.pin.pin_dir),
             };
             if args.command.is_empty() {
                 live::watch_machine(&outputs)
@@ -227,6 +248,7 @@ fn main() -> ExitCode {
                 },
             )
         }),
+        Commands::Stop(args) => stop(&args.pin_dir),
         Commands::Doctor => {
             print!("{}", sensor::doctor());
             Ok(ExitCode::SUCCESS)
@@ -271,6 +293,23 @@ fn linger(seconds: Option<f64>) -> Result<Option<Duration>> {
     seconds
         .map(|s| Duration::try_from_secs_f64(s).with_context(|| format!("--linger {s}: not a number of seconds")))
         .transpose()
+}
+
+fn stop(dir: &Path) -> Result<ExitCode> {
+    let shown = dir.display().to_string();
+    let shown = escape(&shown);
+    match sensor::pins::stop(dir).with_context(|| format!("detaching the kernel programs pinned in {shown}"))? {
+        sensor::pins::Stopped::NothingPinned => {
+            eprintln!("credwatch: nothing is pinned in {shown}: no kernel programs to detach");
+        }
+        sensor::pins::Stopped::Detached { agent } => {
+            if let Some(pid) = agent {
+                eprintln!("credwatch: stopped the agent (pid {pid})");
+            }
+            eprintln!("credwatch: detached the kernel programs pinned in {shown}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn rules_check(dir: &Path) -> Result<ExitCode> {
