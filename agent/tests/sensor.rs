@@ -11,7 +11,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use credwatch::sensor::{doctor, lost_source, Protection, Sensor};
+use aya::{
+    maps::{Array, Map, MapData},
+    programs::links::PinnedLink,
+};
+use credwatch::sensor::{
+    doctor, lost_source,
+    pins::{self, AgentState, Started, Stopped},
+    Protection, Sensor,
+};
 use credwatch_core::{
     event::{Event, EventData, Lost, Open, Rename, Syscall},
     rules::{
@@ -915,4 +923,66 @@ fn an_open_in_flight_when_the_process_is_marked_is_reported_by_its_file() {
     assert_eq!(open.path, "", "the given path was never seen: {open:?}");
     assert_eq!(open.flags & libc::O_ACCMODE as u64, libc::O_RDONLY as u64, "{open:?}");
     assert!(open.ret >= 0 && open.ino == fs::metadata(&fifo).unwrap().ino(), "{open:?}");
+}
+
+/// The link ids of the programs attached through the set pinned in `dir`.
+fn pinned_link_ids(dir: &Path) -> Vec<u32> {
+    let mut ids: Vec<u32> = fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.file_name().unwrap().to_string_lossy().starts_with("link_"))
+        .map(|path| aya::programs::links::FdLink::from(PinnedLink::from_pin(&path).unwrap()).info().unwrap().id())
+        .collect();
+    ids.sort();
+    ids
+}
+
+fn attached_link_ids() -> Vec<u32> {
+    aya::programs::loaded_links().filter_map(Result::ok).map(|link| link.id()).collect()
+}
+
+#[test]
+fn a_pinned_set_is_adopted_by_the_same_build_and_replaced_when_from_another() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = PathBuf::from(format!("/sys/fs/bpf/credwatch-sensor-test-{}", std::process::id()));
+    let managers = RuleSet::defaults().unwrap().managers().to_vec();
+
+    let (sensor, started) = Sensor::start_pinned(&managers, &dir).unwrap();
+    assert_eq!(started, Started::Fresh);
+    let first = pinned_link_ids(&dir);
+    assert!(first.len() >= 3, "{first:?}");
+    assert_eq!(sensor.finish().unwrap(), Some(dir.clone()));
+    // Left attached: the links outlive the agent.
+    assert!(first.iter().all(|id| attached_link_ids().contains(id)));
+
+    let (sensor, started) = Sensor::start_pinned(&managers, &dir).unwrap();
+    let Started::Adopted(gap) = started else { panic!("not adopted: {started:?}") };
+    assert!(gap.clean_stop && gap.until_boot_ns >= gap.since_boot_ns, "{gap:?}");
+    assert_eq!(pinned_link_ids(&dir), first, "adopting must not re-attach");
+    sensor.finish().unwrap();
+
+    // The set now says it was loaded from another object.
+    let agent_map = || -> Array<MapData, AgentState> {
+        Array::try_from(Map::Array(MapData::from_pin(dir.join("agent")).unwrap())).unwrap()
+    };
+    let mut map = agent_map();
+    let state = map.get(&0, 0).unwrap();
+    assert_eq!(state.object_id, pins::object_id());
+    map.set(0, AgentState { object_id: [0xab; 32], ..state }, 0).unwrap();
+    drop(map);
+
+    let (sensor, started) = Sensor::start_pinned(&managers, &dir).unwrap();
+    let Started::Replaced(why) = started else { panic!("not replaced: {started:?}") };
+    assert!(why.contains("another build"), "{why}");
+    let second = pinned_link_ids(&dir);
+    let attached = attached_link_ids();
+    assert!(first.iter().all(|id| !second.contains(id) && !attached.contains(id)), "the old links are detached");
+    assert_eq!(agent_map().get(&0, 0).unwrap().object_id, pins::object_id());
+    sensor.finish().unwrap();
+
+    assert_eq!(pins::stop(&dir).unwrap(), Stopped::Detached { agent: None });
+    assert!(!dir.exists());
+    let attached = attached_link_ids();
+    assert!(second.iter().all(|id| !attached.contains(id)), "stop detaches");
+    assert_eq!(pins::stop(&dir).unwrap(), Stopped::NothingPinned);
 }
