@@ -63,3 +63,20 @@ fn a_package_that_kills_the_agent_then_reads_a_key_is_reported_by_the_restarted_
     let said = String::from_utf8_lossy(&again.stderr).into_owned();
     assert!(again.status.success() && said.contains("nothing is pinned"), "{said}");
 }
+
+#[test]
+fn credwatch_stop_stops_a_running_watch_and_detaches_its_programs() {
+    let sandbox = Sandbox::new();
+    let watch = sandbox.watch();
+    assert!(sandbox.pin_dir().join("EVENTS").exists());
+    let agent = watch.pid();
+
+    let stopped = sandbox.stop_pinned();
+    let said = String::from_utf8_lossy(&stopped.stderr).into_owned();
+    assert!(stopped.status.success(), "{said}");
+    assert!(said.contains(&format!("stopped the agent (pid {agent})")), "{said}");
+    assert!(said.contains("detached the kernel programs"), "{said}");
+    let run = watch.wait();
+    run.assert_exit(0);
+    assert!(!sandbox.pin_dir().exists(), "{}", run.describe());
+}
