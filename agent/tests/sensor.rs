@@ -985,4 +985,15 @@ fn a_pinned_set_is_adopted_by_the_same_build_and_replaced_when_from_another() {
     let attached = attached_link_ids();
     assert!(second.iter().all(|id| !attached.contains(id)), "stop detaches");
     assert_eq!(pins::stop(&dir).unwrap(), Stopped::NothingPinned);
+
+    // A directory of other pins (a mistyped --pin-dir) is neither replaced nor removed.
+    let foreign = PathBuf::from(format!("/sys/fs/bpf/credwatch-sensor-test-{}-foreign", std::process::id()));
+    fs::create_dir(&foreign).unwrap();
+    Array::<MapData, u64>::create(1, 0).unwrap().pin(foreign.join("someone_elses")).unwrap();
+    let refused = pins::stop(&foreign).unwrap_err().to_string();
+    assert!(refused.contains("not a credwatch set"), "{refused}");
+    let refused = Sensor::start_pinned(&managers, &foreign).err().expect("refused").to_string();
+    assert!(refused.contains("not a credwatch set"), "{refused}");
+    assert!(foreign.join("someone_elses").exists());
+    fs::remove_dir_all(&foreign).unwrap();
 }

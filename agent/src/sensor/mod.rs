@@ -516,6 +516,7 @@ impl Sensor {
         pins::remove_abandoned(dir)?;
         let mut replaced = None;
         if dir.exists() {
+            pins::check_is_set(dir)?;
             match pins::read_state(dir) {
                 Ok(state) => {
                     if let Some(pid) = pins::running_agent(&state) {

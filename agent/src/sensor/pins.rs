@@ -351,6 +351,7 @@ pub fn stop(dir: &Path) -> Result<Stopped, SensorError> {
     if !dir.exists() {
         return Ok(Stopped::NothingPinned);
     }
+    check_is_set(dir)?;
     let agent = read_state(dir).ok().as_ref().and_then(running_agent);
     if let Some(pid) = agent {
         // SAFETY: kill(2) on the agent, checked by its start time to be that process.
@@ -364,7 +365,20 @@ pub fn stop(dir: &Path) -> Result<Stopped, SensorError> {
     Ok(Stopped::Detached { agent })
 }
 
-/// Removes a set (its programs detach once nothing else holds their links).
+/// Refuses a directory that holds something but not a credwatch set (no `agent` pin): a
+/// mistyped `--pin-dir /sys/fs/bpf` must not unpin other tools' programs.
+pub(super) fn check_is_set(dir: &Path) -> Result<(), SensorError> {
+    let mut entries = fs::read_dir(dir).map_err(dir_err(dir))?;
+    if entries.next().is_none() || dir.join(STATE).exists() {
+        return Ok(());
+    }
+    Err(SensorError::PinDir {
+        path: dir.to_path_buf(),
+        source: io::Error::other("holds pins that are not a credwatch set (no `agent` pin): left alone"),
+    })
+}
+
+/// Removes a set, or one being built (its programs detach once nothing else holds their links).
 pub(super) fn remove(dir: &Path) -> Result<(), SensorError> {
     match fs::remove_dir_all(dir) {
         Err(error) if error.kind() != io::ErrorKind::NotFound => Err(dir_err(dir)(error)),
