@@ -369,6 +369,18 @@ mod tests {
     }
 
     #[test]
+    fn pin_dir_is_on_watch_record_and_stop_with_a_default() {
+        let cli = Cli::try_parse_from(["credwatch", "stop"]).unwrap();
+        let Commands::Stop(args) = cli.command else { panic!("not stop") };
+        assert_eq!(args.pin_dir, Path::new(sensor::pins::DEFAULT_PIN_DIR));
+        let cli = Cli::try_parse_from(["credwatch", "watch", "--pin-dir", "/sys/fs/bpf/x"]).unwrap();
+        let Commands::Watch(args) = cli.command else { panic!("not watch") };
+        assert_eq!(args.pin.pin_dir, Path::new("/sys/fs/bpf/x"));
+        assert!(Cli::try_parse_from(["credwatch", "record", "-o", "t", "--pin-dir", "/sys/fs/bpf/x"]).is_ok());
+        assert!(Cli::try_parse_from(["credwatch", "run", "--pin-dir", "/sys/fs/bpf/x", "--", "true"]).is_err());
+    }
+
+    #[test]
     fn bails_without_a_command() {
         assert!(Cli::try_parse_from(["credwatch", "run"]).is_err());
     }

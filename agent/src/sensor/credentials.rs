@@ -333,6 +333,24 @@ rules:
     }
 
     #[test]
+    fn a_restored_table_keeps_the_indexes_of_the_agent_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().to_path_buf();
+        fs::write(home.join(".npmrc"), "t").unwrap();
+        let npmrc = home.join(".npmrc").to_string_lossy().into_owned();
+        let before = vec!["/gone/.ssh/id_rsa".to_owned(), npmrc.clone()];
+        let mut table = CredentialTable::new(rules(RULES), [home.clone()]);
+        table.restore(before.clone());
+        let scan = table.scan();
+        assert_eq!(scan.inodes.values().map(|cred| cred.index).collect::<Vec<_>>(), [1]);
+        assert_eq!(table.path(0), Some("/gone/.ssh/id_rsa"));
+        assert_eq!(table.paths().collect::<Vec<_>>(), [before[0].as_str(), npmrc.as_str()]);
+        // Only a table with no index yet takes them.
+        table.restore(vec!["/other".to_owned()]);
+        assert_eq!(table.path(0), Some("/gone/.ssh/id_rsa"));
+    }
+
+    #[test]
     fn indexes_stay_stable_across_rescans_and_homes_are_bounded() {
         let dir = tempfile::tempdir().unwrap();
         let home = dir.path().to_path_buf();
