@@ -70,6 +70,16 @@ fn credwatch_stop_stops_a_running_watch_and_detaches_its_programs() {
     let watch = sandbox.watch();
     assert!(sandbox.pin_dir().join("EVENTS").exists());
     let agent = watch.pid();
+    // A second agent on the same pins would steal half of each ring's records: refused.
+    let second = sandbox
+        .command(credwatch_e2e::credwatch_binary())
+        .args(["watch", "--json", "--pin-dir"])
+        .arg(sandbox.pin_dir())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&second.stderr).into_owned();
+    assert_eq!(second.status.code(), Some(1), "{said}");
+    assert!(said.contains(&format!("credwatch (pid {agent}) is already running")), "{said}");
 
     let stopped = sandbox.stop_pinned();
     let said = String::from_utf8_lossy(&stopped.stderr).into_owned();
