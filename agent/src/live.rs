@@ -206,16 +206,25 @@ impl Session {
 fn say_how_started(dir: &Path, started: &Started) {
     match started {
         Started::Fresh => {}
-        Started::Adopted(Gap { since_boot_ns, until_boot_ns, clean_stop, previous_pid }) => eprintln!(
-            "credwatch: adopted the kernel programs pinned in {}: no agent read them for {:.1} s (the agent before, pid {previous_pid}, {}); what they recorded meanwhile is read first, its alerts carry `credwatch.gap`",
+        Started::Adopted(Gap { since_ns, until_ns, clean_stop, previous_pid }) => eprintln!(
+            "credwatch: adopted the kernel programs pinned in {}: no agent read them from {} to {} ({:.1} s; the agent before, pid {previous_pid}, {}); what they recorded meanwhile is read first, its alerts carry `credwatch.gap`",
             dir.display(),
-            until_boot_ns.saturating_sub(*since_boot_ns) as f64 / 1e9,
+            rfc3339(*since_ns),
+            rfc3339(*until_ns),
+            until_ns.saturating_sub(*since_ns) as f64 / 1e9,
             if *clean_stop { "stopped" } else { "died or was killed" },
         ),
         Started::Replaced(why) => {
             eprintln!("credwatch: replaced the kernel programs pinned in {} ({why})", dir.display());
         }
     }
+}
+
+fn rfc3339(time_ns: u64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(time_ns))
+        .ok()
+        .and_then(|time| time.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_default()
 }
 
 fn open_trace(path: &Path, rules: &RuleSet, command: &[String]) -> Result<TraceWriter> {

@@ -957,7 +957,7 @@ fn a_pinned_set_is_adopted_by_the_same_build_and_replaced_when_from_another() {
 
     let (sensor, started) = Sensor::start_pinned(&managers, &dir).unwrap();
     let Started::Adopted(gap) = started else { panic!("not adopted: {started:?}") };
-    assert!(gap.clean_stop && gap.until_boot_ns >= gap.since_boot_ns, "{gap:?}");
+    assert!(gap.clean_stop && gap.until_ns >= gap.since_ns, "{gap:?}");
     assert_eq!(pinned_link_ids(&dir), first, "adopting must not re-attach");
     sensor.finish().unwrap();
 

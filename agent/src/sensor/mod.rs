@@ -586,6 +586,7 @@ impl Sensor {
         let restored_paths = pins.cred_paths();
         pins.cred_paths_kept = restored_paths.len();
         let [lost, priority_lost, marks_full] = previous.lost_seen;
+        let decoder = Decoder::new();
         Ok(Sensor {
             _ebpf: None,
             marks: pins::open_map(dir, "MARKS", Map::HashMap)?,
@@ -602,12 +603,12 @@ impl Sensor {
             canary: None,
             next_canary: Instant::now() + CANARY_INTERVAL,
             last_drain: Instant::now(),
-            decoder: Decoder::new(),
+            decoder,
             stats: SensorStats { lost, priority_lost, marks_full, ..SensorStats::default() },
             pins: Some(pins),
             gap: Some(Gap {
-                since_boot_ns: previous.heartbeat_ns,
-                until_boot_ns,
+                since_ns: decoder.wall_ns(previous.heartbeat_ns),
+                until_ns: decoder.wall_ns(until_boot_ns),
                 clean_stop: previous.clean_stop == 1,
                 previous_pid: previous.agent_tgid,
             }),
@@ -888,9 +889,8 @@ impl Sensor {
             kept.push(event);
         }
         kept.sort_by_key(|event| event.time_ns);
-        let since_ns = self.decoder.wall_ns(gap.since_boot_ns);
-        let data = EventData::AgentGap(AgentGap { since_ns, clean_stop: gap.clean_stop });
-        let mut events = vec![Event { time_ns: self.decoder.wall_ns(gap.until_boot_ns), pid: 0, data }];
+        let data = EventData::AgentGap(AgentGap { since_ns: gap.since_ns, clean_stop: gap.clean_stop });
+        let mut events = vec![Event { time_ns: gap.until_ns, pid: 0, data }];
         events.append(&mut kept);
         events
     }

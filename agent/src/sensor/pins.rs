@@ -110,9 +110,10 @@ pub enum Started {
 /// The time no agent read the pinned set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Gap {
-    /// `CLOCK_BOOTTIME` ns of the previous agent's last sign of life.
-    pub since_boot_ns: u64,
-    pub until_boot_ns: u64,
+    /// Wall-clock ns of the previous agent's last sign of life.
+    pub since_ns: u64,
+    /// Wall-clock ns of the adoption.
+    pub until_ns: u64,
     pub clean_stop: bool,
     /// The previous agent's pid.
     pub previous_pid: u32,
