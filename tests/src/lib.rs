@@ -199,6 +199,8 @@ impl Sandbox {
             .env("PIP_DISABLE_PIP_VERSION_CHECK", "1")
             .env("PYTHONNOUSERSITE", "1")
             .env("PYTHONDONTWRITEBYTECODE", "1")
+            // Every `watch` of the sandbox pins in its own directory (see `pin_dir`).
+            .env("CREDWATCH_PIN_DIR", self.pin_dir())
             .current_dir(self.work());
         command
     }
