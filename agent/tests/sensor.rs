@@ -20,6 +20,7 @@ use credwatch::sensor::{
     pins::{self, AgentState, Started, Stopped},
     Protection, Sensor,
 };
+use credwatch_common::{CredInode, InodeKey};
 use credwatch_core::{
     event::{Event, EventData, Lost, Open, Rename, Syscall},
     rules::{
@@ -996,4 +997,47 @@ fn a_pinned_set_is_adopted_by_the_same_build_and_replaced_when_from_another() {
     assert!(refused.contains("not a credwatch set"), "{refused}");
     assert!(foreign.join("someone_elses").exists());
     fs::remove_dir_all(&foreign).unwrap();
+}
+
+/// The credential indexes of the kernel's map of the set pinned in `dir`, by path.
+fn pinned_cred_index(dir: &Path, path: &Path) -> u32 {
+    let map: aya::maps::HashMap<MapData, InodeKey, CredInode> =
+        aya::maps::HashMap::try_from(Map::HashMap(MapData::from_pin(dir.join("CRED_INODES")).unwrap())).unwrap();
+    let meta = fs::metadata(path).unwrap();
+    let key = InodeKey { dev: credwatch::sensor::credentials::kernel_dev(meta.dev()), ino: meta.ino() };
+    map.get(&key, 0).unwrap().index
+}
+
+/// A reload (a second `protect`) and an adoption keep each file's index: records in flight
+/// and the pinned set carry them.
+#[test]
+fn credential_indexes_survive_a_reload_and_an_adoption() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = PathBuf::from(format!("/sys/fs/bpf/credwatch-sensor-index-{}", std::process::id()));
+    let h = home();
+    // A home whose files sort before `h`'s: a table built afresh would number them first.
+    let earlier = h.home.parent().unwrap().join("a-earlier-home");
+    fs::create_dir_all(&earlier).unwrap();
+    fs::write(earlier.join(".npmrc"), "//registry.npmjs.org/:_authToken=fake\n").unwrap();
+    let npmrc = h.home.join(".npmrc");
+
+    let (mut sensor, _) = Sensor::start_pinned(&[], &dir).unwrap();
+    sensor.protect(Protection { rules: h.rules.clone(), homes: vec![h.home.clone()], enforce: false }).unwrap();
+    let first = pinned_cred_index(&dir, &npmrc);
+    let both = vec![earlier.clone(), h.home.clone()];
+    sensor.protect(Protection { rules: h.rules.clone(), homes: both.clone(), enforce: false }).unwrap();
+    assert_eq!(pinned_cred_index(&dir, &npmrc), first, "after a reload");
+    let earlier_index = pinned_cred_index(&dir, &earlier.join(".npmrc"));
+    assert_ne!(earlier_index, first);
+    sensor.finish().unwrap();
+
+    let (mut sensor, started) = Sensor::start_pinned(&[], &dir).unwrap();
+    assert!(matches!(started, Started::Adopted(_)), "{started:?}");
+    sensor
+        .protect(Protection { rules: h.rules.clone(), homes: both.into_iter().rev().collect(), enforce: false })
+        .unwrap();
+    assert_eq!(pinned_cred_index(&dir, &npmrc), first, "after an adoption");
+    assert_eq!(pinned_cred_index(&dir, &earlier.join(".npmrc")), earlier_index);
+    sensor.finish().unwrap();
+    assert_eq!(pins::stop(&dir).unwrap(), Stopped::Detached { agent: None });
 }

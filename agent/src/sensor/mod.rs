@@ -770,7 +770,13 @@ impl Sensor {
     pub fn protect(&mut self, protection: Protection) -> Result<(), SensorError> {
         self.config.block_syscalls = block_syscalls(protection.rules.rules());
         let mut table = CredentialTable::new(protection.rules.rules().to_vec(), protection.homes);
-        table.restore(std::mem::take(&mut self.restored_paths));
+        // The indexes in flight (records not yet read, and the pinned set's) stay valid: the
+        // table before this one (a reload), or the one of the agent before (an adoption).
+        let before = match self.credentials.take() {
+            Some((before, _)) => before.paths().map(str::to_owned).collect(),
+            None => std::mem::take(&mut self.restored_paths),
+        };
+        table.restore(before);
         self.credentials = Some((table, Instant::now()));
         self.protected = Some(protection.rules);
         self.rescan()?;
