@@ -926,6 +926,21 @@ fn an_open_in_flight_when_the_process_is_marked_is_reported_by_its_file() {
     assert!(open.ret >= 0 && open.ino == fs::metadata(&fifo).unwrap().ino(), "{open:?}");
 }
 
+/// A pin directory of a test, stopped (detached, removed) however the test ends.
+struct PinDir(PathBuf);
+
+impl PinDir {
+    fn new(name: &str) -> PinDir {
+        PinDir(PathBuf::from(format!("/sys/fs/bpf/credwatch-sensor-{name}-{}", std::process::id())))
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        let _ = pins::stop(&self.0);
+    }
+}
+
 /// The link ids of the programs attached through the set pinned in `dir`.
 fn pinned_link_ids(dir: &Path) -> Vec<u32> {
     let mut ids: Vec<u32> = fs::read_dir(dir)
@@ -945,7 +960,8 @@ fn attached_link_ids() -> Vec<u32> {
 #[test]
 fn a_pinned_set_is_adopted_by_the_same_build_and_replaced_when_from_another() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = PathBuf::from(format!("/sys/fs/bpf/credwatch-sensor-test-{}", std::process::id()));
+    let pin_dir = PinDir::new("replace");
+    let dir = pin_dir.0.clone();
     let managers = RuleSet::defaults().unwrap().managers().to_vec();
 
     let (sensor, started) = Sensor::start_pinned(&managers, &dir).unwrap();
@@ -1013,7 +1029,8 @@ fn pinned_cred_index(dir: &Path, path: &Path) -> u32 {
 #[test]
 fn credential_indexes_survive_a_reload_and_an_adoption() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = PathBuf::from(format!("/sys/fs/bpf/credwatch-sensor-index-{}", std::process::id()));
+    let pin_dir = PinDir::new("index");
+    let dir = pin_dir.0.clone();
     let h = home();
     // A home whose files sort before `h`'s: a table built afresh would number them first.
     let earlier = h.home.parent().unwrap().join("a-earlier-home");
