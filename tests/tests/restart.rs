@@ -10,6 +10,12 @@ use serde_json::Value;
 
 const SIGKILL: i32 = 9;
 
+fn time_of(value: &Value) -> time::OffsetDateTime {
+    let text = value.as_str().unwrap_or_else(|| panic!("not a time: {value}"));
+    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|e| panic!("{text}: {e}"))
+}
+
 /// A package whose postinstall SIGKILLs the agent (its pid is the script's `$1`: `pidof
 /// credwatch` would also hit agents other tests run on this machine), then reads the key.
 const KILL_THEN_READ: &str = r#"kill -9 "$1"; sleep 0.3; cat "$HOME/.ssh/id_ed25519" > /dev/null"#;
@@ -47,8 +53,8 @@ fn a_package_that_kills_the_agent_then_reads_a_key_is_reported_by_the_restarted_
         let gap = &alert["credwatch"]["gap"];
         let seconds = gap["seconds"].as_f64().unwrap_or_else(|| panic!("no gap on the alert: {alert:#}"));
         assert!(seconds > 0.0 && seconds < 60.0, "{alert:#}");
-        assert!(gap["down_from"].as_str() <= alert["@timestamp"].as_str(), "{alert:#}");
-        assert!(alert["@timestamp"].as_str() <= gap["down_to"].as_str(), "{alert:#}");
+        let (from, at, to) = (time_of(&gap["down_from"]), time_of(&alert["@timestamp"]), time_of(&gap["down_to"]));
+        assert!(from <= at && at <= to, "the alert's event is inside the gap: {alert:#}");
         assert_eq!(gap["clean_stop"], Value::Null, "the agent was killed, not stopped: {alert:#}");
     }
     assert_eq!(kill["credwatch"]["syscall"]["target_pid"], agent.parse::<u32>().unwrap(), "{kill:#}");
