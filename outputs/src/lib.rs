@@ -2,10 +2,11 @@
 //! alert is rendered once into an [`Outgoing`] and queued per output; each output's
 //! [`Transport`] delivers from its queue at its own pace.
 
-mod transport;
-
-pub use transport::{Outgoing, Transport, TransportError};
 pub mod falco;
 pub mod metrics;
 pub mod nats;
+pub mod syslog;
+mod transport;
 pub mod webhook;
+
+pub use transport::{Outgoing, Transport, TransportError};
