@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use reqwest::{StatusCode, Url};
 use rustls::RootCertStore;
@@ -187,7 +188,7 @@ impl Webhook {
         })
     }
 
-    async fn post(&self, body: Vec<u8>, content_type: &'static str) -> Result<(), TransportError> {
+    async fn post(&self, body: Bytes, content_type: &'static str) -> Result<(), TransportError> {
         let retry = |message: String| TransportError::Retry { output: self.name.clone(), message };
         let response = self
             .client
@@ -226,16 +227,19 @@ impl Transport for Webhook {
                 body.extend_from_slice(&alert.json);
                 body.push(b'\n');
             }
-            return self.post(body, "application/x-ndjson").await;
+            return self.post(body.into(), "application/x-ndjson").await;
         }
         // One request per alert, in order. A refused alert does not hold back the ones after it;
         // a retryable failure stops here (the whole batch comes again, receivers dedup by id).
         let mut refused = Vec::new();
         for alert in batch {
             let body = match self.format {
-                WebhookFormat::Ecs => alert.json.to_vec(),
+                // The alert's own bytes, shared, not copied.
+                WebhookFormat::Ecs => alert.json.clone(),
                 WebhookFormat::Falcosidekick => match falco::payload(alert) {
-                    Ok(payload) => serde_json::to_vec(&payload).expect("a payload of strings and numbers serialises"),
+                    Ok(payload) => {
+                        serde_json::to_vec(&payload).expect("a payload of strings and numbers serialises").into()
+                    }
                     Err(e) => {
                         refused.push(e.to_string());
                         continue;
