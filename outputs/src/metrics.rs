@@ -1,8 +1,10 @@
 //! The agent's Prometheus metrics and the `/metrics` endpoint that serves them. prometheus-client
 //! keeps the counters and writes the OpenMetrics text; hyper serves it on tokio. Whoever knows a
-//! figure updates it here: the sensor its events and losses, the engine its alerts, each output
-//! its deliveries, failures, drops, queue and spool.
+//! figure updates it here: the sensor its events and losses, the engine its alerts. The outputs'
+//! figures (deliveries, failures, drops, queue, spool) are the dispatcher's own counts, read at
+//! each scrape rather than kept twice (see [`Metrics::watch_outputs`]).
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -14,10 +16,12 @@ use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 use tokio::net::TcpListener;
 
@@ -46,16 +50,9 @@ pub struct OutputLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct FailureLabels {
-    pub output: String,
-    /// `retry` (the batch comes again) or `refused` (dropped: the receiver will not take it).
-    pub kind: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DropLabels {
     pub output: String,
-    /// The dropped alert's severity: drops start with the lowest.
+    /// The dropped alerts' severity.
     pub severity: String,
 }
 
@@ -77,11 +74,6 @@ pub struct Metrics {
     pub events: Family<KindLabels, Counter>,
     pub events_lost: Family<BufferLabels, Counter>,
     pub alerts: Family<AlertLabels, Counter>,
-    pub deliveries: Family<OutputLabels, Counter>,
-    pub delivery_failures: Family<FailureLabels, Counter>,
-    pub alerts_dropped: Family<DropLabels, Counter>,
-    pub queue_depth: Family<OutputLabels, Gauge>,
-    pub spool_bytes: Family<OutputLabels, Gauge>,
     pub marked_processes: Gauge,
     /// Entries in use over capacity, 0 to 1.
     pub map_fill: Family<MapLabels, Gauge<f64, AtomicU64>>,
@@ -103,11 +95,6 @@ impl Metrics {
             events: Family::default(),
             events_lost: Family::default(),
             alerts: Family::default(),
-            deliveries: Family::default(),
-            delivery_failures: Family::default(),
-            alerts_dropped: Family::default(),
-            queue_depth: Family::default(),
-            spool_bytes: Family::default(),
             marked_processes: Gauge::default(),
             map_fill: Family::default(),
             programs_attached: Gauge::default(),
@@ -122,28 +109,6 @@ impl Metrics {
             metrics.events_lost.clone(),
         );
         registry.register("alerts", "Alerts raised, by rule and severity", metrics.alerts.clone());
-        registry.register("output_deliveries", "Alerts an output's receiver took", metrics.deliveries.clone());
-        registry.register(
-            "output_failures",
-            "Failed deliveries of a batch, by output and kind (retry or refused)",
-            metrics.delivery_failures.clone(),
-        );
-        registry.register(
-            "output_dropped",
-            "Alerts an output dropped (spool full, or refused), by severity",
-            metrics.alerts_dropped.clone(),
-        );
-        registry.register(
-            "output_queue_depth",
-            "Alerts waiting in an output's memory queue",
-            metrics.queue_depth.clone(),
-        );
-        registry.register_with_unit(
-            "output_spool",
-            "Size of an output's disk spool",
-            Unit::Bytes,
-            metrics.spool_bytes.clone(),
-        );
         registry.register(
             "marked_processes",
             "Processes marked as package code in the kernel",
@@ -161,6 +126,12 @@ impl Metrics {
         Metrics { registry, ..metrics }
     }
 
+    /// Exports the outputs' figures, read from `source` at each scrape: the dispatcher's own
+    /// counts, so that they are never out of step with what it logs.
+    pub fn watch_outputs(&mut self, source: impl Fn() -> Vec<(String, OutputFigures)> + Send + Sync + 'static) {
+        self.registry.register_collector(Box::new(OutputsCollector(Box::new(source))));
+    }
+
     /// Counts an alert raised by the engine.
     pub fn alert(&self, rule: &str, severity: Severity) {
         self.alerts
@@ -174,6 +145,77 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
         text
+    }
+}
+
+/// One output's figures at a scrape.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OutputFigures {
+    /// Alerts its receiver took.
+    pub delivered: u64,
+    /// Deliveries that failed and will be tried again.
+    pub failed_attempts: u64,
+    /// Alerts its receiver refused (not retried).
+    pub refused: u64,
+    /// Alerts dropped (a full spool), by severity: low, medium, high, critical.
+    pub dropped: [u64; 4],
+    /// Alerts waiting in its memory queue.
+    pub queued: u64,
+    /// Size of its disk spool.
+    pub spool_bytes: u64,
+}
+
+type OutputSource = Box<dyn Fn() -> Vec<(String, OutputFigures)> + Send + Sync>;
+
+struct OutputsCollector(OutputSource);
+
+impl fmt::Debug for OutputsCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("OutputsCollector")
+    }
+}
+
+impl Collector for OutputsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let outputs = (self.0)();
+        let labels = |name: &str| OutputLabels { output: name.to_string() };
+        let counters: [(&str, &str, fn(&OutputFigures) -> u64); 3] = [
+            ("output_deliveries", "Alerts an output's receiver took", |f| f.delivered),
+            ("output_failures", "Deliveries that failed and are tried again", |f| f.failed_attempts),
+            ("output_refused", "Alerts an output's receiver refused (not retried)", |f| f.refused),
+        ];
+        for (name, help, value) in counters {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (output, figures) in &outputs {
+                ConstCounter::new(value(figures)).encode(family.encode_family(&labels(output))?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "output_dropped",
+            "Alerts an output dropped (its spool full), by severity: drops start with the lowest",
+            None,
+            MetricType::Counter,
+        )?;
+        for (output, figures) in &outputs {
+            let severities = [Severity::Low, Severity::Medium, Severity::High, Severity::Critical];
+            for (severity, dropped) in severities.iter().zip(figures.dropped) {
+                let labels = DropLabels { output: output.clone(), severity: severity.as_str().to_string() };
+                ConstCounter::new(dropped).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let gauges: [(&str, &str, Option<&Unit>, fn(&OutputFigures) -> u64); 2] = [
+            ("output_queue_depth", "Alerts waiting in an output's memory queue", None, |f| f.queued),
+            ("output_spool", "Size of an output's disk spool", Some(&Unit::Bytes), |f| f.spool_bytes),
+        ];
+        for (name, help, unit, value) in gauges {
+            let mut family = encoder.encode_descriptor(name, help, unit, MetricType::Gauge)?;
+            for (output, figures) in &outputs {
+                // Beyond i64 is beyond any queue or disk.
+                let value = i64::try_from(value(figures)).unwrap_or(i64::MAX);
+                ConstGauge::new(value).encode(family.encode_family(&labels(output))?)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -227,15 +269,27 @@ fn answer<B>(request: &Request<B>, metrics: &Metrics) -> Response<Full<Bytes>> {
 mod tests {
     use super::*;
 
+    use std::sync::atomic::Ordering;
+
     #[tokio::test]
     async fn metrics_are_served_at_metrics() {
-        let metrics = Arc::new(Metrics::new());
+        let mut metrics = Metrics::new();
+        let delivered = Arc::new(AtomicU64::new(7));
+        let counted = delivered.clone();
+        metrics.watch_outputs(move || {
+            let figures = OutputFigures {
+                delivered: counted.load(Ordering::Relaxed),
+                failed_attempts: 3,
+                refused: 1,
+                dropped: [5, 0, 0, 0],
+                queued: 2,
+                spool_bytes: 4096,
+            };
+            vec![("nats:nats://127.0.0.1:4222/credwatch".to_string(), figures)]
+        });
+        let metrics = Arc::new(metrics);
         metrics.events.get_or_create(&KindLabels { kind: "open".into() }).inc_by(3);
         metrics.alert("ssh-private-key", Severity::High);
-        let output = OutputLabels { output: "nats:nats://127.0.0.1:4222/credwatch".into() };
-        metrics.deliveries.get_or_create(&output).inc_by(7);
-        metrics.queue_depth.get_or_create(&output).set(2);
-        metrics.spool_bytes.get_or_create(&output).set(4096);
         metrics.map_fill.get_or_create(&MapLabels { map: "marks".into() }).set(0.25);
         metrics.start_up_seconds.set(0.5);
         let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
@@ -254,6 +308,10 @@ mod tests {
             "credwatch_events_total{kind=\"open\"} 3",
             "credwatch_alerts_total{rule=\"ssh-private-key\",severity=\"high\"} 1",
             "credwatch_output_deliveries_total{output=\"nats:nats://127.0.0.1:4222/credwatch\"} 7",
+            "credwatch_output_failures_total{output=\"nats:nats://127.0.0.1:4222/credwatch\"} 3",
+            "credwatch_output_refused_total{output=\"nats:nats://127.0.0.1:4222/credwatch\"} 1",
+            "credwatch_output_dropped_total{output=\"nats:nats://127.0.0.1:4222/credwatch\",severity=\"low\"} 5",
+            "credwatch_output_dropped_total{output=\"nats:nats://127.0.0.1:4222/credwatch\",severity=\"critical\"} 0",
             "credwatch_output_queue_depth{output=\"nats:nats://127.0.0.1:4222/credwatch\"} 2",
             "credwatch_output_spool_bytes{output=\"nats:nats://127.0.0.1:4222/credwatch\"} 4096",
             "credwatch_map_fill{map=\"marks\"} 0.25",
@@ -262,6 +320,11 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} not in:\n{text}");
         }
+        // Read at each scrape.
+        delivered.store(8, Ordering::Relaxed);
+        let text = client.get(format!("http://{addr}/metrics")).send().await.unwrap().text().await.unwrap();
+        let line = "credwatch_output_deliveries_total{output=\"nats:nats://127.0.0.1:4222/credwatch\"} 8";
+        assert!(text.lines().any(|l| l == line), "{line:?} not in:\n{text}");
         let response = client.get(format!("http://{addr}/")).send().await.unwrap();
         assert_eq!(response.status(), 404);
         let response = client.post(format!("http://{addr}/metrics")).send().await.unwrap();

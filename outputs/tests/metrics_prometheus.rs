@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use credwatch_core::alert::Severity;
-use credwatch_outputs::metrics::{self, Metrics, OutputLabels};
+use credwatch_outputs::metrics::{self, Metrics, OutputFigures};
 
 struct Prometheus(Child);
 
@@ -61,11 +61,14 @@ async fn wait_for(client: &reqwest::Client, api: &str, expr: &str, want: &str, l
 
 #[tokio::test]
 async fn prometheus_scrapes_the_metrics() {
-    let metrics = Arc::new(Metrics::new());
+    let mut metrics = Metrics::new();
+    metrics.watch_outputs(|| {
+        let figures = OutputFigures { spool_bytes: 4096, ..Default::default() };
+        vec![("webhook:https://siem.example/alerts".to_string(), figures)]
+    });
+    let metrics = Arc::new(metrics);
     metrics.alert("ssh-private-key", Severity::High);
     metrics.alert("ssh-private-key", Severity::High);
-    let output = OutputLabels { output: "webhook:https://siem.example/alerts".into() };
-    metrics.spool_bytes.get_or_create(&output).set(4096);
     metrics.start_up_seconds.set(0.25);
     let listener = metrics::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
     let target = listener.local_addr().unwrap();
