@@ -167,6 +167,9 @@ pub struct OutputFigures {
 
 type OutputSource = Box<dyn Fn() -> Vec<(String, OutputFigures)> + Send + Sync>;
 
+/// One of an output's figures.
+type Figure = fn(&OutputFigures) -> u64;
+
 struct OutputsCollector(OutputSource);
 
 impl fmt::Debug for OutputsCollector {
@@ -179,7 +182,7 @@ impl Collector for OutputsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
         let outputs = (self.0)();
         let labels = |name: &str| OutputLabels { output: name.to_string() };
-        let counters: [(&str, &str, fn(&OutputFigures) -> u64); 3] = [
+        let counters: [(&str, &str, Figure); 3] = [
             ("output_deliveries", "Alerts an output's receiver took", |f| f.delivered),
             ("output_failures", "Deliveries that failed and are tried again", |f| f.failed_attempts),
             ("output_refused", "Alerts an output's receiver refused (not retried)", |f| f.refused),
@@ -203,7 +206,7 @@ impl Collector for OutputsCollector {
                 ConstCounter::new(dropped).encode(family.encode_family(&labels)?)?;
             }
         }
-        let gauges: [(&str, &str, Option<&Unit>, fn(&OutputFigures) -> u64); 2] = [
+        let gauges: [(&str, &str, Option<&Unit>, Figure); 2] = [
             ("output_queue_depth", "Alerts waiting in an output's memory queue", None, |f| f.queued),
             ("output_spool", "Size of an output's disk spool", Some(&Unit::Bytes), |f| f.spool_bytes),
         ];
