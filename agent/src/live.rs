@@ -1,5 +1,7 @@
-//! Live modes: `watch`, `run` and `record` wire the sensor, the engine, the outputs and (when
-//! recording) a trace writer together.
+//! Live modes: `watch`, `run` and `record` drive the sensor through the engine to the outputs
+//! and (when recording) a trace writer, with [`pipeline::drive`] like `replay`. What is live only
+//! stays here: the events the agent makes itself, `--enforce`'s verdict on a held connect, and
+//! when to stop (Ctrl-C, `run`'s command and its tree done, `--linger`).
 
 use std::{
     io::{self, PipeWriter, Read as _, Write as _},
@@ -14,11 +16,13 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use credwatch::sensor::{credentials::system_homes, lost_source, Protection, Sensor};
+use credwatch::sensor::{credentials::system_homes, lost_source, Protection, Sensor, SensorError};
 use credwatch_core::{
+    alert::Alert,
     engine::{Engine, EngineOptions},
     event::{Event, EventData, Root},
     output::{escape, AlertSink},
+    pipeline::{self, Control, DriveError, Pulled, Sink, SinkError, Source},
     rules::RuleSet,
     trace::{TraceHeader, TraceWriter, TRACE_SCHEMA},
 };
@@ -64,13 +68,63 @@ fn stop_flag() -> Result<Arc<AtomicBool>> {
     Ok(stop)
 }
 
+/// The sensor as the pipeline's source: the events the agent made itself first (the trees
+/// seeded from `/proc`, `run`'s root), then what the kernel sends, waiting up to `wait` for each
+/// batch. It never ends: the mode's control stops it.
+struct Live {
+    sensor: Sensor,
+    queued: Vec<Event>,
+    wait: Duration,
+}
+
+impl Source for Live {
+    type Error = SensorError;
+
+    fn pull(&mut self, batch: &mut Vec<Event>) -> Result<Pulled, SensorError> {
+        if self.queued.is_empty() {
+            self.sensor.poll(self.wait, batch)?;
+        } else {
+            batch.append(&mut self.queued);
+        }
+        Ok(Pulled::More)
+    }
+}
+
+/// `--enforce`: the kernel stopped the process at this connect, and the engine's verdict decides
+/// whether it ever runs again.
+struct ConnectVerdict;
+
+impl Sink for ConnectVerdict {
+    fn event(&mut self, _: &Engine, event: &Event, alerts: &[Alert]) -> Result<(), SinkError> {
+        if matches!(&event.data, EventData::Connect(connect) if connect.held) {
+            let kill = alerts.iter().any(|alert| alert.event.outcome == "blocked" && alert.destination.is_some());
+            let signal = if kill { libc::SIGKILL } else { libc::SIGCONT };
+            // SAFETY: kill(2) on a process of a watched tree that the kernel stopped for us. It
+            // cannot have exited while stopped, so the pid is still its own.
+            unsafe { libc::kill(event.pid as libc::pid_t, signal) };
+        }
+        Ok(())
+    }
+}
+
+/// Says so when the kernel programs stopped reporting.
+struct DetachedWarning;
+
+impl Sink for DetachedWarning {
+    fn event(&mut self, _: &Engine, event: &Event, _: &[Alert]) -> Result<(), SinkError> {
+        if matches!(&event.data, EventData::Lost(lost) if lost.source == lost_source::DETACHED) {
+            eprintln!("credwatch: WARNING: the kernel programs stopped reporting (detached?): events are being missed");
+        }
+        Ok(())
+    }
+}
+
 /// The sensor, the engine and the outputs, wired together.
 struct Session {
-    sensor: Sensor,
+    live: Live,
     engine: Engine,
     sink: AlertSink,
     recorder: Option<TraceWriter>,
-    batch: Vec<Event>,
     started: Instant,
 }
 
@@ -90,58 +144,28 @@ impl Session {
             rules,
             EngineOptions { host_name: host_name(), watch_project: outputs.watch_project, ..EngineOptions::default() },
         );
-        Ok(Session { sensor, engine, sink, recorder, batch: Vec::new(), started })
+        let live = Live { sensor, queued: Vec::new(), wait: POLL_INTERVAL };
+        Ok(Session { live, engine, sink, recorder, started })
     }
 
-    fn handle(&mut self, event: &Event) -> Result<()> {
-        if let EventData::Lost(lost) = &event.data {
-            if lost.source == lost_source::DETACHED {
-                eprintln!(
-                    "credwatch: WARNING: the kernel programs stopped reporting (detached?): events are being missed"
-                );
-            }
-        }
+    /// Runs the pipeline until `control` stops it, then emits the engine's end-of-stream alerts.
+    fn drive(&mut self, control: impl FnMut(&mut Live, &Engine) -> Control) -> Result<()> {
+        let (mut warning, mut verdict) = (DetachedWarning, ConnectVerdict);
+        let mut sinks: Vec<&mut dyn Sink> = vec![&mut warning];
         if let Some(recorder) = &mut self.recorder {
-            recorder.write(event)?;
+            sinks.push(recorder);
         }
-        let mut kill = false;
-        for alert in self.engine.handle(event) {
-            kill |= alert.event.outcome == "blocked" && alert.destination.is_some();
-            self.sink.write(&alert).context("writing an alert")?;
-        }
-        // The kernel stopped the process at this connect (`--enforce`): the engine's verdict
-        // decides whether it ever runs again. It cannot have exited while stopped, so the pid
-        // is still its own.
-        if matches!(&event.data, EventData::Connect(connect) if connect.held) {
-            let signal = if kill { libc::SIGKILL } else { libc::SIGCONT };
-            // SAFETY: kill(2) on a process of a watched tree that the kernel stopped for us.
-            unsafe { libc::kill(event.pid as libc::pid_t, signal) };
-        }
-        Ok(())
+        sinks.push(&mut self.sink);
+        sinks.push(&mut verdict);
+        pipeline::drive(&mut self.live, &mut self.engine, &mut sinks, None, control).map_err(|error| match error {
+            DriveError::Source(error) => anyhow::Error::new(error).context("reading kernel events"),
+            DriveError::Sink(error) => error.into(),
+        })
     }
 
-    /// Waits for kernel events once and runs them through the engine.
-    /// Handles what the kernel sends within `POLL_INTERVAL` (less when a signal comes).
-    fn pump(&mut self) -> Result<()> {
-        self.pump_for(POLL_INTERVAL)
-    }
-
-    fn pump_for(&mut self, timeout: Duration) -> Result<()> {
-        let mut batch = std::mem::take(&mut self.batch);
-        self.sensor.poll(timeout, &mut batch).context("reading kernel events")?;
-        for event in batch.drain(..) {
-            self.handle(&event)?;
-        }
-        self.batch = batch;
-        Ok(())
-    }
-
-    /// Emits the engine's end-of-stream alerts, prints the summary and closes the trace.
-    fn finish(mut self) -> Result<u64> {
-        for alert in self.engine.flush() {
-            self.sink.write(&alert).context("writing an alert")?;
-        }
-        let sensor = self.sensor.stats();
+    /// Prints the summary and closes the trace; returns the number of alerts.
+    fn finish(self) -> Result<u64> {
+        let sensor = self.live.sensor.stats();
         let engine = self.engine.stats();
         eprintln!(
             "credwatch: {} events, {} lost, {} alerts in {:.1}s",
@@ -153,7 +177,7 @@ impl Session {
         if let Some(recorder) = self.recorder {
             recorder.finish()?;
         }
-        self.sensor.detach_in_background();
+        self.live.sensor.detach_in_background();
         Ok(self.sink.written())
     }
 }
@@ -180,17 +204,13 @@ pub fn watch_machine(outputs: &Outputs) -> Result<ExitCode> {
     let stop = stop_flag()?;
     let mut session = Session::start(outputs, &[])?;
     let managers = session.engine.rules().managers().to_vec();
-    for event in session.sensor.seed(&managers).context("seeding running package trees from /proc")? {
-        session.handle(&event)?;
-    }
+    session.live.queued = session.live.sensor.seed(&managers).context("seeding running package trees from /proc")?;
     eprintln!(
         "credwatch: watching package trees ({} rules) after {} ms; Ctrl-C to stop",
         session.engine.rules().rules().len(),
         session.started.elapsed().as_millis()
     );
-    while !stop.load(Ordering::Relaxed) {
-        session.pump()?;
-    }
+    session.drive(|_, _| if stop.load(Ordering::Relaxed) { Control::Stop } else { Control::Continue })?;
     session.finish()?;
     Ok(ExitCode::SUCCESS)
 }
@@ -261,36 +281,51 @@ pub fn run_command(outputs: &Outputs, command: &[String], linger: Option<Duratio
     let mut session = Session::start(outputs, command)?;
     let held = HeldCommand::spawn(command)?;
     let root = held.pid;
-    if let Err(error) = session.sensor.mark_root(root) {
+    if let Err(error) = session.live.sensor.mark_root(root) {
         // SAFETY: kill(2) on our own child, which is still waiting before its exec.
         unsafe { libc::kill(root as libc::pid_t, libc::SIGKILL) };
         return Err(error).context("marking the command's process");
     }
-    session.handle(&Event { time_ns: now_ns(), pid: root, data: EventData::Root(Root { reason: "run".into() }) })?;
+    session.live.queued.push(Event {
+        time_ns: now_ns(),
+        pid: root,
+        data: EventData::Root(Root { reason: "run".into() }),
+    });
     let mut child = held.release(command)?;
 
     let mut status = None;
     let mut cmd_exited_at = None;
-    loop {
-        session.pump()?;
+    let mut wait_error = None;
+    let mut last_read = false;
+    session.drive(|live, engine| {
+        if last_read {
+            return Control::Stop;
+        }
         if status.is_none() {
-            status = child.try_wait().context("waiting for the command")?;
+            match child.try_wait() {
+                Ok(exited) => status = exited,
+                Err(error) => {
+                    wait_error = Some(error);
+                    return Control::Stop;
+                }
+            }
             if status.is_some() {
                 cmd_exited_at = Some(Instant::now());
             }
         }
         if stop.load(Ordering::Relaxed) {
             eprintln!("credwatch: interrupted");
-            break;
+            return Control::Stop;
         }
-        let Some(exited_at) = cmd_exited_at else { continue };
+        let Some(exited_at) = cmd_exited_at else { return Control::Continue };
         let still_running: Vec<(u32, String)> =
-            session.engine.live_tree(root).into_iter().filter(|(pid, _)| process_exists(*pid)).collect();
+            engine.live_tree(root).into_iter().filter(|(pid, _)| process_exists(*pid)).collect();
         if still_running.is_empty() {
             // The last processes' final records are in the ring already (their exit tracepoint
             // ran before they could be reaped): one more read, without waiting.
-            session.pump_for(Duration::ZERO)?;
-            break;
+            live.wait = Duration::ZERO;
+            last_read = true;
+            return Control::Continue;
         }
         if linger.is_some_and(|linger| exited_at.elapsed() >= linger) {
             eprintln!("credwatch: stopped waiting; still running in the command's tree:");
@@ -298,8 +333,12 @@ pub fn run_command(outputs: &Outputs, command: &[String], linger: Option<Duratio
                 // Already escaped by the engine.
                 eprintln!("  [{pid}] {description}");
             }
-            break;
+            return Control::Stop;
         }
+        Control::Continue
+    })?;
+    if let Some(error) = wait_error {
+        return Err(error).context("waiting for the command");
     }
     if session.finish()? > 0 {
         return Ok(ExitCode::from(ALERT_EXIT_STATUS));

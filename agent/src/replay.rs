@@ -1,5 +1,5 @@
-//! `credwatch replay`: traces through the same engine and rules as the live modes, with the
-//! same alert output. Files are replayed in parallel, each with an engine of its own (traces are
+//! `credwatch replay`: traces through the same pipeline, engine and rules as the live modes,
+//! with the same alert output. Files are replayed in parallel, each with an engine of its own (traces are
 //! separate histories), each streamed in constant memory.
 
 use std::{
@@ -16,19 +16,25 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use credwatch_core::{
+    alert::Alert,
     engine::{Engine, EngineOptions},
-    import::{self, Format, ImportOptions},
+    event::Event,
+    import::{self, Format, ImportError, ImportOptions},
     output::{escape, AlertSink},
+    pipeline::{self, Control, Sink, SinkError},
     report::Report,
     rules::RuleSet,
 };
+use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::live::ALERT_EXIT_STATUS;
 
 /// Bad lines reported one by one under `--keep-going`; past this only the count is given.
 const BAD_LINES_SHOWN: u64 = 10;
-/// How often the progress line on a terminal is redrawn.
+/// How often the progress line on a terminal is updated.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(250);
+/// The progress line: the input files' bytes read (compressed bytes for compressed files).
+const PROGRESS_TEMPLATE: &str = "replaying: {bar:30} {percent:>3}% of {total_bytes}, {msg}";
 
 pub struct ReplayOptions<'a> {
     pub json: bool,
@@ -96,18 +102,18 @@ pub fn replay(files: &[PathBuf], options: &ReplayOptions) -> Result<ExitCode> {
                 })
             })
             .collect();
-        if show_progress {
+        if let Some(total_size) = total_size.filter(|_| show_progress) {
+            // indicatif draws on stderr, no more often than it is worth, and clears the line.
+            let style =
+                ProgressStyle::with_template(PROGRESS_TEMPLATE).unwrap_or_else(|_| ProgressStyle::default_bar());
+            let progress = ProgressBar::new(total_size).with_style(style);
             while !handles.iter().all(|h| h.is_finished()) {
                 thread::sleep(PROGRESS_INTERVAL);
-                let seconds = started.elapsed().as_secs_f64();
-                eprint!(
-                    "\rreplaying: {:5.1}% of {:.1} MB, {:.0} events/s ",
-                    100.0 * totals.bytes() as f64 / total_size.unwrap_or(1) as f64,
-                    total_size.unwrap_or(0) as f64 / 1e6,
-                    totals.events.load(Ordering::Relaxed) as f64 / seconds.max(1e-9)
-                );
+                let seconds = started.elapsed().as_secs_f64().max(1e-9);
+                progress.set_position(totals.bytes());
+                progress.set_message(format!("{:.0} events/s", totals.events.load(Ordering::Relaxed) as f64 / seconds));
             }
-            eprint!("\r\x1b[K");
+            progress.finish_and_clear();
         }
         handles
             .into_iter()
@@ -146,11 +152,21 @@ pub fn replay(files: &[PathBuf], options: &ReplayOptions) -> Result<ExitCode> {
     Ok(if alerts > 0 { ExitCode::from(ALERT_EXIT_STATUS) } else { ExitCode::SUCCESS })
 }
 
+/// Counts events for the progress display and the summary.
+struct Counted<'a>(&'a AtomicU64);
+
+impl Sink for Counted<'_> {
+    fn event(&mut self, _: &Engine, _: &Event, _: &[Alert]) -> Result<(), SinkError> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
 fn replay_file(
     group: &[PathBuf],
     rules: &RuleSet,
     sink: &Mutex<AlertSink>,
-    mut report: Option<&mut Report>,
+    report: Option<&mut Report>,
     options: &ReplayOptions,
     totals: &Totals,
 ) -> Result<()> {
@@ -158,38 +174,18 @@ fn replay_file(
     totals.consumed.lock().map_err(|_| anyhow::anyhow!("progress lock poisoned"))?.push(reader.consumed());
     let host_name = reader.host().unwrap_or_default();
     let mut engine = Engine::new(rules.clone(), EngineOptions { host_name, ..options.engine.clone() });
-    loop {
-        match reader.next_event() {
-            Ok(Some(event)) => {
-                totals.events.fetch_add(1, Ordering::Relaxed);
-                let alerts = engine.handle(&event);
-                if !alerts.is_empty() {
-                    let mut sink = sink.lock().map_err(|_| anyhow::anyhow!("output lock poisoned"))?;
-                    for alert in &alerts {
-                        sink.write(alert).context("writing an alert")?;
-                    }
-                }
-                if let Some(report) = report.as_deref_mut() {
-                    report.observe(&engine, &event, &alerts);
-                }
-            }
-            Ok(None) => {
-                // End of the file: sweep summaries of trees still running.
-                let alerts = engine.flush();
-                if !alerts.is_empty() {
-                    let mut sink = sink.lock().map_err(|_| anyhow::anyhow!("output lock poisoned"))?;
-                    for alert in &alerts {
-                        sink.write(alert).context("writing an alert")?;
-                    }
-                }
-                return Ok(());
-            }
-            Err(error) if error.recoverable && options.keep_going => {
-                if totals.bad_lines.fetch_add(1, Ordering::Relaxed) < BAD_LINES_SHOWN {
-                    eprintln!("credwatch: skipped {}", escape(&error.to_string()));
-                }
-            }
-            Err(error) => return Err(error.into()),
-        }
+    let (mut counted, mut output) = (Counted(&totals.events), sink);
+    let mut sinks: Vec<&mut dyn Sink> = vec![&mut counted, &mut output];
+    if let Some(report) = report {
+        sinks.push(report);
     }
+    let mut skip = |error: &ImportError| {
+        if totals.bad_lines.fetch_add(1, Ordering::Relaxed) < BAD_LINES_SHOWN {
+            eprintln!("credwatch: skipped {}", escape(&error.to_string()));
+        }
+    };
+    let skip = options.keep_going.then_some(&mut skip as &mut dyn FnMut(&ImportError));
+    // Each file to its end: sweep summaries of trees still running come out then.
+    pipeline::drive(&mut *reader, &mut engine, &mut sinks, skip, |_, _| Control::Continue)?;
+    Ok(())
 }

@@ -10,6 +10,7 @@ pub mod input;
 pub mod names;
 pub mod net;
 pub mod output;
+pub mod pipeline;
 pub mod record;
 pub mod report;
 pub mod rules;

@@ -48,6 +48,8 @@ fn probe_program(program_type: ProgramType) -> Probe {
     is_program_supported(program_type).map_err(|e| chain(&e))
 }
 
+/// The release as the kernel gives it (`6.1.0-28-amd64`); procfs only offers it parsed into
+/// numbers, without the distribution's suffix.
 fn kernel_release() -> String {
     fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_owned()).unwrap_or_else(|_| "unknown".into())
 }
@@ -75,6 +77,8 @@ fn lockdown() -> Option<String> {
         let end = start + text[start..].find(']')?;
         return Some(text[start..end].to_owned());
     }
+    // Not `procfs::cmdline()`: it splits at ' ' only, so a last `lockdown=integrity` would keep
+    // the file's newline.
     let cmdline = fs::read_to_string("/proc/cmdline").ok()?;
     let mode = cmdline.split_whitespace().find_map(|word| word.strip_prefix("lockdown="))?;
     Some(format!("{mode} (from the kernel command line)"))

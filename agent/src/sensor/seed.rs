@@ -4,10 +4,14 @@ use std::{
     collections::{BTreeMap, VecDeque},
     fs, io,
     os::unix::fs::MetadataExt,
-    path::Path,
+    path::{Path, PathBuf},
 };
 
 use credwatch_common::Mark;
+use procfs::{
+    process::{all_processes_with_root, Process},
+    ProcError, ProcResult,
+};
 
 use credwatch_core::{
     event::{attribution_env, Event, EventData, Exec},
@@ -21,58 +25,49 @@ struct Proc {
     exec: Exec,
 }
 
-/// `ppid` and `starttime` (fields 4 and 22) of `/proc/<pid>/stat`; the command name (field 2)
-/// may hold spaces and parentheses, so fields are counted after its last `)`.
-fn parse_stat(stat: &str) -> Option<(u32, u64)> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    Some((fields.get(1)?.parse().ok()?, fields.get(19)?.parse().ok()?))
-}
-
-/// The first (real) id of a `Uid:` or `Gid:` line of `/proc/<pid>/status`.
-fn status_id(status: &str, key: &str) -> u32 {
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix(key))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|id| id.parse().ok())
-        .unwrap_or(0)
-}
-
 /// The cgroup v2 id of a process: the inode of its cgroup directory.
-fn cgroup_id(dir: &Path) -> u64 {
-    let Ok(cgroups) = fs::read_to_string(dir.join("cgroup")) else { return 0 };
+fn cgroup_id(process: &Process) -> u64 {
+    let Ok(cgroups) = process.cgroups() else { return 0 };
     cgroups
-        .lines()
-        .find_map(|line| line.strip_prefix("0::"))
-        .and_then(|path| fs::metadata(format!("/sys/fs/cgroup{path}")).ok())
+        .into_iter()
+        .find(|cgroup| cgroup.hierarchy == 0 && cgroup.controllers.is_empty())
+        .and_then(|cgroup| fs::metadata(format!("/sys/fs/cgroup{}", cgroup.pathname)).ok())
         .map_or(0, |meta| meta.ino())
 }
 
-fn link(dir: &Path, name: &str) -> String {
-    fs::read_link(dir.join(name)).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default()
+fn io_error(error: ProcError) -> io::Error {
+    io::Error::other(error)
 }
 
-/// Reads one process; `None` when it vanished or is a kernel thread (no command line).
-fn read_proc(dir: &Path) -> Option<Proc> {
-    let (ppid, start_ticks) = parse_stat(&fs::read_to_string(dir.join("stat")).ok()?)?;
+fn lossy(path: ProcResult<PathBuf>) -> String {
+    path.map(|p| p.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// Reads one process (`dir` is its directory); `None` when it vanished or is a kernel thread
+/// (no command line).
+fn read_proc(process: &Process, dir: &Path) -> Option<Proc> {
+    let stat = process.stat().ok()?;
+    // argv and the environment are read as the kernel's NUL-separated blocks, as the sensor
+    // gets them from exec records: procfs's `cmdline()` fails on argv that is not UTF-8 (the
+    // process would go unseen) and drops empty arguments; `environ()` gives a map that
+    // `attribution_env` would have to take apart again.
     let args = words(&fs::read(dir.join("cmdline")).ok()?);
     if args.is_empty() {
         return None;
     }
-    let status = fs::read_to_string(dir.join("status")).unwrap_or_default();
-    let executable = link(dir, "exe");
+    let status = process.status().ok();
+    let ppid = u32::try_from(stat.ppid).unwrap_or(0);
     Some(Proc {
         ppid,
-        start_ticks,
+        start_ticks: stat.starttime,
         exec: Exec {
             ppid,
             filename: args[0].clone(),
-            executable,
-            cwd: link(dir, "cwd"),
-            uid: status_id(&status, "Uid:"),
-            gid: status_id(&status, "Gid:"),
-            cgroup_id: cgroup_id(dir),
+            executable: lossy(process.exe()),
+            cwd: lossy(process.cwd()),
+            uid: status.as_ref().map_or(0, |status| status.ruid),
+            gid: status.as_ref().map_or(0, |status| status.rgid),
+            cgroup_id: cgroup_id(process),
             env: attribution_env(&fs::read(dir.join("environ")).unwrap_or_default()),
             seeded: true,
             project: None,
@@ -103,6 +98,8 @@ fn is_script(path: &Path) -> bool {
 
 /// Every process in a package tree under `proc_root`, with its mark, parents first. The
 /// outermost manager is the root of a tree (npm under cargo belongs to cargo's tree).
+// Cost (release build, 290 processes, 201 in a tree, 2 busy cores): about 18.8 ms of CPU per
+// scan with procfs against 17.3 ms with the hand-written reads it replaced; once, at start.
 pub fn scan(
     proc_root: &Path,
     managers: &[Manager],
@@ -110,13 +107,18 @@ pub fn scan(
     decoder: &Decoder,
 ) -> io::Result<Vec<(Event, Mark)>> {
     let mut procs = BTreeMap::new();
-    for entry in fs::read_dir(proc_root)? {
-        let entry = entry?;
-        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) else { continue };
+    for process in all_processes_with_root(proc_root).map_err(io_error)? {
+        let process = match process {
+            Ok(process) => process,
+            // Exited since the directory was listed.
+            Err(ProcError::NotFound(_)) => continue,
+            Err(error) => return Err(io_error(error)),
+        };
+        let Ok(pid) = u32::try_from(process.pid) else { continue };
         if pid == agent_pid {
             continue;
         }
-        if let Some(proc) = read_proc(&entry.path()) {
+        if let Some(proc) = read_proc(&process, &proc_root.join(pid.to_string())) {
             procs.insert(pid, proc);
         }
     }
@@ -204,19 +206,6 @@ mod tests {
     }
 
     #[test]
-    fn parses_stat_with_awkward_names() {
-        let stat = "1234 (we ird) (name)) S 77 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 0 0";
-        assert_eq!(parse_stat(stat), Some((77, 98765)));
-        assert_eq!(parse_stat("1 (x) S"), None);
-    }
-
-    #[test]
-    fn reads_real_ids() {
-        assert_eq!(status_id("Name:\tx\nUid:\t1000\t0\t0\t0\nGid:\t5\t5\t5\t5\n", "Uid:"), 1000);
-        assert_eq!(status_id("Name:\tx\n", "Gid:"), 0);
-    }
-
-    #[test]
     fn finds_this_test_as_a_tree_when_its_name_is_a_manager() {
         // The test binary's own argv[0] basename stands in for a manager: its process and
         // nothing unrelated is found, and it is a root.
@@ -252,5 +241,53 @@ mod tests {
         let EventData::Exec(exec) = &event.data else { panic!() };
         assert_eq!(exec.filename, "npm", "the engine sees the nested manager by this name");
         assert_eq!(root_manager(&managers, &exec.filename, &exec.args), Some(1));
+    }
+
+    /// A `/proc` of four processes in a directory: a manager with an awkward command name, its
+    /// child with an argv that is not UTF-8 and an empty argument, a kernel thread, and an
+    /// unrelated process.
+    #[test]
+    fn reads_a_proc_tree_as_the_kernel_writes_it() {
+        let root = tempfile::tempdir().unwrap();
+        // The rest of each file as this kernel writes it, with the fields the seed reads set.
+        let own_stat = fs::read_to_string("/proc/self/stat").unwrap();
+        let own_status = fs::read_to_string("/proc/self/status").unwrap();
+        let process = |pid: u32, comm: &str, ppid: u32, start: u64, uid: u32, cmdline: &[u8], environ: &[u8]| {
+            let dir = root.path().join(pid.to_string());
+            fs::create_dir(&dir).unwrap();
+            let mut stat: Vec<String> =
+                own_stat[own_stat.rfind(')').unwrap() + 2..].split(' ').map(str::to_owned).collect();
+            (stat[1], stat[19]) = (ppid.to_string(), start.to_string());
+            fs::write(dir.join("stat"), format!("{pid} ({comm}) {}", stat.join(" "))).unwrap();
+            let status: Vec<String> = own_status
+                .lines()
+                .map(|line| match line.split_once(':') {
+                    Some(("Uid", _)) => format!("Uid:\t{uid}\t0\t0\t0"),
+                    Some(("Gid", _)) => format!("Gid:\t{}\t0\t0\t0", uid + 1),
+                    _ => line.to_owned(),
+                })
+                .collect();
+            fs::write(dir.join("status"), status.join("\n") + "\n").unwrap();
+            fs::write(dir.join("cmdline"), cmdline).unwrap();
+            fs::write(dir.join("environ"), environ).unwrap();
+            fs::write(dir.join("cgroup"), "0::/credwatch-test-no-such-cgroup\n").unwrap();
+            std::os::unix::fs::symlink(format!("/usr/bin/{comm}"), dir.join("exe")).unwrap();
+            std::os::unix::fs::symlink("/home/alice/app", dir.join("cwd")).unwrap();
+        };
+        process(100, "npm i) S 1 (x", 1, 500, 1000, b"npm\0install\0", b"npm_package_name=evil\0PATH=/usr/bin\0");
+        process(101, "sh", 100, 700, 1000, b"sh\0-c\0\0\xff\xfe\0", b"");
+        process(102, "kworker/0:1", 100, 800, 0, b"", b"");
+        process(103, "bash", 1, 900, 0, b"bash\0", b"");
+        let managers = vec![Manager { name: "npm".into(), execs: vec!["npm".into()], ..Manager::default() }];
+        let found = scan(root.path(), &managers, 0, &Decoder::new()).unwrap();
+        let summary: Vec<_> = found.iter().map(|(event, mark)| (event.pid, mark.root_pid, mark.depth)).collect();
+        assert_eq!(summary, [(100, 100, 0), (101, 100, 1)]);
+        let EventData::Exec(npm) = &found[0].0.data else { panic!() };
+        assert_eq!((npm.ppid, npm.uid, npm.gid, npm.cgroup_id), (1, 1000, 1001, 0));
+        assert_eq!((npm.executable.as_str(), npm.cwd.as_str()), ("/usr/bin/npm i) S 1 (x", "/home/alice/app"));
+        assert_eq!(npm.env.keys().collect::<Vec<_>>(), ["npm_package_name"]);
+        let EventData::Exec(sh) = &found[1].0.data else { panic!() };
+        assert_eq!(sh.args, ["sh", "-c", "", "\u{fffd}\u{fffd}"]);
+        assert!(found[0].0.time_ns < found[1].0.time_ns, "start times: 500 and 700 ticks after boot");
     }
 }

@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::{Engine, Id, Judgement, Proc};
+use super::{matching::Judgement, process::Proc, Engine, Id};
 use crate::{
     alert::{Alert, AlertDestination},
     event::{Connect, DnsQuery, Event},

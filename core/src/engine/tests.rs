@@ -1,9 +1,12 @@
 use std::collections::BTreeMap;
 
-use super::*;
+use super::{
+    process::{AT_FDCWD, MAX_PROCESSES},
+    *,
+};
 use crate::{
-    alert::AlertSyscall,
-    event::{Exit, Fork, Rename, Root, Syscall},
+    alert::{AlertSyscall, Severity},
+    event::{Exec, Exit, Fork, Open, Rename, Root, Syscall},
 };
 
 /// Drives an engine over the default rules with hand-written events.

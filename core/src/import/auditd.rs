@@ -133,7 +133,7 @@ impl AuditdSource {
                     };
                     let Ok(index) = index.parse::<u32>() else { continue };
                     let bytes = if piece {
-                        hex(value).unwrap_or_else(|| value.as_bytes().to_vec())
+                        hex::decode(value).unwrap_or_else(|_| value.as_bytes().to_vec())
                     } else {
                         untrusted_bytes(value)
                     };
@@ -446,18 +446,11 @@ fn untrusted_bytes(value: &str) -> Vec<u8> {
     if value == "(null)" {
         return Vec::new();
     }
-    hex(value).unwrap_or_else(|| value.as_bytes().to_vec())
+    hex::decode(value).unwrap_or_else(|_| value.as_bytes().to_vec())
 }
 
 fn untrusted(value: &str) -> String {
     String::from_utf8_lossy(&untrusted_bytes(value)).into_owned()
-}
-
-fn hex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok()).collect()
 }
 
 /// The syscalls used, by number, for the architectures audit logs as `arch=`.

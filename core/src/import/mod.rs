@@ -4,6 +4,7 @@
 //! goes on. What each format gives and cannot give is in `docs/importers.md`.
 
 mod auditd;
+mod jsonl;
 pub mod passwd;
 mod strace;
 mod tetragon;

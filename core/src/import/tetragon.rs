@@ -6,9 +6,12 @@
 
 use std::collections::VecDeque;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
-use super::{signal_number, EventSource, Format, ImportError, Known, Lines};
+use super::{
+    jsonl::{rfc3339_ns, Decoder, JsonLines},
+    signal_number, Format, Known, Lines,
+};
 use crate::event::{Event, EventData, Exec, Exit, Open};
 
 /// The top-level keys of Tetragon events (one per line).
@@ -27,21 +30,24 @@ const AT_FDCWD: i32 = -100;
 /// `MAY_WRITE` in the mask argument of `security_file_permission`.
 const MAY_WRITE: i64 = 2;
 
-pub(super) struct TetragonSource {
-    lines: Lines,
+/// Tetragon's mapping; the host is the first `node_name` seen, unless given at the start.
+pub(super) struct Tetragon {
     known: Known,
     host: Option<String>,
-    out: VecDeque<Event>,
 }
+
+pub(super) type TetragonSource = JsonLines<Tetragon>;
 
 impl TetragonSource {
     pub(super) fn new(lines: Lines, host: Option<String>) -> TetragonSource {
-        TetragonSource { lines, known: Known::default(), host, out: VecDeque::new() }
+        JsonLines::with_decoder(lines, Tetragon { known: Known::default(), host })
     }
+}
 
-    fn line(&mut self, text: &[u8]) -> Result<(), String> {
-        let value: Value = serde_json::from_slice(text).map_err(|e| format!("not JSON: {e}"))?;
-        let object = value.as_object().ok_or("not a JSON object")?;
+impl Decoder for Tetragon {
+    const FORMAT: Format = Format::Tetragon;
+
+    fn decode(&mut self, object: &Map<String, Value>, out: &mut VecDeque<Event>) -> Result<(), String> {
         let Some((&kind, body)) = EVENT_KEYS.iter().find_map(|k| object.get(*k).map(|b| (k, b))) else {
             return Err("not a Tetragon event (no process_* key)".into());
         };
@@ -58,13 +64,13 @@ impl TetragonSource {
         match kind {
             "process_exec" => {
                 if let Some(fork) = self.known.announce(time, ppid, pid) {
-                    self.out.push_back(fork);
+                    out.push_back(fork);
                 }
                 let binary = string(process, "binary");
                 let mut args = vec![binary.clone()];
                 args.extend(split_arguments(&string(process, "arguments")));
                 let seeded = string(process, "flags").split_whitespace().any(|f| f == "procFS");
-                self.out.push_back(Event {
+                out.push_back(Event {
                     time_ns: time,
                     pid,
                     data: EventData::Exec(Exec {
@@ -83,7 +89,7 @@ impl TetragonSource {
                 let status = uint(body, "status").unwrap_or(0);
                 let signal = body.get("signal").and_then(Value::as_str).and_then(signal_number).unwrap_or(0);
                 self.known.remove(pid);
-                self.out.push_back(Event {
+                out.push_back(Event {
                     time_ns: time,
                     pid,
                     data: EventData::Exit(Exit { code: ((status & 0xff) << 8) | signal }),
@@ -93,13 +99,17 @@ impl TetragonSource {
                 let function = body.get("function_name").and_then(Value::as_str).unwrap_or("");
                 let Some(open) = file_open(function, body, uint(process, "tid").unwrap_or(pid)) else { return Ok(()) };
                 if let Some(fork) = self.known.announce(time, ppid, pid) {
-                    self.out.push_back(fork);
+                    out.push_back(fork);
                 }
-                self.out.push_back(Event { time_ns: time, pid, data: EventData::Open(open) });
+                out.push_back(Event { time_ns: time, pid, data: EventData::Open(open) });
             }
             _ => {}
         }
         Ok(())
+    }
+
+    fn host(&self) -> Option<String> {
+        self.host.clone()
     }
 }
 
@@ -140,38 +150,6 @@ fn file_open(function: &str, body: &Value, tid: u32) -> Option<Open> {
     Some(Open { tid, syscall: function.to_owned(), dirfd, flags, mode: 0, path, abs_path, ret, ..Open::default() })
 }
 
-impl EventSource for TetragonSource {
-    fn next_event(&mut self) -> Result<Option<Event>, ImportError> {
-        loop {
-            if let Some(event) = self.out.pop_front() {
-                return Ok(Some(event));
-            }
-            let Some((number, text)) = self.lines.next()? else { return Ok(None) };
-            if text.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            let text = text.to_vec();
-            self.line(&text).map_err(|message| ImportError::bad_line(self.lines.name(), number, message))?;
-        }
-    }
-
-    fn name(&self) -> &str {
-        self.lines.name()
-    }
-
-    fn format(&self) -> Format {
-        Format::Tetragon
-    }
-
-    fn consumed(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
-        self.lines.consumed()
-    }
-
-    fn host(&self) -> Option<String> {
-        self.host.clone()
-    }
-}
-
 fn uint(value: &Value, key: &str) -> Option<u32> {
     value.get(key)?.as_u64().and_then(|n| u32::try_from(n).ok())
 }
@@ -180,14 +158,10 @@ fn string(value: &Value, key: &str) -> String {
     value.get(key).and_then(Value::as_str).unwrap_or_default().to_owned()
 }
 
-/// RFC 3339 time to nanoseconds since the epoch.
-pub(super) fn rfc3339_ns(text: &str) -> Option<u64> {
-    let time = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok()?;
-    u64::try_from(time.unix_timestamp_nanos()).ok()
-}
-
 /// Tetragon's `arguments` string, split at spaces; double quotes group an argument that
 /// holds spaces and a backslash escapes the next character.
+/// Tetragon's own quoting, not shell syntax: a single quote or a `#` is an ordinary character
+/// there, where shell-word splitters (`shlex`, `shell-words`) fail on `it's` and drop `#x`.
 fn split_arguments(text: &str) -> Vec<String> {
     let mut args = Vec::new();
     let mut current = String::new();
@@ -224,11 +198,13 @@ fn split_arguments(text: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::import::EventSource;
 
     #[test]
     fn splits_arguments() {
         assert_eq!(split_arguments(r#"-c "cat ~/.npmrc"  x\"y"#), ["-c", "cat ~/.npmrc", "x\"y"]);
         assert!(split_arguments("").is_empty());
+        assert_eq!(split_arguments("echo it's #1"), ["echo", "it's", "#1"]);
     }
 
     #[test]

@@ -6,7 +6,10 @@ use std::collections::VecDeque;
 
 use serde_json::{Map, Value};
 
-use super::{makedev, tetragon::rfc3339_ns, EventSource, Format, ImportError, Known, Lines};
+use super::{
+    jsonl::{rfc3339_ns, Decoder, JsonLines},
+    makedev, Format, Known, Lines,
+};
 use crate::event::{attribution_env, Event, EventData, Exec, Exit, Fork, Open};
 
 const AT_FDCWD: i32 = -100;
@@ -76,7 +79,7 @@ fn legacy(object: &Map<String, Value>) -> Result<Common<'_>, String> {
     })
 }
 
-fn v1beta1(value: &Value) -> Result<Common<'_>, String> {
+fn v1beta1(value: &Map<String, Value>) -> Result<Common<'_>, String> {
     let time = match value.get("timestamp") {
         Some(Value::String(text)) => rfc3339_ns(text).ok_or_else(|| format!("bad timestamp {text:?}"))?,
         Some(stamp @ Value::Object(_)) => {
@@ -122,24 +125,28 @@ fn v1beta1(value: &Value) -> Result<Common<'_>, String> {
     })
 }
 
-pub(super) struct TraceeSource {
-    lines: Lines,
+/// Tracee's mapping, for both schemas.
+#[derive(Default)]
+pub(super) struct Tracee {
     known: Known,
-    out: VecDeque<Event>,
 }
+
+pub(super) type TraceeSource = JsonLines<Tracee>;
 
 impl TraceeSource {
     pub(super) fn new(lines: Lines) -> TraceeSource {
-        TraceeSource { lines, known: Known::default(), out: VecDeque::new() }
+        JsonLines::with_decoder(lines, Tracee::default())
     }
+}
 
-    fn line(&mut self, text: &[u8]) -> Result<(), String> {
-        let value: Value = serde_json::from_slice(text).map_err(|e| format!("not JSON: {e}"))?;
-        let object = value.as_object().ok_or("not a JSON object")?;
+impl Decoder for Tracee {
+    const FORMAT: Format = Format::Tracee;
+
+    fn decode(&mut self, object: &Map<String, Value>, out: &mut VecDeque<Event>) -> Result<(), String> {
         let e = if object.contains_key("eventName") {
             legacy(object)?
         } else if object.contains_key("name") && object.contains_key("workload") {
-            v1beta1(&value)?
+            v1beta1(object)?
         } else {
             return Err("not a Tracee event (no eventName, or name and workload)".into());
         };
@@ -150,10 +157,10 @@ impl TraceeSource {
         };
         match e.name {
             "sched_process_exec" => {
-                announce(&mut self.known, &mut self.out);
+                announce(&mut self.known, out);
                 let executable = e.str("pathname").unwrap_or_default();
                 let env = e.strings("env").join("\0");
-                self.out.push_back(Event {
+                out.push_back(Event {
                     time_ns: e.time,
                     pid: e.pid,
                     data: EventData::Exec(Exec {
@@ -181,7 +188,7 @@ impl TraceeSource {
                 let parent = e.int("parent_pid").unwrap_or(e.pid as i64) as u32;
                 if !self.known.contains(child as u32) {
                     self.known.insert(child as u32);
-                    self.out.push_back(Event {
+                    out.push_back(Event {
                         time_ns: e.time,
                         pid: parent,
                         data: EventData::Fork(Fork { child_pid: child as u32 }),
@@ -195,7 +202,7 @@ impl TraceeSource {
                 }
                 let code = e.int("exit_code").unwrap_or(0) as u32;
                 self.known.remove(e.pid);
-                self.out.push_back(Event { time_ns: e.time, pid: e.pid, data: EventData::Exit(Exit { code }) });
+                out.push_back(Event { time_ns: e.time, pid: e.pid, data: EventData::Exit(Exit { code }) });
             }
             "open" | "openat" | "openat2" | "creat" | "security_file_open" => {
                 let lsm = e.name == "security_file_open";
@@ -228,8 +235,8 @@ impl TraceeSource {
                 } else {
                     (0, 0)
                 };
-                announce(&mut self.known, &mut self.out);
-                self.out.push_back(Event {
+                announce(&mut self.known, out);
+                out.push_back(Event {
                     time_ns: e.time,
                     pid: e.pid,
                     data: EventData::Open(Open {
@@ -255,37 +262,10 @@ impl TraceeSource {
     }
 }
 
-impl EventSource for TraceeSource {
-    fn next_event(&mut self) -> Result<Option<Event>, ImportError> {
-        loop {
-            if let Some(event) = self.out.pop_front() {
-                return Ok(Some(event));
-            }
-            let Some((number, text)) = self.lines.next()? else { return Ok(None) };
-            if text.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            let text = text.to_vec();
-            self.line(&text).map_err(|message| ImportError::bad_line(self.lines.name(), number, message))?;
-        }
-    }
-
-    fn name(&self) -> &str {
-        self.lines.name()
-    }
-
-    fn format(&self) -> Format {
-        Format::Tracee
-    }
-
-    fn consumed(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
-        self.lines.consumed()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::import::EventSource;
 
     fn events(text: &str) -> (Vec<Event>, Vec<String>) {
         let mut source = TraceeSource::new(Lines::from_bytes("tracee.json", text.as_bytes()));
