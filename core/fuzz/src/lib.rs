@@ -1,5 +1,6 @@
-//! What the fuzz targets share: the whole public path of an importer, from bytes to the
-//! engine's alerts and their rendering, as `credwatch replay --keep-going` takes it.
+//! What the fuzz targets share: the whole public path of an importer, from bytes through the
+//! pipeline and the engine to rendered alerts and the responder's report, as
+//! `credwatch replay --keep-going --report` takes it.
 
 use std::{cell::RefCell, io::Cursor};
 
@@ -7,8 +8,10 @@ use credwatch_core::{
     alert::Alert,
     engine::{Engine, EngineOptions},
     event::Event,
-    import::{self, EventSource, Format, ImportOptions},
+    import::{self, EventSource, Format, ImportError, ImportOptions},
     output,
+    pipeline::{self, Control, Sink, SinkError},
+    report::Report,
     rules::RuleSet,
 };
 
@@ -27,11 +30,6 @@ pub fn handle(event: &Event) {
     ENGINE.with_borrow_mut(|engine| engine.handle(event)).iter().for_each(render);
 }
 
-/// Ends the input: the engine's pending alerts come out.
-pub fn flush() {
-    ENGINE.with_borrow_mut(|engine| engine.flush()).iter().for_each(render);
-}
-
 /// Renders `alert` as the sinks do. What the monitored system wrote reaches a terminal escaped:
 /// the plain rendering holds no control character but its line breaks.
 fn render(alert: &Alert) {
@@ -41,22 +39,41 @@ fn render(alert: &Alert) {
     serde_json::to_string(alert).expect("alerts serialise");
 }
 
-/// Reads `source` to its end, going on after recoverable errors, every event through the engine.
+/// A sink rendering alerts as the terminal and JSON sinks do (without writing them anywhere).
+struct Rendered;
+
+impl Sink for Rendered {
+    fn event(&mut self, _: &Engine, _: &Event, alerts: &[Alert]) -> Result<(), SinkError> {
+        alerts.iter().for_each(render);
+        Ok(())
+    }
+
+    fn end(&mut self, alerts: &[Alert]) -> Result<(), SinkError> {
+        alerts.iter().for_each(render);
+        Ok(())
+    }
+}
+
+/// Drives `source` to its end through the engine as `credwatch replay --keep-going --report`
+/// does: bad lines skipped, alerts rendered, the responder's report written. The report's
+/// terminal text, like an alert's, holds no control character but line breaks.
 pub fn drain(mut source: Box<dyn EventSource>) {
     let _ = (source.name(), source.format(), source.host());
-    loop {
-        match source.next_event() {
-            Ok(Some(event)) => handle(&event),
-            Ok(None) => break,
-            Err(error) => {
-                let _ = error.to_string();
-                if !error.recoverable {
-                    break;
-                }
-            }
-        }
+    let mut report = Report::default();
+    let mut skip = |error: &ImportError| {
+        let _ = error.to_string();
+    };
+    let result = ENGINE.with_borrow_mut(|engine| {
+        pipeline::drive(&mut *source, engine, &mut [&mut Rendered, &mut report], Some(&mut skip), |_, _| {
+            Control::Continue
+        })
+    });
+    if let Err(error) = result {
+        let _ = error.to_string();
     }
-    flush();
+    let text = report.to_text();
+    assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "unescaped control character in {text:?}");
+    let _ = report.to_markdown();
 }
 
 /// `data` imported as `format` and as whatever it is detected as, each through the engine.
