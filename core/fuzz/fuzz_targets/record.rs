@@ -7,7 +7,7 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let decoder = Decoder::new();
-    let cred_path = |index: u32| (index % 2 == 0).then(|| format!("/home/u/.ssh/id_{index}"));
+    let cred_path = |index: u32| index.is_multiple_of(2).then(|| format!("/home/u/.ssh/id_{index}"));
     for lookup in [&(|_| None) as &dyn Fn(u32) -> Option<String>, &cred_path] {
         match decoder.decode(data, lookup) {
             Ok(event) => credwatch_core_fuzz::handle(&event),
