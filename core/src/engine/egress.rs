@@ -401,7 +401,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let error = load(dir.path(), "schema: 1\nnetwork:\n  - managers: [nmp]\n    names: [x.example]\n").unwrap_err();
         assert!(
-            error.to_string().contains("extra.yaml:2") && error.to_string().contains("unknown manager \"nmp\""),
+            error.to_string().contains("extra.yaml:3:5") && error.to_string().contains("unknown manager \"nmp\""),
             "{error}"
         );
         let error = load(dir.path(), "schema: 1\nnetwork:\n  - addresses: [\"10.0.0.0/40\"]\n").unwrap_err();

@@ -47,11 +47,30 @@ pub struct ScriptRoot {
     /// Basename patterns of the script, the first argv word after argv[0] that is not an
     /// option (`yarn-*.cjs`, `npm-cli.js`); `*` matches any run of characters. Each starts with
     /// its stem, the literal text up to the first `-` or `.`, which is what the kernel looks up.
+    #[serde(deserialize_with = "script_patterns")]
     pub files: Vec<String>,
     /// The argv words right after the script (`corepack yarn ...`: `[yarn]`). The kernel looks
     /// up the stem only, so it marks every one of them (`corepack enable` too).
     #[serde(default)]
     pub args: Vec<String>,
+}
+
+/// A script pattern with a stem the kernel can look up, checked where it is written.
+#[derive(Deserialize)]
+#[serde(try_from = "String")]
+struct ScriptPattern(String);
+
+impl TryFrom<String> for ScriptPattern {
+    type Error = String;
+    fn try_from(pattern: String) -> Result<Self, String> {
+        pattern_stem(&pattern)?;
+        Ok(ScriptPattern(pattern))
+    }
+}
+
+fn script_patterns<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+    let patterns = Vec::<ScriptPattern>::deserialize(deserializer)?;
+    Ok(patterns.into_iter().map(|ScriptPattern(pattern)| pattern).collect())
 }
 
 /// Directories where anyone may write and nothing is installed: a binary named like a script

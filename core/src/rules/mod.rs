@@ -1,5 +1,5 @@
-//! Rules are data: YAML files with `schema: 1`, embedded defaults plus `--rules DIR` (the
-//! format is described in `rules/README.md`).
+//! Rules are data: YAML files with `schema: 2` (or 1), embedded defaults plus `--rules DIR`
+//! (the format is described in `rules/README.md`).
 //!
 //! A file holds `managers` (what makes a process the root of a package tree) and `rules`
 //! (credential targets, who may touch them, and samples). Loading a directory on top of the
@@ -10,6 +10,7 @@ pub(crate) mod fixtures;
 pub mod manager;
 pub mod schema;
 pub mod target;
+mod yaml;
 
 use std::{
     collections::HashMap,
@@ -17,12 +18,14 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use serde_saphyr::Spanned;
+
 use self::{
     manager::Manager,
     schema::Pattern,
     schema::{
-        Access, Action, Actor, Conditions, ConnectMatch, ExecMatch, FileDoc, HomeFiles, ProjectCode, RuleDoc, RunsCode,
-        Samples, Sweep, SyscallMatch, UsualDestinations, Who,
+        Access, Action, Actor, Conditions, ConnectMatch, ExecMatch, FileDoc, HomeFiles, KindName, ProjectCode, RuleDoc,
+        RunsCode, Samples, SchemaVersion, Sweep, SyscallMatch, UsualDestinations, Who,
     },
     target::{TargetIndex, Targets},
 };
@@ -35,19 +38,25 @@ mod embedded {
 /// The rule files built into the binary: (`rules/<name>.yaml`, text).
 pub use embedded::DEFAULT_RULES;
 
-/// Where something was defined, for error messages.
+/// Where something was defined, for error messages: the file, and the line and column
+/// (1-based) of its node as the parser reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Origin {
     pub file: String,
     pub line: Option<usize>,
+    pub column: Option<usize>,
 }
 
 impl fmt::Display for Origin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.line {
-            Some(line) => write!(f, "{}:{line}", self.file),
-            None => write!(f, "{}", self.file),
+        write!(f, "{}", self.file)?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+            if let Some(column) = self.column {
+                write!(f, ":{column}")?;
+            }
         }
+        Ok(())
     }
 }
 
@@ -56,30 +65,13 @@ pub enum RulesError {
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: io::Error },
     /// Anything wrong in a file: syntax, unknown key, bad value, duplicate, bad reference.
-    #[error("{}{}: {message}", origin, column.map(|c| format!(":{c}")).unwrap_or_default())]
-    Invalid { origin: Origin, column: Option<usize>, message: String },
+    #[error("{origin}: {message}")]
+    Invalid { origin: Origin, message: String },
 }
 
 impl RulesError {
-    fn invalid(file: &str, line: Option<usize>, message: impl Into<String>) -> RulesError {
-        RulesError::Invalid { origin: Origin { file: file.to_owned(), line }, column: None, message: message.into() }
-    }
-
-    fn yaml(file: &str, error: serde_yaml::Error) -> RulesError {
-        let location = error.location();
-        let mut message = error.to_string();
-        if let Some(loc) = &location {
-            // serde_yaml appends the location; it is already in front.
-            let suffix = format!(" at line {} column {}", loc.line(), loc.column());
-            if let Some(stripped) = message.strip_suffix(&suffix) {
-                message = stripped.to_owned();
-            }
-        }
-        RulesError::Invalid {
-            origin: Origin { file: file.to_owned(), line: location.as_ref().map(|l| l.line()) },
-            column: location.as_ref().map(|l| l.column()),
-            message,
-        }
+    fn invalid(origin: Origin, message: impl Into<String>) -> RulesError {
+        RulesError::Invalid { origin, message: message.into() }
     }
 }
 
@@ -113,9 +105,13 @@ pub struct Rule {
     pub conditions: Conditions,
     pub rotate: Vec<String>,
     pub samples: Samples,
+    /// The rule's mapping in its file.
     pub origin: Origin,
     patterns: Vec<Pattern>,
     matcher: Targets,
+    /// The managers the rule names (`conditions`, `actors`), and where: checked against the
+    /// whole set.
+    references: Vec<(String, Origin)>,
 }
 
 impl Rule {
@@ -380,12 +376,9 @@ impl RuleSet {
 
     fn finish(mut self) -> Result<RuleSet, RulesError> {
         self.validate()?;
-        self.index =
-            TargetIndex::build(self.rules.iter().map(|r| r.patterns.as_slice())).map_err(|e| RulesError::Invalid {
-                origin: Origin { file: "rules".into(), line: None },
-                column: None,
-                message: e.to_string(),
-            })?;
+        self.index = TargetIndex::build(self.rules.iter().map(|r| r.patterns.as_slice())).map_err(|e| {
+            RulesError::invalid(Origin { file: "rules".into(), line: None, column: None }, e.to_string())
+        })?;
         for (index, rule) in self.rules.iter().enumerate() {
             if let Some(exec) = &rule.exec {
                 if exec.names.is_empty() {
@@ -416,63 +409,32 @@ impl RuleSet {
     fn validate(&self) -> Result<(), RulesError> {
         for (manager, origin) in self.managers.iter().zip(&self.manager_origins) {
             if manager.execs.is_empty() && manager.modules.is_empty() && manager.scripts.is_empty() {
-                return Err(RulesError::Invalid {
-                    origin: origin.clone(),
-                    column: None,
-                    message: format!("manager {:?} has none of `execs`, `modules` and `scripts`", manager.name),
-                });
-            }
-            for pattern in manager.scripts.iter().flat_map(|scripts| &scripts.files) {
-                manager::pattern_stem(pattern).map_err(|message| RulesError::Invalid {
-                    origin: origin.clone(),
-                    column: None,
-                    message: format!("manager {:?}: {message}", manager.name),
-                })?;
+                return Err(RulesError::invalid(
+                    origin.clone(),
+                    format!("manager {:?} has none of `execs`, `modules` and `scripts`", manager.name),
+                ));
             }
         }
         let known = |name: &str| name == "run" || self.managers.iter().any(|m| m.name == name);
-        for (runs_code, origin) in &self.runs_code {
-            if !self.managers.iter().any(|m| m.name == runs_code.manager) {
-                return Err(RulesError::Invalid {
-                    origin: origin.clone(),
-                    column: None,
-                    message: format!("runs_code: unknown manager {:?}", runs_code.manager),
-                });
-            }
-        }
-        let referenced = self
-            .project_code
+        let entries = self
+            .runs_code
             .iter()
-            .map(|(p, origin)| ("project_code", &p.manager, origin))
+            .map(|(r, origin)| ("runs_code", &r.manager, origin))
+            .chain(self.project_code.iter().map(|(p, origin)| ("project_code", &p.manager, origin)))
             .chain(self.home_files.iter().map(|(h, origin)| ("home_files", &h.manager, origin)));
-        for (list, manager, origin) in referenced {
+        for (list, manager, origin) in entries {
             if !self.managers.iter().any(|m| &m.name == manager) {
-                return Err(RulesError::Invalid {
-                    origin: origin.clone(),
-                    column: None,
-                    message: format!("{list}: unknown manager {manager:?}"),
-                });
+                return Err(RulesError::invalid(origin.clone(), format!("{list}: unknown manager {manager:?}")));
             }
         }
         for (usual, origin) in &self.network {
             if let Some(name) = usual.managers.iter().find(|name| !known(name)) {
-                return Err(RulesError::Invalid {
-                    origin: origin.clone(),
-                    column: None,
-                    message: format!("network: unknown manager {name:?}"),
-                });
+                return Err(RulesError::invalid(origin.clone(), format!("network: unknown manager {name:?}")));
             }
         }
         for rule in &self.rules {
-            let referenced = rule.conditions.managers.iter().chain(rule.actors.iter().flat_map(|a| a.managers.iter()));
-            for name in referenced {
-                if !known(name) {
-                    return Err(RulesError::Invalid {
-                        origin: rule.origin.clone(),
-                        column: None,
-                        message: format!("rule {}: unknown manager {name:?}", rule.id),
-                    });
-                }
+            if let Some((name, origin)) = rule.references.iter().find(|(name, _)| !known(name)) {
+                return Err(RulesError::invalid(origin.clone(), format!("rule {}: unknown manager {name:?}", rule.id)));
             }
         }
         Ok(())
@@ -524,12 +486,13 @@ fn read_dir(dir: &Path) -> Result<Vec<(String, String)>, RulesError> {
         .collect()
 }
 
-/// Parses one set of files (the defaults, or one directory): a rule id or a manager name may
-/// appear once.
+/// The rule files built into the binary, as (file name, text) sources.
 fn default_sources() -> impl Iterator<Item = (String, String)> {
     DEFAULT_RULES.iter().map(|(file, text)| ((*file).to_owned(), (*text).to_owned()))
 }
 
+/// Parses one set of files (the defaults, or one directory): a rule id or a manager name may
+/// appear once.
 fn parse_sources(sources: impl IntoIterator<Item = (String, String)>) -> Result<RuleSet, RulesError> {
     use sha2::Digest as _;
     let mut set = RuleSet::default();
@@ -537,88 +500,144 @@ fn parse_sources(sources: impl IntoIterator<Item = (String, String)>) -> Result<
         for part in [file.as_bytes(), &[0], text.as_bytes(), &[0]] {
             set.digest.update(part);
         }
-        let doc: FileDoc = serde_yaml::from_str(&text).map_err(|e| RulesError::yaml(&file, e))?;
+        let doc: FileDoc = yaml::parse(&file, &text)?;
+        let at = |spanned_at| yaml::origin(&file, Some(spanned_at));
         if let Some(sweep) = doc.sweep {
-            let line = text.lines().position(|l| l.starts_with("sweep:")).map(|i| i + 1);
+            let origin = at(sweep.referenced);
             if let Some((_, first)) = &set.sweep {
-                return Err(RulesError::invalid(&file, line, format!("duplicate `sweep` (first at {first})")));
+                return Err(RulesError::invalid(origin, format!("duplicate `sweep` (first at {first})")));
             }
-            set.sweep = Some((sweep, Origin { file: file.clone(), line }));
+            set.sweep = Some((sweep.value, origin));
         }
-        if !doc.network.is_empty() {
-            let line = text.lines().position(|l| l.starts_with("network:")).map(|i| i + 1);
-            set.network.extend(doc.network.into_iter().map(|usual| (usual, Origin { file: file.clone(), line })));
-        }
-        for runs_code in doc.runs_code {
-            let line = find_line(&text, "manager", &runs_code.manager, 0);
-            set.runs_code.push((runs_code, Origin { file: file.clone(), line }));
-        }
-        for project in doc.project_code {
-            let line = find_line(&text, "manager", &project.manager, 0);
-            set.project_code.push((project, Origin { file: file.clone(), line }));
-        }
-        for homes in doc.home_files {
-            let line = find_line(&text, "manager", &homes.manager, 0);
-            set.home_files.push((homes, Origin { file: file.clone(), line }));
-        }
+        set.network.extend(doc.network.into_iter().map(|usual| (usual.value, at(usual.referenced))));
+        set.runs_code.extend(doc.runs_code.into_iter().map(|entry| (entry.value, at(entry.referenced))));
+        set.project_code.extend(doc.project_code.into_iter().map(|entry| (entry.value, at(entry.referenced))));
+        set.home_files.extend(doc.home_files.into_iter().map(|entry| (entry.value, at(entry.referenced))));
         for manager in doc.managers {
-            let line = find_line(&text, "name", &manager.name, 0);
-            if let Some(first) = set.managers.iter().position(|m| m.name == manager.name) {
+            let origin = at(manager.referenced);
+            if let Some(first) = set.managers.iter().position(|m| m.name == manager.value.name) {
                 return Err(RulesError::invalid(
-                    &file,
-                    line,
-                    format!("duplicate manager {:?} (first at {})", manager.name, set.manager_origins[first]),
+                    origin,
+                    format!("duplicate manager {:?} (first at {})", manager.value.name, set.manager_origins[first]),
                 ));
             }
-            set.managers.push(manager);
-            set.manager_origins.push(Origin { file: file.clone(), line });
+            set.managers.push(manager.value);
+            set.manager_origins.push(origin);
         }
-        for doc in doc.rules {
-            let id = doc.id.0.clone();
-            let earlier_here = set.rules.iter().filter(|r| r.id == id && r.origin.file == file).count();
-            let line = find_line(&text, "id", &id, earlier_here);
-            if let Some(first) = set.rules.iter().find(|r| r.id == id) {
+        for rule in doc.rules {
+            let id = &rule.value.id;
+            if let Some(first) = set.rules.iter().find(|r| r.id == id.value.0) {
                 return Err(RulesError::invalid(
-                    &file,
-                    line,
-                    format!("duplicate rule id {id:?} (first at {})", first.origin),
+                    at(id.referenced),
+                    format!("duplicate rule id {:?} (first at {})", id.value.0, first.origin),
                 ));
             }
-            set.rules.push(build_rule(doc, Origin { file: file.clone(), line })?);
+            set.rules.push(build_rule(&file, doc.schema, rule)?);
         }
     }
     Ok(set)
 }
 
-fn build_rule(doc: RuleDoc, origin: Origin) -> Result<Rule, RulesError> {
-    let invalid = |message: String| RulesError::Invalid {
-        origin: origin.clone(),
-        column: None,
-        message: format!("rule {}: {message}", doc.id.0),
+/// A rule from its document: its kind (named in schema 2, inferred in schema 1) and the keys
+/// that go with it.
+fn build_rule(file: &str, schema: SchemaVersion, rule: Spanned<RuleDoc>) -> Result<Rule, RulesError> {
+    let (doc, origin) = (rule.value, yaml::origin(file, Some(rule.referenced)));
+    let id = doc.id.value.0;
+    let invalid = |at: serde_saphyr::Location, message: String| {
+        RulesError::invalid(yaml::origin(file, Some(at)), format!("rule {id}: {message}"))
     };
-    let kind = match (&doc.targets, &doc.exec, &doc.syscalls, &doc.connect) {
-        (Some(_), None, None, None) => RuleKind::Target(doc.access.unwrap_or_default()),
-        (None, Some(_), None, None) => RuleKind::Exec,
-        (None, None, Some(_), None) => RuleKind::Syscall,
-        (None, None, None, Some(_)) => RuleKind::Connect,
-        _ => return Err(invalid("needs exactly one of `targets`, `exec`, `syscalls` and `connect`".into())),
+    // The keys that say what the rule matches, with where each is.
+    let keys: Vec<(KindName, serde_saphyr::Location)> = [
+        (KindName::Target, doc.targets.as_ref().map(|t| t.referenced)),
+        (KindName::Exec, doc.exec.as_ref().map(|e| e.referenced)),
+        (KindName::Syscall, doc.syscalls.as_ref().map(|s| s.referenced)),
+        (KindName::Connect, doc.connect.as_ref().map(|c| c.referenced)),
+    ]
+    .into_iter()
+    .filter_map(|(kind, at)| Some((kind, at?)))
+    .collect();
+    let kind = match (schema, &doc.kind) {
+        (SchemaVersion::One, Some(kind)) => {
+            return Err(invalid(
+                kind.referenced,
+                "`kind` is schema 2: write `schema: 2` at the top of the file, and name every rule's kind".into(),
+            ))
+        }
+        (SchemaVersion::One, None) => match keys[..] {
+            [(kind, _)] => kind,
+            [] => return Err(invalid(rule.referenced, needs_one_of("needs"))),
+            [_, (_, second), ..] => return Err(invalid(second, needs_one_of("needs only"))),
+        },
+        (SchemaVersion::Two, None) => return Err(invalid(rule.referenced, missing_kind(&keys, doc.access.is_some()))),
+        (SchemaVersion::Two, Some(kind)) => {
+            let named = kind.value;
+            if let Some((other, at)) = keys.iter().find(|(other, _)| *other != named) {
+                return Err(invalid(
+                    *at,
+                    format!(
+                        "`{}` does not go with `kind: {}` (it says what a {} rule matches)",
+                        other.key(),
+                        named.as_str(),
+                        other.as_str()
+                    ),
+                ));
+            }
+            if keys.is_empty() {
+                return Err(invalid(kind.referenced, format!("`kind: {}` needs `{}`", named.as_str(), named.key())));
+            }
+            if named == KindName::Target && doc.access.is_none() {
+                return Err(invalid(
+                    kind.referenced,
+                    "`kind: target` needs `access`: `read` (credentials) or `write` (persistence)".into(),
+                ));
+            }
+            named
+        }
     };
-    if doc.access.is_some() && doc.targets.is_none() {
-        return Err(invalid("`access` goes with `targets`".into()));
+    if let Some(access) = doc.access.as_ref().filter(|_| kind != KindName::Target) {
+        return Err(invalid(access.referenced, "`access` goes with `targets`".into()));
     }
-    let judged_here = |a: &schema::Actor| matches!(a.who, schema::Who::Loader { .. } | schema::Who::Under { .. });
-    if doc.action == Action::Kill && doc.actors.iter().any(judged_here) {
+    let judged_here =
+        |a: &&Spanned<schema::ActorEntry>| matches!(a.value.actor.who, Who::Loader { .. } | Who::Under { .. });
+    if let Some(actor) = doc.actors.iter().find(judged_here).filter(|_| doc.action == Action::Kill) {
         return Err(invalid(
+            actor.referenced,
             "`after_opens` and `under` actors are judged in userspace only: not on a `kill` rule".into(),
         ));
     }
-    if !doc.exclude.is_empty() && (doc.syscalls.is_some() || doc.connect.is_some()) {
-        return Err(invalid("`exclude` goes with `targets` or `exec`, not with `syscalls` or `connect`".into()));
+    let nothing_to_exclude = matches!(kind, KindName::Syscall | KindName::Connect);
+    if let Some(exclude) = doc.exclude.as_ref().filter(|e| nothing_to_exclude && !e.value.is_empty()) {
+        return Err(invalid(
+            exclude.referenced,
+            "`exclude` goes with `targets` or `exec`, not with `syscalls` or `connect`".into(),
+        ));
     }
-    let patterns = doc.targets.map(|t| t.0).unwrap_or_default();
-    let matcher = Targets::compile(&patterns, &doc.exclude).map_err(|e| invalid(e.to_string()))?;
+    let kind = match kind {
+        KindName::Target => RuleKind::Target(doc.access.map(|a| a.value).unwrap_or_default()),
+        KindName::Exec => RuleKind::Exec,
+        KindName::Syscall => RuleKind::Syscall,
+        KindName::Connect => RuleKind::Connect,
+    };
+    let targets_at = doc.targets.as_ref().map(|t| t.referenced).unwrap_or(rule.referenced);
+    let patterns = doc.targets.map(|t| t.value.0).unwrap_or_default();
+    let exclude = doc.exclude.map(|e| e.value).unwrap_or_default();
+    let matcher = Targets::compile(&patterns, &exclude).map_err(|e| invalid(targets_at, e.to_string()))?;
+    let (conditions, conditions_at) = doc.conditions.map(|c| (c.conditions, c.managers)).unwrap_or_default();
+    let mut references: Vec<(String, Origin)> = conditions
+        .managers
+        .iter()
+        .cloned()
+        .zip(conditions_at.into_iter().map(|at| yaml::origin(file, Some(at))))
+        .collect();
+    let mut actors = Vec::with_capacity(doc.actors.len());
+    for entry in doc.actors {
+        let actor = entry.value.actor;
+        let at = entry.value.managers.into_iter().map(|at| yaml::origin(file, Some(at)));
+        references.extend(actor.managers.iter().cloned().zip(at));
+        actors.push(actor);
+    }
     Ok(Rule {
-        id: doc.id.0,
+        id,
         name: doc.name,
         description: doc.description,
         category: doc.category,
@@ -626,33 +645,41 @@ fn build_rule(doc: RuleDoc, origin: Origin) -> Result<Rule, RulesError> {
         action: doc.action,
         kind,
         targets: patterns.iter().map(|p| p.text.clone()).collect(),
-        exclude: doc.exclude.iter().map(|p| p.text.clone()).collect(),
-        exec: doc.exec,
-        syscalls: doc.syscalls,
-        connect: doc.connect,
-        actors: doc.actors,
-        conditions: doc.conditions,
+        exclude: exclude.iter().map(|p| p.text.clone()).collect(),
+        exec: doc.exec.map(|e| e.value),
+        syscalls: doc.syscalls.map(|s| s.value),
+        connect: doc.connect.map(|c| c.value),
+        actors,
+        conditions,
         rotate: doc.rotate,
         samples: doc.samples,
         origin,
         patterns,
         matcher,
+        references,
     })
 }
 
-/// The 1-based line of the `skip`-th `key: value` line (YAML list item or not, quoted or not).
-fn find_line(text: &str, key: &str, value: &str, skip: usize) -> Option<usize> {
-    text.lines()
-        .enumerate()
-        .filter(|(_, line)| {
-            let line = line.trim_start().trim_start_matches("- ").trim_start();
-            line.strip_prefix(key)
-                .and_then(|rest| rest.strip_prefix(':'))
-                .map(|rest| rest.split(" #").next().unwrap_or("").trim().trim_matches(|c| c == '"' || c == '\''))
-                == Some(value)
-        })
-        .nth(skip)
-        .map(|(index, _)| index + 1)
+/// Schema 1's error for a rule with none, or more than one, of the keys that say what it
+/// matches.
+fn needs_one_of(needs: &str) -> String {
+    format!("{needs} one of `targets`, `exec`, `syscalls` and `connect`")
+}
+
+/// Schema 2's error for a rule without `kind`: the key and value to add, when the rule's other
+/// keys say (as schema 1 would have read it).
+fn missing_kind(keys: &[(KindName, serde_saphyr::Location)], has_access: bool) -> String {
+    match keys {
+        [(KindName::Target, _)] if !has_access => {
+            "schema 2 names the rule's kind: add `kind: target` and `access: read` (what schema 1 assumed)".into()
+        }
+        [(kind, _)] => format!("schema 2 names the rule's kind: add `kind: {}`", kind.as_str()),
+        _ => format!(
+            "schema 2 names the rule's kind: add `kind:` ({}) and the one key that goes with it ({})",
+            KindName::ALL.map(KindName::as_str).join(", "),
+            KindName::ALL.map(|k| format!("`{}`", k.key())).join(", "),
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -1,10 +1,12 @@
 //! The YAML shapes of a rule file, as serde reads them. Validation that needs no other file
-//! happens here (through `try_from`), so that serde_yaml attaches the line to the error.
+//! happens here (through `try_from`), so that the parser puts the error at the node that is
+//! wrong; what is checked later keeps the node's position (`Spanned`).
 
 use std::collections::BTreeMap;
 
 use globset::{Glob, GlobBuilder};
 use serde::Deserialize;
+use serde_saphyr::Spanned;
 
 use super::{manager::Manager, target::Targets};
 use crate::{alert::Severity, event::Event};
@@ -13,28 +15,27 @@ use crate::{alert::Severity, event::Event};
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileDoc {
-    /// Read only to reject other versions.
-    #[serde(rename = "schema")]
-    pub _schema: SchemaVersion,
+    /// Which rule schema the file is written in: how its rules say what they match.
+    pub schema: SchemaVersion,
     #[serde(default)]
-    pub managers: Vec<Manager>,
+    pub managers: Vec<Spanned<Manager>>,
     #[serde(default)]
-    pub rules: Vec<RuleDoc>,
+    pub rules: Vec<Spanned<RuleDoc>>,
     /// When one tree's credential alerts become one sweep alert.
     #[serde(default)]
-    pub sweep: Option<Sweep>,
+    pub sweep: Option<Spanned<Sweep>>,
     /// Manager invocations that run code rather than manage packages.
     #[serde(default)]
-    pub runs_code: Vec<RunsCode>,
+    pub runs_code: Vec<Spanned<RunsCode>>,
     /// Manager invocations that run the developer's own project (`npm run dev`, `cargo run`).
     #[serde(default)]
-    pub project_code: Vec<ProjectCode>,
+    pub project_code: Vec<Spanned<ProjectCode>>,
     /// Per-user files each manager opens under its user's home.
     #[serde(default)]
-    pub home_files: Vec<HomeFiles>,
+    pub home_files: Vec<Spanned<HomeFiles>>,
     /// Destinations that package trees usually talk to (per manager, or every tree).
     #[serde(default)]
-    pub network: Vec<UsualDestinations>,
+    pub network: Vec<Spanned<UsualDestinations>>,
 }
 
 /// Destinations that are not "elsewhere" for `connect: {unusual: true}`: every file's entries
@@ -295,20 +296,79 @@ impl TryFrom<String> for HomeFile {
     }
 }
 
-/// The only schema this build reads.
-pub const SCHEMA_VERSION: u64 = 1;
+/// The newest schema, the one the default rules are written in. Files in schema 1 load too.
+pub const SCHEMA_VERSION: u64 = 2;
 
-#[derive(Debug, Deserialize)]
+/// A file's `schema`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "u64")]
-pub(crate) struct SchemaVersion;
+pub(crate) enum SchemaVersion {
+    /// A rule's kind follows from which of `targets`, `exec`, `syscalls`, `connect` it has,
+    /// and `access` defaults to `read`.
+    One,
+    /// A rule names its kind (`kind`), and a target rule its `access`.
+    Two,
+}
 
 impl TryFrom<u64> for SchemaVersion {
     type Error = String;
     fn try_from(version: u64) -> Result<Self, String> {
-        if version == SCHEMA_VERSION {
-            Ok(SchemaVersion)
-        } else {
-            Err(format!("unsupported schema version {version} (this credwatch reads schema {SCHEMA_VERSION})"))
+        match version {
+            1 => Ok(SchemaVersion::One),
+            2 => Ok(SchemaVersion::Two),
+            _ => Err(format!(
+                "unsupported schema version {version} (this credwatch reads schemas 1 to {SCHEMA_VERSION})"
+            )),
+        }
+    }
+}
+
+/// Schema 2's `kind` of a rule: what it matches, and so which key says how.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub(crate) enum KindName {
+    Target,
+    Exec,
+    Syscall,
+    Connect,
+}
+
+impl TryFrom<String> for KindName {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        if let Some(kind) = KindName::ALL.into_iter().find(|kind| kind.as_str() == text) {
+            return Ok(kind);
+        }
+        let kinds = KindName::ALL.map(KindName::as_str).join(", ");
+        match text.as_str() {
+            // The sweep settings are one per set of files, not a rule.
+            "sweep" => {
+                Err(format!("`kind: sweep`: the sweep is the file's `sweep` section, not a rule (kinds: {kinds})"))
+            }
+            _ => Err(format!("unknown kind {text:?} (kinds: {kinds})")),
+        }
+    }
+}
+
+impl KindName {
+    pub const ALL: [KindName; 4] = [KindName::Target, KindName::Exec, KindName::Syscall, KindName::Connect];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KindName::Target => "target",
+            KindName::Exec => "exec",
+            KindName::Syscall => "syscall",
+            KindName::Connect => "connect",
+        }
+    }
+
+    /// The key that says what a rule of this kind matches.
+    pub fn key(self) -> &'static str {
+        match self {
+            KindName::Target => "targets",
+            KindName::Exec => "exec",
+            KindName::Syscall => "syscalls",
+            KindName::Connect => "connect",
         }
     }
 }
@@ -316,31 +376,34 @@ impl TryFrom<u64> for SchemaVersion {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RuleDoc {
-    pub id: RuleId,
+    pub id: Spanned<RuleId>,
+    /// Schema 2: what the rule matches (schema 1 infers it from the one key of `targets`,
+    /// `exec`, `syscalls` and `connect` that is present).
+    #[serde(default)]
+    pub kind: Option<Spanned<KindName>>,
     pub name: String,
     pub description: String,
     pub category: String,
     pub severity: Severity,
     #[serde(default)]
     pub action: Action,
-    /// Exactly one of `targets`, `exec` and `syscalls` says what the rule matches.
     #[serde(default)]
-    pub targets: Option<NonEmpty<Pattern>>,
-    /// With `targets`: which opens count (default `read`).
+    pub targets: Option<Spanned<NonEmpty<Pattern>>>,
+    /// With `targets`: which opens count (schema 1: default `read`).
     #[serde(default)]
-    pub access: Option<Access>,
+    pub access: Option<Spanned<Access>>,
     #[serde(default)]
-    pub exec: Option<ExecMatch>,
+    pub exec: Option<Spanned<ExecMatch>>,
     #[serde(default)]
-    pub syscalls: Option<SyscallMatch>,
+    pub syscalls: Option<Spanned<SyscallMatch>>,
     #[serde(default)]
-    pub connect: Option<ConnectMatch>,
+    pub connect: Option<Spanned<ConnectMatch>>,
     #[serde(default)]
-    pub exclude: Vec<Pattern>,
+    pub exclude: Option<Spanned<Vec<Pattern>>>,
     #[serde(default)]
-    pub actors: Vec<Actor>,
+    pub actors: Vec<Spanned<ActorEntry>>,
     #[serde(default)]
-    pub conditions: Conditions,
+    pub conditions: Option<ConditionsEntry>,
     #[serde(default)]
     pub rotate: Vec<String>,
     pub samples: Samples,
@@ -586,8 +649,7 @@ impl TryFrom<u64> for NonZero {
 }
 
 /// Who may touch a rule's targets. The first actor that matches the opening process decides.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(try_from = "ActorDoc")]
+#[derive(Clone, Debug)]
 pub struct Actor {
     pub who: Who,
     /// Only when the nearest package manager is one of these (empty: any).
@@ -637,13 +699,22 @@ struct ActorDoc {
     #[serde(default)]
     under: Vec<String>,
     #[serde(default)]
-    managers: Vec<String>,
+    managers: Vec<Spanned<String>>,
     verdict: Verdict,
     #[serde(default)]
     why: Option<String>,
 }
 
-impl TryFrom<ActorDoc> for Actor {
+/// An actor as read, with where each manager it names is written (checked once every file is
+/// read).
+#[derive(Debug, Deserialize)]
+#[serde(try_from = "ActorDoc")]
+pub(crate) struct ActorEntry {
+    pub actor: Actor,
+    pub managers: Vec<serde_saphyr::Location>,
+}
+
+impl TryFrom<ActorDoc> for ActorEntry {
     type Error = String;
     fn try_from(doc: ActorDoc) -> Result<Self, String> {
         let kinds = [doc.manager, !doc.execs.is_empty(), !doc.after_opens.is_empty(), !doc.under.is_empty()];
@@ -682,7 +753,8 @@ impl TryFrom<ActorDoc> for Actor {
             let after = Targets::compile(&doc.after_opens, &[]).map_err(|e| e.to_string())?;
             Who::Loader { after: Box::new(after), within_ns: within_ms * 1_000_000 }
         };
-        Ok(Actor { who, managers: doc.managers, verdict: doc.verdict, why: doc.why })
+        let (managers, at) = unspan(doc.managers);
+        Ok(ActorEntry { actor: Actor { who, managers, verdict: doc.verdict, why: doc.why }, managers: at })
     }
 }
 
@@ -710,27 +782,65 @@ impl Verdict {
 }
 
 /// Extra conditions; all that are set must hold.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, Default)]
 pub struct Conditions {
     /// Nearest manager names (`run` for a `credwatch run` tree without one).
-    #[serde(default)]
     pub managers: Vec<String>,
     /// Attributed lifecycle steps (`postinstall`, `build-script`, ...).
-    #[serde(default)]
     pub lifecycles: Vec<String>,
-    #[serde(default)]
     pub min_depth: Option<u32>,
-    #[serde(default)]
     pub max_depth: Option<u32>,
     /// The path is under `/proc/<pid>/` of a process other than the opener; for a syscall
     /// rule, the syscall's target is known and is neither the caller nor a member of its tree.
-    #[serde(default)]
     pub other_process: bool,
     /// A package manager is among the process's ancestors: the process runs for package code
     /// (a nested `npm publish`), not as the user's own command.
-    #[serde(default)]
     pub package_code: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConditionsDoc {
+    #[serde(default)]
+    managers: Vec<Spanned<String>>,
+    #[serde(default)]
+    lifecycles: Vec<String>,
+    #[serde(default)]
+    min_depth: Option<u32>,
+    #[serde(default)]
+    max_depth: Option<u32>,
+    #[serde(default)]
+    other_process: bool,
+    #[serde(default)]
+    package_code: bool,
+}
+
+/// Conditions as read, with where each manager they name is written.
+#[derive(Debug, Deserialize)]
+#[serde(from = "ConditionsDoc")]
+pub(crate) struct ConditionsEntry {
+    pub conditions: Conditions,
+    pub managers: Vec<serde_saphyr::Location>,
+}
+
+impl From<ConditionsDoc> for ConditionsEntry {
+    fn from(doc: ConditionsDoc) -> Self {
+        let (managers, at) = unspan(doc.managers);
+        let conditions = Conditions {
+            managers,
+            lifecycles: doc.lifecycles,
+            min_depth: doc.min_depth,
+            max_depth: doc.max_depth,
+            other_process: doc.other_process,
+            package_code: doc.package_code,
+        };
+        ConditionsEntry { conditions, managers: at }
+    }
+}
+
+/// The values, and where each was written.
+fn unspan<T>(items: Vec<Spanned<T>>) -> (Vec<T>, Vec<serde_saphyr::Location>) {
+    items.into_iter().map(|item| (item.value, item.referenced)).unzip()
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -1,7 +1,7 @@
 use std::{fs, path::Path};
 
 use super::{
-    fixtures::{EXEC_RULE, MINIMAL_RULE},
+    fixtures::{EXEC_RULE, EXEC_RULE_SCHEMA_1, MINIMAL_RULE, MINIMAL_RULE_SCHEMA_1},
     *,
 };
 
@@ -17,16 +17,17 @@ fn error_for(text: &str) -> (RulesError, String) {
     (RuleSet::load_dir(dir.path()).unwrap_err(), file)
 }
 
-fn assert_invalid_at(error: &RulesError, file: &str, line: usize, needle: &str) {
+/// `error` is about `file` at (line, column), and says `needle`.
+fn assert_invalid_at(error: &RulesError, file: &str, (line, column): (usize, usize), needle: &str) {
     match error {
-        RulesError::Invalid { origin, message, .. } => {
+        RulesError::Invalid { origin, message } => {
             assert_eq!(origin.file, file, "{error}");
-            assert_eq!(origin.line, Some(line), "{error}");
+            assert_eq!((origin.line, origin.column), (Some(line), Some(column)), "{error}");
             assert!(message.contains(needle), "{needle:?} not in {error}");
         }
         other => panic!("expected an Invalid error, got {other}"),
     }
-    assert!(error.to_string().starts_with(&format!("{file}:{line}")), "{error}");
+    assert!(error.to_string().starts_with(&format!("{file}:{line}:{column}: ")), "{error}");
 }
 
 #[test]
@@ -66,11 +67,9 @@ fn default_managers_come_from_the_rules() {
 
 #[test]
 fn script_patterns_need_a_stem_the_kernel_can_look_up() {
-    let dir = tempfile::tempdir().unwrap();
-    let yaml = "schema: 1\nmanagers:\n  - name: yarn\n    scripts:\n      - interpreters: [node]\n        files: [\"*.cjs\"]\n";
-    std::fs::write(dir.path().join("m.yaml"), yaml).unwrap();
-    let error = RuleSet::load_dir(dir.path()).unwrap_err().to_string();
-    assert!(error.contains("m.yaml") && error.contains("\"*.cjs\""), "{error}");
+    let yaml = "schema: 2\nmanagers:\n  - name: yarn\n    scripts:\n      - interpreters: [node]\n        files: [yarn.js, \"*.cjs\"]\n";
+    let (error, file) = error_for(yaml);
+    assert_invalid_at(&error, &file, (6, 26), "script pattern \"*.cjs\" must start with a literal name");
 }
 
 #[test]
@@ -214,53 +213,60 @@ fn a_directory_overrides_and_adds_rules() {
 fn unknown_key_names_file_and_line() {
     let (error, file) =
         error_for(&MINIMAL_RULE.replace("    category: demo\n", "    category: demo\n    colour: red\n"));
-    assert_invalid_at(&error, &file, 7, "unknown field `colour`");
+    assert_invalid_at(&error, &file, (7, 5), "unknown field `colour`");
 }
 
 #[test]
 fn bad_glob_names_file_and_line() {
     let (error, file) = error_for(&MINIMAL_RULE.replace(r#"["~/.demo-token"]"#, r#"["~/.demo-[token"]"#));
-    assert_invalid_at(&error, &file, 8, "bad glob");
+    assert_invalid_at(&error, &file, (10, 15), "bad glob");
     let (error, file) = error_for(&MINIMAL_RULE.replace(r#"["~/.demo-token"]"#, r#"["demo-token"]"#));
-    assert_invalid_at(&error, &file, 8, "must start with");
+    assert_invalid_at(&error, &file, (10, 15), "must start with");
 }
 
 #[test]
 fn bad_severity_names_file_and_line() {
     let (error, file) = error_for(&MINIMAL_RULE.replace("severity: high", "severity: severe"));
-    assert_invalid_at(&error, &file, 7, "unknown variant `severe`");
+    assert_invalid_at(&error, &file, (7, 15), "unknown variant `severe`");
 }
 
 #[test]
 fn unsupported_schema_names_file_and_line() {
-    let (error, file) = error_for(&MINIMAL_RULE.replace("schema: 1", "schema: 2"));
-    assert_invalid_at(&error, &file, 1, "unsupported schema version 2");
+    let (error, file) = error_for(&MINIMAL_RULE.replace("schema: 2", "schema: 3"));
+    assert_invalid_at(&error, &file, (1, 9), "unsupported schema version 3");
 }
 
 #[test]
 fn missing_samples_name_file_and_line() {
     let without = MINIMAL_RULE.split("    samples:").next().unwrap();
     let (error, file) = error_for(without);
-    assert_invalid_at(&error, &file, 3, "missing field `samples`");
+    // (The parser puts a missing field at the mapping's last key.)
+    assert_invalid_at(&error, &file, (10, 5), "missing field `samples`");
     let empty = MINIMAL_RULE.replace(
         "      negative:\n        - exec: {pid: 1, args: [npm, install]}\n        - open: {pid: 1, path: /home/alice/.demo-token.pub}\n",
         "      negative: []\n",
     );
     let (error, file) = error_for(&empty);
-    assert_invalid_at(&error, &file, 3, "the negative sample has no steps");
+    assert_invalid_at(&error, &file, (12, 7), "the negative sample has no steps");
 }
 
 #[test]
 fn duplicate_ids_name_the_second_definition() {
     let rule = MINIMAL_RULE.split_once("rules:\n").unwrap().1;
     let (error, file) = error_for(&format!("{MINIMAL_RULE}{rule}"));
-    assert_invalid_at(&error, &file, 16, "duplicate rule id \"demo\"");
+    assert_invalid_at(&error, &file, (18, 9), "duplicate rule id \"demo\"");
 
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), "a.yaml", MINIMAL_RULE);
     write(dir.path(), "b.yaml", MINIMAL_RULE);
     let error = RuleSet::load_dir(dir.path()).unwrap_err();
-    assert_invalid_at(&error, &dir.path().join("b.yaml").display().to_string(), 3, "first at");
+    let first = dir.path().join("a.yaml").display().to_string();
+    assert_invalid_at(
+        &error,
+        &dir.path().join("b.yaml").display().to_string(),
+        (3, 9),
+        &format!("first at {first}:3:5"),
+    );
 }
 
 #[test]
@@ -268,17 +274,22 @@ fn unknown_manager_references_and_bad_actors_are_errors() {
     let (error, file) = error_for(
         &MINIMAL_RULE.replace("    severity: high\n", "    severity: high\n    conditions: {managers: [maven]}\n"),
     );
-    assert_invalid_at(&error, &file, 3, "unknown manager \"maven\"");
+    assert_invalid_at(&error, &file, (8, 29), "rule demo: unknown manager \"maven\"");
+    let (error, file) = error_for(&MINIMAL_RULE.replace(
+        "    severity: high\n",
+        "    severity: high\n    actors:\n      - {execs: [git], managers: [run, mvn], verdict: low}\n",
+    ));
+    assert_invalid_at(&error, &file, (9, 40), "rule demo: unknown manager \"mvn\"");
     let (error, file) = error_for(&MINIMAL_RULE.replace(
         "    severity: high\n",
         "    severity: high\n    actors:\n      - {manager: true, execs: [git], verdict: low}\n",
     ));
-    assert_invalid_at(&error, &file, 9, "exactly one of");
+    assert_invalid_at(&error, &file, (9, 9), "exactly one of");
 }
 
 #[test]
 fn syntax_errors_and_missing_dirs_do_not_panic() {
-    let (error, file) = error_for("schema: 1\nrules: [\n");
+    let (error, file) = error_for("schema: 2\nrules: [\n");
     assert!(matches!(&error, RulesError::Invalid { origin, .. } if origin.file == file), "{error}");
     let missing = RuleSet::load_dir(Path::new("/nonexistent/credwatch-rules")).unwrap_err();
     assert!(matches!(missing, RulesError::Io { .. }), "{missing}");
@@ -314,50 +325,167 @@ fn the_default_kill_set() {
 
 #[test]
 fn bad_exec_and_syscall_parts_name_file_and_line() {
-    // Two kinds in one rule: at the rule.
-    let (error, file) = error_for(&EXEC_RULE.replace("    exec:\n", "    targets: [\"~/.x\"]\n    exec:\n"));
-    assert_invalid_at(&error, &file, 3, "exactly one of `targets`, `exec`, `syscalls` and `connect`");
-    // `access` without targets.
-    let (error, file) = error_for(&EXEC_RULE.replace("    exec:\n", "    access: write\n    exec:\n"));
-    assert_invalid_at(&error, &file, 3, "`access` goes with `targets`");
     // Unknown key inside exec.
     let (error, file) =
         error_for(&EXEC_RULE.replace("      any_args: [--go]\n", "      any_args: [--go]\n      argv: [x]\n"));
-    assert_invalid_at(&error, &file, 11, "unknown field `argv`");
-    // Bad regex, bad word glob, bad access value.
+    assert_invalid_at(&error, &file, (12, 7), "unknown field `argv`");
+    // Bad regex, bad word glob, bad access value: at the value.
     let (error, file) = error_for(&EXEC_RULE.replace("      any_args: [--go]\n", "      command: \"(curl\"\n"));
-    // (serde_yaml places errors of a converted scalar in a mapping at the mapping's start.)
-    assert_invalid_at(&error, &file, 9, "bad command regex \"(curl\": regex parse error");
+    assert_invalid_at(&error, &file, (11, 16), "bad command regex \"(curl\": regex parse error");
     let (error, file) = error_for(&EXEC_RULE.replace("any_args: [--go]", "any_args: [\"--[go\"]"));
-    assert_invalid_at(&error, &file, 10, "bad argument pattern");
-    let (error, file) = error_for(&MINIMAL_RULE.replace("    targets:", "    access: append\n    targets:"));
-    assert_invalid_at(&error, &file, 8, "unknown variant `append`");
-    // An exec match with neither names nor written_by_tree.
+    assert_invalid_at(&error, &file, (11, 18), "bad argument pattern");
+    let (error, file) = error_for(&MINIMAL_RULE.replace("access: read", "access: append"));
+    assert_invalid_at(&error, &file, (9, 13), "unknown variant `append`");
+    // An exec match with neither names nor written_by_tree: at the match.
     let (error, file) = error_for(&EXEC_RULE.replace("      names: [demo]\n", ""));
-    assert_invalid_at(&error, &file, 3, "needs `names` or `written_by_tree: true`");
+    assert_invalid_at(&error, &file, (10, 7), "needs `names` or `written_by_tree: true`");
     // A syscall rule without names, or with an exclude.
-    let syscall = EXEC_RULE
-        .replace("    exec:\n      names: [demo]\n      any_args: [--go]\n", "    syscalls:\n      names: []\n");
+    let exec_match = "    kind: exec\n    exec:\n      names: [demo]\n      any_args: [--go]\n";
+    let syscall = EXEC_RULE.replace(exec_match, "    kind: syscall\n    syscalls:\n      names: []\n");
     let (error, file) = error_for(&syscall);
-    assert_invalid_at(&error, &file, 9, "must not be empty");
-    let syscall = EXEC_RULE.replace(
-        "    exec:\n      names: [demo]\n      any_args: [--go]\n",
-        "    syscalls: {names: [bpf]}\n    exclude: [\"/x\"]\n",
-    );
+    assert_invalid_at(&error, &file, (10, 14), "must not be empty");
+    let syscall =
+        EXEC_RULE.replace(exec_match, "    kind: syscall\n    syscalls: {names: [bpf]}\n    exclude: [\"/x\"]\n");
     let (error, file) = error_for(&syscall);
-    assert_invalid_at(&error, &file, 3, "`exclude` goes with `targets` or `exec`");
+    assert_invalid_at(&error, &file, (10, 14), "`exclude` goes with `targets` or `exec`");
     // Sample steps of the new kinds are checked too.
     let (error, file) = error_for(&MINIMAL_RULE.replace(
         "- open: {pid: 1, path: /home/alice/.demo-token}",
         "- open: {pid: 1, path: /home/alice/.demo-token, flags: O_SHRED}",
     ));
-    assert_invalid_at(&error, &file, 12, "unknown open flag \"O_SHRED\"");
+    assert_invalid_at(&error, &file, (14, 64), "unknown open flag \"O_SHRED\"");
     let (error, file) =
         error_for(&MINIMAL_RULE.replace(
             "- open: {pid: 1, path: /home/alice/.demo-token}",
             "- syscall: {pid: 1, name: bpf, target_pid: 3}",
         ));
-    assert_invalid_at(&error, &file, 12, "unknown field `target_pid`");
+    assert_invalid_at(&error, &file, (14, 40), "unknown field `target_pid`");
+}
+
+#[test]
+fn schema_2_kinds_and_their_keys_name_file_line_and_column() {
+    // A key of another kind: at that key's value.
+    let (error, file) = error_for(&EXEC_RULE.replace("    exec:\n", "    targets: [\"~/.x\"]\n    exec:\n"));
+    assert_invalid_at(&error, &file, (9, 14), "rule demo-exec: `targets` does not go with `kind: exec`");
+    let (error, file) =
+        error_for(&MINIMAL_RULE.replace("    samples:\n", "    syscalls: {names: [bpf]}\n    samples:\n"));
+    assert_invalid_at(&error, &file, (11, 15), "rule demo: `syscalls` does not go with `kind: target`");
+    // `access` on a rule that is not a target rule.
+    let (error, file) = error_for(&EXEC_RULE.replace("    exec:\n", "    access: write\n    exec:\n"));
+    assert_invalid_at(&error, &file, (9, 13), "rule demo-exec: `access` goes with `targets`");
+    // A kind without its key, a target rule without `access`: at `kind`.
+    let (error, file) = error_for(
+        &EXEC_RULE
+            .replace("kind: exec", "kind: connect")
+            .replace("    exec:\n      names: [demo]\n      any_args: [--go]\n", ""),
+    );
+    assert_invalid_at(&error, &file, (8, 11), "rule demo-exec: `kind: connect` needs `connect`");
+    let (error, file) = error_for(&MINIMAL_RULE.replace("    access: read\n", ""));
+    assert_invalid_at(
+        &error,
+        &file,
+        (8, 11),
+        "rule demo: `kind: target` needs `access`: `read` (credentials) or `write`",
+    );
+    // A kind that does not exist; the sweep is the file's `sweep`, not a rule.
+    let (error, file) = error_for(&MINIMAL_RULE.replace("kind: target", "kind: read"));
+    assert_invalid_at(&error, &file, (8, 11), "unknown kind \"read\" (kinds: target, exec, syscall, connect)");
+    let (error, file) = error_for(&MINIMAL_RULE.replace("kind: target", "kind: sweep"));
+    assert_invalid_at(&error, &file, (8, 11), "`kind: sweep`: the sweep is the file's `sweep` section, not a rule");
+}
+
+#[test]
+fn schema_2_without_kind_says_what_to_add() {
+    // A schema 1 file whose `schema` was bumped: each rule says the key and value to add.
+    let (error, file) = error_for(&MINIMAL_RULE_SCHEMA_1.replace("schema: 1", "schema: 2"));
+    assert_invalid_at(
+        &error,
+        &file,
+        (3, 5),
+        "rule demo: schema 2 names the rule's kind: add `kind: target` and `access: read`",
+    );
+    let (error, file) = error_for(&EXEC_RULE_SCHEMA_1.replace("schema: 1", "schema: 2"));
+    assert_invalid_at(&error, &file, (3, 5), "rule demo-exec: schema 2 names the rule's kind: add `kind: exec`");
+    let write_rule = MINIMAL_RULE.replace("    kind: target\n", "").replace("access: read", "access: write");
+    let (error, file) = error_for(&write_rule);
+    assert_invalid_at(&error, &file, (3, 5), "rule demo: schema 2 names the rule's kind: add `kind: target`");
+    assert!(!error.to_string().contains("access: read"), "{error}");
+    let syscall = EXEC_RULE_SCHEMA_1
+        .replace("schema: 1", "schema: 2")
+        .replace("    exec:\n      names: [demo]\n      any_args: [--go]\n", "    syscalls: {names: [bpf]}\n");
+    let (error, file) = error_for(&syscall);
+    assert_invalid_at(&error, &file, (3, 5), "add `kind: syscall`");
+    // Neither key, or two: which kinds there are and which key goes with each.
+    let (error, file) = error_for(
+        &EXEC_RULE_SCHEMA_1
+            .replace("schema: 1", "schema: 2")
+            .replace("    exec:\n      names: [demo]\n      any_args: [--go]\n", ""),
+    );
+    assert_invalid_at(&error, &file, (3, 5), "add `kind:` (target, exec, syscall, connect) and the one key that goes with it (`targets`, `exec`, `syscalls`, `connect`)");
+}
+
+#[test]
+fn schema_1_infers_the_kind_and_rejects_what_schema_2_added() {
+    // Two kinds in one rule: at the second.
+    let (error, file) = error_for(&EXEC_RULE_SCHEMA_1.replace("    exec:\n", "    targets: [\"~/.x\"]\n    exec:\n"));
+    assert_invalid_at(
+        &error,
+        &file,
+        (10, 7),
+        "rule demo-exec: needs only one of `targets`, `exec`, `syscalls` and `connect`",
+    );
+    // None: at the rule.
+    let (error, file) =
+        error_for(&EXEC_RULE_SCHEMA_1.replace("    exec:\n      names: [demo]\n      any_args: [--go]\n", ""));
+    assert_invalid_at(
+        &error,
+        &file,
+        (3, 5),
+        "rule demo-exec: needs one of `targets`, `exec`, `syscalls` and `connect`",
+    );
+    // `access` without targets.
+    let (error, file) = error_for(&EXEC_RULE_SCHEMA_1.replace("    exec:\n", "    access: write\n    exec:\n"));
+    assert_invalid_at(&error, &file, (8, 13), "rule demo-exec: `access` goes with `targets`");
+    // `kind` is schema 2's.
+    let (error, file) = error_for(&EXEC_RULE_SCHEMA_1.replace("    exec:\n", "    kind: exec\n    exec:\n"));
+    assert_invalid_at(&error, &file, (8, 11), "rule demo-exec: `kind` is schema 2: write `schema: 2`");
+}
+
+/// What a rule is, without where it was written.
+fn comparable(rule: &Rule) -> String {
+    let mut rule = rule.clone();
+    rule.origin = Origin { file: String::new(), line: None, column: None };
+    for (_, origin) in &mut rule.references {
+        *origin = rule.origin.clone();
+    }
+    format!("{rule:?}")
+}
+
+#[test]
+fn schema_1_files_load_the_same_rules_as_schema_2() {
+    let load = |text: &str| RuleSet::from_sources([("r.yaml".to_owned(), text.to_owned())]).unwrap();
+    for (one, two) in [(MINIMAL_RULE_SCHEMA_1, MINIMAL_RULE), (EXEC_RULE_SCHEMA_1, EXEC_RULE)] {
+        let (one, two) = (load(one), load(two));
+        assert_eq!(one.rules().len(), 1);
+        assert_eq!(comparable(&one.rules()[0]), comparable(&two.rules()[0]));
+    }
+    // The default rules written in schema 1: no `kind`, no `access: read` (its default).
+    let schema_1 = DEFAULT_RULES.iter().map(|(file, text)| {
+        let text: String = text
+            .lines()
+            .filter(|line| !matches!(line.trim(), "access: read") && !line.trim().starts_with("kind: "))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        assert!(text.starts_with("schema: 2\n") || text.contains("\nschema: 2\n"), "{file}");
+        ((*file).to_owned(), text.replacen("schema: 2\n", "schema: 1\n", 1))
+    });
+    let (one, two) = (RuleSet::from_sources(schema_1).unwrap(), RuleSet::defaults().unwrap());
+    assert_eq!(one.rules().len(), two.rules().len());
+    for (one, two) in one.rules().iter().zip(two.rules()) {
+        assert_eq!(comparable(one), comparable(two));
+    }
+    assert_eq!(format!("{:?}", one.managers()), format!("{:?}", two.managers()));
+    assert_eq!(format!("{:?}", one.sweep()), format!("{:?}", two.sweep()));
 }
 
 #[test]
@@ -371,10 +499,10 @@ fn runs_code_names_a_known_manager() {
     assert!(!set.runs_code(bun, "/usr/bin/bun", &args(&["bun", "install"])));
     assert!(!set.runs_code(bun, "/usr/bin/bun", &args(&["bun"])));
 
-    let (error, file) = error_for("schema: 1\nruns_code:\n  - manager: maven\n    execs: [mvnw]\n");
-    assert_invalid_at(&error, &file, 3, "runs_code: unknown manager \"maven\"");
-    let (error, file) = error_for("schema: 1\nruns_code:\n  - manager: bun\n    first_args: [\"[x\"]\n");
-    assert_invalid_at(&error, &file, 4, "bad argument pattern");
+    let (error, file) = error_for("schema: 2\nruns_code:\n  - manager: maven\n    execs: [mvnw]\n");
+    assert_invalid_at(&error, &file, (3, 5), "runs_code: unknown manager \"maven\"");
+    let (error, file) = error_for("schema: 2\nruns_code:\n  - manager: bun\n    first_args: [\"[x\"]\n");
+    assert_invalid_at(&error, &file, (4, 18), "bad argument pattern");
 }
 
 #[test]
@@ -408,33 +536,75 @@ fn project_code_and_home_files_are_data_with_checked_references() {
     assert_eq!(home("/h/.npm/_logs/deeper/x.log"), None, "`*` stops at /");
 
     let (error, file) =
-        error_for("schema: 1\nproject_code:\n  - manager: maven\n    execs: [mvn]\n    commands: [test]\n");
-    assert_invalid_at(&error, &file, 3, "project_code: unknown manager \"maven\"");
+        error_for("schema: 2\nproject_code:\n  - manager: maven\n    execs: [mvn]\n    commands: [test]\n");
+    assert_invalid_at(&error, &file, (3, 5), "project_code: unknown manager \"maven\"");
     let (error, file) = error_for(
-        "schema: 1\nproject_code:\n  - manager: npm\n    execs: [npm]\n    commands: [run]\n    quiet: true\n",
+        "schema: 2\nproject_code:\n  - manager: npm\n    execs: [npm]\n    commands: [run]\n    quiet: true\n",
     );
-    assert_invalid_at(&error, &file, 6, "unknown field `quiet`");
-    let (error, file) = error_for("schema: 1\nhome_files:\n  - manager: npm\n    files: [\"*/.npmrc\"]\n");
-    assert_invalid_at(&error, &file, 4, "first component is a plain name");
+    assert_invalid_at(&error, &file, (6, 5), "unknown field `quiet`");
+    let (error, file) = error_for("schema: 2\nhome_files:\n  - manager: npm\n    files: [\"*/.npmrc\"]\n");
+    assert_invalid_at(&error, &file, (4, 13), "first component is a plain name");
 }
 
 #[test]
 fn bad_sweeps_name_file_and_line() {
-    let sweep = "schema: 1\nsweep:\n  id: s\n  name: S\n  description: S.\n  category: sweep\n  severity: critical\n  min_categories: 3\n  window_s: 30\n  min_severity: medium\n";
+    let sweep = "schema: 2\nsweep:\n  id: s\n  name: S\n  description: S.\n  category: sweep\n  severity: critical\n  min_categories: 3\n  window_s: 30\n  min_severity: medium\n";
     let (error, file) = error_for(&sweep.replace("window_s: 30", "window_s: 0"));
-    // serde_yaml places errors of a converted scalar at the start of the mapping.
-    assert_invalid_at(&error, &file, 3, "must be at least 1");
+    assert_invalid_at(&error, &file, (9, 13), "must be at least 1");
     let (error, file) = error_for(&sweep.replace("  category: sweep\n", ""));
-    assert_invalid_at(&error, &file, 3, "missing field `category`");
+    // (The parser puts a missing field at the mapping's last key.)
+    assert_invalid_at(&error, &file, (9, 3), "missing field `category`");
     let (error, file) = error_for(&format!("{sweep}  colour: red\n"));
-    assert_invalid_at(&error, &file, 11, "unknown field `colour`");
+    assert_invalid_at(&error, &file, (11, 3), "unknown field `colour`");
     // One sweep per set of files; a directory's replaces the default one.
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), "a.yaml", sweep);
     write(dir.path(), "b.yaml", sweep);
     let error = RuleSet::load_dir(dir.path()).unwrap_err();
-    assert_invalid_at(&error, &dir.path().join("b.yaml").display().to_string(), 2, "duplicate `sweep`");
+    assert_invalid_at(&error, &dir.path().join("b.yaml").display().to_string(), (3, 3), "duplicate `sweep`");
     std::fs::remove_file(dir.path().join("b.yaml")).unwrap();
     let set = RuleSet::load(Some(dir.path())).unwrap();
     assert_eq!(set.sweep().unwrap().id.0, "s");
+}
+
+#[test]
+fn hostile_yaml_is_an_error_not_a_panic_a_hang_or_an_allocation() {
+    let load = |text: &str| RuleSet::from_sources([("h.yaml".to_owned(), text.to_owned())]);
+    // An alias bomb ("billion laughs") where serde buffers whatever it is given: the unknown
+    // keys of a sample's full `event`. 10^9 strings if expanded; stopped by the replay bound.
+    let mut bomb = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]");
+    for level in 1..10 {
+        let below = format!("*a{}", level - 1);
+        bomb.push_str(&format!(", a{level}: &a{level} [{}]", vec![below; 10].join(", ")));
+    }
+    let rule = MINIMAL_RULE.replace(
+        "- open: {pid: 1, path: /home/alice/.demo-token}",
+        &format!("- event: {{time_ns: 5, pid: 1, kind: exit, code: 0, {bomb}}}"),
+    );
+    let error = load(&rule).unwrap_err().to_string();
+    assert!(error.starts_with("h.yaml:14:") && error.contains("too large or too complex"), "{error}");
+    // Nesting deeper than any rule file: block and flow.
+    let deep_flow = format!("schema: 2\nrules: {}{}\n", "[".repeat(100_000), "]".repeat(100_000));
+    let error = load(&deep_flow).unwrap_err().to_string();
+    assert!(error.starts_with("h.yaml:2:"), "{error}");
+    // (In a full `event` again, where serde takes any shape.)
+    let deep_block: String = (0..200).map(|depth| format!("{}k{depth}:\n", " ".repeat(14 + 2 * depth))).collect();
+    let rule = MINIMAL_RULE.replace(
+        "        - open: {pid: 1, path: /home/alice/.demo-token}\n",
+        &format!("        - event:\n            time_ns: 5\n            pid: 1\n            kind: exit\n            code: 0\n            x:\n{deep_block}"),
+    );
+    let error = load(&rule).unwrap_err().to_string();
+    assert!(error.starts_with("h.yaml:") && error.contains("too large or too complex"), "{error}");
+    // Numbers out of range, several documents, nothing at all, not YAML.
+    let huge = MINIMAL_RULE.replace("{pid: 1, path: /home/alice/.demo-token}", "{pid: 1e400, path: /x}");
+    assert!(load(&huge).unwrap_err().to_string().starts_with("h.yaml:14:"));
+    let huge = MINIMAL_RULE
+        .replace("{pid: 1, path: /home/alice/.demo-token}", &format!("{{pid: {}, path: /x}}", "9".repeat(500)));
+    assert!(load(&huge).unwrap_err().to_string().starts_with("h.yaml:14:"));
+    let error = load(&format!("{MINIMAL_RULE}---\n{MINIMAL_RULE}")).unwrap_err().to_string();
+    assert!(error.starts_with("h.yaml"), "{error}");
+    for text in ["", "---\n", "\u{0}", "schema: 2\n\trules: []\n", "\u{feff}schema: [", "!!binary x", "? [a]\n: b\n"] {
+        let error = load(text).unwrap_err().to_string();
+        assert!(error.starts_with("h.yaml"), "{text:?}: {error}");
+    }
 }

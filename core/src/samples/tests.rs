@@ -4,7 +4,7 @@ use super::*;
 use crate::{
     alert::Severity,
     rules::{
-        fixtures::{EXEC_RULE, MINIMAL_RULE},
+        fixtures::{EXEC_RULE, EXEC_RULE_SCHEMA_1, MINIMAL_RULE, MINIMAL_RULE_SCHEMA_1},
         schema::{self, Access},
         RuleKind,
     },
@@ -44,7 +44,7 @@ fn check_dir_replays_samples_and_counts() {
         CheckError::Samples { failures } => {
             assert_eq!(failures.len(), 1, "{failures:?}");
             assert!(
-                failures[0].contains("mine.yaml:3: rule demo: the negative sample fired the rule"),
+                failures[0].contains("mine.yaml:3:5: rule demo: the negative sample fired the rule"),
                 "{}",
                 failures[0]
             );
@@ -53,13 +53,18 @@ fn check_dir_replays_samples_and_counts() {
     }
 }
 
-#[test]
-fn new_rule_kinds_load_and_replay() {
-    let dir = tempfile::tempdir().unwrap();
-    write(dir.path(), "exec.yaml", EXEC_RULE);
-    let syscall = EXEC_RULE.replace("demo-exec", "demo-syscall").replace(
-        "    exec:\n      names: [demo]\n      any_args: [--go]\n",
-        "    action: kill\n    syscalls:\n      names: [ptrace]\n      operations: [PTRACE_ATTACH]\n",
+/// An exec, a syscall (kill) and a write rule, from the exec and the minimal rule of a schema.
+fn three_kinds(exec_rule: &str, minimal_rule: &str, schema: u8) -> [(&'static str, String); 3] {
+    let exec_match = "    exec:\n      names: [demo]\n      any_args: [--go]\n";
+    let (exec_kind, syscall_kind, read) = match schema {
+        1 => ("", "", ""),
+        _ => ("    kind: exec\n", "    kind: syscall\n", "    access: read\n"),
+    };
+    let syscall = exec_rule.replace("demo-exec", "demo-syscall").replace(
+        &format!("{exec_kind}{exec_match}"),
+        &format!(
+            "    action: kill\n{syscall_kind}    syscalls:\n      names: [ptrace]\n      operations: [PTRACE_ATTACH]\n"
+        ),
     );
     let syscall = syscall
         .replace(
@@ -70,10 +75,10 @@ fn new_rule_kinds_load_and_replay() {
             "- exec: {pid: 2, ppid: 1, args: [demo, --stop]}",
             "- syscall: {pid: 1, name: ptrace, operation: PTRACE_DETACH, target: 9}",
         );
-    write(dir.path(), "syscall.yaml", &syscall);
-    let write_rule = MINIMAL_RULE
+    let targets = "    targets: [\"~/.demo-token\"]\n";
+    let write_rule = minimal_rule
         .replace("id: demo", "id: demo-write")
-        .replace("    targets: [\"~/.demo-token\"]\n", "    access: write\n    targets: [\"~/.demo-token\"]\n");
+        .replace(&format!("{read}{targets}"), &format!("    access: write\n{targets}"));
     let write_rule = write_rule
         .replace(
             "- open: {pid: 1, path: /home/alice/.demo-token}",
@@ -83,22 +88,35 @@ fn new_rule_kinds_load_and_replay() {
             "- open: {pid: 1, path: /home/alice/.demo-token.pub}",
             "- open: {pid: 1, path: /home/alice/.demo-token}",
         );
-    write(dir.path(), "write.yaml", &write_rule);
-    let report = check_dir(dir.path()).unwrap();
-    assert_eq!(report.rules, 3);
-    let set = RuleSet::load(Some(dir.path())).unwrap();
-    let kind = |id: &str| set.rules().iter().find(|r| r.id == id).unwrap().kind;
-    assert_eq!(kind("demo-exec"), RuleKind::Exec);
-    assert_eq!(kind("demo-syscall"), RuleKind::Syscall);
-    assert_eq!(kind("demo-write"), RuleKind::Target(Access::Write));
-    assert_eq!(kind("ssh-keys"), RuleKind::Target(Access::Read));
-    assert!(set.kill_rules().any(|r| r.id == "demo-syscall"));
+    [("exec.yaml", exec_rule.to_owned()), ("syscall.yaml", syscall), ("write.yaml", write_rule)]
+}
+
+#[test]
+fn new_rule_kinds_load_and_replay() {
+    // Schema 2 names each kind; schema 1 files say the same by which key they have.
+    for (schema, exec_rule, minimal_rule) in
+        [(2, EXEC_RULE, MINIMAL_RULE), (1, EXEC_RULE_SCHEMA_1, MINIMAL_RULE_SCHEMA_1)]
+    {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in three_kinds(exec_rule, minimal_rule, schema) {
+            write(dir.path(), name, &text);
+        }
+        let report = check_dir(dir.path()).unwrap();
+        assert_eq!(report.rules, 3, "schema {schema}");
+        let set = RuleSet::load(Some(dir.path())).unwrap();
+        let kind = |id: &str| set.rules().iter().find(|r| r.id == id).unwrap().kind;
+        assert_eq!(kind("demo-exec"), RuleKind::Exec, "schema {schema}");
+        assert_eq!(kind("demo-syscall"), RuleKind::Syscall, "schema {schema}");
+        assert_eq!(kind("demo-write"), RuleKind::Target(Access::Write), "schema {schema}");
+        assert_eq!(kind("ssh-keys"), RuleKind::Target(Access::Read));
+        assert!(set.kill_rules().any(|r| r.id == "demo-syscall"), "schema {schema}");
+    }
 }
 
 /// Replays `steps` (sample steps in YAML) over the default rules: (rule id, severity) of
 /// each alert.
 fn replay_yaml(steps: &str) -> Vec<(String, Severity)> {
-    let steps: Vec<schema::Step> = serde_yaml::from_str(steps).unwrap();
+    let steps: Vec<schema::Step> = serde_saphyr::from_str(steps).unwrap();
     replay(&RuleSet::defaults().unwrap(), &steps).into_iter().map(|a| (a.rule.id, a.rule.severity)).collect()
 }
 
