@@ -1,7 +1,8 @@
 //! Live modes: `watch`, `run` and `record` drive the sensor through the engine to the outputs
 //! and (when recording) a trace writer, with [`pipeline::drive`] like `replay`. What is live only
-//! stays here: the events the agent makes itself, `--enforce`'s verdict on a held connect, and
-//! when to stop (Ctrl-C, `run`'s command and its tree done, `--linger`).
+//! stays here: the events the agent makes itself, `--enforce`'s verdict on a held connect,
+//! when to stop (Ctrl-C, `run`'s command and its tree done, `--linger`), and `SIGHUP`'s reload of
+//! the configuration and rules while the kernel programs stay attached.
 
 use std::{
     io::{self, PipeWriter, Read as _, Write as _},
@@ -26,6 +27,12 @@ use credwatch_core::{
     rules::RuleSet,
     trace::{TraceHeader, TraceWriter, TRACE_SCHEMA},
 };
+use tracing::{info, warn};
+
+use crate::{
+    config::{Config, Layers},
+    log,
+};
 
 /// Exit status of `credwatch run` (and `replay`) when any alert fired, whatever CMD did.
 pub const ALERT_EXIT_STATUS: u8 = 10;
@@ -45,6 +52,19 @@ pub struct Outputs<'a> {
     pub enforce: bool,
     /// Alert on the project's own scripts and programs too.
     pub watch_project: bool,
+}
+
+impl Outputs<'_> {
+    pub fn from_config(config: &Config) -> Outputs<'_> {
+        Outputs {
+            json: config.json,
+            rules: config.rules.as_deref(),
+            alerts_file: config.alerts.as_deref(),
+            trace: config.trace.as_deref(),
+            enforce: config.enforce,
+            watch_project: config.watch_project,
+        }
+    }
 }
 
 pub fn host_name() -> String {
@@ -113,7 +133,7 @@ struct DetachedWarning;
 impl Sink for DetachedWarning {
     fn event(&mut self, _: &Engine, event: &Event, _: &[Alert]) -> Result<(), SinkError> {
         if matches!(&event.data, EventData::Lost(lost) if lost.source == lost_source::DETACHED) {
-            eprintln!("credwatch: WARNING: the kernel programs stopped reporting (detached?): events are being missed");
+            warn!("the kernel programs stopped reporting (detached?): events are being missed");
         }
         Ok(())
     }
@@ -124,8 +144,18 @@ struct Session {
     live: Live,
     engine: Engine,
     sink: AlertSink,
+    /// Alerts written by the sinks that a reload replaced.
+    written_before: u64,
     recorder: Option<TraceWriter>,
     started: Instant,
+    /// `watch`: set by `SIGHUP`, and what to reload from.
+    reload: Option<(Arc<AtomicBool>, Reload)>,
+}
+
+/// What `SIGHUP` reloads from, and what is in force.
+struct Reload {
+    layers: Layers,
+    config: Config,
 }
 
 impl Session {
@@ -140,46 +170,122 @@ impl Session {
             .context("registering credential files with the kernel")?;
         let sink = AlertSink::new(outputs.json, outputs.alerts_file, false)
             .with_context(|| format!("opening {}", outputs.alerts_file.unwrap_or(Path::new("")).display()))?;
-        let engine = Engine::new(
-            rules,
-            EngineOptions { host_name: host_name(), watch_project: outputs.watch_project, ..EngineOptions::default() },
-        );
+        let engine = Engine::new(rules, engine_options(outputs));
         let live = Live { sensor, queued: Vec::new(), wait: POLL_INTERVAL };
-        Ok(Session { live, engine, sink, recorder, started })
+        Ok(Session { live, engine, sink, written_before: 0, recorder, started, reload: None })
     }
 
     /// Runs the pipeline until `control` stops it, then emits the engine's end-of-stream alerts.
-    fn drive(&mut self, control: impl FnMut(&mut Live, &Engine) -> Control) -> Result<()> {
-        let (mut warning, mut verdict) = (DetachedWarning, ConnectVerdict);
-        let mut sinks: Vec<&mut dyn Sink> = vec![&mut warning];
-        if let Some(recorder) = &mut self.recorder {
-            sinks.push(recorder);
+    /// A `SIGHUP` (with [`Session::reload`] set) pauses it for a reload, then it goes on.
+    fn drive(&mut self, mut control: impl FnMut(&mut Live, &Engine) -> Control) -> Result<()> {
+        loop {
+            let hangup = self.reload.as_ref().map(|(hangup, _)| Arc::clone(hangup));
+            let mut control = |live: &mut Live, engine: &Engine| {
+                if hangup.as_ref().is_some_and(|hangup| hangup.swap(false, Ordering::Relaxed)) {
+                    Control::Pause
+                } else {
+                    control(live, engine)
+                }
+            };
+            let (mut warning, mut verdict) = (DetachedWarning, ConnectVerdict);
+            let mut sinks: Vec<&mut dyn Sink> = vec![&mut warning];
+            if let Some(recorder) = &mut self.recorder {
+                sinks.push(recorder);
+            }
+            sinks.push(&mut self.sink);
+            sinks.push(&mut verdict);
+            let done =
+                pipeline::drive(&mut self.live, &mut self.engine, &mut sinks, None, &mut control).map_err(|error| {
+                    match error {
+                        DriveError::Source(error) => anyhow::Error::new(error).context("reading kernel events"),
+                        DriveError::Sink(error) => anyhow::Error::from(error),
+                    }
+                })?;
+            if done != Control::Pause {
+                return Ok(());
+            }
+            self.reload();
         }
-        sinks.push(&mut self.sink);
-        sinks.push(&mut verdict);
-        pipeline::drive(&mut self.live, &mut self.engine, &mut sinks, None, control).map_err(|error| match error {
-            DriveError::Source(error) => anyhow::Error::new(error).context("reading kernel events"),
-            DriveError::Sink(error) => error.into(),
-        })
+    }
+
+    /// `SIGHUP`: the configuration file and the rules read again and put in force, with the
+    /// kernel programs attached throughout and the engine's process table kept. Anything wrong
+    /// and nothing changes: the log says why.
+    fn reload(&mut self) {
+        let Some((_, reload)) = &self.reload else { return };
+        let started = Instant::now();
+        let (file, old) = (reload.layers.file.clone(), reload.config.clone());
+        match self.try_reload(&old) {
+            Ok(config) => {
+                let file = file.map(|file| escape(&file.display().to_string()).into_owned());
+                let (rules, ms) = (self.engine.rules().rules().len(), started.elapsed().as_millis() as u64);
+                let what = file.as_ref().map(|file| format!("the configuration ({file}) and ")).unwrap_or_default();
+                info!(file, rules, ms, "reloaded {what}{rules} rules in {ms} ms");
+                if let Some((_, reload)) = &mut self.reload {
+                    reload.config = config;
+                }
+            }
+            Err(error) => {
+                let error = escape(&format!("{error:#}")).into_owned();
+                warn!(error, "reload refused, the running configuration and rules stay: {error}");
+            }
+        }
+    }
+
+    fn try_reload(&mut self, old: &Config) -> Result<Config> {
+        let Some((_, reload)) = &self.reload else { anyhow::bail!("nothing to reload from") };
+        let loaded = reload.layers.load()?;
+        for warning in &loaded.warnings {
+            warn!("{}", escape(warning));
+        }
+        let config = loaded.config;
+        let restart = old.restart_only_changes(&config);
+        if !restart.is_empty() {
+            anyhow::bail!("{} cannot change while credwatch runs: restart it for that", restart.join(", "));
+        }
+        let outputs = Outputs::from_config(&config);
+        let rules = RuleSet::load(outputs.rules).context("loading rules")?;
+        self.engine.check_reload(&rules)?;
+        let sink = AlertSink::new(outputs.json, outputs.alerts_file, false)
+            .with_context(|| format!("opening {}", outputs.alerts_file.unwrap_or(Path::new("")).display()))?;
+        let protection = Protection { rules: rules.clone(), homes: system_homes(), enforce: outputs.enforce };
+        if let Err(error) = self.live.sensor.protect(protection) {
+            // Back to what was in force: the kernel's maps are only ever brought in line with a table.
+            let running =
+                Protection { rules: self.engine.rules().clone(), homes: system_homes(), enforce: old.enforce };
+            if let Err(again) = self.live.sensor.protect(running) {
+                warn!("re-registering the running rules' credential files failed too: {again}");
+            }
+            return Err(error).context("registering the new rules' credential files with the kernel");
+        }
+        self.engine.reload(rules, engine_options(&outputs))?;
+        self.written_before += self.sink.written();
+        self.sink = sink;
+        log::set_level(config.log_level);
+        Ok(config)
     }
 
     /// Prints the summary and closes the trace; returns the number of alerts.
     fn finish(self) -> Result<u64> {
         let sensor = self.live.sensor.stats();
         let engine = self.engine.stats();
-        eprintln!(
-            "credwatch: {} events, {} lost, {} alerts in {:.1}s",
-            engine.events,
-            sensor.lost + sensor.priority_lost + sensor.marks_full,
-            self.sink.written(),
-            self.started.elapsed().as_secs_f64()
+        let (lost, alerts) =
+            (sensor.lost + sensor.priority_lost + sensor.marks_full, self.written_before + self.sink.written());
+        let seconds = self.started.elapsed().as_secs_f64();
+        info!(
+            events = engine.events,
+            lost, alerts, seconds, "{} events, {lost} lost, {alerts} alerts in {seconds:.1}s", engine.events
         );
         if let Some(recorder) = self.recorder {
             recorder.finish()?;
         }
         self.live.sensor.detach_in_background();
-        Ok(self.sink.written())
+        Ok(alerts)
     }
+}
+
+fn engine_options(outputs: &Outputs) -> EngineOptions {
+    EngineOptions { host_name: host_name(), watch_project: outputs.watch_project, ..EngineOptions::default() }
 }
 
 fn open_trace(path: &Path, rules: &RuleSet, command: &[String]) -> Result<TraceWriter> {
@@ -199,17 +305,19 @@ fn open_trace(path: &Path, rules: &RuleSet, command: &[String]) -> Result<TraceW
     Ok(TraceWriter::create(path, &header)?)
 }
 
-/// `watch`, or `record` without CMD: every package tree on the machine until Ctrl-C.
-pub fn watch_machine(outputs: &Outputs) -> Result<ExitCode> {
+/// `watch`, or `record` without CMD: every package tree on the machine until Ctrl-C; `SIGHUP`
+/// reloads `layers` (the configuration file) and the rules.
+pub fn watch_machine(config: &Config, layers: Layers) -> Result<ExitCode> {
     let stop = stop_flag()?;
-    let mut session = Session::start(outputs, &[])?;
+    let hangup = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hangup))
+        .context("installing signal handlers")?;
+    let mut session = Session::start(&Outputs::from_config(config), &[])?;
+    session.reload = Some((hangup, Reload { layers, config: config.clone() }));
     let managers = session.engine.rules().managers().to_vec();
     session.live.queued = session.live.sensor.seed(&managers).context("seeding running package trees from /proc")?;
-    eprintln!(
-        "credwatch: watching package trees ({} rules) after {} ms; Ctrl-C to stop",
-        session.engine.rules().rules().len(),
-        session.started.elapsed().as_millis()
-    );
+    let (rules, startup_ms) = (session.engine.rules().rules().len(), session.started.elapsed().as_millis() as u64);
+    info!(rules, startup_ms, "watching package trees ({rules} rules) after {startup_ms} ms; Ctrl-C to stop");
     session.drive(|_, _| if stop.load(Ordering::Relaxed) { Control::Stop } else { Control::Continue })?;
     session.finish()?;
     Ok(ExitCode::SUCCESS)
@@ -272,7 +380,8 @@ impl HeldCommand {
 
 /// `run`, or `record -- CMD`: CMD's tree only, until every process of it has exited (or
 /// `linger` has passed since CMD exited).
-pub fn run_command(outputs: &Outputs, command: &[String], linger: Option<Duration>) -> Result<ExitCode> {
+pub fn run_command(config: &Config, command: &[String], linger: Option<Duration>) -> Result<ExitCode> {
+    let outputs = &Outputs::from_config(config);
     let stop = stop_flag()?;
     // A handler (not the default, which ignores it) so that SIGCHLD interrupts the sensor's wait:
     // CMD's exit is noticed at once, not at the next poll.
@@ -314,7 +423,7 @@ pub fn run_command(outputs: &Outputs, command: &[String], linger: Option<Duratio
             }
         }
         if stop.load(Ordering::Relaxed) {
-            eprintln!("credwatch: interrupted");
+            info!("interrupted");
             return Control::Stop;
         }
         let Some(exited_at) = cmd_exited_at else { return Control::Continue };
@@ -328,11 +437,10 @@ pub fn run_command(outputs: &Outputs, command: &[String], linger: Option<Duratio
             return Control::Continue;
         }
         if linger.is_some_and(|linger| exited_at.elapsed() >= linger) {
-            eprintln!("credwatch: stopped waiting; still running in the command's tree:");
-            for (pid, description) in still_running {
-                // Already escaped by the engine.
-                eprintln!("  [{pid}] {description}");
-            }
+            // Already escaped by the engine.
+            let running: Vec<String> =
+                still_running.iter().map(|(pid, description)| format!("\n  [{pid}] {description}")).collect();
+            warn!("stopped waiting; still running in the command's tree:{}", running.concat());
             return Control::Stop;
         }
         Control::Continue

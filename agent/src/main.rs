@@ -1,6 +1,8 @@
 //! The `credwatch` command.
 
+mod config;
 mod live;
+mod log;
 mod replay;
 
 use std::{
@@ -12,9 +14,10 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
+use config::{Config, Layers, LogFormat, LogLevel};
 use credwatch::sensor;
 use credwatch_core::{engine::EngineOptions, output::escape, rules::RuleSet, samples};
-use live::Outputs;
+use serde_json::{Map, Value};
 
 #[derive(Parser)]
 #[command(
@@ -48,6 +51,26 @@ enum Commands {
     /// Check or list rules.
     #[command(subcommand)]
     Rules(RulesCommand),
+    /// Check a configuration file, or print the configuration in force.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+/// The configuration of `watch`, `run` and `record`: a file, `CREDWATCH_<KEY>` variables over
+/// it, the flags over both. `SIGHUP` reloads it (and the rules) in `watch` and `record`
+/// without CMD.
+#[derive(Args)]
+struct ConfigArgs {
+    /// The configuration file (YAML): every flag of this command has a key of the same name
+    /// (`watch_project: true`; `alerts` for `--output`/`--alerts`, `trace` for `record -o`).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The agent's own log on standard error (not alerts): text lines or JSON lines.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    log_format: Option<LogFormat>,
+    /// The least severe log records written.
+    #[arg(long, value_enum, value_name = "LEVEL")]
+    log_level: Option<LogLevel>,
 }
 
 #[derive(Args)]
@@ -80,8 +103,10 @@ struct WatchArgs {
     common: CommonArgs,
     #[command(flatten)]
     enforce: EnforceArgs,
+    #[command(flatten)]
+    config: ConfigArgs,
     /// Also append every alert as a JSON line to FILE.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, visible_alias = "alerts", value_name = "FILE")]
     output: Option<PathBuf>,
 }
 
@@ -91,6 +116,8 @@ struct RunArgs {
     common: CommonArgs,
     #[command(flatten)]
     enforce: EnforceArgs,
+    #[command(flatten)]
+    config: ConfigArgs,
     /// Also append every alert as a JSON line to FILE.
     #[arg(long, value_name = "FILE")]
     alerts: Option<PathBuf>,
@@ -109,9 +136,11 @@ struct RecordArgs {
     common: CommonArgs,
     #[command(flatten)]
     enforce: EnforceArgs,
-    /// The trace file to write.
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// The trace file to write (or `trace` in the configuration).
     #[arg(short = 'o', long, value_name = "FILE")]
-    output: PathBuf,
+    output: Option<PathBuf>,
     /// Also append every alert as a JSON line to FILE.
     #[arg(long, value_name = "FILE")]
     alerts: Option<PathBuf>,
@@ -161,6 +190,23 @@ struct ReplayArgs {
 }
 
 #[derive(Subcommand)]
+enum ConfigCommand {
+    /// Check a configuration file alone (no environment): every error with its file, line and
+    /// key, and the rules it names. Exit status 0 when it is fine.
+    Check {
+        /// The configuration file.
+        file: PathBuf,
+    },
+    /// Print the configuration in force (the file, `CREDWATCH_*` variables, defaults) as a
+    /// configuration file.
+    Show {
+        /// The configuration file.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
 enum RulesCommand {
     /// Parse and validate every rule file in DIR and run each rule's samples.
     Check {
@@ -177,41 +223,34 @@ enum RulesCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The live modes set the log up as their configuration says.
+    if !matches!(cli.command, Commands::Watch(_) | Commands::Run(_) | Commands::Record(_)) {
+        log::init(LogFormat::default(), LogLevel::default());
+    }
     let result = match cli.command {
-        Commands::Watch(args) => live::watch_machine(&Outputs {
-            json: args.common.json,
-            rules: args.common.rules.as_deref(),
-            alerts_file: args.output.as_deref(),
-            trace: None,
-            enforce: args.enforce.enforce,
-            watch_project: args.common.watch_project,
-        }),
-        Commands::Run(args) => linger(args.linger).and_then(|linger| {
-            let outputs = Outputs {
-                json: args.common.json,
-                rules: args.common.rules.as_deref(),
-                alerts_file: args.alerts.as_deref(),
-                trace: None,
-                enforce: args.enforce.enforce,
-                watch_project: args.common.watch_project,
-            };
-            live::run_command(&outputs, &args.command, linger)
-        }),
-        Commands::Record(args) => linger(args.linger).and_then(|linger| {
-            let outputs = Outputs {
-                json: args.common.json,
-                rules: args.common.rules.as_deref(),
-                alerts_file: args.alerts.as_deref(),
-                trace: Some(&args.output),
-                enforce: args.enforce.enforce,
-                watch_project: args.common.watch_project,
-            };
-            if args.command.is_empty() {
-                live::watch_machine(&outputs)
-            } else {
-                live::run_command(&outputs, &args.command, linger)
-            }
-        }),
+        Commands::Watch(args) => {
+            let flags = flags(&args.common, &args.enforce, &args.output, None, None);
+            configure(&args.config, flags).and_then(|(config, layers)| live::watch_machine(&config, layers))
+        }
+        Commands::Run(args) => {
+            let flags = flags(&args.common, &args.enforce, &args.alerts, args.linger, None);
+            configure(&args.config, flags).and_then(|(config, _)| {
+                linger(config.linger).and_then(|linger| live::run_command(&config, &args.command, linger))
+            })
+        }
+        Commands::Record(args) => {
+            let flags = flags(&args.common, &args.enforce, &args.alerts, args.linger, args.output.as_ref());
+            configure(&args.config, flags).and_then(|(config, layers)| {
+                if config.trace.is_none() {
+                    anyhow::bail!("record needs a trace file: -o FILE, or `trace` in the configuration");
+                }
+                if args.command.is_empty() {
+                    live::watch_machine(&config, layers)
+                } else {
+                    linger(config.linger).and_then(|linger| live::run_command(&config, &args.command, linger))
+                }
+            })
+        }
         Commands::Replay(args) => replay_options(&args).and_then(|engine| {
             replay::replay(
                 &args.files,
@@ -233,11 +272,66 @@ fn main() -> ExitCode {
         }
         Commands::Rules(RulesCommand::Check { dir }) => rules_check(&dir),
         Commands::Rules(RulesCommand::List { rules }) => rules_list(rules.as_deref()),
+        Commands::Config(ConfigCommand::Check { file }) => config_check(&file),
+        Commands::Config(ConfigCommand::Show { config }) => config_show(config),
     };
     result.unwrap_or_else(|error| {
-        eprintln!("credwatch: {}", escape(&format!("{error:#}")));
+        // Line by line: a configuration's errors are one a line.
+        let text: Vec<String> = format!("{error:#}").lines().map(|line| escape(line).into_owned()).collect();
+        tracing::error!("{}", text.join("\n"));
         ExitCode::FAILURE
     })
+}
+
+/// The keys the command line gives: only flags that were given (a flag left out leaves the
+/// file's or the environment's value).
+fn flags(
+    common: &CommonArgs,
+    enforce: &EnforceArgs,
+    alerts: &Option<PathBuf>,
+    linger: Option<f64>,
+    trace: Option<&PathBuf>,
+) -> Map<String, Value> {
+    let path = |path: &PathBuf| Value::String(path.to_string_lossy().into_owned());
+    let mut flags = Map::new();
+    let mut set = |key: &str, value: Option<Value>| {
+        if let Some(value) = value {
+            flags.insert(key.to_owned(), value);
+        }
+    };
+    set("json", common.json.then_some(Value::Bool(true)));
+    set("rules", common.rules.as_ref().map(path));
+    set("watch_project", common.watch_project.then_some(Value::Bool(true)));
+    set("enforce", enforce.enforce.then_some(Value::Bool(true)));
+    set("alerts", alerts.as_ref().map(path));
+    set("linger", linger.map(Value::from));
+    set("trace", trace.map(path));
+    flags
+}
+
+/// The configuration of a live mode from its file, the environment and `flags`, with the
+/// layers kept for `SIGHUP`; sets up the log as it says (as by default when it is wrong).
+fn configure(args: &ConfigArgs, mut flags: Map<String, Value>) -> Result<(Config, Layers)> {
+    if let Some(format) = args.log_format {
+        flags.insert("log_format".into(), serde_json::to_value(format)?);
+    }
+    if let Some(level) = args.log_level {
+        flags.insert("log_level".into(), serde_json::to_value(level)?);
+    }
+    let layers = Layers::new(args.config.clone(), flags);
+    match layers.load() {
+        Ok(loaded) => {
+            log::init(loaded.config.log_format, loaded.config.log_level);
+            for warning in &loaded.warnings {
+                tracing::warn!("{}", escape(warning));
+            }
+            Ok((loaded.config, layers))
+        }
+        Err(error) => {
+            log::init(LogFormat::default(), LogLevel::default());
+            Err(error.into())
+        }
+    }
 }
 
 /// The engine's options of a replay: `--watch-project`, `--home`, `--passwd`.
@@ -271,6 +365,37 @@ fn linger(seconds: Option<f64>) -> Result<Option<Duration>> {
     seconds
         .map(|s| Duration::try_from_secs_f64(s).with_context(|| format!("--linger {s}: not a number of seconds")))
         .transpose()
+}
+
+fn config_check(file: &Path) -> Result<ExitCode> {
+    let loaded = config::check(file)?;
+    let (config, places) = (loaded.config, loaded.places);
+    let rules = RuleSet::load(config.rules.as_deref()).with_context(|| {
+        let at = places.get("rules").map_or_else(|| file.display().to_string(), ToString::to_string);
+        format!("{at}: key `rules`: loading the rules")
+    })?;
+    let changed = config.changed_keys();
+    println!(
+        "{}: valid; {} ({} rules in force)",
+        escape(&file.display().to_string()),
+        if changed.is_empty() { "every key at its default".to_owned() } else { format!("set: {}", changed.join(", ")) },
+        rules.rules().len()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn config_show(file: Option<PathBuf>) -> Result<ExitCode> {
+    let loaded = Layers::new(file.clone(), Map::new()).load()?;
+    for warning in &loaded.warnings {
+        tracing::warn!("{}", escape(warning));
+    }
+    let from = file.map_or_else(|| "no file".to_owned(), |file| file.display().to_string());
+    print!(
+        "# credwatch configuration in force: {}, CREDWATCH_* variables, defaults\n{}",
+        escape(&from),
+        loaded.config.to_yaml()?
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 fn rules_check(dir: &Path) -> Result<ExitCode> {
@@ -327,6 +452,20 @@ mod tests {
         assert_eq!(args.home.as_deref(), Some("/var/lib/jenkins"));
         assert!(Cli::try_parse_from(["credwatch", "replay", "--home", "jenkins", "t"]).is_err());
         assert!(Cli::try_parse_from(["credwatch", "run", "--home", "/h", "--", "true"]).is_err());
+    }
+
+    #[test]
+    fn only_the_flags_given_are_keys_over_the_configuration() {
+        let cli = Cli::try_parse_from(["credwatch", "watch", "--json", "--alerts", "a.jsonl"]).unwrap();
+        let Commands::Watch(args) = cli.command else { panic!("not watch") };
+        let given = flags(&args.common, &args.enforce, &args.output, None, None);
+        assert_eq!(Value::Object(given), serde_json::json!({"json": true, "alerts": "a.jsonl"}));
+        let cli = Cli::try_parse_from(["credwatch", "record", "--linger", "2", "-o", "t.jsonl", "--", "true"]).unwrap();
+        let Commands::Record(args) = cli.command else { panic!("not record") };
+        let given = flags(&args.common, &args.enforce, &args.alerts, args.linger, args.output.as_ref());
+        assert_eq!(Value::Object(given), serde_json::json!({"linger": 2.0, "trace": "t.jsonl"}));
+        assert!(Cli::try_parse_from(["credwatch", "run", "--config", "c.yaml", "--log-format", "json", "--", "true"])
+            .is_ok());
     }
 
     #[test]

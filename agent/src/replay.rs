@@ -142,8 +142,8 @@ pub fn replay(files: &[PathBuf], options: &ReplayOptions) -> Result<ExitCode> {
             }
         }
     }
-    eprintln!(
-        "credwatch: replayed {} file(s): {events} events, {alerts} alerts, {} bad lines skipped in {seconds:.1}s ({:.0} events/s, {:.1} MB/s)",
+    tracing::info!(
+        "replayed {} file(s): {events} events, {alerts} alerts, {} bad lines skipped in {seconds:.1}s ({:.0} events/s, {:.1} MB/s)",
         files.len(),
         totals.bad_lines.load(Ordering::Relaxed),
         events as f64 / seconds,
@@ -181,7 +181,7 @@ fn replay_file(
     }
     let mut skip = |error: &ImportError| {
         if totals.bad_lines.fetch_add(1, Ordering::Relaxed) < BAD_LINES_SHOWN {
-            eprintln!("credwatch: skipped {}", escape(&error.to_string()));
+            tracing::warn!("skipped {}", escape(&error.to_string()));
         }
     };
     let skip = options.keep_going.then_some(&mut skip as &mut dyn FnMut(&ImportError));

@@ -104,6 +104,9 @@ pub enum Control {
     Continue,
     /// Stop pulling: the end of the stream for the engine and the sinks.
     Stop,
+    /// Return to the caller without ending the stream (no end-of-stream alerts), so that it
+    /// can change the engine or the sinks (a reload) and drive again from where it was.
+    Pause,
 }
 
 /// Told of each error skipped under `--keep-going`.
@@ -116,13 +119,16 @@ pub type Skip<'a, E> = &'a mut dyn FnMut(&E);
 /// With `skip` (`--keep-going`), errors the source calls recoverable are handed to it and
 /// reading goes on; any other error, or a sink's, ends the drive at once, without the
 /// end-of-stream alerts.
+///
+/// Returns [`Control::Pause`] when `control` paused it, else [`Control::Stop`] (the stream
+/// ended).
 pub fn drive<S: Source + ?Sized>(
     source: &mut S,
     engine: &mut Engine,
     sinks: &mut [&mut dyn Sink],
     mut skip: Option<Skip<'_, S::Error>>,
     mut control: impl FnMut(&mut S, &Engine) -> Control,
-) -> Result<(), DriveError<S::Error>> {
+) -> Result<Control, DriveError<S::Error>> {
     let mut batch = Vec::new();
     loop {
         let pulled = match source.pull(&mut batch) {
@@ -141,15 +147,20 @@ pub fn drive<S: Source + ?Sized>(
                 sink.event(engine, &event, &alerts)?;
             }
         }
-        if pulled == Pulled::End || control(source, engine) == Control::Stop {
+        if pulled == Pulled::End {
             break;
+        }
+        match control(source, engine) {
+            Control::Continue => {}
+            Control::Stop => break,
+            Control::Pause => return Ok(Control::Pause),
         }
     }
     let alerts = engine.flush();
     for sink in sinks.iter_mut() {
         sink.end(&alerts)?;
     }
-    Ok(())
+    Ok(Control::Stop)
 }
 
 impl Sink for AlertSink {
@@ -361,6 +372,19 @@ mod tests {
         })
         .unwrap();
         assert_eq!((kept.events.len(), kept.end, source.pulls), (3, Some(Vec::new()), 1));
+    }
+
+    #[test]
+    fn a_pause_keeps_the_stream_open_and_driving_again_goes_on() {
+        let mut source = Scripted::new(vec![Ok(npm_postinstall()), Ok(vec![open(4, 101, "/home/alice/.npmrc")])]);
+        let (mut engine, mut kept) = (engine(), Kept::default());
+        let paused = drive(&mut source, &mut engine, &mut [&mut kept], None, |_, _| Control::Pause).unwrap();
+        assert_eq!((paused, kept.events.len(), kept.end.is_none()), (Control::Pause, 3, true));
+        let ended = drive(&mut source, &mut engine, &mut [&mut kept], None, |_, _| Control::Continue).unwrap();
+        assert_eq!(ended, Control::Stop);
+        // The second drive's open belongs to the tree the first one saw.
+        assert_eq!(kept.events[3].1, ["npm-registry-token"]);
+        assert_eq!(kept.end, Some(Vec::new()));
     }
 
     #[test]

@@ -33,6 +33,13 @@ pub(super) struct SweepState {
     unreported: bool,
 }
 
+impl SweepState {
+    /// See [`super::process::Tree::remap_rules`].
+    pub(super) fn remap_rules(&mut self, remap: &[Option<usize>]) {
+        self.rules = self.rules.iter().filter_map(|&index| remap[index]).collect();
+    }
+}
+
 impl Engine {
     /// Dedup and sweeps (see the module's documentation): whether `alert`, of the rule
     /// `index` about `subject` in the tree of `root` (the alerting process's `tree`), goes out,

@@ -55,6 +55,15 @@ pub struct EngineOptions {
     pub passwd: HashMap<u32, String>,
 }
 
+/// Why a running engine does not take new rules.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error(
+        "the package managers changed: the kernel programs were given them at start-up, so this change needs a restart"
+    )]
+    ManagersChanged,
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EngineStats {
     pub events: u64,
@@ -108,6 +117,53 @@ impl Engine {
 
     pub fn rules(&self) -> &RuleSet {
         &self.rules
+    }
+
+    /// Whether [`Engine::reload`] takes `rules`: their package managers must be the running
+    /// ones (the kernel programs and the process table know them by position).
+    pub fn check_reload(&self, rules: &RuleSet) -> Result<(), ReloadError> {
+        if rules.managers() == self.rules.managers() {
+            Ok(())
+        } else {
+            Err(ReloadError::ManagersChanged)
+        }
+    }
+
+    /// New rules and options (a reload), keeping the process table: running trees stay
+    /// attributed, and what they already raised stays deduplicated and in their sweeps under
+    /// the rules of the same id (a rule gone is forgotten).
+    pub fn reload(&mut self, rules: RuleSet, options: EngineOptions) -> Result<(), ReloadError> {
+        self.check_reload(&rules)?;
+        let by_id: HashMap<&str, usize> = rules.rules().iter().enumerate().map(|(i, r)| (r.id.as_str(), i)).collect();
+        let remap: Vec<Option<usize>> =
+            self.rules.rules().iter().map(|rule| by_id.get(rule.id.as_str()).copied()).collect();
+        for tree in self.trees.values_mut() {
+            tree.remap_rules(&remap);
+        }
+        // A manager's `project_code` entry is a position in the new rules' list: found again
+        // from what it executed, then handed to the children it forked that have not executed yet.
+        for p in self.procs.values_mut() {
+            if let (Some(own), Some(manager)) = (&mut p.manager_self, p.manager) {
+                if own.project.is_some() {
+                    own.project = rules.project_command(manager, &p.filename, &p.args);
+                }
+            }
+        }
+        let started: Vec<(Id, Option<usize>)> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| p.started_by_project.is_some())
+            .map(|(&id, p)| {
+                let parent = p.parent.and_then(|parent| self.procs.get(&parent));
+                (id, parent.and_then(|parent| parent.manager_self).and_then(|own| own.project))
+            })
+            .collect();
+        for (id, entry) in started {
+            self.procs.get_mut(&id).expect("listed above").started_by_project = entry;
+        }
+        self.rules = rules;
+        self.options = options;
+        Ok(())
     }
 
     pub fn stats(&self) -> EngineStats {

@@ -133,6 +133,23 @@ pub(super) struct Tree {
     pub(super) proc_macro_packages: ProcMacroPackages,
 }
 
+impl Tree {
+    /// The rules were reloaded: rule `i` is now `remap[i]`, or gone.
+    pub(super) fn remap_rules(&mut self, remap: &[Option<usize>]) {
+        self.seen = std::mem::take(&mut self.seen)
+            .into_iter()
+            .filter_map(|((index, severity, subject), count)| Some(((remap[index]?, severity, subject), count)))
+            .collect();
+        self.recent = std::mem::take(&mut self.recent)
+            .into_iter()
+            .filter_map(|(time, index, file)| Some((time, remap[index]?, file)))
+            .collect();
+        if let Some(sweep) = &mut self.sweep {
+            sweep.remap_rules(remap);
+        }
+    }
+}
+
 impl Engine {
     /// Live processes of the tree rooted at `root_pid`, by pid, each with a one-line
     /// description (escaped: it comes from the monitored system).

@@ -1778,3 +1778,63 @@ fn pips_own_runner_is_pip_a_runner_started_by_package_code_is_not() {
     let alert = run.one();
     assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("netrc", Severity::High));
 }
+
+/// A rule over the defaults, as a `--rules DIR` file.
+const EXTRA_RULE: &str = "schema: 1
+rules:
+  - id: acme-token
+    name: Acme CLI token
+    description: Package code opened the Acme CLI's token.
+    category: platform
+    severity: high
+    targets: [\"~/.acme/token\"]
+    samples:
+      positive:
+        - exec: {pid: 100, args: [npm, install], cwd: /home/alice/app}
+        - exec: {pid: 101, ppid: 100, args: [node, x.js]}
+        - open: {pid: 101, path: /home/alice/.acme/token}
+      negative:
+        - exec: {pid: 100, args: [npm, install], cwd: /home/alice/app}
+        - open: {pid: 100, path: /home/alice/.acme/token.pub}
+";
+
+#[test]
+fn a_reload_keeps_running_trees_their_attribution_and_dedup() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("acme.yaml"), EXTRA_RULE).unwrap();
+    let mut run = Run::new();
+    run.exec(100, 1, &["npm", "install"], &[]).spawn(101, 100, &["node", "x.js"], POSTINSTALL);
+    run.open(101, "/home/alice/.aws/credentials");
+    assert_eq!(run.one().rule.id, "aws-credentials");
+    run.open(101, "/home/alice/.acme/token");
+    assert!(run.take().is_empty(), "no rule yet");
+
+    let rules = RuleSet::load(Some(dir.path())).unwrap();
+    run.engine.reload(rules, EngineOptions { host_name: "box".into(), ..EngineOptions::default() }).unwrap();
+    run.open(101, "/home/alice/.acme/token");
+    let alert = run.one();
+    assert_eq!(alert.rule.id, "acme-token");
+    assert_eq!(alert.package.name.as_deref(), Some("evil-pkg"), "the tree started before the reload");
+    assert_eq!(alert.credwatch.root_pid, 100);
+    run.open(101, "/home/alice/.aws/credentials");
+    assert!(run.take().is_empty(), "still a repeat of the alert raised before the reload");
+
+    // Back to the defaults: the rule is gone, the tree is not.
+    run.engine.reload(RuleSet::defaults().unwrap(), EngineOptions::default()).unwrap();
+    run.open(101, "/home/alice/.acme/token").open(101, "/home/alice/.ssh/id_ed25519");
+    assert_eq!(run.one().rule.id, "ssh-private-keys");
+}
+
+#[test]
+fn a_reload_that_changes_the_managers_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("mine.yaml"), "schema: 1\nmanagers:\n  - name: mypm\n    execs: [mypm]\n").unwrap();
+    let mut run = Run::new();
+    run.exec(100, 1, &["npm", "install"], &[]).spawn(101, 100, &["node", "x.js"], POSTINSTALL);
+    let rules = RuleSet::load(Some(dir.path())).unwrap();
+    let error = run.engine.reload(rules, EngineOptions::default()).unwrap_err();
+    assert!(error.to_string().contains("needs a restart"), "{error}");
+    assert_eq!(run.engine.rules().managers(), RuleSet::defaults().unwrap().managers());
+    run.open(101, "/home/alice/.npmrc");
+    assert_eq!(run.one().package.name.as_deref(), Some("evil-pkg"));
+}

@@ -1,0 +1,711 @@
+//! The configuration of `watch`, `run` and `record`: one YAML file (`--config FILE`), then
+//! `CREDWATCH_<KEY>` environment variables over it, then the command line's flags over both;
+//! defaults for what none of them says.
+//!
+//! Every key is a field of [`Config`]: a new setting (an output, a listen address) is one more
+//! field there, and the file, the environment, `config check` and `config show` take it from
+//! serde with nothing else to change. The layers are merged as maps of top-level keys, so a key
+//! given by a higher layer replaces the lower one's value whole (a list too).
+//!
+//! Each top-level key of the file is checked on its own, so `config check` names every bad key
+//! with its line and column, not only the first. An environment variable's value is read as a
+//! YAML value (`true`, `5`, `[a, b]`), else taken as the string it is (a path like `123`).
+//! `CREDWATCH_*` variables that are no key are reported, not fatal: the build and the tests use
+//! a few of their own, and a security agent that refuses to start over a stray variable
+//! watches nothing; the warning names the key meant, when one is close.
+
+use std::{
+    collections::BTreeMap,
+    fmt,
+    path::{Path, PathBuf},
+};
+
+use serde::{de, Deserialize, Serialize};
+use serde_json::{Map, Value};
+use serde_saphyr::{Location, Spanned};
+
+/// The prefix of the environment variables that set keys.
+pub const ENV_PREFIX: &str = "CREDWATCH_";
+/// Deepest nesting in a configuration file: its shapes nest 3 deep; a deeper file is no
+/// configuration, and the bound keeps the parser from recursing without end.
+const MAX_DEPTH: usize = 16;
+/// Events that aliases may replay: none are needed; this stops an alias bomb with an error.
+const MAX_REPLAYED_EVENTS: usize = 10_000;
+
+/// Every setting of `watch`, `run` and `record`. Each flag of those commands has its key.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Print alerts as JSON lines instead of the readable form (`--json`).
+    pub json: bool,
+    /// A folder of rule files over the default rules (`--rules`).
+    pub rules: Option<PathBuf>,
+    /// Also append every alert as a JSON line to this file (`--alerts`; `watch --output`).
+    pub alerts: Option<PathBuf>,
+    /// Alert on the project's own scripts and programs too (`--watch-project`).
+    pub watch_project: bool,
+    /// Block in the kernel (`--enforce`).
+    pub enforce: bool,
+    /// `run` and `record -- CMD`: seconds to wait for CMD's tree after CMD exits (`--linger`).
+    pub linger: Option<f64>,
+    /// Record every event to this trace file (`record -o`).
+    pub trace: Option<PathBuf>,
+    /// The agent's own log on standard error: `text` or `json` lines.
+    pub log_format: LogFormat,
+    /// The least severe log records written.
+    pub log_level: LogLevel,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// `credwatch: message` lines, for a person.
+    #[default]
+    Text,
+    /// One JSON object per record (`timestamp`, `level`, `message` and the record's fields).
+    Json,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Error,
+    Warn,
+    #[default]
+    Info,
+    Debug,
+    Trace,
+}
+
+impl Config {
+    /// The keys whose new value a running agent cannot take (`SIGHUP`): what it would take is a
+    /// restart.
+    pub fn restart_only_changes(&self, new: &Config) -> Vec<&'static str> {
+        let mut changed = Vec::new();
+        if self.trace != new.trace {
+            // The trace file is open, its header written.
+            changed.push("trace");
+        }
+        if self.log_format != new.log_format {
+            changed.push("log_format");
+        }
+        changed
+    }
+
+    /// Checks of values that their type allows but that mean nothing: by key.
+    fn invalid(&self) -> Vec<(&'static str, String)> {
+        let mut invalid = Vec::new();
+        if let Some(linger) = self.linger {
+            if !(linger.is_finite() && linger >= 0.0) {
+                invalid.push(("linger", format!("{linger} is not a number of seconds")));
+            }
+        }
+        if let Some(dir) = &self.rules {
+            if !dir.is_dir() {
+                invalid.push(("rules", format!("{} is not a folder of rule files", dir.display())));
+            }
+        }
+        invalid
+    }
+
+    /// The keys whose value is not the default, in the order of [`Config`].
+    pub fn changed_keys(&self) -> Vec<&'static str> {
+        let (Ok(Value::Object(set)), Ok(Value::Object(defaults))) =
+            (serde_json::to_value(self), serde_json::to_value(Config::default()))
+        else {
+            return Vec::new();
+        };
+        keys().iter().copied().filter(|key| set.get(*key) != defaults.get(*key)).collect()
+    }
+
+    /// The configuration as a file that loads back to it (`config show`).
+    pub fn to_yaml(&self) -> Result<String, ConfigError> {
+        serde_saphyr::to_string(self).map_err(|error| ConfigError::Show(error.to_string()))
+    }
+}
+
+/// Where a key's value came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Place {
+    File {
+        file: PathBuf,
+        line: Option<u64>,
+        column: Option<u64>,
+    },
+    Env(String),
+    /// A flag of the command line (`--rules`).
+    Flag(String),
+}
+
+impl fmt::Display for Place {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Place::File { file, line, column } => {
+                write!(f, "{}", file.display())?;
+                if let Some(line) = line {
+                    write!(f, ":{line}")?;
+                }
+                if let Some(column) = column {
+                    write!(f, ":{column}")?;
+                }
+                Ok(())
+            }
+            Place::Env(name) => write!(f, "environment variable {name}"),
+            Place::Flag(flag) => write!(f, "{flag}"),
+        }
+    }
+}
+
+/// One thing wrong with a configuration, at its place.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    pub place: Place,
+    /// The top-level key it is about, when there is one.
+    pub key: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.key {
+            Some(key) => write!(f, "{}: key `{key}`: {}", self.place, self.message),
+            None => write!(f, "{}: {}", self.place, self.message),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading the configuration file {}", path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{}", problems_text(.0))]
+    Invalid(Vec<Problem>),
+    #[error("writing the configuration: {0}")]
+    Show(String),
+}
+
+fn problems_text(problems: &[Problem]) -> String {
+    match problems {
+        [one] => one.to_string(),
+        many => {
+            let lines: Vec<String> = many.iter().map(|p| format!("  {p}")).collect();
+            format!("{} errors in the configuration:\n{}", many.len(), lines.join("\n"))
+        }
+    }
+}
+
+/// The layers a configuration is made of, kept so that `SIGHUP` can load it again: the file
+/// (read again), the environment and the flags (as they were at start).
+#[derive(Clone, Debug, Default)]
+pub struct Layers {
+    pub file: Option<PathBuf>,
+    /// `CREDWATCH_*` variables, by name.
+    env: Vec<(String, String)>,
+    /// Variables of the prefix whose value is not UTF-8.
+    env_not_utf8: Vec<String>,
+    /// The flags given on the command line, by key.
+    flags: Map<String, Value>,
+}
+
+/// A loaded configuration and what was wrong but not fatal.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Loaded {
+    pub config: Config,
+    pub warnings: Vec<String>,
+    /// Where each key that is not at its default came from.
+    pub places: BTreeMap<&'static str, Place>,
+}
+
+impl Layers {
+    /// `file`, this process's environment, and `flags` (only those given: a key with a value).
+    pub fn new(file: Option<PathBuf>, flags: Map<String, Value>) -> Layers {
+        let mut layers = Layers { file, flags, ..Layers::default() };
+        for (name, value) in std::env::vars_os() {
+            let Some(name) = name.to_str().filter(|name| name.starts_with(ENV_PREFIX)) else { continue };
+            match value.into_string() {
+                Ok(value) => layers.env.push((name.to_owned(), value)),
+                Err(_) => layers.env_not_utf8.push(name.to_owned()),
+            }
+        }
+        layers
+    }
+
+    #[cfg(test)]
+    fn with_env(file: Option<PathBuf>, env: &[(&str, &str)], flags: Map<String, Value>) -> Layers {
+        let env = env.iter().map(|(name, value)| (name.to_string(), value.to_string())).collect();
+        Layers { file, env, env_not_utf8: Vec::new(), flags }
+    }
+
+    /// Defaults, then the file, then the environment, then the flags. Every bad key of every
+    /// layer is reported at once.
+    pub fn load(&self) -> Result<Loaded, ConfigError> {
+        let mut merged = Map::new();
+        let mut problems = Vec::new();
+        let mut warnings = Vec::new();
+        let mut places = BTreeMap::new();
+        if let Some(path) = &self.file {
+            let text =
+                std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.clone(), source })?;
+            merged = check_file(path, &text, &mut problems, &mut places);
+        }
+        for name in &self.env_not_utf8 {
+            problems.push(Problem { place: Place::Env(name.clone()), key: None, message: "not UTF-8".into() });
+        }
+        for (name, text) in &self.env {
+            let key = name[ENV_PREFIX.len()..].to_ascii_lowercase();
+            if !known_key(&key) {
+                warnings.push(unknown_variable(name, &key));
+                continue;
+            }
+            let place = Place::Env(name.clone());
+            match env_value(&key, text) {
+                Ok(value) => {
+                    merged.insert(key, value);
+                }
+                Err(message) => problems.push(Problem { place, key: Some(key), message }),
+            }
+        }
+        merged.extend(self.flags.clone());
+        if !problems.is_empty() {
+            return Err(ConfigError::Invalid(problems));
+        }
+        let config: Config = serde_json::from_value(Value::Object(merged)).map_err(|error| {
+            // Each key was checked where it came from; flags are typed by clap.
+            ConfigError::Invalid(vec![Problem {
+                place: Place::Flag("the command line".into()),
+                key: None,
+                message: error.to_string(),
+            }])
+        })?;
+        let invalid: Vec<Problem> = config
+            .invalid()
+            .into_iter()
+            .map(|(key, message)| Problem { place: self.place_of(key, &places), key: Some(key.to_owned()), message })
+            .collect();
+        if !invalid.is_empty() {
+            return Err(ConfigError::Invalid(invalid));
+        }
+        let places = config.changed_keys().into_iter().map(|key| (key, self.place_of(key, &places))).collect();
+        Ok(Loaded { config, warnings, places })
+    }
+
+    /// Where the effective value of `key` came from (`places`: the file's), for an error about it.
+    fn place_of(&self, key: &str, places: &BTreeMap<String, Location>) -> Place {
+        if self.flags.contains_key(key) {
+            return Place::Flag(format!("--{}", key.replace('_', "-")));
+        }
+        if let Some((name, _)) =
+            self.env.iter().rev().find(|(name, _)| name[ENV_PREFIX.len()..].eq_ignore_ascii_case(key))
+        {
+            return Place::Env(name.clone());
+        }
+        let at = places.get(key);
+        Place::File {
+            file: self.file.clone().unwrap_or_default(),
+            line: at.map(Location::line),
+            column: at.map(Location::column),
+        }
+    }
+}
+
+/// `config check FILE`: the file alone (no environment, no flags), every problem.
+pub fn check(path: &Path) -> Result<Loaded, ConfigError> {
+    Layers { file: Some(path.to_owned()), ..Layers::default() }.load()
+}
+
+/// The keys of [`Config`]: the fields its derived `Deserialize` names to a deserializer.
+fn keys() -> &'static [&'static str] {
+    struct Probe<'a>(&'a mut &'static [&'static str]);
+
+    impl<'de> de::Deserializer<'de> for Probe<'_> {
+        type Error = de::value::Error;
+
+        fn deserialize_any<V: de::Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(de::Error::custom("not a struct"))
+        }
+
+        fn deserialize_struct<V: de::Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(de::Error::custom("fields taken"))
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+            option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+            ignored_any
+        }
+    }
+
+    static KEYS: std::sync::OnceLock<&'static [&'static str]> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| {
+        let mut fields: &'static [&'static str] = &[];
+        let _ = Config::deserialize(Probe(&mut fields));
+        fields
+    })
+}
+
+fn known_key(key: &str) -> bool {
+    keys().contains(&key)
+}
+
+/// `key: value` alone over the defaults: its type, then what its type allows but means nothing.
+fn check_one(key: &str, value: Value) -> Result<(), String> {
+    let config = one_key(key, value).map_err(|error| error.to_string())?;
+    match config.invalid().into_iter().next() {
+        Some((_, message)) => Err(message),
+        None => Ok(()),
+    }
+}
+
+fn one_key(key: &str, value: Value) -> Result<Config, serde_json::Error> {
+    serde_json::from_value(Value::Object(Map::from_iter([(key.to_owned(), value)])))
+}
+
+fn unknown_variable(name: &str, key: &str) -> String {
+    match keys().iter().find(|known| strsim::levenshtein(key, known) <= 2) {
+        Some(known) => format!(
+            "environment variable {name} is not a configuration key and is ignored (did you mean {ENV_PREFIX}{}?)",
+            known.to_ascii_uppercase()
+        ),
+        None => format!(
+            "environment variable {name} is not a configuration key and is ignored (keys: {})",
+            keys().join(", ")
+        ),
+    }
+}
+
+/// An environment variable's value for `key`: as YAML (`true`, `5`, `[a, b]`), else the
+/// string itself; empty is no value (the key's default).
+fn env_value(key: &str, text: &str) -> Result<Value, String> {
+    if text.trim().is_empty() {
+        return Ok(Value::Null);
+    }
+    let as_yaml = serde_saphyr::from_str_with_options::<Value>(text, yaml_options());
+    let first = match as_yaml {
+        Ok(value) => match check_one(key, value.clone()) {
+            Ok(()) => return Ok(value),
+            Err(message) => message,
+        },
+        Err(error) => error.to_string(),
+    };
+    let string = Value::String(text.to_owned());
+    match check_one(key, string.clone()) {
+        Ok(()) => Ok(string),
+        Err(_) => Err(first),
+    }
+}
+
+fn yaml_options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        budget: serde_saphyr::budget! { max_depth: MAX_DEPTH },
+        alias_limits: serde_saphyr::alias_limits! { max_total_replayed_events: MAX_REPLAYED_EVENTS },
+        // YAML 1.2 booleans only (`yes` is a string, and an error for a boolean key), as the
+        // rules read.
+        strict_booleans: true,
+        merge_keys: serde_saphyr::options::MergeKeyPolicy::Error,
+        with_snippet: false,
+    }
+}
+
+/// The file's top-level entries in order, each key and value with its place.
+struct Entries(Vec<(Spanned<String>, Spanned<Value>)>);
+
+impl<'de> Deserialize<'de> for Entries {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Entries, D::Error> {
+        struct Visitor;
+        impl<'de> de::Visitor<'de> for Visitor {
+            type Value = Entries;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a mapping of configuration keys to values")
+            }
+
+            fn visit_unit<E: de::Error>(self) -> Result<Entries, E> {
+                Ok(Entries(Vec::new()))
+            }
+
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Entries, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(Entries(entries))
+            }
+        }
+        deserializer.deserialize_map(Visitor)
+    }
+}
+
+fn parse_entries(text: &str) -> Result<Entries, serde_saphyr::Error> {
+    if text.trim().is_empty() {
+        return Ok(Entries(Vec::new()));
+    }
+    serde_saphyr::from_str_with_options(text, yaml_options())
+}
+
+/// The file's keys as a map, every bad one reported in `problems` with its place.
+/// `places` gets where each key's value is.
+fn check_file(
+    path: &Path,
+    text: &str,
+    problems: &mut Vec<Problem>,
+    places: &mut BTreeMap<String, Location>,
+) -> Map<String, Value> {
+    let place = |at: Location| {
+        let at = Some(at).filter(|at| *at != Location::UNKNOWN);
+        Place::File { file: path.to_owned(), line: at.map(|at| at.line()), column: at.map(|at| at.column()) }
+    };
+    let entries = match parse_entries(text) {
+        Ok(entries) => entries,
+        Err(error) => {
+            let message = error.render_with_options(serde_saphyr::render_options! {
+                formatter: &WithoutLocation,
+                snippets: serde_saphyr::SnippetMode::Off,
+            });
+            let at = error.location().unwrap_or(Location::UNKNOWN);
+            problems.push(Problem { place: place(at), key: None, message });
+            return Map::new();
+        }
+    };
+    let mut map = Map::new();
+    // The parser refuses duplicate keys itself.
+    for (key, value) in entries.0 {
+        places.insert(key.value.clone(), value.referenced);
+        let error = if !known_key(&key.value) {
+            Some((key.referenced, format!("unknown key (the keys: {})", keys().join(", "))))
+        } else {
+            check_one(&key.value, value.value.clone()).err().map(|message| (value.referenced, message))
+        };
+        match error {
+            Some((at, message)) => problems.push(Problem { place: place(at), key: Some(key.value), message }),
+            None => {
+                map.insert(key.value, value.value);
+            }
+        }
+    }
+    map
+}
+
+/// The parser's message for a person, without the location: [`Place`] puts it in front.
+struct WithoutLocation;
+
+impl serde_saphyr::MessageFormatter for WithoutLocation {
+    fn localizer(&self) -> &dyn serde_saphyr::Localizer {
+        self
+    }
+
+    fn format_message<'a>(&self, error: &'a serde_saphyr::Error) -> std::borrow::Cow<'a, str> {
+        serde_saphyr::UserMessageFormatter.format_message(error)
+    }
+}
+
+impl serde_saphyr::Localizer for WithoutLocation {
+    fn attach_location<'a>(&self, base: std::borrow::Cow<'a, str>, _: Location) -> std::borrow::Cow<'a, str> {
+        base
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("credwatch.yaml");
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    fn flags(pairs: &[(&str, Value)]) -> Map<String, Value> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+    }
+
+    fn problems(error: ConfigError) -> Vec<Problem> {
+        match error {
+            ConfigError::Invalid(problems) => problems,
+            other => panic!("not a list of problems: {other}"),
+        }
+    }
+
+    #[test]
+    fn file_then_environment_then_flags() {
+        let rules = tempfile::tempdir().unwrap();
+        let rules_dir = rules.path().to_str().unwrap();
+        let (_dir, path) = file(&format!(
+            "json: true\nlinger: 2.5\nalerts: /from/file\nwatch_project: true\nrules: {rules_dir}\nlog_level: debug\n"
+        ));
+        let env = [("CREDWATCH_ALERTS", "/from/env"), ("CREDWATCH_LINGER", "4"), ("CREDWATCH_ENFORCE", "true")];
+        let layers = Layers::with_env(
+            Some(path.clone()),
+            &env,
+            flags(&[("linger", Value::from(7.0)), ("log_format", "json".into())]),
+        );
+        let loaded = layers.load().unwrap();
+        assert_eq!(
+            loaded.config,
+            Config {
+                json: true,
+                rules: Some(rules.path().to_owned()),
+                alerts: Some("/from/env".into()),
+                watch_project: true,
+                enforce: true,
+                linger: Some(7.0),
+                trace: None,
+                log_format: LogFormat::Json,
+                log_level: LogLevel::Debug,
+            }
+        );
+        assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+        let places: Vec<(&str, String)> = loaded.places.iter().map(|(k, p)| (*k, p.to_string())).collect();
+        let line = |n: u32, column: u32| format!("{}:{n}:{column}", path.display());
+        assert_eq!(
+            places,
+            [
+                ("alerts", "environment variable CREDWATCH_ALERTS".to_owned()),
+                ("enforce", "environment variable CREDWATCH_ENFORCE".to_owned()),
+                ("json", line(1, 7)),
+                ("linger", "--linger".to_owned()),
+                ("log_format", "--log-format".to_owned()),
+                ("log_level", line(6, 12)),
+                ("rules", line(5, 8)),
+                ("watch_project", line(4, 16)),
+            ]
+        );
+        // The environment over the file, without flags; false overrides the file's true.
+        let layers =
+            Layers::with_env(Some(path), &[("CREDWATCH_JSON", "false"), ("CREDWATCH_LINGER", "4")], Map::new());
+        let config = layers.load().unwrap().config;
+        assert!(!config.json);
+        assert_eq!(config.linger, Some(4.0));
+        assert_eq!(config.alerts, Some("/from/file".into()));
+        // Nothing at all: the defaults.
+        assert_eq!(Layers::with_env(None, &[], Map::new()).load().unwrap().config, Config::default());
+    }
+
+    #[test]
+    fn every_bad_key_is_named_with_file_line_and_column() {
+        let (_dir, path) =
+            file("json: true\njsno: true\nenforce: \"yes\"\nlinger: [1]\nlog_level: loud\nrules: /nonexistent/rules\n");
+        let found = problems(check(&path).unwrap_err());
+        let shown: Vec<String> = found.iter().map(ToString::to_string).collect();
+        let at = |line: u64, column: u64| Place::File { file: path.clone(), line: Some(line), column: Some(column) };
+        assert_eq!(found.len(), 5, "{shown:#?}");
+        assert_eq!((found[0].place.clone(), found[0].key.as_deref()), (at(2, 1), Some("jsno")), "{shown:#?}");
+        assert!(shown[0].contains("key `jsno`: unknown key (the keys: json, rules, alerts,"), "{shown:#?}");
+        assert_eq!((found[1].place.clone(), found[1].key.as_deref()), (at(3, 10), Some("enforce")), "{shown:#?}");
+        assert!(shown[1].contains("expected a boolean"), "{shown:#?}");
+        assert_eq!((found[2].place.clone(), found[2].key.as_deref()), (at(4, 9), Some("linger")), "{shown:#?}");
+        assert_eq!((found[3].place.clone(), found[3].key.as_deref()), (at(5, 12), Some("log_level")), "{shown:#?}");
+        assert!(shown[3].contains("unknown variant `loud`"), "{shown:#?}");
+        assert_eq!((found[4].place.clone(), found[4].key.as_deref()), (at(6, 8), Some("rules")), "{shown:#?}");
+        let text = ConfigError::Invalid(found).to_string();
+        assert!(text.starts_with("5 errors in the configuration:\n"), "{text}");
+        assert!(text.contains(&format!("{}:2:1: key `jsno`: ", path.display())), "{text}");
+    }
+
+    #[test]
+    fn syntax_errors_missing_files_and_missing_rules_dirs_are_named() {
+        let (_dir, path) = file("json: true\n  enforce: [\n");
+        let found = problems(check(&path).unwrap_err());
+        assert_eq!(found.len(), 1);
+        assert!(matches!(&found[0].place, Place::File { line: Some(_), .. }), "{}", found[0]);
+        assert!(found[0].to_string().starts_with(&format!("{}:", path.display())), "{}", found[0]);
+
+        let (_dir, path) = file("- json\n");
+        let found = problems(check(&path).unwrap_err());
+        assert!(found[0].to_string().starts_with(&format!("{}:1:1: expected mapping", path.display())), "{}", found[0]);
+
+        let missing = path.with_file_name("absent.yaml");
+        let error = check(&missing).unwrap_err();
+        assert!(matches!(error, ConfigError::Read { .. }), "{error}");
+        assert!(error.to_string().contains("absent.yaml"), "{error}");
+
+        let (_dir, path) = file("# nothing but a comment\nrules: /nonexistent/rules\n");
+        let found = problems(check(&path).unwrap_err());
+        assert_eq!(found[0].key.as_deref(), Some("rules"));
+        assert_eq!(found[0].place, Place::File { file: path.clone(), line: Some(2), column: Some(8) });
+        assert!(found[0].message.contains("/nonexistent/rules is not a folder"), "{}", found[0]);
+
+        let (_dir, path) = file("linger: -1\n");
+        let found = problems(check(&path).unwrap_err());
+        assert_eq!(
+            (found[0].key.as_deref(), found[0].place.clone()),
+            (Some("linger"), Place::File { file: path, line: Some(1), column: Some(9) })
+        );
+
+        // An empty file is a valid configuration: the defaults.
+        let (_dir, path) = file("\n# comments only\n");
+        assert_eq!(check(&path).unwrap().config, Config::default());
+    }
+
+    #[test]
+    fn environment_values_are_typed_and_checked() {
+        let layers = Layers::with_env(
+            None,
+            &[("CREDWATCH_JSON", "yes"), ("CREDWATCH_LINGER", "soon"), ("CREDWATCH_ALERTS", "123")],
+            Map::new(),
+        );
+        let found = problems(layers.load().unwrap_err());
+        let names: Vec<String> = found.iter().map(|p| p.place.to_string()).collect();
+        assert_eq!(names, ["environment variable CREDWATCH_JSON", "environment variable CREDWATCH_LINGER"]);
+        assert_eq!(found[0].key.as_deref(), Some("json"));
+        // A path that reads as a number is still the path.
+        let layers = Layers::with_env(None, &[("CREDWATCH_ALERTS", "123"), ("CREDWATCH_RULES", "")], Map::new());
+        let config = layers.load().unwrap().config;
+        assert_eq!(config.alerts, Some("123".into()));
+        assert_eq!(config.rules, None);
+    }
+
+    #[test]
+    fn unknown_variables_are_warned_about_with_the_key_meant() {
+        let layers =
+            Layers::with_env(None, &[("CREDWATCH_WACH_PROJECT", "true"), ("CREDWATCH_E2E_WORK", "/w")], Map::new());
+        let loaded = layers.load().unwrap();
+        assert!(!loaded.config.watch_project);
+        assert_eq!(loaded.warnings.len(), 2, "{:?}", loaded.warnings);
+        assert!(loaded.warnings[0].contains("did you mean CREDWATCH_WATCH_PROJECT?"), "{:?}", loaded.warnings);
+        assert!(loaded.warnings[1].contains("keys: json, rules, alerts,"), "{:?}", loaded.warnings);
+    }
+
+    #[test]
+    fn show_loads_back_to_the_same_configuration() {
+        let rules = tempfile::tempdir().unwrap();
+        let config = Config {
+            json: true,
+            rules: Some(rules.path().join("..").join(rules.path().file_name().unwrap())),
+            alerts: Some("/var/log/credwatch: alerts.jsonl".into()),
+            watch_project: false,
+            enforce: true,
+            linger: Some(1.5),
+            trace: None,
+            log_format: LogFormat::Json,
+            log_level: LogLevel::Warn,
+        };
+        for config in [config, Config::default()] {
+            let text = config.to_yaml().unwrap();
+            let (_dir, path) = file(&text);
+            assert_eq!(check(&path).unwrap().config, config, "{text}");
+        }
+    }
+
+    #[test]
+    fn changed_keys_are_in_the_order_of_the_file_format() {
+        assert!(Config::default().changed_keys().is_empty());
+        let config = Config { json: true, linger: Some(2.0), alerts: Some("a".into()), ..Config::default() };
+        assert_eq!(config.changed_keys(), ["json", "alerts", "linger"]);
+    }
+
+    #[test]
+    fn only_trace_and_log_format_need_a_restart() {
+        let old = Config::default();
+        let new = Config { json: true, enforce: true, log_level: LogLevel::Debug, ..Config::default() };
+        assert!(old.restart_only_changes(&new).is_empty());
+        let new = Config { trace: Some("t.jsonl".into()), log_format: LogFormat::Json, ..Config::default() };
+        assert_eq!(old.restart_only_changes(&new), ["trace", "log_format"]);
+    }
+}
