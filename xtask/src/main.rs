@@ -226,29 +226,27 @@ fn test_prerequisites() -> Result<()> {
     let importable = |modules: &str| {
         Command::new("python3").args(["-c", &format!("import {modules}")]).output().is_ok_and(|o| o.status.success())
     };
-    // The importer tests run the real strace and auditd to make their traces.
-    let missing: Vec<&str> = [("strace", "strace"), ("auditd", "auditd")]
+    // The importer tests run the real strace and auditd to make their traces; the syslog
+    // output's tests start a real rsyslogd.
+    let missing: Vec<&str> = [("strace", "strace"), ("auditd", "auditd"), ("rsyslogd", "rsyslog")]
         .iter()
         .filter(|(program, _)| toolchain::find_in_path(program).is_none())
         .map(|(_, package)| *package)
         .collect();
     if !missing.is_empty() {
         if !is_root() || toolchain::find_in_path("apt-get").is_none() {
-            bail!(
-                "the importer tests need {} (as root with apt-get, `cargo xtask test` installs them)",
-                missing.join(" and ")
-            );
+            bail!("the tests need {} (as root with apt-get, `cargo xtask test` installs them)", missing.join(" and "));
         }
         run("refresh the package lists", Command::new("apt-get").args(["update", "-q"]))?;
         run(
-            &format!("install {} (the importer tests run them)", missing.join(" and ")),
+            &format!("install {} (the tests run them)", missing.join(" and ")),
             Command::new("apt-get").args(["install", "-y", "--no-install-recommends"]).args(&missing),
         )?;
     }
     build_requirement_wheels()?;
     if importable("setuptools, wheel, uv") {
         println!(
-            "xtask: test prerequisites: node, npm, strace, auditd, python3 with setuptools, wheel and uv: present"
+            "xtask: test prerequisites: node, npm, strace, auditd, rsyslogd, python3 with setuptools, wheel and uv: present"
         );
         return Ok(());
     }
