@@ -27,15 +27,20 @@ use credwatch_core::{
     rules::RuleSet,
     trace::{TraceHeader, TraceWriter, TRACE_SCHEMA},
 };
+use credwatch_outputs::{Dispatcher, OutputConfig};
 use tracing::{info, warn};
 
 use crate::{
     config::{Config, Layers},
     log,
+    replay::start_outputs,
 };
 
 /// Exit status of `credwatch run` (and `replay`) when any alert fired, whatever CMD did.
 pub const ALERT_EXIT_STATUS: u8 = 10;
+/// How long the outputs get at the end to deliver what is left, before it stays in their spools
+/// for the next start.
+const OUTPUTS_GRACE: Duration = Duration::from_secs(3);
 /// How long one wait for kernel events lasts: bounds alert latency and Ctrl-C response.
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
 
@@ -52,6 +57,9 @@ pub struct Outputs<'a> {
     pub enforce: bool,
     /// Alert on the project's own scripts and programs too.
     pub watch_project: bool,
+    /// `--to`: where alerts go besides, each with its queue and spool.
+    pub outputs: &'a [OutputConfig],
+    pub spool_dir: Option<&'a Path>,
 }
 
 impl Outputs<'_> {
@@ -63,6 +71,8 @@ impl Outputs<'_> {
             trace: config.trace.as_deref(),
             enforce: config.enforce,
             watch_project: config.watch_project,
+            outputs: &config.outputs,
+            spool_dir: config.spool_dir.as_deref(),
         }
     }
 }
@@ -144,6 +154,8 @@ struct Session {
     live: Live,
     engine: Engine,
     sink: AlertSink,
+    /// `--to`'s outputs, when any.
+    dispatcher: Option<Dispatcher>,
     /// Alerts written by the sinks that a reload replaced.
     written_before: u64,
     recorder: Option<TraceWriter>,
@@ -164,6 +176,8 @@ impl Session {
         let started = Instant::now();
         let rules = RuleSet::load(outputs.rules).context("loading rules")?;
         let recorder = outputs.trace.map(|path| open_trace(path, &rules, command)).transpose()?;
+        // Before the sensor: an output that cannot start stops credwatch before it watches.
+        let dispatcher = start_outputs(outputs.outputs, outputs.spool_dir)?;
         let mut sensor = Sensor::start(rules.managers(), command.is_empty()).context("starting the eBPF sensor")?;
         sensor
             .protect(Protection { rules: rules.clone(), homes: system_homes(), enforce: outputs.enforce })
@@ -172,7 +186,7 @@ impl Session {
             .with_context(|| format!("opening {}", outputs.alerts_file.unwrap_or(Path::new("")).display()))?;
         let engine = Engine::new(rules, engine_options(outputs));
         let live = Live { sensor, queued: Vec::new(), wait: POLL_INTERVAL };
-        Ok(Session { live, engine, sink, written_before: 0, recorder, started, reload: None })
+        Ok(Session { live, engine, sink, dispatcher, written_before: 0, recorder, started, reload: None })
     }
 
     /// Runs the pipeline until `control` stops it, then emits the engine's end-of-stream alerts.
@@ -193,6 +207,9 @@ impl Session {
                 sinks.push(recorder);
             }
             sinks.push(&mut self.sink);
+            if let Some(dispatcher) = &mut self.dispatcher {
+                sinks.push(dispatcher);
+            }
             sinks.push(&mut verdict);
             let done =
                 pipeline::drive(&mut self.live, &mut self.engine, &mut sinks, None, &mut control).map_err(|error| {
@@ -213,6 +230,10 @@ impl Session {
     /// and nothing changes: the log says why.
     fn reload(&mut self) {
         let Some((_, reload)) = &self.reload else { return };
+        // Whatever becomes of the reload: logrotate moved the files and waits for this.
+        if let Some(dispatcher) = &self.dispatcher {
+            dispatcher.reopen();
+        }
         let started = Instant::now();
         let (file, old) = (reload.layers.file.clone(), reload.config.clone());
         match self.try_reload(&old) {
@@ -279,8 +300,32 @@ impl Session {
         if let Some(recorder) = self.recorder {
             recorder.finish()?;
         }
+        if let Some(dispatcher) = self.dispatcher {
+            stop_outputs(dispatcher);
+        }
         self.live.sensor.detach_in_background();
         Ok(alerts)
+    }
+}
+
+/// Gives the outputs [`OUTPUTS_GRACE`] to deliver what is left, and logs what each did.
+pub fn stop_outputs(dispatcher: Dispatcher) {
+    for (name, counts) in dispatcher.shutdown(OUTPUTS_GRACE) {
+        let dropped: u64 = counts.dropped.iter().sum();
+        let name = escape(&name).into_owned();
+        info!(
+            output = name,
+            delivered = counts.delivered,
+            failed_attempts = counts.failed_attempts,
+            refused = counts.refused,
+            dropped,
+            spooled = counts.spooled,
+            "output {name}: {} delivered, {} failed attempts, {} refused, {dropped} dropped, {} left in the spool",
+            counts.delivered,
+            counts.failed_attempts,
+            counts.refused,
+            counts.spooled
+        );
     }
 }
 
