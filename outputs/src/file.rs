@@ -7,6 +7,9 @@
 //! the new end (no hole), and the size that rotation goes by is the file's own, read before
 //! each batch, not a count of what was written.
 //!
+//! A failed batch is retried whole: the lines before the failure are written twice (receivers
+//! dedup on `event.id`), a half-written line is cut off.
+//!
 //! The writes are std's blocking ones on the outputs' runtime thread: a local file's append
 //! returns in microseconds, and the engine never waits for it.
 
@@ -61,7 +64,13 @@ impl FileOutput {
             let mut buffer = Vec::with_capacity(item.json.len() + 1);
             buffer.extend_from_slice(&item.json);
             buffer.push(b'\n');
-            file.write_all(&buffer)?;
+            if let Err(error) = file.write_all(&buffer) {
+                // A full disk can take half a line: cut it off, so that the retry leaves every
+                // line whole (we are the file's only writer; with O_APPEND the next line goes to
+                // the end).
+                let _ = file.set_len(size);
+                return Err(error);
+            }
             size += line;
         }
         Ok(())
