@@ -168,7 +168,9 @@ fn file_output_rotates_by_size_and_reopens_on_sighup_for_logrotate() {
         sandbox.collect(None, Duration::ZERO).stderr.contains("reloaded")
     });
     stage(&tree, 2);
-    wait_until("5 alerts in the new file", Duration::from_secs(30), || ids_in(&sandbox, &[out.clone()]).len() == 5);
+    wait_until("5 alerts in the new file", Duration::from_secs(30), || {
+        ids_in(&sandbox, std::slice::from_ref(&out)).len() == 5
+    });
 
     // logrotate's `copytruncate`: copied, truncated in place; no signal.
     let copy = out_dir.join("alerts.jsonl-copy");
@@ -176,7 +178,7 @@ fn file_output_rotates_by_size_and_reopens_on_sighup_for_logrotate() {
     fs::OpenOptions::new().write(true).open(&out).unwrap().set_len(0).unwrap();
     stage(&tree, 3);
     wait_until("5 alerts in the truncated file", Duration::from_secs(30), || {
-        ids_in(&sandbox, &[out.clone()]).len() == 5
+        ids_in(&sandbox, std::slice::from_ref(&out)).len() == 5
     });
     let text = fs::read(&out).unwrap();
     assert_eq!(text.first(), Some(&b'{'), "the truncated file starts with a hole");
@@ -300,7 +302,9 @@ fn a_thousand_alerts_reach_a_receiver_that_was_down_across_an_agent_restart() {
         sandbox.alerts_now().iter().filter(|a| a["package"]["name"] == "spool-flood").count() >= 1000
     });
     disk.resize("16m");
-    wait_until("1000 alerts delivered", Duration::from_secs(60), || ids_in(&sandbox, &[out.clone()]).len() >= 1000);
+    wait_until("1000 alerts delivered", Duration::from_secs(60), || {
+        ids_in(&sandbox, std::slice::from_ref(&out)).len() >= 1000
+    });
     fs::write(&release, "").unwrap();
     let run = sandbox.wait(second);
     run.assert_exit(10);
