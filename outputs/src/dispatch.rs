@@ -44,7 +44,7 @@ use crate::{
     destination::Destination,
     file::FileOutput,
     filter::{Filter, OutputConfig, DEFAULT_FILE_KEEP, DEFAULT_FILE_MAX_BYTES, DEFAULT_QUEUE, DEFAULT_SPOOL_MAX_BYTES},
-    spool::{Spool, SpoolError},
+    spool::{Spool, SpoolError, Spooled},
     transport::{Outgoing, Transport, TransportError},
 };
 
@@ -444,7 +444,7 @@ impl<T: Transport> Task<T> {
             self.take_queued();
             let deadline = *self.stop.borrow();
             let taken = {
-                let mut spool = self.shared.spool();
+                let spool = self.shared.spool();
                 // Read under the spool's lock: the engine's thread queues an alert before it
                 // spools later ones itself, each under the lock, so an alert seen in the spool
                 // means every alert queued before it is counted here.
@@ -454,14 +454,12 @@ impl<T: Transport> Task<T> {
                     Some(spool.oldest(MAX_BATCH))
                 }
             };
-            let Some((batch, errors)) = taken else {
+            let Some(taken) = taken else {
                 // An alert queued before some in the spool is still on its way.
                 self.receive().await;
                 continue;
             };
-            for error in errors {
-                error!(output = self.shared.name, "output {}: a spooled alert is lost: {error}", self.shared.name);
-            }
+            let batch = self.load(taken);
             if batch.is_empty() {
                 if deadline.is_some() {
                     return;
@@ -527,12 +525,40 @@ impl<T: Transport> Task<T> {
                 }
             };
             if done {
-                let mut spool = self.shared.spool();
-                for (seq, _) in &batch {
-                    spool.remove(*seq);
-                }
-                self.shared.sync_counts(&spool);
+                self.forget(batch.iter().map(|(seq, _)| *seq));
             }
+        }
+    }
+
+    /// The alerts of a batch, read from disk outside the spool's lock. One that is gone was
+    /// dropped for room meanwhile (counted then); one that is no alert is said and forgotten.
+    fn load(&self, taken: Vec<(u64, Spooled)>) -> Vec<(u64, Outgoing)> {
+        let mut batch = Vec::with_capacity(taken.len());
+        let mut unreadable = Vec::new();
+        for (seq, spooled) in taken {
+            match spooled.load() {
+                Ok(item) => batch.push((seq, item)),
+                Err(error) if error.source.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => {
+                    error!(output = self.shared.name, "output {}: a spooled alert is lost: {error}", self.shared.name);
+                    unreadable.push(seq);
+                }
+            }
+        }
+        self.forget(unreadable.into_iter());
+        batch
+    }
+
+    /// Forgets delivered (or unreadable) alerts, removing their files outside the lock.
+    fn forget(&self, seqs: impl Iterator<Item = u64>) {
+        let files: Vec<PathBuf> = {
+            let mut spool = self.shared.spool();
+            let files = seqs.filter_map(|seq| spool.forget(seq)).collect();
+            self.shared.sync_counts(&spool);
+            files
+        };
+        for file in files {
+            let _ = std::fs::remove_file(file);
         }
     }
 

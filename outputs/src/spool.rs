@@ -145,40 +145,52 @@ impl Spool {
         Ok(put)
     }
 
-    /// The oldest `max` alerts, in order, with their sequence numbers. An alert whose file can
-    /// no longer be read (removed by hand, not JSON) is left out and forgotten; its error is
-    /// returned with the rest.
-    pub fn oldest(&mut self, max: usize) -> (Vec<(u64, Outgoing)>, Vec<SpoolError>) {
-        let (mut batch, mut errors, mut unreadable) = (Vec::new(), Vec::new(), Vec::new());
-        for (&seq, entry) in self.entries.iter().take(max) {
-            match &entry.item {
-                Some(item) => batch.push((seq, item.clone())),
-                None => match read(&self.path(seq, entry.severity), entry.severity) {
-                    Ok(item) => batch.push((seq, item)),
-                    Err(error) => {
-                        errors.push(error);
-                        unreadable.push(seq);
-                    }
-                },
-            }
-        }
-        for seq in unreadable {
-            self.remove(seq);
-        }
-        (batch, errors)
+    /// The oldest `max` alerts, in order, with their sequence numbers: in memory, or where to
+    /// [`Spooled::load`] them from (outside the lock the spool is under, so that the engine's
+    /// thread never waits for these reads).
+    pub fn oldest(&self, max: usize) -> Vec<(u64, Spooled)> {
+        let spooled = |(&seq, entry): (&u64, &Entry)| match &entry.item {
+            Some(item) => (seq, Spooled::Memory(item.clone())),
+            None => (seq, Spooled::Disk(self.path(seq, entry.severity), entry.severity)),
+        };
+        self.entries.iter().take(max).map(spooled).collect()
     }
 
-    /// Forgets alert `seq` (delivered, refused or dropped); nothing when it is gone already.
-    pub fn remove(&mut self, seq: u64) {
-        if let Some(entry) = self.entries.remove(&seq) {
-            self.bytes -= entry.size;
-            self.cached -= usize::from(entry.item.is_some());
-            let _ = fs::remove_file(self.path(seq, entry.severity));
+    /// Forgets alert `seq` (delivered or refused) and returns its file, for the caller to
+    /// remove outside the lock; nothing when it is gone already.
+    pub fn forget(&mut self, seq: u64) -> Option<PathBuf> {
+        let entry = self.entries.remove(&seq)?;
+        self.bytes -= entry.size;
+        self.cached -= usize::from(entry.item.is_some());
+        Some(self.path(seq, entry.severity))
+    }
+
+    /// Forgets alert `seq` and removes its file (dropped); nothing when it is gone already.
+    fn remove(&mut self, seq: u64) {
+        if let Some(path) = self.forget(seq) {
+            let _ = fs::remove_file(path);
         }
     }
 
     fn path(&self, seq: u64, severity: Severity) -> PathBuf {
         self.dir.join(format!("{seq:020}-{}.json", severity.as_str()))
+    }
+}
+
+/// A spooled alert, in memory or on disk.
+pub enum Spooled {
+    Memory(Outgoing),
+    Disk(PathBuf, Severity),
+}
+
+impl Spooled {
+    /// The alert; an error when its file is gone (dropped since, or removed by hand) or is no
+    /// alert.
+    pub fn load(self) -> Result<Outgoing, SpoolError> {
+        match self {
+            Spooled::Memory(item) => Ok(item),
+            Spooled::Disk(path, severity) => read(&path, severity),
+        }
     }
 }
 
@@ -228,6 +240,21 @@ mod tests {
         batch.iter().map(|(_, item)| item.id.as_str()).collect()
     }
 
+    /// The oldest alerts that load, and the errors of those that do not (forgotten).
+    fn oldest(spool: &mut Spool, max: usize) -> (Vec<(u64, Outgoing)>, Vec<SpoolError>) {
+        let (mut batch, mut errors) = (Vec::new(), Vec::new());
+        for (seq, spooled) in spool.oldest(max) {
+            match spooled.load() {
+                Ok(item) => batch.push((seq, item)),
+                Err(error) => {
+                    errors.push(error);
+                    spool.remove(seq);
+                }
+            }
+        }
+        (batch, errors)
+    }
+
     #[test]
     fn survives_a_restart_in_order_with_private_files() {
         let dir = tempfile::tempdir().unwrap();
@@ -247,7 +274,7 @@ mod tests {
         let mut spool = Spool::open(&path, 1 << 20).unwrap();
         assert_eq!(spool.len(), 2);
         assert_eq!(spool.next_seq(), 3);
-        let (batch, errors) = spool.oldest(10);
+        let (batch, errors) = oldest(&mut spool, 10);
         assert!(errors.is_empty());
         assert_eq!(ids(&batch), ["a", "c"]);
         assert_eq!(batch[1].1, outgoing("c", Severity::High));
@@ -275,14 +302,14 @@ mod tests {
         assert_eq!(spool.put(6, outgoing("m2", Severity::Medium)).unwrap().dropped, [Severity::Low]);
         // Another medium: equal to the least, so the new one goes.
         assert_eq!(spool.put(7, outgoing("m3", Severity::Medium)).unwrap().dropped, [Severity::Medium]);
-        let (batch, _) = spool.oldest(10);
+        let (batch, _) = oldest(&mut spool, 10);
         assert_eq!(ids(&batch), ["h1", "m1", "c1", "m2"]);
         assert_eq!(spool.bytes(), 4 * size);
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 4);
         // Removed by hand or corrupt: left out, said, forgotten.
         fs::write(dir.path().join(format!("{:020}-medium.json", 3)), b"not json").unwrap();
         let mut spool = Spool::open(dir.path(), 4 * size).unwrap();
-        let (batch, errors) = spool.oldest(10);
+        let (batch, errors) = oldest(&mut spool, 10);
         assert_eq!(ids(&batch), ["h1", "c1", "m2"]);
         assert_eq!(errors.len(), 1, "{errors:?}");
         assert_eq!(spool.len(), 3);
