@@ -530,26 +530,32 @@ impl<T: Transport> Task<T> {
         }
     }
 
-    /// The alerts of a batch, read from disk outside the spool's lock. One that is gone was
-    /// dropped for room meanwhile (counted then); one that is no alert is said and forgotten.
+    /// The alerts of a batch, read from disk outside the spool's lock. One that cannot be read
+    /// is forgotten: when its file is gone because it was dropped for room meanwhile, that was
+    /// counted and logged then; otherwise (removed by hand, no alert) it is logged as lost now.
     fn load(&self, taken: Vec<(u64, Spooled)>) -> Vec<(u64, Outgoing)> {
         let mut batch = Vec::with_capacity(taken.len());
         let mut unreadable = Vec::new();
         for (seq, spooled) in taken {
             match spooled.load() {
                 Ok(item) => batch.push((seq, item)),
-                Err(error) if error.source.kind() == std::io::ErrorKind::NotFound => {}
-                Err(error) => {
-                    error!(output = self.shared.name, "output {}: a spooled alert is lost: {error}", self.shared.name);
-                    unreadable.push(seq);
-                }
+                Err(error) => unreadable.push((seq, error)),
             }
         }
-        self.forget(unreadable.into_iter());
+        if !unreadable.is_empty() {
+            let mut spool = self.shared.spool();
+            for (seq, error) in unreadable {
+                if let Some(file) = spool.forget(seq) {
+                    error!(output = self.shared.name, "output {}: a spooled alert is lost: {error}", self.shared.name);
+                    let _ = std::fs::remove_file(file);
+                }
+            }
+            self.shared.sync_counts(&spool);
+        }
         batch
     }
 
-    /// Forgets delivered (or unreadable) alerts, removing their files outside the lock.
+    /// Forgets delivered alerts, removing their files outside the lock.
     fn forget(&self, seqs: impl Iterator<Item = u64>) {
         let files: Vec<PathBuf> = {
             let mut spool = self.shared.spool();
@@ -718,11 +724,17 @@ mod tests {
         let counts = dispatcher.shutdown(Duration::from_millis(100));
         assert!(received.lock().unwrap().is_empty());
         assert_eq!(counts[0].1.spooled, 20);
+        // Meanwhile one alert's file was removed by hand, another's garbled: said, left out.
+        let spool = dir.path().join(spool_name(&config().to.to_string()));
+        std::fs::remove_file(spool.join(format!("{:020}-medium.json", 3))).unwrap();
+        std::fs::write(spool.join(format!("{:020}-medium.json", 4)), "garbled").unwrap();
         let (mut dispatcher, received) = start(dir.path(), &config(), 0);
         raise(&mut dispatcher, 20..30, Severity::Medium);
         let counts = dispatcher.shutdown(Duration::from_secs(10));
-        assert_eq!(*received.lock().unwrap(), expected(0..30));
-        assert_eq!((counts[0].1.delivered, counts[0].1.spooled), (30, 0));
+        let mut delivered = expected(0..30);
+        delivered.drain(3..5);
+        assert_eq!(*received.lock().unwrap(), delivered);
+        assert_eq!((counts[0].1.delivered, counts[0].1.spooled, counts[0].1.spool_bytes), (28, 0, 0));
     }
 
     #[test]
