@@ -20,6 +20,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use credwatch::sensor::pins::DEFAULT_PIN_DIR;
 use credwatch_outputs::OutputConfig;
 use serde::{de, Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -51,6 +52,9 @@ pub struct Config {
     pub linger: Option<f64>,
     /// Record every event to this trace file (`record -o`).
     pub trace: Option<PathBuf>,
+    /// `watch` and `record` without CMD: where their kernel side is pinned (on bpffs), so that
+    /// it outlives the agent (`--pin-dir`; by default [`DEFAULT_PIN_DIR`]).
+    pub pin_dir: Option<PathBuf>,
     /// The agent's own log on standard error: `text` or `json` lines.
     pub log_format: LogFormat,
     /// The least severe log records written.
@@ -96,6 +100,10 @@ impl Config {
         if self.log_format != new.log_format {
             changed.push("log_format");
         }
+        if self.pin_dir() != new.pin_dir() {
+            // The kernel side is pinned there.
+            changed.push("pin_dir");
+        }
         // The outputs' tasks, queues and spools are running; a `SIGHUP` reopens their files.
         if self.outputs != new.outputs {
             changed.push("outputs");
@@ -104,6 +112,10 @@ impl Config {
             changed.push("spool_dir");
         }
         changed
+    }
+
+    pub fn pin_dir(&self) -> &Path {
+        self.pin_dir.as_deref().unwrap_or(Path::new(DEFAULT_PIN_DIR))
     }
 
     /// Checks of values that their type allows but that mean nothing: by key.
@@ -598,6 +610,7 @@ mod tests {
                 enforce: true,
                 linger: Some(7.0),
                 trace: None,
+                pin_dir: None,
                 log_format: LogFormat::Json,
                 log_level: LogLevel::Debug,
                 outputs: Vec::new(),
@@ -727,6 +740,7 @@ mod tests {
             enforce: true,
             linger: Some(1.5),
             trace: None,
+            pin_dir: Some("/sys/fs/bpf/credwatch-site".into()),
             log_format: LogFormat::Json,
             log_level: LogLevel::Warn,
             outputs: vec![

@@ -17,7 +17,12 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use credwatch::sensor::{credentials::system_homes, lost_source, Protection, Sensor, SensorError};
+use credwatch::sensor::{
+    credentials::system_homes,
+    lost_source,
+    pins::{Gap, Started},
+    Protection, Sensor, SensorError,
+};
 use credwatch_core::{
     alert::Alert,
     engine::{Engine, EngineOptions},
@@ -60,6 +65,8 @@ pub struct Outputs<'a> {
     /// `--to`: where alerts go besides, each with its queue and spool.
     pub outputs: &'a [OutputConfig],
     pub spool_dir: Option<&'a Path>,
+    /// Machine-wide modes: where the kernel side is pinned, to outlive the agent.
+    pub pin_dir: &'a Path,
 }
 
 impl Outputs<'_> {
@@ -73,6 +80,7 @@ impl Outputs<'_> {
             watch_project: config.watch_project,
             outputs: &config.outputs,
             spool_dir: config.spool_dir.as_deref(),
+            pin_dir: config.pin_dir(),
         }
     }
 }
@@ -178,7 +186,14 @@ impl Session {
         let recorder = outputs.trace.map(|path| open_trace(path, &rules, command)).transpose()?;
         // Before the sensor: an output that cannot start stops credwatch before it watches.
         let dispatcher = start_outputs(outputs.outputs, outputs.spool_dir)?;
-        let mut sensor = Sensor::start(rules.managers(), command.is_empty()).context("starting the eBPF sensor")?;
+        let mut sensor = if command.is_empty() {
+            let (sensor, started) =
+                Sensor::start_pinned(rules.managers(), outputs.pin_dir).context("starting the eBPF sensor")?;
+            say_how_started(outputs.pin_dir, &started);
+            sensor
+        } else {
+            Sensor::start(rules.managers(), false).context("starting the eBPF sensor")?
+        };
         sensor
             .protect(Protection { rules: rules.clone(), homes: system_homes(), enforce: outputs.enforce })
             .context("registering credential files with the kernel")?;
@@ -293,17 +308,24 @@ impl Session {
         let (lost, alerts) =
             (sensor.lost + sensor.priority_lost + sensor.marks_full, self.written_before + self.sink.written());
         let seconds = self.started.elapsed().as_secs_f64();
-        info!(
-            events = engine.events,
-            lost, alerts, seconds, "{} events, {lost} lost, {alerts} alerts in {seconds:.1}s", engine.events
-        );
         if let Some(recorder) = self.recorder {
             recorder.finish()?;
+        }
+        if let Some(dir) = self.live.sensor.finish().context("leaving the kernel programs pinned")? {
+            let dir = escape(&dir.display().to_string()).into_owned();
+            info!(
+                pin_dir = dir,
+                "the kernel programs stay attached and recording (pinned in {dir}) for the next `credwatch watch`; `credwatch stop --pin-dir {dir}` detaches them"
+            );
         }
         if let Some(dispatcher) = self.dispatcher {
             stop_outputs(dispatcher);
         }
-        self.live.sensor.detach_in_background();
+        // The summary is the last record.
+        info!(
+            events = engine.events,
+            lost, alerts, seconds, "{} events, {lost} lost, {alerts} alerts in {seconds:.1}s", engine.events
+        );
         Ok(alerts)
     }
 }
@@ -327,6 +349,38 @@ pub fn stop_outputs(dispatcher: Dispatcher) {
             counts.spooled
         );
     }
+}
+
+/// One line on how the pinned kernel side was found.
+fn say_how_started(dir: &Path, started: &Started) {
+    let dir = escape(&dir.display().to_string()).into_owned();
+    match started {
+        Started::Fresh => {}
+        Started::Adopted(Gap { since_ns, until_ns, clean_stop, previous_pid }) => {
+            let (down_from, down_to) = (rfc3339(*since_ns), rfc3339(*until_ns));
+            let seconds = until_ns.saturating_sub(*since_ns) as f64 / 1e9;
+            let how = if *clean_stop { "stopped" } else { "died or was killed" };
+            warn!(
+                pin_dir = dir,
+                down_from,
+                down_to,
+                seconds,
+                previous_pid,
+                clean_stop,
+                "adopted the kernel programs pinned in {dir}: no agent read them from {down_from} to {down_to} ({seconds:.1} s; the agent before, pid {previous_pid}, {how}); what they recorded meanwhile is read first, its alerts carry `credwatch.gap`"
+            );
+        }
+        Started::Replaced(why) => {
+            warn!(pin_dir = dir, "replaced the kernel programs pinned in {dir} ({why})");
+        }
+    }
+}
+
+fn rfc3339(time_ns: u64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(time_ns))
+        .ok()
+        .and_then(|time| time.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_default()
 }
 
 fn engine_options(outputs: &Outputs) -> EngineOptions {

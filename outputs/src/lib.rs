@@ -4,12 +4,17 @@
 
 pub mod destination;
 pub mod dispatch;
+pub mod falco;
 pub mod file;
 pub mod filter;
+pub mod metrics;
+pub mod nats;
 pub mod spool;
+pub mod syslog;
 mod transport;
+pub mod webhook;
 
-pub use destination::{Destination, DestinationError, SyslogTarget};
+pub use destination::{Destination, DestinationError};
 pub use dispatch::{transport_for, Counts, DispatchOptions, Dispatcher, OutputError, DEFAULT_SPOOL_DIR};
 pub use filter::{Filter, OutputConfig};
 pub use transport::{Outgoing, Transport, TransportError};
