@@ -270,6 +270,17 @@ impl Output {
     }
 }
 
+/// The outputs' counts, read from any thread while the dispatcher runs.
+#[derive(Clone)]
+pub struct CountsReader(Vec<Arc<Shared>>);
+
+impl CountsReader {
+    /// Each output's name and counts.
+    pub fn counts(&self) -> Vec<(String, Counts)> {
+        self.0.iter().map(|shared| (shared.name.clone(), shared.counts())).collect()
+    }
+}
+
 /// Every output, and the runtime their tasks run on.
 pub struct Dispatcher {
     runtime: tokio::runtime::Runtime,
@@ -366,7 +377,12 @@ impl Dispatcher {
 
     /// Each output's name and counts.
     pub fn counts(&self) -> Vec<(String, Counts)> {
-        self.outputs.iter().map(|output| (output.shared.name.clone(), output.shared.counts())).collect()
+        self.counts_reader().counts()
+    }
+
+    /// What reads the outputs' counts from another thread (the metrics endpoint's scrapes).
+    pub fn counts_reader(&self) -> CountsReader {
+        CountsReader(self.outputs.iter().map(|output| Arc::clone(&output.shared)).collect())
     }
 
     /// Delivers what it can within `grace`, then stops; the rest stays spooled for the next
@@ -717,8 +733,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut dispatcher, received) = start(dir.path(), &config(), usize::MAX);
         raise(&mut dispatcher, 0..20, Severity::Medium);
-        // Retried, with the backoff, for as long as it runs.
-        while dispatcher.counts()[0].1.failed_attempts < 3 {
+        // Retried, with the backoff, for as long as it runs (read as the metrics read it).
+        let reader = dispatcher.counts_reader();
+        while reader.counts()[0].1.failed_attempts < 3 {
             std::thread::sleep(Duration::from_millis(5));
         }
         let counts = dispatcher.shutdown(Duration::from_millis(100));

@@ -15,7 +15,7 @@ mod transport;
 pub mod webhook;
 
 pub use destination::{Destination, DestinationError};
-pub use dispatch::{transport_for, Counts, DispatchOptions, Dispatcher, OutputError, DEFAULT_SPOOL_DIR};
+pub use dispatch::{transport_for, Counts, CountsReader, DispatchOptions, Dispatcher, OutputError, DEFAULT_SPOOL_DIR};
 pub use filter::{Filter, OutputConfig};
 pub use transport::{Outgoing, Transport, TransportError};
 
