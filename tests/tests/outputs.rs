@@ -245,7 +245,15 @@ impl Disk {
 
 impl Drop for Disk {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
+        // A process of the test's trees may still be closing its files: a few tries, then lazily.
+        for _ in 0..50 {
+            let unmounted = Command::new("umount").arg(&self.0).stderr(std::process::Stdio::null()).status();
+            if unmounted.is_ok_and(|status| status.success()) {
+                return;
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
 
