@@ -21,6 +21,7 @@ use std::{
 };
 
 use credwatch::sensor::pins::DEFAULT_PIN_DIR;
+use credwatch_outputs::OutputConfig;
 use serde::{de, Deserialize, Serialize};
 use serde_json::{Map, Value};
 use serde_saphyr::{Location, Spanned};
@@ -58,6 +59,12 @@ pub struct Config {
     pub log_format: LogFormat,
     /// The least severe log records written.
     pub log_level: LogLevel,
+    /// Where alerts go besides the terminal and `alerts` (`--to DEST`, each a `to:` here with
+    /// its filters and knobs): see credwatch-outputs' `OutputConfig`.
+    pub outputs: Vec<OutputConfig>,
+    /// Where each output keeps the alerts it has not delivered yet (`--spool-dir`; default
+    /// /var/lib/credwatch/spool).
+    pub spool_dir: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -97,6 +104,13 @@ impl Config {
             // The kernel side is pinned there.
             changed.push("pin_dir");
         }
+        // The outputs' tasks, queues and spools are running; a `SIGHUP` reopens their files.
+        if self.outputs != new.outputs {
+            changed.push("outputs");
+        }
+        if self.spool_dir != new.spool_dir {
+            changed.push("spool_dir");
+        }
         changed
     }
 
@@ -115,6 +129,11 @@ impl Config {
         if let Some(dir) = &self.rules {
             if !dir.is_dir() {
                 invalid.push(("rules", format!("{} is not a folder of rule files", dir.display())));
+            }
+        }
+        for (index, output) in self.outputs.iter().enumerate() {
+            for (key, message) in output.invalid() {
+                invalid.push(("outputs", format!("output {} (to: {}): `{key}`: {message}", index + 1, output.to)));
             }
         }
         invalid
@@ -491,7 +510,9 @@ fn check_file(
         let error = if !known_key(&key.value) {
             Some((key.referenced, format!("unknown key (the keys: {})", keys().join(", "))))
         } else {
-            check_one(&key.value, value.value.clone()).err().map(|message| (value.referenced, message))
+            check_one(&key.value, value.value.clone())
+                .err()
+                .map(|message| nested_error(&key.value, text).unwrap_or((value.referenced, message)))
         };
         match error {
             Some((at, message)) => problems.push(Problem { place: place(at), key: Some(key.value), message }),
@@ -501,6 +522,27 @@ fn check_file(
         }
     }
     map
+}
+
+/// An error inside the `outputs:` list at its own line (an unknown knob, a bad `to:`): the
+/// YAML parser knows it, where the key's value as JSON knows only where the list starts.
+fn nested_error(key: &str, text: &str) -> Option<(Location, String)> {
+    #[derive(Deserialize)]
+    struct Outputs {
+        #[serde(default)]
+        #[allow(dead_code, reason = "parsed for its errors' places only")]
+        outputs: Vec<OutputConfig>,
+    }
+    if key != "outputs" {
+        return None;
+    }
+    let error = serde_saphyr::from_str_with_options::<Outputs>(text, yaml_options()).err()?;
+    let at = error.location().filter(|at| *at != Location::UNKNOWN)?;
+    let message = error.render_with_options(serde_saphyr::render_options! {
+        formatter: &WithoutLocation,
+        snippets: serde_saphyr::SnippetMode::Off,
+    });
+    Some((at, message))
 }
 
 /// The parser's message for a person, without the location: [`Place`] puts it in front.
@@ -571,6 +613,8 @@ mod tests {
                 pin_dir: None,
                 log_format: LogFormat::Json,
                 log_level: LogLevel::Debug,
+                outputs: Vec::new(),
+                spool_dir: None,
             }
         );
         assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
@@ -699,12 +743,58 @@ mod tests {
             pin_dir: Some("/sys/fs/bpf/credwatch-site".into()),
             log_format: LogFormat::Json,
             log_level: LogLevel::Warn,
+            outputs: vec![
+                OutputConfig {
+                    min_severity: Some(credwatch_core::alert::Severity::High),
+                    categories: vec!["ssh".into()],
+                    max_bytes: Some(1 << 20),
+                    keep: Some(3),
+                    ..OutputConfig::to("file:/var/log/credwatch/alerts.jsonl".parse().unwrap())
+                },
+                OutputConfig::to("nats:nats://127.0.0.1:4222/credwatch".parse().unwrap()),
+            ],
+            spool_dir: Some("/var/spool/credwatch".into()),
         };
         for config in [config, Config::default()] {
             let text = config.to_yaml().unwrap();
             let (_dir, path) = file(&text);
             assert_eq!(check(&path).unwrap().config, config, "{text}");
         }
+    }
+
+    #[test]
+    fn outputs_errors_are_named_at_their_own_line() {
+        let (_dir, path) = file(
+            "json: true\noutputs:\n  - to: file:/tmp/a.jsonl\n    keep: 2\n  - to: syslog:tcp:h:514\n    min_severity: high\n    colour: red\n",
+        );
+        let found = problems(check(&path).unwrap_err());
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].key.as_deref(), Some("outputs"));
+        assert!(matches!(found[0].place, Place::File { line: Some(7), .. }), "{}", found[0]);
+        assert!(found[0].message.contains("colour"), "{}", found[0]);
+
+        let (_dir, path) = file("outputs:\n  - to: file:/tmp/a.jsonl\n  - to: syslog:tcp:host\n");
+        let found = problems(check(&path).unwrap_err());
+        assert!(matches!(found[0].place, Place::File { line: Some(3), .. }), "{}", found[0]);
+        assert!(found[0].message.contains("\"syslog:tcp:host\": `syslog:tcp:` needs HOST:PORT"), "{}", found[0]);
+
+        // A knob of another kind of output.
+        let (_dir, path) = file("outputs:\n  - to: syslog:udp:h:514\n    max_bytes: 100\n");
+        let found = problems(check(&path).unwrap_err());
+        assert!(
+            found[0]
+                .to_string()
+                .contains("output 1 (to: syslog:udp:h:514): `max_bytes`: `max_bytes` is a knob of file outputs"),
+            "{}",
+            found[0]
+        );
+
+        // The spelling of the command line in the environment too.
+        let layers =
+            Layers::with_env(None, &[("CREDWATCH_OUTPUTS", "[{to: 'file:/tmp/b', min_severity: medium}]")], Map::new());
+        let outputs = layers.load().unwrap().config.outputs;
+        assert_eq!(outputs[0].to, "file:/tmp/b".parse().unwrap());
+        assert_eq!(outputs[0].min_severity, Some(credwatch_core::alert::Severity::Medium));
     }
 
     #[test]
@@ -715,11 +805,17 @@ mod tests {
     }
 
     #[test]
-    fn only_trace_and_log_format_need_a_restart() {
+    fn only_trace_log_format_and_outputs_need_a_restart() {
         let old = Config::default();
         let new = Config { json: true, enforce: true, log_level: LogLevel::Debug, ..Config::default() };
         assert!(old.restart_only_changes(&new).is_empty());
-        let new = Config { trace: Some("t.jsonl".into()), log_format: LogFormat::Json, ..Config::default() };
-        assert_eq!(old.restart_only_changes(&new), ["trace", "log_format"]);
+        let new = Config {
+            trace: Some("t.jsonl".into()),
+            log_format: LogFormat::Json,
+            outputs: vec![OutputConfig::to("file:/a".parse().unwrap())],
+            spool_dir: Some("/s".into()),
+            ..Config::default()
+        };
+        assert_eq!(old.restart_only_changes(&new), ["trace", "log_format", "outputs", "spool_dir"]);
     }
 }

@@ -32,15 +32,20 @@ use credwatch_core::{
     rules::RuleSet,
     trace::{TraceHeader, TraceWriter, TRACE_SCHEMA},
 };
+use credwatch_outputs::{Dispatcher, OutputConfig};
 use tracing::{info, warn};
 
 use crate::{
     config::{Config, Layers},
     log,
+    replay::start_outputs,
 };
 
 /// Exit status of `credwatch run` (and `replay`) when any alert fired, whatever CMD did.
 pub const ALERT_EXIT_STATUS: u8 = 10;
+/// How long the outputs get at the end to deliver what is left, before it stays in their spools
+/// for the next start.
+const OUTPUTS_GRACE: Duration = Duration::from_secs(3);
 /// How long one wait for kernel events lasts: bounds alert latency and Ctrl-C response.
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
 
@@ -57,6 +62,9 @@ pub struct Outputs<'a> {
     pub enforce: bool,
     /// Alert on the project's own scripts and programs too.
     pub watch_project: bool,
+    /// `--to`: where alerts go besides, each with its queue and spool.
+    pub outputs: &'a [OutputConfig],
+    pub spool_dir: Option<&'a Path>,
     /// Machine-wide modes: where the kernel side is pinned, to outlive the agent.
     pub pin_dir: &'a Path,
 }
@@ -70,6 +78,8 @@ impl Outputs<'_> {
             trace: config.trace.as_deref(),
             enforce: config.enforce,
             watch_project: config.watch_project,
+            outputs: &config.outputs,
+            spool_dir: config.spool_dir.as_deref(),
             pin_dir: config.pin_dir(),
         }
     }
@@ -152,6 +162,8 @@ struct Session {
     live: Live,
     engine: Engine,
     sink: AlertSink,
+    /// `--to`'s outputs, when any.
+    dispatcher: Option<Dispatcher>,
     /// Alerts written by the sinks that a reload replaced.
     written_before: u64,
     recorder: Option<TraceWriter>,
@@ -172,6 +184,8 @@ impl Session {
         let started = Instant::now();
         let rules = RuleSet::load(outputs.rules).context("loading rules")?;
         let recorder = outputs.trace.map(|path| open_trace(path, &rules, command)).transpose()?;
+        // Before the sensor: an output that cannot start stops credwatch before it watches.
+        let dispatcher = start_outputs(outputs.outputs, outputs.spool_dir)?;
         let mut sensor = if command.is_empty() {
             let (sensor, started) =
                 Sensor::start_pinned(rules.managers(), outputs.pin_dir).context("starting the eBPF sensor")?;
@@ -187,7 +201,7 @@ impl Session {
             .with_context(|| format!("opening {}", outputs.alerts_file.unwrap_or(Path::new("")).display()))?;
         let engine = Engine::new(rules, engine_options(outputs));
         let live = Live { sensor, queued: Vec::new(), wait: POLL_INTERVAL };
-        Ok(Session { live, engine, sink, written_before: 0, recorder, started, reload: None })
+        Ok(Session { live, engine, sink, dispatcher, written_before: 0, recorder, started, reload: None })
     }
 
     /// Runs the pipeline until `control` stops it, then emits the engine's end-of-stream alerts.
@@ -208,6 +222,9 @@ impl Session {
                 sinks.push(recorder);
             }
             sinks.push(&mut self.sink);
+            if let Some(dispatcher) = &mut self.dispatcher {
+                sinks.push(dispatcher);
+            }
             sinks.push(&mut verdict);
             let done =
                 pipeline::drive(&mut self.live, &mut self.engine, &mut sinks, None, &mut control).map_err(|error| {
@@ -228,6 +245,10 @@ impl Session {
     /// and nothing changes: the log says why.
     fn reload(&mut self) {
         let Some((_, reload)) = &self.reload else { return };
+        // Whatever becomes of the reload: logrotate moved the files and waits for this.
+        if let Some(dispatcher) = &self.dispatcher {
+            dispatcher.reopen();
+        }
         let started = Instant::now();
         let (file, old) = (reload.layers.file.clone(), reload.config.clone());
         match self.try_reload(&old) {
@@ -297,12 +318,36 @@ impl Session {
                 "the kernel programs stay attached and recording (pinned in {dir}) for the next `credwatch watch`; `credwatch stop --pin-dir {dir}` detaches them"
             );
         }
+        if let Some(dispatcher) = self.dispatcher {
+            stop_outputs(dispatcher);
+        }
         // The summary is the last record.
         info!(
             events = engine.events,
             lost, alerts, seconds, "{} events, {lost} lost, {alerts} alerts in {seconds:.1}s", engine.events
         );
         Ok(alerts)
+    }
+}
+
+/// Gives the outputs [`OUTPUTS_GRACE`] to deliver what is left, and logs what each did.
+pub fn stop_outputs(dispatcher: Dispatcher) {
+    for (name, counts) in dispatcher.shutdown(OUTPUTS_GRACE) {
+        let dropped: u64 = counts.dropped.iter().sum();
+        let name = escape(&name).into_owned();
+        info!(
+            output = name,
+            delivered = counts.delivered,
+            failed_attempts = counts.failed_attempts,
+            refused = counts.refused,
+            dropped,
+            spooled = counts.spooled,
+            "output {name}: {} delivered, {} failed attempts, {} refused, {dropped} dropped, {} left in the spool",
+            counts.delivered,
+            counts.failed_attempts,
+            counts.refused,
+            counts.spooled
+        );
     }
 }
 

@@ -17,6 +17,7 @@ use clap::{Args, Parser, Subcommand};
 use config::{Config, Layers, LogFormat, LogLevel};
 use credwatch::sensor;
 use credwatch_core::{engine::EngineOptions, output::escape, rules::RuleSet, samples};
+use credwatch_outputs::{Destination, OutputConfig};
 use serde_json::{Map, Value};
 
 #[derive(Parser)]
@@ -93,6 +94,20 @@ struct CommonArgs {
     watch_project: bool,
 }
 
+/// Where alerts go besides the terminal, each output with its own queue and spool.
+#[derive(Args)]
+struct OutputArgs {
+    /// Also send every alert to DEST (repeatable): file:PATH, syslog:unix:PATH,
+    /// syslog:udp:HOST:PORT, syslog:tcp:HOST:PORT, webhook:URL, falcosidekick:URL,
+    /// nats:URL/SUBJECT_PREFIX. Filters and knobs: `outputs` in the configuration.
+    #[arg(long = "to", value_name = "DEST")]
+    to: Vec<Destination>,
+    /// Where outputs keep the alerts not delivered yet, for the next start [default:
+    /// /var/lib/credwatch/spool].
+    #[arg(long, value_name = "DIR")]
+    spool_dir: Option<PathBuf>,
+}
+
 #[derive(Args)]
 struct EnforceArgs {
     /// Block in the kernel: kill package code when it opens a file of a rule whose action is
@@ -133,6 +148,8 @@ struct WatchArgs {
     #[command(flatten)]
     common: CommonArgs,
     #[command(flatten)]
+    outputs: OutputArgs,
+    #[command(flatten)]
     enforce: EnforceArgs,
     #[command(flatten)]
     pin: PinArgs,
@@ -147,6 +164,8 @@ struct WatchArgs {
 struct RunArgs {
     #[command(flatten)]
     common: CommonArgs,
+    #[command(flatten)]
+    outputs: OutputArgs,
     #[command(flatten)]
     enforce: EnforceArgs,
     #[command(flatten)]
@@ -167,6 +186,8 @@ struct RunArgs {
 struct RecordArgs {
     #[command(flatten)]
     common: CommonArgs,
+    #[command(flatten)]
+    outputs: OutputArgs,
     #[command(flatten)]
     enforce: EnforceArgs,
     /// Without CMD only.
@@ -192,6 +213,8 @@ struct RecordArgs {
 struct ReplayArgs {
     #[command(flatten)]
     common: CommonArgs,
+    #[command(flatten)]
+    outputs: OutputArgs,
     /// Skip and count bad lines instead of stopping at the first one.
     #[arg(long)]
     keep_going: bool,
@@ -265,18 +288,19 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Commands::Watch(args) => {
-            let mut flags = flags(&args.common, &args.enforce, &args.output, None, None);
+            let mut flags = flags(&args.common, &args.outputs, &args.enforce, &args.output, None, None);
             args.pin.add_to(&mut flags);
             configure(&args.config, flags).and_then(|(config, layers)| live::watch_machine(&config, layers))
         }
         Commands::Run(args) => {
-            let flags = flags(&args.common, &args.enforce, &args.alerts, args.linger, None);
+            let flags = flags(&args.common, &args.outputs, &args.enforce, &args.alerts, args.linger, None);
             configure(&args.config, flags).and_then(|(config, _)| {
                 linger(config.linger).and_then(|linger| live::run_command(&config, &args.command, linger))
             })
         }
         Commands::Record(args) => {
-            let mut flags = flags(&args.common, &args.enforce, &args.alerts, args.linger, args.output.as_ref());
+            let mut flags =
+                flags(&args.common, &args.outputs, &args.enforce, &args.alerts, args.linger, args.output.as_ref());
             args.pin.add_to(&mut flags);
             configure(&args.config, flags).and_then(|(config, layers)| {
                 if config.trace.is_none() {
@@ -306,6 +330,8 @@ fn main() -> ExitCode {
                     from: args.from,
                     import: credwatch_core::import::ImportOptions { date: args.date },
                     engine,
+                    outputs: args.outputs.to.iter().cloned().map(OutputConfig::to).collect(),
+                    spool_dir: args.outputs.spool_dir.clone(),
                 },
             )
         }),
@@ -330,6 +356,7 @@ fn main() -> ExitCode {
 /// file's or the environment's value).
 fn flags(
     common: &CommonArgs,
+    outputs: &OutputArgs,
     enforce: &EnforceArgs,
     alerts: &Option<PathBuf>,
     linger: Option<f64>,
@@ -349,6 +376,11 @@ fn flags(
     set("alerts", alerts.as_ref().map(path));
     set("linger", linger.map(Value::from));
     set("trace", trace.map(path));
+    // `--to DEST` is an output with every knob at its default; given, the flags' list replaces
+    // the configuration's, as any key does.
+    let to = outputs.to.iter().map(|to| serde_json::json!({ "to": to.to_string() })).collect::<Vec<Value>>();
+    set("outputs", (!to.is_empty()).then_some(Value::Array(to)));
+    set("spool_dir", outputs.spool_dir.as_ref().map(path));
     flags
 }
 
@@ -533,14 +565,38 @@ mod tests {
     fn only_the_flags_given_are_keys_over_the_configuration() {
         let cli = Cli::try_parse_from(["credwatch", "watch", "--json", "--alerts", "a.jsonl"]).unwrap();
         let Commands::Watch(args) = cli.command else { panic!("not watch") };
-        let given = flags(&args.common, &args.enforce, &args.output, None, None);
+        let given = flags(&args.common, &args.outputs, &args.enforce, &args.output, None, None);
         assert_eq!(Value::Object(given), serde_json::json!({"json": true, "alerts": "a.jsonl"}));
         let cli = Cli::try_parse_from(["credwatch", "record", "--linger", "2", "-o", "t.jsonl", "--", "true"]).unwrap();
         let Commands::Record(args) = cli.command else { panic!("not record") };
-        let given = flags(&args.common, &args.enforce, &args.alerts, args.linger, args.output.as_ref());
+        let given = flags(&args.common, &args.outputs, &args.enforce, &args.alerts, args.linger, args.output.as_ref());
         assert_eq!(Value::Object(given), serde_json::json!({"linger": 2.0, "trace": "t.jsonl"}));
         assert!(Cli::try_parse_from(["credwatch", "run", "--config", "c.yaml", "--log-format", "json", "--", "true"])
             .is_ok());
+    }
+
+    #[test]
+    fn to_is_repeatable_on_every_mode_and_checked_at_parse_time() {
+        for mode in [&["watch"][..], &["run", "--", "true"], &["record", "-o", "t.jsonl"], &["replay", "t.jsonl"]] {
+            let words = [
+                &["credwatch"][..],
+                &mode[..1],
+                &["--to", "file:/tmp/a.jsonl", "--to", "syslog:tcp:127.0.0.1:601", "--spool-dir", "/tmp/s"],
+                &mode[1..],
+            ]
+            .concat();
+            assert!(Cli::try_parse_from(&words).is_ok(), "{words:?}");
+        }
+        let cli =
+            Cli::try_parse_from(["credwatch", "watch", "--to", "file:/a", "--to", "nats:nats://h:4222/cw"]).unwrap();
+        let Commands::Watch(args) = cli.command else { panic!("not watch") };
+        let given = flags(&args.common, &args.outputs, &args.enforce, &args.output, None, None);
+        assert_eq!(
+            Value::Object(given),
+            serde_json::json!({"outputs": [{"to": "file:/a"}, {"to": "nats:nats://h:4222/cw"}]})
+        );
+        let error = Cli::try_parse_from(["credwatch", "watch", "--to", "syslog:tcp:host"]).err().unwrap().to_string();
+        assert!(error.contains("syslog:tcp:host") && error.contains("no port"), "{error}");
     }
 
     #[test]

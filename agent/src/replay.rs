@@ -25,6 +25,7 @@ use credwatch_core::{
     report::Report,
     rules::RuleSet,
 };
+use credwatch_outputs::{DispatchOptions, Dispatcher, OutputConfig, DEFAULT_SPOOL_DIR};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::live::ALERT_EXIT_STATUS;
@@ -49,6 +50,9 @@ pub struct ReplayOptions<'a> {
     pub import: ImportOptions,
     /// `--watch-project`, `--home`, `--passwd` (the host name comes from each file).
     pub engine: EngineOptions,
+    /// `--to DEST`: alerts also go there (for responders feeding their own pipeline).
+    pub outputs: Vec<OutputConfig>,
+    pub spool_dir: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -80,6 +84,7 @@ pub fn replay(files: &[PathBuf], options: &ReplayOptions) -> Result<ExitCode> {
         AlertSink::new(options.json, options.alerts_file, options.report.is_some())
             .with_context(|| format!("opening {}", options.alerts_file.unwrap_or(Path::new("")).display()))?,
     );
+    let dispatcher = start_outputs(&options.outputs, options.spool_dir.as_deref())?.map(Mutex::new);
     let totals = Totals::default();
     // strace -ff files of one run are one history: one engine, one worker.
     let groups = import::group_inputs(files, options.from);
@@ -97,7 +102,7 @@ pub fn replay(files: &[PathBuf], options: &ReplayOptions) -> Result<ExitCode> {
                     loop {
                         let index = next_file.fetch_add(1, Ordering::Relaxed);
                         let Some(group) = groups.get(index) else { return Ok(report) };
-                        replay_file(group, &rules, &sink, report.as_mut(), options, &totals)?;
+                        replay_file(group, &rules, &sink, dispatcher.as_ref(), report.as_mut(), options, &totals)?;
                     }
                 })
             })
@@ -129,6 +134,10 @@ pub fn replay(files: &[PathBuf], options: &ReplayOptions) -> Result<ExitCode> {
                 None => report = Some(part),
             }
         }
+    }
+    if let Some(dispatcher) = dispatcher {
+        let dispatcher = dispatcher.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner());
+        crate::live::stop_outputs(dispatcher);
     }
     let seconds = started.elapsed().as_secs_f64().max(1e-9);
     let events = totals.events.load(Ordering::Relaxed);
@@ -162,10 +171,36 @@ impl Sink for Counted<'_> {
     }
 }
 
+/// The outputs of `--to`, when any.
+pub fn start_outputs(outputs: &[OutputConfig], spool_dir: Option<&Path>) -> Result<Option<Dispatcher>> {
+    if outputs.is_empty() {
+        return Ok(None);
+    }
+    let spool_dir = spool_dir.unwrap_or(Path::new(DEFAULT_SPOOL_DIR));
+    Ok(Some(Dispatcher::start(DispatchOptions::new(spool_dir), outputs).context("starting the outputs")?))
+}
+
+/// The outputs shared by the replay's workers: locked only to hand alerts over.
+struct SharedOutputs<'a>(&'a Mutex<Dispatcher>);
+
+impl Sink for SharedOutputs<'_> {
+    fn event(&mut self, engine: &Engine, event: &Event, alerts: &[Alert]) -> Result<(), SinkError> {
+        if alerts.is_empty() {
+            return Ok(());
+        }
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).event(engine, event, alerts)
+    }
+
+    fn end(&mut self, alerts: &[Alert]) -> Result<(), SinkError> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).end(alerts)
+    }
+}
+
 fn replay_file(
     group: &[PathBuf],
     rules: &RuleSet,
     sink: &Mutex<AlertSink>,
+    dispatcher: Option<&Mutex<Dispatcher>>,
     report: Option<&mut Report>,
     options: &ReplayOptions,
     totals: &Totals,
@@ -176,6 +211,10 @@ fn replay_file(
     let mut engine = Engine::new(rules.clone(), EngineOptions { host_name, ..options.engine.clone() });
     let (mut counted, mut output) = (Counted(&totals.events), sink);
     let mut sinks: Vec<&mut dyn Sink> = vec![&mut counted, &mut output];
+    let mut outputs = dispatcher.map(SharedOutputs);
+    if let Some(outputs) = &mut outputs {
+        sinks.push(outputs);
+    }
     if let Some(report) = report {
         sinks.push(report);
     }

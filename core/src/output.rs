@@ -271,7 +271,12 @@ mod tests {
     fn alert() -> Alert {
         Alert {
             timestamp: "2026-11-29T20:00:00.000000000Z".into(),
-            event: AlertEvent { kind: "alert".into(), action: "open".into(), outcome: "alerted".into() },
+            event: AlertEvent {
+                id: String::new(),
+                kind: "alert".into(),
+                action: "open".into(),
+                outcome: "alerted".into(),
+            },
             rule: AlertRule {
                 id: "cred.registry.npmrc".into(),
                 name: "npm registry token read by package code".into(),

@@ -28,6 +28,10 @@ pub trait Transport: Send + 'static {
     /// acknowledged); on `Err` the caller retries the whole batch later, so a receiver may see an
     /// alert twice (at-least-once) and dedups by id.
     fn send(&mut self, batch: &[Outgoing]) -> impl Future<Output = Result<(), TransportError>> + Send;
+
+    /// `SIGHUP`: reopen what was opened by name (the `file` output's file, after logrotate).
+    /// Nothing by default.
+    fn reopen(&mut self) {}
 }
 
 #[derive(Debug, thiserror::Error)]

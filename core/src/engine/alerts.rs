@@ -160,6 +160,8 @@ impl Engine {
         Alert {
             timestamp: rfc3339(event.time_ns),
             event: AlertEvent {
+                // Set once the alert is final ([`Engine::handle`]): dedup and sweeps change it.
+                id: String::new(),
                 kind: "alert".into(),
                 action: action.into(),
                 outcome: if blocked { "blocked" } else { "alerted" }.into(),

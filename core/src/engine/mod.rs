@@ -220,6 +220,7 @@ impl Engine {
             }
         }
         self.stats.alerts += alerts.len() as u64;
+        set_ids(&mut alerts);
         alerts
     }
 
@@ -228,9 +229,17 @@ impl Engine {
     /// when the session ends; replay: at the end of each file).
     pub fn flush(&mut self) -> Vec<Alert> {
         let rules = &self.rules;
-        let alerts: Vec<Alert> = self.trees.values_mut().filter_map(|tree| sweep_summary(rules, tree)).collect();
+        let mut alerts: Vec<Alert> = self.trees.values_mut().filter_map(|tree| sweep_summary(rules, tree)).collect();
         self.stats.alerts += alerts.len() as u64;
+        set_ids(&mut alerts);
         alerts
+    }
+}
+
+/// `event.id` of alerts as they leave the engine, in their final form.
+fn set_ids(alerts: &mut [Alert]) {
+    for alert in alerts {
+        alert.event.id = alert.stable_id();
     }
 }
 

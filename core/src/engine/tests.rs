@@ -490,6 +490,7 @@ fn alert_json_has_every_contract_field() {
     let json = serde_json::to_value(run.one()).unwrap();
     for pointer in [
         "/@timestamp",
+        "/event/id",
         "/event/kind",
         "/rule/id",
         "/rule/name",
@@ -522,6 +523,32 @@ fn alert_json_has_every_contract_field() {
     assert_eq!(json["rule"]["severity"], "high");
     assert_eq!(json["@timestamp"], "2023-11-14T22:13:20.000004Z");
     assert!(json["process"]["args"].is_array());
+}
+
+#[test]
+fn alert_ids_are_stable_for_the_same_alert_and_differ_between_alerts() {
+    let alerts = |runs: usize| {
+        let mut run = Run::new();
+        run.exec(100, 1, &["npm", "install"], &[]).spawn(101, 100, &["node", "x.js"], POSTINSTALL);
+        for _ in 0..runs {
+            run.open(101, "/home/alice/.npmrc");
+        }
+        run.open(101, "/home/alice/.aws/credentials");
+        run.take()
+    };
+    // The same events give the same ids (a replay, a restarted agent re-raising them).
+    let (first, again) = (alerts(10), alerts(10));
+    let ids: Vec<&str> = first.iter().map(|a| a.event.id.as_str()).collect();
+    assert_eq!(ids, again.iter().map(|a| a.event.id.as_str()).collect::<Vec<_>>());
+    // The first alert, its 10th repeat and another file: three ids, each 32 hex digits.
+    assert_eq!(first.iter().map(|a| a.credwatch.count).collect::<Vec<_>>(), [None, Some(10), None]);
+    assert!(ids.iter().all(|id| id.len() == 32 && id.chars().all(|c| c.is_ascii_hexdigit())), "{ids:?}");
+    assert_eq!(ids.iter().collect::<std::collections::BTreeSet<_>>().len(), 3, "{ids:?}");
+    assert_eq!(first[0].event.id, first[0].stable_id());
+    // Another host: another id for the same event.
+    let mut other = first[0].clone();
+    other.host.name = "other".into();
+    assert_ne!(other.stable_id(), first[0].event.id);
 }
 
 #[test]
