@@ -17,9 +17,11 @@
 use std::{
     collections::BTreeMap,
     fmt,
+    net::SocketAddr,
     path::{Path, PathBuf},
 };
 
+use credwatch::sensor::pins::DEFAULT_PIN_DIR;
 use credwatch_outputs::OutputConfig;
 use serde::{de, Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -51,6 +53,9 @@ pub struct Config {
     pub linger: Option<f64>,
     /// Record every event to this trace file (`record -o`).
     pub trace: Option<PathBuf>,
+    /// `watch` and `record` without CMD: where their kernel side is pinned (on bpffs), so that
+    /// it outlives the agent (`--pin-dir`; by default [`DEFAULT_PIN_DIR`]).
+    pub pin_dir: Option<PathBuf>,
     /// The agent's own log on standard error: `text` or `json` lines.
     pub log_format: LogFormat,
     /// The least severe log records written.
@@ -61,6 +66,8 @@ pub struct Config {
     /// Where each output keeps the alerts it has not delivered yet (`--spool-dir`; default
     /// /var/lib/credwatch/spool).
     pub spool_dir: Option<PathBuf>,
+    /// Serve Prometheus metrics on this address, at `/metrics` (`--metrics-listen`).
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -103,7 +110,19 @@ impl Config {
         if self.spool_dir != new.spool_dir {
             changed.push("spool_dir");
         }
+        // The endpoint is bound at start-up.
+        if self.metrics_listen != new.metrics_listen {
+            changed.push("metrics_listen");
+        }
+        if self.pin_dir() != new.pin_dir() {
+            // The kernel side is pinned there.
+            changed.push("pin_dir");
+        }
         changed
+    }
+
+    pub fn pin_dir(&self) -> &Path {
+        self.pin_dir.as_deref().unwrap_or(Path::new(DEFAULT_PIN_DIR))
     }
 
     /// Checks of values that their type allows but that mean nothing: by key.
@@ -598,10 +617,12 @@ mod tests {
                 enforce: true,
                 linger: Some(7.0),
                 trace: None,
+                pin_dir: None,
                 log_format: LogFormat::Json,
                 log_level: LogLevel::Debug,
                 outputs: Vec::new(),
                 spool_dir: None,
+                metrics_listen: None,
             }
         );
         assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
@@ -727,6 +748,7 @@ mod tests {
             enforce: true,
             linger: Some(1.5),
             trace: None,
+            pin_dir: Some("/sys/fs/bpf/credwatch-site".into()),
             log_format: LogFormat::Json,
             log_level: LogLevel::Warn,
             outputs: vec![
@@ -740,6 +762,7 @@ mod tests {
                 OutputConfig::to("nats:nats://127.0.0.1:4222/credwatch".parse().unwrap()),
             ],
             spool_dir: Some("/var/spool/credwatch".into()),
+            metrics_listen: Some("127.0.0.1:9464".parse().unwrap()),
         };
         for config in [config, Config::default()] {
             let text = config.to_yaml().unwrap();
@@ -800,8 +823,9 @@ mod tests {
             log_format: LogFormat::Json,
             outputs: vec![OutputConfig::to("file:/a".parse().unwrap())],
             spool_dir: Some("/s".into()),
+            metrics_listen: Some("127.0.0.1:9464".parse().unwrap()),
             ..Config::default()
         };
-        assert_eq!(old.restart_only_changes(&new), ["trace", "log_format", "outputs", "spool_dir"]);
+        assert_eq!(old.restart_only_changes(&new), ["trace", "log_format", "outputs", "spool_dir", "metrics_listen"]);
     }
 }

@@ -7,6 +7,7 @@ mod replay;
 
 use std::{
     io::{self, Write as _},
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::ExitCode,
     time::Duration,
@@ -33,7 +34,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Commands {
-    /// Watch the whole machine: every process tree a package manager starts. Ctrl-C or SIGTERM stops.
+    /// Watch the whole machine: every process tree a package manager starts. Ctrl-C or SIGTERM
+    /// stops the agent; the kernel programs stay attached (pinned) until `credwatch stop`.
     Watch(WatchArgs),
     /// Run CMD and watch only its process tree (CMD is a root whatever it is).
     ///
@@ -47,6 +49,10 @@ enum Commands {
     ///
     /// Exit status: 0 when no alert fired, 10 when any did.
     Replay(ReplayArgs),
+    /// Stop `watch`: stop the agent if one runs, and detach and unpin its kernel programs.
+    ///
+    /// Exit status: 0 when they were detached or nothing was pinned.
+    Stop(StopArgs),
     /// Report the kernel features credwatch needs and which sensor it will use.
     Doctor,
     /// Check or list rules.
@@ -113,13 +119,60 @@ struct EnforceArgs {
 }
 
 #[derive(Args)]
+struct PinArgs {
+    /// Where the kernel side of `watch` (and `record` without CMD) is pinned, on bpffs (default
+    /// /sys/fs/bpf/credwatch): the programs stay attached and recording while no agent runs, and
+    /// the next one adopts them.
+    #[arg(long, value_name = "DIR")]
+    pin_dir: Option<PathBuf>,
+}
+
+impl PinArgs {
+    /// The `pin_dir` key, when the flag is given.
+    fn add_to(&self, flags: &mut Map<String, Value>) {
+        if let Some(dir) = &self.pin_dir {
+            flags.insert("pin_dir".into(), Value::String(dir.to_string_lossy().into_owned()));
+        }
+    }
+}
+
+/// The agent's Prometheus metrics.
+#[derive(Args)]
+struct MetricsArgs {
+    /// Serve Prometheus metrics on ADDR (`127.0.0.1:9464`), at `/metrics`.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
+}
+
+impl MetricsArgs {
+    /// The `metrics_listen` key, when the flag is given.
+    fn add_to(&self, flags: &mut Map<String, Value>) {
+        if let Some(addr) = &self.metrics_listen {
+            flags.insert("metrics_listen".into(), Value::String(addr.to_string()));
+        }
+    }
+}
+
+#[derive(Args)]
+struct StopArgs {
+    #[command(flatten)]
+    pin: PinArgs,
+    #[command(flatten)]
+    config: ConfigArgs,
+}
+
+#[derive(Args)]
 struct WatchArgs {
     #[command(flatten)]
     common: CommonArgs,
     #[command(flatten)]
     outputs: OutputArgs,
     #[command(flatten)]
+    metrics: MetricsArgs,
+    #[command(flatten)]
     enforce: EnforceArgs,
+    #[command(flatten)]
+    pin: PinArgs,
     #[command(flatten)]
     config: ConfigArgs,
     /// Also append every alert as a JSON line to FILE.
@@ -133,6 +186,8 @@ struct RunArgs {
     common: CommonArgs,
     #[command(flatten)]
     outputs: OutputArgs,
+    #[command(flatten)]
+    metrics: MetricsArgs,
     #[command(flatten)]
     enforce: EnforceArgs,
     #[command(flatten)]
@@ -156,7 +211,12 @@ struct RecordArgs {
     #[command(flatten)]
     outputs: OutputArgs,
     #[command(flatten)]
+    metrics: MetricsArgs,
+    #[command(flatten)]
     enforce: EnforceArgs,
+    /// Without CMD only.
+    #[command(flatten)]
+    pin: PinArgs,
     #[command(flatten)]
     config: ConfigArgs,
     /// The trace file to write (or `trace` in the configuration).
@@ -247,23 +307,28 @@ enum RulesCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The live modes set the log up as their configuration says.
-    if !matches!(cli.command, Commands::Watch(_) | Commands::Run(_) | Commands::Record(_)) {
+    if !matches!(cli.command, Commands::Watch(_) | Commands::Run(_) | Commands::Record(_) | Commands::Stop(_)) {
         log::init(LogFormat::default(), LogLevel::default());
     }
     let result = match cli.command {
         Commands::Watch(args) => {
-            let flags = flags(&args.common, &args.outputs, &args.enforce, &args.output, None, None);
+            let mut flags = flags(&args.common, &args.outputs, &args.enforce, &args.output, None, None);
+            args.pin.add_to(&mut flags);
+            args.metrics.add_to(&mut flags);
             configure(&args.config, flags).and_then(|(config, layers)| live::watch_machine(&config, layers))
         }
         Commands::Run(args) => {
-            let flags = flags(&args.common, &args.outputs, &args.enforce, &args.alerts, args.linger, None);
+            let mut flags = flags(&args.common, &args.outputs, &args.enforce, &args.alerts, args.linger, None);
+            args.metrics.add_to(&mut flags);
             configure(&args.config, flags).and_then(|(config, _)| {
                 linger(config.linger).and_then(|linger| live::run_command(&config, &args.command, linger))
             })
         }
         Commands::Record(args) => {
-            let flags =
+            let mut flags =
                 flags(&args.common, &args.outputs, &args.enforce, &args.alerts, args.linger, args.output.as_ref());
+            args.pin.add_to(&mut flags);
+            args.metrics.add_to(&mut flags);
             configure(&args.config, flags).and_then(|(config, layers)| {
                 if config.trace.is_none() {
                     anyhow::bail!("record needs a trace file: -o FILE, or `trace` in the configuration");
@@ -274,6 +339,11 @@ fn main() -> ExitCode {
                     linger(config.linger).and_then(|linger| live::run_command(&config, &args.command, linger))
                 }
             })
+        }
+        Commands::Stop(args) => {
+            let mut flags = Map::new();
+            args.pin.add_to(&mut flags);
+            configure(&args.config, flags).and_then(|(config, _)| stop(config.pin_dir()))
         }
         Commands::Replay(args) => replay_options(&args).and_then(|engine| {
             replay::replay(
@@ -399,6 +469,23 @@ fn linger(seconds: Option<f64>) -> Result<Option<Duration>> {
         .transpose()
 }
 
+fn stop(dir: &Path) -> Result<ExitCode> {
+    let shown = dir.display().to_string();
+    let shown = escape(&shown);
+    match sensor::pins::stop(dir).with_context(|| format!("detaching the kernel programs pinned in {shown}"))? {
+        sensor::pins::Stopped::NothingPinned => {
+            tracing::info!("nothing is pinned in {shown}: no kernel programs to detach");
+        }
+        sensor::pins::Stopped::Detached { agent } => {
+            if let Some(pid) = agent {
+                tracing::info!(pid, "stopped the agent (pid {pid})");
+            }
+            tracing::info!("detached the kernel programs pinned in {shown}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn config_check(file: &Path) -> Result<ExitCode> {
     let loaded = config::check(file)?;
     let (config, places) = (loaded.config, loaded.places);
@@ -484,6 +571,21 @@ mod tests {
         assert_eq!(args.home.as_deref(), Some("/var/lib/jenkins"));
         assert!(Cli::try_parse_from(["credwatch", "replay", "--home", "jenkins", "t"]).is_err());
         assert!(Cli::try_parse_from(["credwatch", "run", "--home", "/h", "--", "true"]).is_err());
+    }
+
+    #[test]
+    fn pin_dir_is_a_key_of_watch_record_and_stop() {
+        let cli = Cli::try_parse_from(["credwatch", "stop"]).unwrap();
+        let Commands::Stop(args) = cli.command else { panic!("not stop") };
+        assert_eq!(args.pin.pin_dir, None);
+        let cli = Cli::try_parse_from(["credwatch", "watch", "--pin-dir", "/sys/fs/bpf/x"]).unwrap();
+        let Commands::Watch(args) = cli.command else { panic!("not watch") };
+        let mut given = Map::new();
+        args.pin.add_to(&mut given);
+        assert_eq!(Value::Object(given), serde_json::json!({"pin_dir": "/sys/fs/bpf/x"}));
+        assert!(Cli::try_parse_from(["credwatch", "record", "-o", "t", "--pin-dir", "/sys/fs/bpf/x"]).is_ok());
+        assert!(Cli::try_parse_from(["credwatch", "run", "--pin-dir", "/sys/fs/bpf/x", "--", "true"]).is_err());
+        assert_eq!(Config::default().pin_dir(), Path::new(sensor::pins::DEFAULT_PIN_DIR));
     }
 
     #[test]

@@ -11,7 +11,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use credwatch::sensor::{doctor, lost_source, Protection, Sensor};
+use aya::{
+    maps::{Array, Map, MapData},
+    programs::links::PinnedLink,
+};
+use credwatch::sensor::{
+    doctor, lost_source,
+    pins::{self, AgentState, Started, Stopped},
+    Protection, Sensor,
+};
+use credwatch_common::{CredInode, InodeKey};
 use credwatch_core::{
     event::{Event, EventData, Lost, Open, Rename, Syscall},
     rules::{
@@ -915,4 +924,137 @@ fn an_open_in_flight_when_the_process_is_marked_is_reported_by_its_file() {
     assert_eq!(open.path, "", "the given path was never seen: {open:?}");
     assert_eq!(open.flags & libc::O_ACCMODE as u64, libc::O_RDONLY as u64, "{open:?}");
     assert!(open.ret >= 0 && open.ino == fs::metadata(&fifo).unwrap().ino(), "{open:?}");
+}
+
+/// A pin directory of a test, stopped (detached, removed) however the test ends.
+struct PinDir(PathBuf);
+
+impl PinDir {
+    fn new(name: &str) -> PinDir {
+        PinDir(PathBuf::from(format!("/sys/fs/bpf/credwatch-sensor-{name}-{}", std::process::id())))
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        let _ = pins::stop(&self.0);
+    }
+}
+
+/// The link ids of the programs attached through the set pinned in `dir`.
+fn pinned_link_ids(dir: &Path) -> Vec<u32> {
+    let mut ids: Vec<u32> = fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.file_name().unwrap().to_string_lossy().starts_with("link_"))
+        .map(|path| aya::programs::links::FdLink::from(PinnedLink::from_pin(&path).unwrap()).info().unwrap().id())
+        .collect();
+    ids.sort();
+    ids
+}
+
+fn attached_link_ids() -> Vec<u32> {
+    aya::programs::loaded_links().filter_map(Result::ok).map(|link| link.id()).collect()
+}
+
+#[test]
+fn a_pinned_set_is_adopted_by_the_same_build_and_replaced_when_from_another() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let pin_dir = PinDir::new("replace");
+    let dir = pin_dir.0.clone();
+    let managers = RuleSet::defaults().unwrap().managers().to_vec();
+
+    let (sensor, started) = Sensor::start_pinned(&managers, &dir).unwrap();
+    assert_eq!(started, Started::Fresh);
+    let first = pinned_link_ids(&dir);
+    assert!(first.len() >= 3, "{first:?}");
+    assert_eq!(sensor.finish().unwrap(), Some(dir.clone()));
+    // Left attached: the links outlive the agent.
+    assert!(first.iter().all(|id| attached_link_ids().contains(id)));
+
+    let (sensor, started) = Sensor::start_pinned(&managers, &dir).unwrap();
+    let Started::Adopted(gap) = started else { panic!("not adopted: {started:?}") };
+    assert!(gap.clean_stop && gap.until_ns >= gap.since_ns, "{gap:?}");
+    assert_eq!(pinned_link_ids(&dir), first, "adopting must not re-attach");
+    sensor.finish().unwrap();
+
+    // The set now says it was loaded from another object.
+    let agent_map = || -> Array<MapData, AgentState> {
+        Array::try_from(Map::Array(MapData::from_pin(dir.join("agent")).unwrap())).unwrap()
+    };
+    let mut map = agent_map();
+    let state = map.get(&0, 0).unwrap();
+    assert_eq!(state.object_id, pins::object_id());
+    map.set(0, AgentState { object_id: [0xab; 32], ..state }, 0).unwrap();
+    drop(map);
+
+    let (sensor, started) = Sensor::start_pinned(&managers, &dir).unwrap();
+    let Started::Replaced(why) = started else { panic!("not replaced: {started:?}") };
+    assert!(why.contains("another build"), "{why}");
+    let second = pinned_link_ids(&dir);
+    let attached = attached_link_ids();
+    assert!(first.iter().all(|id| !second.contains(id) && !attached.contains(id)), "the old links are detached");
+    assert_eq!(agent_map().get(&0, 0).unwrap().object_id, pins::object_id());
+    sensor.finish().unwrap();
+
+    assert_eq!(pins::stop(&dir).unwrap(), Stopped::Detached { agent: None });
+    assert!(!dir.exists());
+    let attached = attached_link_ids();
+    assert!(second.iter().all(|id| !attached.contains(id)), "stop detaches");
+    assert_eq!(pins::stop(&dir).unwrap(), Stopped::NothingPinned);
+
+    // A directory of other pins (a mistyped --pin-dir) is neither replaced nor removed.
+    let foreign = PathBuf::from(format!("/sys/fs/bpf/credwatch-sensor-test-{}-foreign", std::process::id()));
+    fs::create_dir(&foreign).unwrap();
+    Array::<MapData, u64>::create(1, 0).unwrap().pin(foreign.join("someone_elses")).unwrap();
+    let refused = pins::stop(&foreign).unwrap_err().to_string();
+    assert!(refused.contains("not a credwatch set"), "{refused}");
+    let refused = Sensor::start_pinned(&managers, &foreign).err().expect("refused").to_string();
+    assert!(refused.contains("not a credwatch set"), "{refused}");
+    assert!(foreign.join("someone_elses").exists());
+    fs::remove_dir_all(&foreign).unwrap();
+}
+
+/// The credential indexes of the kernel's map of the set pinned in `dir`, by path.
+fn pinned_cred_index(dir: &Path, path: &Path) -> u32 {
+    let map: aya::maps::HashMap<MapData, InodeKey, CredInode> =
+        aya::maps::HashMap::try_from(Map::HashMap(MapData::from_pin(dir.join("CRED_INODES")).unwrap())).unwrap();
+    let meta = fs::metadata(path).unwrap();
+    let key = InodeKey { dev: credwatch::sensor::credentials::kernel_dev(meta.dev()), ino: meta.ino() };
+    map.get(&key, 0).unwrap().index
+}
+
+/// A reload (a second `protect`) and an adoption keep each file's index: records in flight
+/// and the pinned set carry them.
+#[test]
+fn credential_indexes_survive_a_reload_and_an_adoption() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let pin_dir = PinDir::new("index");
+    let dir = pin_dir.0.clone();
+    let h = home();
+    // A home whose files sort before `h`'s: a table built afresh would number them first.
+    let earlier = h.home.parent().unwrap().join("a-earlier-home");
+    fs::create_dir_all(&earlier).unwrap();
+    fs::write(earlier.join(".npmrc"), "//registry.npmjs.org/:_authToken=fake\n").unwrap();
+    let npmrc = h.home.join(".npmrc");
+
+    let (mut sensor, _) = Sensor::start_pinned(&[], &dir).unwrap();
+    sensor.protect(Protection { rules: h.rules.clone(), homes: vec![h.home.clone()], enforce: false }).unwrap();
+    let first = pinned_cred_index(&dir, &npmrc);
+    let both = vec![earlier.clone(), h.home.clone()];
+    sensor.protect(Protection { rules: h.rules.clone(), homes: both.clone(), enforce: false }).unwrap();
+    assert_eq!(pinned_cred_index(&dir, &npmrc), first, "after a reload");
+    let earlier_index = pinned_cred_index(&dir, &earlier.join(".npmrc"));
+    assert_ne!(earlier_index, first);
+    sensor.finish().unwrap();
+
+    let (mut sensor, started) = Sensor::start_pinned(&[], &dir).unwrap();
+    assert!(matches!(started, Started::Adopted(_)), "{started:?}");
+    sensor
+        .protect(Protection { rules: h.rules.clone(), homes: both.into_iter().rev().collect(), enforce: false })
+        .unwrap();
+    assert_eq!(pinned_cred_index(&dir, &npmrc), first, "after an adoption");
+    assert_eq!(pinned_cred_index(&dir, &earlier.join(".npmrc")), earlier_index);
+    sensor.finish().unwrap();
+    assert_eq!(pins::stop(&dir).unwrap(), Stopped::Detached { agent: None });
 }

@@ -200,6 +200,23 @@ pub struct AlertCredwatch {
     /// (the first ones, at most 32).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub credentials_touched: Vec<String>,
+    /// On an alert about something done while the agent was down (killed, crashed, stopped):
+    /// the gap, which the kernel side recorded through and the restarted agent caught up on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gap: Option<AlertGap>,
+}
+
+/// The time the agent was down (see [`AlertCredwatch::gap`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AlertGap {
+    /// RFC 3339: the agent's last sign of life (its last heartbeat, or its clean stop).
+    pub down_from: String,
+    /// RFC 3339: when the restarted agent took over.
+    pub down_to: String,
+    pub seconds: f64,
+    /// The agent before stopped cleanly (SIGTERM) rather than died.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub clean_stop: bool,
 }
 
 /// Where a connect went.

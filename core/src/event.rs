@@ -73,6 +73,9 @@ pub enum EventData {
     Connect(Connect),
     /// The process sent a DNS query (a datagram or stream write to port 53).
     DnsQuery(DnsQuery),
+    /// The source was down (the agent dead or stopped) from `since_ns` to the event's time,
+    /// while the kernel side kept recording: the events that follow may be from that time.
+    AgentGap(AgentGap),
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -197,6 +200,16 @@ pub struct Syscall {
 pub struct Root {
     /// Why the process is a root (`run`).
     pub reason: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentGap {
+    /// Wall-clock ns of the last sign of life of the agent before (its last heartbeat, or its
+    /// clean stop).
+    pub since_ns: u64,
+    /// Whether the agent before stopped cleanly (SIGTERM, Ctrl-C) rather than died.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub clean_stop: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

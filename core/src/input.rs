@@ -87,6 +87,10 @@ impl Input {
         Ok(Input { name, reader: BufReader::with_capacity(PEEK, decoded), consumed })
     }
 
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
     pub(crate) fn peek(&mut self) -> Result<&[u8], InputError> {
         let name = &self.name;
         self.reader.fill_buf().map_err(|e| InputError::fatal(name, e.to_string()))

@@ -110,6 +110,13 @@ pub fn render(alert: &Alert, colour: bool) -> String {
     if let Some(why) = &alert.credwatch.why {
         let _ = writeln!(out, "  why      {}", escape(why));
     }
+    if let Some(gap) = &alert.credwatch.gap {
+        let _ = writeln!(
+            out,
+            "  when     credwatch was down, from {} to {} ({:.1} s): caught up on restart",
+            gap.down_from, gap.down_to, gap.seconds
+        );
+    }
     if let Some(file) = &alert.file {
         let _ =
             writeln!(out, "  file     {}  (given as {}, {})", escape(&file.path), escape(&file.given_path), file.flags);

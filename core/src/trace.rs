@@ -17,10 +17,11 @@ use crate::{
 };
 
 /// The trace schema this build writes. 2 added the `rename` and `syscall` kinds and the
-/// `same_file_as` and `blocked` fields of `open`; 3 the `connect` and `dns_query` kinds.
-pub const TRACE_SCHEMA: u32 = 3;
+/// `same_file_as` and `blocked` fields of `open`; 3 the `connect` and `dns_query` kinds; 4 the
+/// `agent_gap` kind.
+pub const TRACE_SCHEMA: u32 = 4;
 /// Trace schemas this build reads: every schema is a subset of the next.
-pub const READABLE_SCHEMAS: std::ops::RangeInclusive<u32> = 1..=3;
+pub const READABLE_SCHEMAS: std::ops::RangeInclusive<u32> = 1..=4;
 
 /// The first line of a trace.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,10 +4,15 @@
 
 pub mod destination;
 pub mod dispatch;
+pub mod falco;
 pub mod file;
 pub mod filter;
+pub mod metrics;
+pub mod nats;
 pub mod spool;
+pub mod syslog;
 mod transport;
+pub mod webhook;
 
 pub use destination::{Destination, DestinationError, SyslogTarget};
 pub use dispatch::{transport_for, Counts, DispatchOptions, Dispatcher, OutputError, DEFAULT_SPOOL_DIR};

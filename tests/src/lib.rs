@@ -146,6 +146,26 @@ impl Sandbox {
         self.dir.path().join("alerts.jsonl")
     }
 
+    /// Where `credwatch watch` run by this sandbox pins its kernel side (`--pin-dir`): its own,
+    /// on bpffs, so that tests neither adopt each other's programs nor leave them attached
+    /// (dropping the sandbox runs `credwatch stop` on it).
+    pub fn pin_dir(&self) -> PathBuf {
+        let name = self.dir.path().file_name().expect("a temp dir has a name").to_string_lossy();
+        // bpffs refuses names with a dot.
+        PathBuf::from("/sys/fs/bpf").join(name.replace('.', "_"))
+    }
+
+    /// `credwatch stop --pin-dir PIN_DIR`: stops a `watch` of this sandbox that is still
+    /// running, detaches its programs and removes the pins.
+    pub fn stop_pinned(&self) -> std::process::Output {
+        Command::new(credwatch_binary())
+            .arg("stop")
+            .arg("--pin-dir")
+            .arg(self.pin_dir())
+            .output()
+            .expect("running credwatch stop")
+    }
+
     /// `home/<relative>`, absolute, as credwatch should report it.
     pub fn credential(&self, relative: &str) -> String {
         self.home().join(relative).to_string_lossy().into_owned()
@@ -179,6 +199,8 @@ impl Sandbox {
             .env("PIP_DISABLE_PIP_VERSION_CHECK", "1")
             .env("PYTHONNOUSERSITE", "1")
             .env("PYTHONDONTWRITEBYTECODE", "1")
+            // Every `watch` of the sandbox pins in its own directory (see `pin_dir`).
+            .env("CREDWATCH_PIN_DIR", self.pin_dir())
             .current_dir(self.work());
         command
     }
@@ -319,6 +341,14 @@ impl Default for Sandbox {
     }
 }
 
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if self.pin_dir().exists() {
+            let _ = self.stop_pinned();
+        }
+    }
+}
+
 /// One finished (or killed) credwatch command.
 pub struct Run {
     /// None when it was killed for running past the timeout.
@@ -443,11 +473,12 @@ impl Sandbox {
         path
     }
 
-    /// Starts `credwatch watch --json --output ALERTS` and waits until it says it is watching.
-    /// Mind that whatever the test itself starts is in the tree of the `cargo` running it.
+    /// Starts `credwatch watch --json --output ALERTS --pin-dir PIN_DIR` and waits until it
+    /// says it is watching. Mind that whatever the test itself starts is in the tree of the
+    /// `cargo` running it.
     pub fn watch(&self) -> Watch<'_> {
         let mut command = self.command(credwatch_binary());
-        command.args(["watch", "--json", "--output"]).arg(self.alerts_file());
+        command.args(["watch", "--json", "--output"]).arg(self.alerts_file()).arg("--pin-dir").arg(self.pin_dir());
         let child = self.spawn(command);
         let mut watch = Watch { sandbox: self, child: Some(child), started: Instant::now() };
         while !self.collect(None, Duration::ZERO).stderr.contains("watching") {
@@ -475,6 +506,16 @@ impl Watch<'_> {
     /// Stops credwatch with SIGTERM (it flushes and prints its summary) and collects the run.
     pub fn stop(mut self) -> Run {
         self.stop_child()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Waits for credwatch to exit by itself (or be killed) and collects the run.
+    pub fn wait(mut self) -> Run {
+        let child = self.child.take().expect("waited once");
+        self.sandbox.wait(child)
     }
 
     fn stop_child(&mut self) -> Run {

@@ -256,6 +256,7 @@ fn watch_reports_an_npm_script_started_after_it() {
     let mut watch = sandbox.command(credwatch_e2e::credwatch_binary());
     // The project's own script is quiet by default: `--watch-project` watches it.
     watch.args(["watch", "--watch-project", "--json", "--output"]).arg(sandbox.alerts_file());
+    watch.arg("--pin-dir").arg(sandbox.pin_dir());
     let mut watcher = sandbox.spawn(watch);
 
     // Attaching takes a moment; repeat the script until its alert shows (or give up).

@@ -1,5 +1,6 @@
 //! `cargo xtask toolchain [--dry-run]`, `cargo xtask build`, `cargo xtask test`,
-//! `cargo xtask bench [--quick] [--no-build] [--only SECTION,...]`, `cargo xtask corpus [OPTIONS]`.
+//! `cargo xtask bench [--quick] [--no-build] [--only SECTION,...]`, `cargo xtask corpus [OPTIONS]`,
+//! `cargo xtask fuzz [--time SECS] [TARGET...]`.
 
 mod bench;
 mod bench_events;
@@ -7,6 +8,7 @@ mod bench_install;
 mod bench_replay;
 mod bench_syscalls;
 mod corpus;
+mod fuzz;
 mod toolchain;
 
 use std::{
@@ -23,8 +25,8 @@ use toolchain::Route;
 const USAGE: &str = "usage: cargo xtask <command>
   toolchain [--dry-run]  check the eBPF toolchain and set it up when missing (--dry-run: only say how)
   build                  toolchain, then the eBPF object and target/release/credwatch
-  test                   build, set up what the tests need, run the unit tests, then (as root) the
-                         end-to-end tests
+  test                   build, set up what the tests need, run the unit tests, fuzz each decoder
+                         for 25s, then (as root) the end-to-end tests
   bench [--quick] [--no-build] [--only syscalls,install,throughput,replay,memory]
                          (root) build, then measure overhead, install workloads, event and replay
                          throughput, memory and start-up, side by side with the hook's floor,
@@ -32,10 +34,17 @@ const USAGE: &str = "usage: cargo xtask <command>
   corpus [--only npm,pip,uv,cargo] [--jobs N] [--list FILE] [--binary PATH] [--timeout SECS]
                          (root, network) install each package of xtask/corpus/packages.txt from its
                          registry under `credwatch run`, with a throwaway HOME of fake credentials:
-                         target/corpus/corpus.md and corpus.json, alerts/<eco>/<pkg>.jsonl";
+                         target/corpus/corpus.md and corpus.json, alerts/<eco>/<pkg>.jsonl
+  fuzz [--time SECS] [TARGET...]
+                         fuzz the core's decoders (record, trace, strace, auditd, tetragon, tracee,
+                         rules; default all) with cargo-fuzz, each for SECS (default 60): fails
+                         naming each crash's reproducer (docs/fuzzing.md)";
 
 /// Everything but the kernel side: builds and tests with stable Rust alone.
 const CORE_CRATE: &str = "credwatch-core";
+
+/// Seconds each fuzz target runs in `cargo xtask test` (seven targets: a few minutes in all).
+const FUZZ_SECS_IN_TEST: u64 = 25;
 
 /// The end-to-end crate: it needs root and the release binary, so it runs after the unit tests.
 const E2E_CRATE: &str = "credwatch-e2e";
@@ -50,6 +59,7 @@ fn main() -> ExitCode {
         ["test"] => test(),
         ["bench", options @ ..] => bench::bench(options),
         ["corpus", options @ ..] => corpus::corpus(options),
+        ["fuzz", options @ ..] => fuzz::fuzz(options),
         #[cfg(feature = "bench-trace")]
         ["bench-gen-trace", file, bytes] => {
             bytes.parse().context("trace size").and_then(|bytes| bench_replay::generate(Path::new(file), bytes))
@@ -146,6 +156,8 @@ fn test() -> Result<()> {
             E2E_CRATE,
         ]),
     )?;
+    // Every decoder of untrusted input meets the fuzzer on every run, briefly (docs/fuzzing.md).
+    fuzz::fuzz_targets(&fuzz::TARGETS.map(|(target, _)| target), FUZZ_SECS_IN_TEST)?;
     if !is_root() {
         bail!("the end-to-end tests load eBPF programs and need root: run `sudo -E cargo xtask test`");
     }
@@ -214,29 +226,34 @@ fn test_prerequisites() -> Result<()> {
     let importable = |modules: &str| {
         Command::new("python3").args(["-c", &format!("import {modules}")]).output().is_ok_and(|o| o.status.success())
     };
-    // The importer tests run the real strace and auditd to make their traces.
-    let missing: Vec<&str> = [("strace", "strace"), ("auditd", "auditd")]
-        .iter()
-        .filter(|(program, _)| toolchain::find_in_path(program).is_none())
-        .map(|(_, package)| *package)
-        .collect();
+    // The importer tests run the real strace and auditd to make their traces; the syslog
+    // output's tests start a real rsyslogd, the NATS output's a real JetStream server, and a
+    // real Prometheus scrapes the metrics.
+    let missing: Vec<&str> = [
+        ("strace", "strace"),
+        ("auditd", "auditd"),
+        ("rsyslogd", "rsyslog"),
+        ("nats-server", "nats-server"),
+        ("prometheus", "prometheus"),
+    ]
+    .iter()
+    .filter(|(program, _)| toolchain::find_in_path(program).is_none())
+    .map(|(_, package)| *package)
+    .collect();
     if !missing.is_empty() {
         if !is_root() || toolchain::find_in_path("apt-get").is_none() {
-            bail!(
-                "the importer tests need {} (as root with apt-get, `cargo xtask test` installs them)",
-                missing.join(" and ")
-            );
+            bail!("the tests need {} (as root with apt-get, `cargo xtask test` installs them)", missing.join(" and "));
         }
         run("refresh the package lists", Command::new("apt-get").args(["update", "-q"]))?;
         run(
-            &format!("install {} (the importer tests run them)", missing.join(" and ")),
+            &format!("install {} (the tests run them)", missing.join(" and ")),
             Command::new("apt-get").args(["install", "-y", "--no-install-recommends"]).args(&missing),
         )?;
     }
     build_requirement_wheels()?;
     if importable("setuptools, wheel, uv") {
         println!(
-            "xtask: test prerequisites: node, npm, strace, auditd, python3 with setuptools, wheel and uv: present"
+            "xtask: test prerequisites: node, npm, strace, auditd, rsyslogd, nats-server, prometheus, python3 with setuptools, wheel and uv: present"
         );
         return Ok(());
     }

@@ -103,6 +103,21 @@ impl CredentialTable {
         self.paths.get(index as usize).map(String::as_str)
     }
 
+    /// Every path, by index.
+    pub fn paths(&self) -> impl Iterator<Item = &str> {
+        self.paths.iter().map(String::as_str)
+    }
+
+    /// Takes the paths (by index) of the table of the agent before, whose indexes are still in
+    /// the kernel's map and in records not yet read. Only on a table that has none yet.
+    pub fn restore(&mut self, paths: Vec<String>) {
+        if !self.paths.is_empty() {
+            return;
+        }
+        self.indexes = paths.iter().enumerate().map(|(index, path)| (path.clone(), index as u32)).collect();
+        self.paths = paths;
+    }
+
     /// Finds every existing file that a rule targets.
     pub fn scan(&mut self) -> Scan {
         let mut scan = Scan::default();
@@ -315,6 +330,24 @@ rules:
         let meta = fs::metadata(home.join(".ssh/id_rsa")).unwrap();
         let key = InodeKey { dev: kernel_dev(meta.dev()), ino: meta.ino() };
         assert_eq!(table.path(scan.inodes[&key].index), Some(path(".ssh/id_rsa").as_str()));
+    }
+
+    #[test]
+    fn a_restored_table_keeps_the_indexes_of_the_agent_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().to_path_buf();
+        fs::write(home.join(".npmrc"), "t").unwrap();
+        let npmrc = home.join(".npmrc").to_string_lossy().into_owned();
+        let before = vec!["/gone/.ssh/id_rsa".to_owned(), npmrc.clone()];
+        let mut table = CredentialTable::new(rules(RULES), [home.clone()]);
+        table.restore(before.clone());
+        let scan = table.scan();
+        assert_eq!(scan.inodes.values().map(|cred| cred.index).collect::<Vec<_>>(), [1]);
+        assert_eq!(table.path(0), Some("/gone/.ssh/id_rsa"));
+        assert_eq!(table.paths().collect::<Vec<_>>(), [before[0].as_str(), npmrc.as_str()]);
+        // Only a table with no index yet takes them.
+        table.restore(vec!["/other".to_owned()]);
+        assert_eq!(table.path(0), Some("/gone/.ssh/id_rsa"));
     }
 
     #[test]

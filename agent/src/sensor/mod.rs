@@ -6,25 +6,26 @@ mod canary;
 pub mod credentials;
 mod doctor;
 pub mod offsets;
+pub mod pins;
 mod project;
 mod seed;
 
 use std::{
     io,
     os::fd::{AsFd, AsRawFd},
-    path::Path,
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
 use aya::{
-    maps::{Array, HashMap, MapData, MapError, PerCpuArray, RingBuf},
-    programs::{Program, ProgramError, RawTracePoint, TracePoint},
+    maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, RingBuf},
+    programs::{links::FdLink, Program, ProgramError, RawTracePoint, TracePoint},
     Ebpf, EbpfError, EbpfLoader,
 };
 use credwatch_common::{
     config_flag, lost_index, manager_flag, mark_flag, net_syscall, open_syscall, rename_syscall, syscall_family,
     tamper_syscall, Config, CredInode, HookedSyscall, InodeKey, ManagerValue, Mark, SparedExe, MANAGER_NAME_LEN,
-    MODULE_KEY_LEN,
+    MAX_EXEC_RECORD, MODULE_KEY_LEN,
 };
 use thiserror::Error;
 
@@ -33,9 +34,10 @@ use self::{
     btf::BtfError,
     canary::{Canary, Verdict, CANARY_INTERVAL},
     credentials::{CredentialTable, RESCAN_INTERVAL},
+    pins::{Gap, Pins, Started, FORK_RECORD},
 };
 use credwatch_core::{
-    event::{Event, EventData, Lost},
+    event::{AgentGap, Event, EventData, Lost},
     record::{self, Decoder},
     rules::{manager::Manager, schema::Action, Rule, RuleSet},
 };
@@ -191,6 +193,20 @@ pub enum SensorError {
     Proc(io::Error),
     #[error("waiting for the ring buffer: {0}")]
     Poll(io::Error),
+    #[error("mounting bpffs at /sys/fs/bpf: {0}")]
+    Bpffs(io::Error),
+    #[error("{path}: {source}")]
+    PinDir { path: PathBuf, source: io::Error },
+    #[error("pinning {path}: {source}")]
+    Pin { path: PathBuf, source: aya::pin::PinError },
+    #[error("pinned map {path}: {source}")]
+    PinnedMap { path: PathBuf, source: MapError },
+    #[error("the link of program `{name}` cannot be pinned: {source}")]
+    Link { name: &'static str, source: aya::programs::links::LinkError },
+    #[error(
+        "credwatch (pid {pid}) is already running the kernel programs pinned in {dir}; `credwatch stop --pin-dir {dir}` stops it"
+    )]
+    AlreadyRunning { pid: u32, dir: String },
 }
 
 /// The `Lost` event sources (`Lost::source`) of the sensor.
@@ -254,7 +270,10 @@ pub struct Protection {
 }
 
 pub struct Sensor {
-    ebpf: Ebpf,
+    /// The loaded object, held for its programs: without pins they own their links, and
+    /// dropping it detaches them. None when the kernel side was adopted from pins.
+    _ebpf: Option<Ebpf>,
+    marks: HashMap<MapData, u32, Mark>,
     events: RingBuf<MapData>,
     priority: RingBuf<MapData>,
     lost: PerCpuArray<MapData, u64>,
@@ -266,15 +285,39 @@ pub struct Sensor {
     protected: Option<RuleSet>,
     /// With [`Sensor::protect`]: the table and when to scan it next.
     credentials: Option<(CredentialTable, Instant)>,
+    /// Adopted: the credential paths of the agent before, for the table (its indexes are in
+    /// `CRED_INODES` and in the records that waited).
+    restored_paths: Vec<String>,
     canary: Option<Canary>,
     next_canary: Instant,
     /// When the bulk ring was last read (see [`BATCH_INTERVAL`]).
     last_drain: Instant,
     decoder: Decoder,
     stats: SensorStats,
+    /// The pinned set this agent runs (`watch`), or none (`run`: detached at exit).
+    pins: Option<Pins>,
+    /// Adopted from pins: the gap, until [`Sensor::seed`] reports it.
+    gap: Option<Gap>,
 }
 
 impl Sensor {
+    /// Stops the sensor. A pinned kernel side stays attached and recording for the next agent,
+    /// which is told this one stopped cleanly; its directory is returned. Otherwise the programs
+    /// are detached (see [`Sensor::detach_in_background`]).
+    pub fn finish(mut self) -> Result<Option<PathBuf>, SensorError> {
+        match self.pins.take() {
+            Some(pins) => {
+                let dir = pins.dir.clone();
+                pins.leave()?;
+                Ok(Some(dir))
+            }
+            None => {
+                self.detach_in_background();
+                Ok(None)
+            }
+        }
+    }
+
     /// Stops the sensor without making the caller wait for the kernel: closing each program's
     /// link waits for an RCU grace period (tens of ms apiece here, seconds for all of them), so
     /// a child process inherits the links and closes them once this process has exited. The
@@ -459,8 +502,122 @@ pub fn manager_keys(managers: &[Manager]) -> Result<ManagerKeys, SensorError> {
 impl Sensor {
     /// Loads and attaches the kernel programs. With `auto_roots`, an exec of one of `managers`
     /// makes a package root (`watch`); without, only [`Sensor::mark_root`] and [`Sensor::seed`]
-    /// do (`run`).
+    /// do (`run`). They are detached when the sensor stops.
     pub fn start(managers: &[Manager], auto_roots: bool) -> Result<Sensor, SensorError> {
+        Sensor::load(managers, auto_roots, None)
+    }
+
+    /// Like [`Sensor::start`] with `auto_roots` (`watch`), with a kernel side that outlives
+    /// the agent, pinned in `dir` (see [`pins`]): a set of this build pinned there is adopted
+    /// (programs never detached, what waited in the ring buffers read next), any other set is
+    /// replaced. [`Sensor::finish`] leaves the set pinned; [`pins::stop`] detaches it.
+    pub fn start_pinned(managers: &[Manager], dir: &Path) -> Result<(Sensor, Started), SensorError> {
+        pins::ensure_bpffs()?;
+        pins::remove_abandoned(dir)?;
+        let mut replaced = None;
+        if dir.exists() {
+            pins::check_is_set(dir)?;
+            match pins::read_state(dir) {
+                Ok(state) => {
+                    if let Some(pid) = pins::running_agent(&state) {
+                        return Err(SensorError::AlreadyRunning { pid, dir: dir.display().to_string() });
+                    }
+                    if state.object_id == pins::object_id() {
+                        match Sensor::adopt(managers, dir, state) {
+                            Ok(sensor) => {
+                                let started = sensor.gap.map_or(Started::Fresh, Started::Adopted);
+                                return Ok((sensor, started));
+                            }
+                            Err(error) => replaced = Some(format!("adopting it failed: {error}")),
+                        }
+                    } else {
+                        replaced = Some("it was loaded from another build of the eBPF programs".to_owned());
+                    }
+                }
+                Err(why) => replaced = Some(why),
+            }
+        }
+        // Built aside and moved into place whole; the set it replaces runs until then.
+        let building = pins::building_dir(dir);
+        pins::create_dir(&building)?;
+        let result = Sensor::load(managers, true, Some(&building)).and_then(|mut sensor| {
+            if replaced.is_some() {
+                pins::remove(dir)?;
+            }
+            pins::publish(&building, dir)?;
+            if let Some(pins) = &mut sensor.pins {
+                pins.dir = dir.to_path_buf();
+            }
+            Ok(sensor)
+        });
+        match result {
+            Ok(sensor) => Ok((sensor, replaced.map_or(Started::Fresh, Started::Replaced))),
+            Err(error) => {
+                let _ = pins::remove(&building);
+                Err(error)
+            }
+        }
+    }
+
+    /// Takes over the set pinned in `dir` by an agent of this build that is gone: the maps are
+    /// opened, the agent's pid in `CONFIG` (spared from reports, protected by `--enforce`)
+    /// becomes this one, and the managers come from the rules of now.
+    fn adopt(managers: &[Manager], dir: &Path, previous: pins::AgentState) -> Result<Sensor, SensorError> {
+        raise_memlock()?;
+        let keys = manager_keys(managers)?;
+        let until_boot_ns = boot_ns();
+        let mut pins = Pins::open(dir)?;
+        let mut config_map: Array<MapData, Config> = pins::open_map(dir, "CONFIG", Map::Array)?;
+        let mut config = config_map.get(&0, 0).map_err(map_err("CONFIG"))?;
+        config.agent_tgid = std::process::id();
+        // `--enforce` stays as it was until [`Sensor::protect`] says.
+        config.flags = config_flag::AUTO_ROOTS | (config.flags & config_flag::ENFORCE);
+        config_map.set(0, config, 0).map_err(map_err("CONFIG"))?;
+        let mut manager_map: HashMap<MapData, [u8; MANAGER_NAME_LEN], ManagerValue> =
+            pins::open_map(dir, "MANAGERS", Map::HashMap)?;
+        let mut module_map: HashMap<MapData, [u8; MODULE_KEY_LEN], u32> =
+            pins::open_map(dir, "MANAGER_MODULES", Map::HashMap)?;
+        let mut script_map: HashMap<MapData, [u8; MANAGER_NAME_LEN], u32> =
+            pins::open_map(dir, "MANAGER_SCRIPTS", Map::HashMap)?;
+        replace_entries(&mut manager_map, &keys.names).map_err(map_err("MANAGERS"))?;
+        replace_entries(&mut module_map, &keys.modules).map_err(map_err("MANAGER_MODULES"))?;
+        replace_entries(&mut script_map, &keys.scripts).map_err(map_err("MANAGER_SCRIPTS"))?;
+        pins.claim()?;
+        let restored_paths = pins.cred_paths();
+        pins.cred_paths_kept = restored_paths.len();
+        let [lost, priority_lost, marks_full] = previous.lost_seen;
+        let decoder = Decoder::new();
+        Ok(Sensor {
+            _ebpf: None,
+            marks: pins::open_map(dir, "MARKS", Map::HashMap)?,
+            events: pins::open_map(dir, "EVENTS", Map::RingBuf)?,
+            priority: pins::open_map(dir, "PRIORITY", Map::RingBuf)?,
+            lost: pins::open_map(dir, "LOST", Map::PerCpuArray)?,
+            config_map,
+            config,
+            cred_map: pins::open_map(dir, "CRED_INODES", Map::HashMap)?,
+            spared_map: pins::open_map(dir, "SPARED_EXES", Map::HashMap)?,
+            protected: None,
+            credentials: None,
+            restored_paths,
+            canary: None,
+            next_canary: Instant::now() + CANARY_INTERVAL,
+            last_drain: Instant::now(),
+            decoder,
+            stats: SensorStats { lost, priority_lost, marks_full, ..SensorStats::default() },
+            pins: Some(pins),
+            gap: Some(Gap {
+                since_ns: decoder.wall_ns(previous.heartbeat_ns),
+                until_ns: decoder.wall_ns(until_boot_ns),
+                clean_stop: previous.clean_stop == 1,
+                previous_pid: previous.agent_tgid,
+            }),
+        })
+    }
+
+    /// Loads and attaches the programs; with `pin_to`, pins the maps the agent reads and the
+    /// links there (a set being built), so that the programs stay attached without the agent.
+    fn load(managers: &[Manager], auto_roots: bool, pin_to: Option<&Path>) -> Result<Sensor, SensorError> {
         ensure_tracefs()?;
         raise_memlock()?;
         let keys = manager_keys(managers)?;
@@ -474,6 +631,13 @@ impl Sensor {
             let ebpf = loader.join().map_err(|_| SensorError::LoaderPanicked)?;
             Ok::<_, SensorError>((offsets?, ebpf?))
         })?;
+        if let Some(dir) = pin_to {
+            for &name in pins::PINNED_MAPS {
+                let map = ebpf.map(name).ok_or(SensorError::Missing { what: "map", name })?;
+                let path = dir.join(name);
+                map.pin(&path).map_err(|source| SensorError::Pin { path, source })?;
+            }
+        }
 
         let config = Config {
             offsets,
@@ -502,6 +666,7 @@ impl Sensor {
         let lost: PerCpuArray<MapData, u64> = take_typed(&mut ebpf, "LOST")?;
         let cred_map: HashMap<MapData, InodeKey, CredInode> = take_typed(&mut ebpf, "CRED_INODES")?;
         let spared_map: HashMap<MapData, InodeKey, SparedExe> = take_typed(&mut ebpf, "SPARED_EXES")?;
+        let marks: HashMap<MapData, u32, Mark> = take_typed(&mut ebpf, "MARKS")?;
 
         let has_tracepoint =
             |category: &str, name: &str| Path::new(TRACEFS).join("events").join(category).join(name).is_dir();
@@ -532,13 +697,24 @@ impl Sensor {
             COSTLIEST_TO_VERIFY.iter().position(|costly| costly == name).unwrap_or(COSTLIEST_TO_VERIFY.len())
         });
         load_programs(&mut ebpf, &wanted)?;
+        // A pinned link keeps its program attached once this process has closed it.
+        let pin_link = |name: &'static str, tracepoint: &str, link: Result<FdLink, _>| -> Result<(), SensorError> {
+            let Some(dir) = pin_to else { return Ok(()) };
+            let path = dir.join(format!("link_{tracepoint}"));
+            let link = link.map_err(|source| SensorError::Link { name, source })?;
+            link.pin(&path).map_err(|source| SensorError::Pin { path, source })?;
+            Ok(())
+        };
         for &name in RAW_TRACEPOINTS {
             let program: &mut RawTracePoint = ebpf
                 .program_mut(name)
                 .ok_or(SensorError::Missing { what: "program", name })?
                 .try_into()
                 .map_err(program_err(name))?;
-            program.attach(name).map_err(program_err(name))?;
+            let link = program.attach(name).map_err(program_err(name))?;
+            if pin_to.is_some() {
+                pin_link(name, name, Ok(FdLink::from(program.take_link(link).map_err(program_err(name))?)))?;
+            }
         }
         let mut attach = |name: &'static str, category: &'static str, tracepoint: String| -> Result<(), SensorError> {
             let loaded: &mut TracePoint = ebpf
@@ -547,6 +723,10 @@ impl Sensor {
                 .try_into()
                 .map_err(program_err(name))?;
             match loaded.attach(category, &tracepoint) {
+                Ok(link) if pin_to.is_some() => {
+                    let link = loaded.take_link(link).map_err(program_err(name))?;
+                    pin_link(name, &tracepoint, FdLink::try_from(link))
+                }
                 Ok(_) => Ok(()),
                 Err(source) => Err(SensorError::Attach { name, category, tracepoint, source: Box::new(source) }),
             }
@@ -561,8 +741,10 @@ impl Sensor {
         if uring {
             attach(URING_PROGRAM, "io_uring", URING_PROGRAM.to_owned())?;
         }
+        let pins = pin_to.map(Pins::create).transpose()?;
         Ok(Sensor {
-            ebpf,
+            _ebpf: Some(ebpf),
+            marks,
             events,
             priority,
             lost,
@@ -572,11 +754,14 @@ impl Sensor {
             spared_map,
             protected: None,
             credentials: None,
+            restored_paths: Vec::new(),
             canary: None,
             next_canary: Instant::now() + CANARY_INTERVAL,
             last_drain: Instant::now(),
             decoder,
             stats: SensorStats::default(),
+            pins,
+            gap: None,
         })
     }
 
@@ -584,7 +769,14 @@ impl Sensor {
     /// [`RESCAN_INTERVAL`] from [`Sensor::poll`]) and, with `enforce`, turns blocking on.
     pub fn protect(&mut self, protection: Protection) -> Result<(), SensorError> {
         self.config.block_syscalls = block_syscalls(protection.rules.rules());
-        let table = CredentialTable::new(protection.rules.rules().to_vec(), protection.homes);
+        let mut table = CredentialTable::new(protection.rules.rules().to_vec(), protection.homes);
+        // The indexes in flight (records not yet read, and the pinned set's) stay valid: the
+        // table before this one (a reload), or the one of the agent before (an adoption).
+        let before = match self.credentials.take() {
+            Some((before, _)) => before.paths().map(str::to_owned).collect(),
+            None => std::mem::take(&mut self.restored_paths),
+        };
+        table.restore(before);
         self.credentials = Some((table, Instant::now()));
         self.protected = Some(protection.rules);
         self.rescan()?;
@@ -613,6 +805,14 @@ impl Sensor {
             }
         }
         self.stats.credential_files = scan.inodes.len() as u64;
+        if let Some(pins) = &mut self.pins {
+            pins.keep_cred_paths(table.paths())?;
+            // Not before the kept records of the gap are read: processes that exited while no
+            // agent ran are gone, and still needed.
+            if self.gap.is_none() {
+                pins.prune();
+            }
+        }
         // Executables change on upgrades: their inodes too.
         if let Some(rules) = &self.protected {
             let (exes, root_managers) = credentials::spared(rules);
@@ -632,27 +832,26 @@ impl Sensor {
         Ok(())
     }
 
-    fn marks(&mut self) -> Result<HashMap<&mut MapData, u32, Mark>, SensorError> {
-        let map = self.ebpf.map_mut("MARKS").ok_or(SensorError::Missing { what: "map", name: "MARKS" })?;
-        HashMap::try_from(map).map_err(map_err("MARKS"))
-    }
-
     /// Makes `pid` a package root (`credwatch run`: call it before CMD execs).
     pub fn mark_root(&mut self, pid: u32) -> Result<(), SensorError> {
         let mark = Mark { root_pid: pid, depth: 0, manager: NO_MANAGER, flags: mark_flag::BY_AGENT };
-        self.marks()?.insert(pid, mark, 0).map_err(map_err("MARKS"))
+        self.marks.insert(pid, mark, 0).map_err(map_err("MARKS"))
     }
 
     /// Finds the package trees already running (processes under a manager, per
     /// [`credwatch_core::rules::manager::root_manager`]), marks them in the kernel and returns an
     /// `Exec { seeded: true }` event for each, parents first. A process that the kernel
     /// already marked keeps its mark.
+    ///
+    /// After an adoption ([`Started::Adopted`]) they come after an `AgentGap` event and the
+    /// trees the agent before saw start (see [`pins`]), so that what their processes did while
+    /// no agent ran, read next from the ring buffers, is attributed.
     pub fn seed(&mut self, managers: &[Manager]) -> Result<Vec<Event>, SensorError> {
         let decoder = self.decoder;
+        let mut events = self.gap_events();
         let found =
             seed::scan(Path::new("/proc"), managers, std::process::id(), &decoder).map_err(SensorError::Proc)?;
-        let mut marks = self.marks()?;
-        let mut events = Vec::with_capacity(found.len());
+        let marks = &mut self.marks;
         for (event, mark) in found {
             if marks.get(&event.pid, 0).is_err() {
                 let mark = Mark { flags: mark.flags | mark_flag::BY_AGENT, ..mark };
@@ -667,6 +866,39 @@ impl Sensor {
             events.push(event);
         }
         Ok(events)
+    }
+
+    /// The gap since the agent before (once), then the execs and forks it kept of the
+    /// processes still in a tree when it went, as `seeded` execs and forks in time order.
+    fn gap_events(&mut self) -> Vec<Event> {
+        let (Some(gap), Some(pins)) = (self.gap.take(), &self.pins) else { return Vec::new() };
+        let mut kept = Vec::new();
+        let no_cred_path = |_: u32| None;
+        let records = pins.execs.iter().filter_map(Result::ok).map(|(_, record)| record.to_vec());
+        let forks = pins.forks.iter().filter_map(Result::ok).map(|(_, record)| record.to_vec());
+        for record in records.chain(forks) {
+            // The header's `size` (after `kind`) says how much of the zero-padded value is the record.
+            let size = record.get(4..8).map_or(0, |b| u32::from_ne_bytes(b.try_into().unwrap_or_default()) as usize);
+            let Ok(mut event) = self.decoder.decode(&record[..size.min(record.len())], &no_cred_path) else {
+                self.stats.malformed += 1;
+                continue;
+            };
+            if let EventData::Exec(exec) = &mut event.data {
+                exec.seeded = true;
+                exec.project = project::for_exec(&exec.executable, &exec.args, &exec.cwd);
+                if let (Some(home), Some((table, next))) = (exec.env.get("HOME"), &mut self.credentials) {
+                    if table.add_home(Path::new(home)) {
+                        *next = Instant::now();
+                    }
+                }
+            }
+            kept.push(event);
+        }
+        kept.sort_by_key(|event| event.time_ns);
+        let data = EventData::AgentGap(AgentGap { since_ns: gap.since_ns, clean_stop: gap.clean_stop });
+        let mut events = vec![Event { time_ns: gap.until_ns, pid: 0, data }];
+        events.append(&mut kept);
+        events
     }
 
     /// Waits up to `timeout` for records and appends their events to `out`, returning as soon
@@ -692,6 +924,9 @@ impl Sensor {
             self.drain(out);
             self.check_lost(out)?;
             self.tend_canary(out)?;
+            if let Some(pins) = &mut self.pins {
+                pins.tick([self.stats.lost, self.stats.priority_lost, self.stats.marks_full])?;
+            }
             if signalled || out.len() > before || Instant::now() >= deadline {
                 return Ok(());
             }
@@ -704,7 +939,7 @@ impl Sensor {
     fn drain(&mut self, out: &mut Vec<Event>) {
         self.last_drain = Instant::now();
         let before = out.len();
-        let Sensor { events, priority, decoder, stats, credentials, canary, .. } = self;
+        let Sensor { events, priority, decoder, stats, credentials, canary, pins, .. } = self;
         let mut homes = Vec::new();
         {
             let table = credentials.as_ref().map(|(table, _)| table);
@@ -717,6 +952,9 @@ impl Sensor {
                             if let Some(canary) = canary.as_mut().filter(|c| c.pid == event.pid) {
                                 canary.saw(&event.data);
                                 continue;
+                            }
+                            if let Some(pins) = pins.as_mut() {
+                                keep(pins, &item, &event);
                             }
                             if let EventData::Exec(exec) = &mut event.data {
                                 homes.extend(exec.env.get("HOME").cloned());
@@ -767,7 +1005,7 @@ impl Sensor {
             if let Some(canary) = self.canary.take() {
                 // The exit program removes the mark, unless it is the one detached. Before the
                 // child is reaped: then its pid may be reused, and must not carry the mark.
-                let _ = self.marks()?.remove(&canary.pid);
+                let _ = self.marks.remove(&canary.pid);
                 canary.finish();
             }
             if let Verdict::Missing(_) = verdict {
@@ -790,9 +1028,7 @@ impl Sensor {
             return Ok(());
         };
         let mark = Mark { root_pid: canary.pid, depth: 0, manager: NO_MANAGER, flags: mark_flag::BY_AGENT };
-        if let Err(error) =
-            self.marks().and_then(|mut marks| marks.insert(canary.pid, mark, 0).map_err(map_err("MARKS")))
-        {
+        if let Err(error) = self.marks.insert(canary.pid, mark, 0).map_err(map_err("MARKS")) {
             canary.finish();
             return Err(error);
         }
@@ -833,6 +1069,47 @@ impl Sensor {
     pub fn stats(&self) -> SensorStats {
         self.stats
     }
+}
+
+/// Keeps the exec and fork records of live tree members in the pinned set, for the agent after
+/// this one (see [`pins`]); drops them at the exit. Best effort: a full map costs only the
+/// attribution of that process's actions after a restart.
+fn keep(pins: &mut Pins, record: &[u8], event: &Event) {
+    match &event.data {
+        EventData::Exec(_) => {
+            let mut value = Box::new([0u8; MAX_EXEC_RECORD]);
+            let size = record.len().min(MAX_EXEC_RECORD);
+            value[..size].copy_from_slice(&record[..size]);
+            let _ = pins.execs.insert(event.pid, value, 0);
+        }
+        EventData::Fork(fork) => {
+            let mut value = [0u8; FORK_RECORD];
+            let size = record.len().min(FORK_RECORD);
+            value[..size].copy_from_slice(&record[..size]);
+            let _ = pins.forks.insert(fork.child_pid, value, 0);
+        }
+        EventData::Exit(_) => {
+            let _ = pins.execs.remove(&event.pid);
+            let _ = pins.forks.remove(&event.pid);
+        }
+        _ => {}
+    }
+}
+
+/// Makes `map` hold exactly `entries`.
+fn replace_entries<K: aya::Pod + Eq, V: aya::Pod>(
+    map: &mut HashMap<MapData, K, V>,
+    entries: &[(K, V)],
+) -> Result<(), MapError> {
+    let stale: Vec<K> =
+        map.keys().filter_map(Result::ok).filter(|key| !entries.iter().any(|(k, _)| k == key)).collect();
+    for key in stale {
+        map.remove(&key)?;
+    }
+    for (key, value) in entries {
+        map.insert(key, value, 0)?;
+    }
+    Ok(())
 }
 
 fn take_typed<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, SensorError>

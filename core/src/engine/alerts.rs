@@ -256,7 +256,7 @@ fn sweep_rotate(rules: &RuleSet, indices: &BTreeSet<usize>) -> Vec<String> {
     out
 }
 
-fn rfc3339(time_ns: u64) -> String {
+pub(super) fn rfc3339(time_ns: u64) -> String {
     OffsetDateTime::from_unix_timestamp_nanos(i128::from(time_ns))
         .ok()
         .and_then(|t| t.format(&Rfc3339).ok())

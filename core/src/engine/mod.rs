@@ -36,7 +36,7 @@ use self::{
     process::{Proc, Tree},
 };
 use crate::{
-    alert::Alert,
+    alert::{Alert, AlertGap},
     event::{Event, EventData},
     rules::RuleSet,
 };
@@ -98,6 +98,10 @@ pub struct Engine {
     stats: EngineStats,
     /// Credentials touched per tree and names looked up per process (see `egress`).
     egress: egress::Egress,
+    /// The last time the source was down (`AgentGap`): alerts on events of that time say so.
+    gap: Option<AlertGap>,
+    /// The gap's bounds, wall-clock ns.
+    gap_ns: (u64, u64),
 }
 
 impl Engine {
@@ -112,6 +116,8 @@ impl Engine {
             pending: Vec::new(),
             stats: EngineStats::default(),
             egress: egress::Egress::default(),
+            gap: None,
+            gap_ns: (0, 0),
         }
     }
 
@@ -196,8 +202,23 @@ impl Engine {
                 self.stats.lost += lost.count;
                 Vec::new()
             }
+            EventData::AgentGap(gap) => {
+                self.gap_ns = (gap.since_ns, event.time_ns);
+                self.gap = Some(AlertGap {
+                    down_from: alerts::rfc3339(gap.since_ns),
+                    down_to: alerts::rfc3339(event.time_ns),
+                    seconds: event.time_ns.saturating_sub(gap.since_ns) as f64 / 1e9,
+                    clean_stop: gap.clean_stop,
+                });
+                Vec::new()
+            }
         };
         alerts.append(&mut self.pending);
+        if let Some(gap) = self.gap.as_ref().filter(|_| (self.gap_ns.0..=self.gap_ns.1).contains(&event.time_ns)) {
+            for alert in &mut alerts {
+                alert.credwatch.gap = Some(gap.clone());
+            }
+        }
         self.stats.alerts += alerts.len() as u64;
         set_ids(&mut alerts);
         alerts

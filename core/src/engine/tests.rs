@@ -434,6 +434,37 @@ fn lost_events_are_counted() {
 }
 
 #[test]
+fn alerts_on_events_of_an_agent_gap_say_how_long_it_was_down() {
+    let mut run = Run::new();
+    run.exec(100, 1, &["npm", "install"], &[]).spawn(101, 100, &["sh", "-c", "x"], POSTINSTALL);
+    let down = run.time_ns + 1_000_000_000;
+    let read_meanwhile = down + 500_000_000;
+    let up = down + 2_500_000_000;
+    let gap = crate::event::AgentGap { since_ns: down, clean_stop: false };
+    // As the restarted agent sends them: the gap first, then what waited in the kernel.
+    assert!(run.engine.handle(&Event { time_ns: up, pid: 0, data: EventData::AgentGap(gap) }).is_empty());
+    let open = |path: &str| {
+        let abs_path = Some(path.to_owned());
+        EventData::Open(Open {
+            tid: 101,
+            syscall: "openat".into(),
+            dirfd: AT_FDCWD,
+            path: path.into(),
+            abs_path,
+            ret: 3,
+            ..Open::default()
+        })
+    };
+    let during = run.engine.handle(&Event { time_ns: read_meanwhile, pid: 101, data: open("/home/alice/.ssh/id_rsa") });
+    let gap = during[0].credwatch.gap.as_ref().expect("the alert of the gap says so");
+    assert_eq!((gap.seconds, gap.clean_stop), (2.5, false));
+    assert_eq!(gap.down_from, super::alerts::rfc3339(down));
+    assert_eq!(gap.down_to, super::alerts::rfc3339(up));
+    let after = run.engine.handle(&Event { time_ns: up + 1, pid: 101, data: open("/home/alice/.aws/credentials") });
+    assert!(!after.is_empty() && after.iter().all(|alert| alert.credwatch.gap.is_none()), "{after:#?}");
+}
+
+#[test]
 fn live_tree_describes_members_escaped() {
     let mut run = Run::new();
     run.exec(100, 1, &["npm", "install"], &[]).spawn(101, 100, &["node", "-e", "a\x1b[2Jb"], &[]);

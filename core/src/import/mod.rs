@@ -13,6 +13,7 @@ mod tracee;
 use std::{
     collections::{HashMap, VecDeque},
     fmt,
+    io::Read,
     path::{Path, PathBuf},
     sync::{atomic::AtomicU64, Arc},
 };
@@ -151,8 +152,30 @@ pub fn detect(first_bytes: &[u8]) -> Option<Format> {
 /// Opens one input (`-` for standard input) as `from`, or as the format detected from its
 /// first bytes. `.gz` and `.zst` are recognised by their magic bytes.
 pub fn open(path: &Path, from: Option<Format>, options: &ImportOptions) -> Result<Box<dyn EventSource>, ImportError> {
-    let name = path.display().to_string();
-    let mut input = Input::open(path, Arc::default())?;
+    let input = Input::open(path, Arc::default())?;
+    open_input(input, from, || strace_date(path, options))
+}
+
+/// [`open`] for an input already in hand (named `name` in messages; a `name.<pid>` name gives
+/// strace's pid as for `-ff` files). strace times get `options.date`, or 1970-01-01 as for
+/// standard input.
+pub fn open_reader(
+    name: &str,
+    raw: Box<dyn Read + Send>,
+    from: Option<Format>,
+    options: &ImportOptions,
+) -> Result<Box<dyn EventSource>, ImportError> {
+    let input = Input::new(name.to_owned(), raw, Arc::default())?;
+    open_input(input, from, || strace_date(Path::new("-"), options))
+}
+
+/// The source for `input`, as `from` or detected; `strace_date` is asked only for strace.
+fn open_input(
+    mut input: Input,
+    from: Option<Format>,
+    strace_date: impl FnOnce() -> Result<time::Date, ImportError>,
+) -> Result<Box<dyn EventSource>, ImportError> {
+    let name = input.name().to_owned();
     let format = match from {
         Some(format) => format,
         None => detect(input.peek()?).ok_or_else(|| {
@@ -162,8 +185,8 @@ pub fn open(path: &Path, from: Option<Format>, options: &ImportOptions) -> Resul
     Ok(match format {
         Format::Credwatch => Box::new(CredwatchSource(TraceReader::from_input(input)?)),
         Format::Strace => {
-            let date = strace_date(path, options)?;
-            Box::new(strace::StraceSource::new(vec![(input.into_lines(), ff_pid(path))], name, date))
+            let pid = ff_pid(Path::new(&name));
+            Box::new(strace::StraceSource::new(vec![(input.into_lines(), pid)], name, strace_date()?))
         }
         Format::Auditd => {
             let host = first_line(input.peek()?).and_then(auditd::node_name);
@@ -542,5 +565,30 @@ mod tests {
         let formats: Vec<Format> = sources.iter().map(|s| s.format()).collect();
         assert_eq!(formats, [Format::Strace, Format::Tracee]);
         assert!(sources[0].name().ends_with("run.*"), "{}", sources[0].name());
+    }
+
+    #[test]
+    fn opens_in_memory_input_as_given_or_detected_compressed_or_not() {
+        let tetragon = include_bytes!("../../tests/fixtures/import/tetragon/npm-install.jsonl");
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, tetragon).unwrap();
+        let gz = gz.finish().unwrap();
+        let options = ImportOptions::default();
+        for (bytes, from) in [(&tetragon[..], None), (&gz[..], None), (&gz[..], Some(Format::Tetragon))] {
+            let mut source =
+                open_reader("t.jsonl", Box::new(std::io::Cursor::new(bytes.to_vec())), from, &options).unwrap();
+            assert_eq!((source.name(), source.format()), ("t.jsonl", Format::Tetragon));
+            assert!(source.next_event().unwrap().is_some());
+        }
+        let error =
+            open_reader("x", Box::new(std::io::Cursor::new(b"hello\n".to_vec())), None, &options).err().unwrap();
+        assert_eq!(
+            error.to_string(),
+            "x: unrecognised trace format (use --from credwatch|strace|auditd|tetragon|tracee)"
+        );
+        // strace times from standard input or memory: 1970-01-01 unless a date is given.
+        let strace = b"5 00:00:01.000000 exit_group(0) = ?\n5 00:00:01.000000 +++ exited with 0 +++\n";
+        let mut source = open_reader("s", Box::new(std::io::Cursor::new(strace.to_vec())), None, &options).unwrap();
+        assert_eq!(source.next_event().unwrap().unwrap().time_ns, 1_000_000_000);
     }
 }

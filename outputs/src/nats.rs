@@ -1,0 +1,269 @@
+//! NATS JetStream, the fleet's bus: each alert published on `<prefix>.<host>` with its id as
+//! `Nats-Msg-Id` (the stream drops a repeat within its duplicate window), and delivered only
+//! once the stream has acknowledged it. The official client, async-nats, speaks the protocol.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_nats::connection::State;
+use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::{self, Context};
+use async_nats::{Client, ConnectOptions, ServerAddr};
+
+use crate::webhook::{tls_config, TlsError};
+use crate::{Outgoing, Transport, TransportError};
+
+/// Publishes awaiting their acknowledgement at most, per batch. The client holds at most 5,000
+/// (its `max_ack_inflight`) and waits for a free one beyond: a larger window would wait on
+/// acknowledgements that are only read after it.
+const ACK_WINDOW: usize = 500;
+
+#[derive(Clone, Debug)]
+pub struct NatsOptions {
+    /// A `.creds` file (JWT and NKey seed), read at construction.
+    pub credentials_file: Option<PathBuf>,
+    pub token: Option<String>,
+    /// Use TLS even when the URL says `nats://`.
+    pub require_tls: bool,
+    /// Trust only the CA certificates in this PEM file, instead of the system's roots.
+    pub ca_file: Option<PathBuf>,
+    pub connect_timeout: Duration,
+    /// How long to wait for the stream's acknowledgement of a publish.
+    pub ack_timeout: Duration,
+}
+
+impl Default for NatsOptions {
+    fn default() -> Self {
+        NatsOptions {
+            credentials_file: None,
+            token: None,
+            require_tls: false,
+            ca_file: None,
+            connect_timeout: Duration::from_secs(5),
+            ack_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NatsError {
+    #[error("NATS URL {url:?}: {message}")]
+    Url { url: String, message: String },
+    #[error("NATS subject prefix {prefix:?}: {message}")]
+    Prefix { prefix: String, message: String },
+    #[error("NATS credentials file {}: {source}", path.display())]
+    Credentials { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
+
+pub struct Nats {
+    name: String,
+    server: ServerAddr,
+    prefix: String,
+    options: NatsOptions,
+    /// Read at construction, so that a bad file is an error at start-up rather than at the first
+    /// alert.
+    credentials: Option<String>,
+    tls: Option<rustls::ClientConfig>,
+    /// Connected at the first batch, and kept: the client reconnects by itself after an outage.
+    connected: Option<(Client, Context)>,
+}
+
+impl Nats {
+    /// Checks the URL, the subject prefix, the credentials and CA files. The server is reached at
+    /// the first batch: one that is down at start-up is the spool's business, not an error here.
+    pub fn new(url: &str, subject_prefix: &str, options: NatsOptions) -> Result<Nats, NatsError> {
+        let server: ServerAddr =
+            url.parse().map_err(|e: std::io::Error| NatsError::Url { url: url.to_string(), message: e.to_string() })?;
+        check_prefix(subject_prefix)?;
+        let credentials = match &options.credentials_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|source| NatsError::Credentials { path: path.clone(), source })?;
+                // Parsed now for the same reason.
+                ConnectOptions::with_credentials(&text)
+                    .map_err(|source| NatsError::Credentials { path: path.clone(), source })?;
+                Some(text)
+            }
+            None => None,
+        };
+        let tls = if options.ca_file.is_some() || options.require_tls || server.tls_required() {
+            Some(tls_config(options.ca_file.as_deref(), true)?)
+        } else {
+            None
+        };
+        Ok(Nats {
+            name: format!("nats:{}/{subject_prefix}", redacted(&server)),
+            server,
+            prefix: subject_prefix.to_string(),
+            options,
+            credentials,
+            tls,
+            connected: None,
+        })
+    }
+
+    /// The subject of an alert from `host`: one token, so that `<prefix>.*` is every host and
+    /// `<prefix>.<host>` exactly one. Characters NATS gives a meaning to (`.`, `*`, `>`,
+    /// whitespace) become `_`.
+    pub fn subject(&self, host: &str) -> String {
+        let token: String = host
+            .chars()
+            .map(|c| if c == '.' || c == '*' || c == '>' || c.is_whitespace() || c.is_control() { '_' } else { c })
+            .collect();
+        let token = if token.is_empty() { "unknown".to_string() } else { token };
+        format!("{}.{token}", self.prefix)
+    }
+
+    async fn connect(&mut self) -> Result<(Client, Context), TransportError> {
+        if let Some(connected) = &self.connected {
+            return Ok(connected.clone());
+        }
+        let mut options = match &self.credentials {
+            // Checked at construction.
+            Some(text) => ConnectOptions::with_credentials(text).map_err(|e| self.retry(e.to_string()))?,
+            None => ConnectOptions::new(),
+        };
+        options = options.name("credwatch").connection_timeout(self.options.connect_timeout);
+        if let Some(token) = &self.options.token {
+            options = options.token(token.clone());
+        }
+        if let Some(tls) = &self.tls {
+            options = options.tls_client_config(tls.clone()).require_tls(true);
+        }
+        let client = options.connect(self.server.clone()).await.map_err(|e| self.retry(format!("connect: {e}")))?;
+        let mut context = jetstream::new(client.clone());
+        context.set_timeout(self.options.ack_timeout);
+        self.connected = Some((client.clone(), context.clone()));
+        Ok((client, context))
+    }
+
+    fn retry(&self, message: String) -> TransportError {
+        TransportError::Retry { output: self.name.clone(), message }
+    }
+}
+
+impl Transport for Nats {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Publishes a window of the batch before waiting for its acknowledgements (one round trip
+    /// per window, not per alert); they come back in order on the one connection, so the stream
+    /// keeps the batch's order.
+    async fn send(&mut self, batch: &[Outgoing]) -> Result<(), TransportError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let (client, context) = self.connect().await?;
+        // While the client is reconnecting, publishes would only pile up in its buffer (and
+        // block once it is full): fail now, the batch comes again.
+        if client.connection_state() != State::Connected {
+            return Err(self.retry("not connected (the client reconnects by itself)".into()));
+        }
+        for window in batch.chunks(ACK_WINDOW) {
+            let mut acks = Vec::with_capacity(window.len());
+            for alert in window {
+                let message = PublishMessage::build().payload(alert.json.clone()).message_id(&alert.id);
+                let publish = context.send_publish(self.subject(&alert.host), message);
+                let ack = tokio::time::timeout(self.options.ack_timeout, publish)
+                    .await
+                    .map_err(|_| self.retry(format!("alert {}: publish timed out", alert.id)))?;
+                acks.push((alert, ack.map_err(|e| self.publish_error(&alert.id, e))?));
+            }
+            for (alert, ack) in acks {
+                ack.await.map_err(|e| self.publish_error(&alert.id, e))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Nats {
+    fn publish_error(&self, id: &str, error: async_nats::jetstream::context::PublishError) -> TransportError {
+        let message = format!("alert {id}: {error}");
+        match error.kind() {
+            // Too large for the server: it will be as large next time.
+            PublishErrorKind::MaxPayloadExceeded => TransportError::Refused { output: self.name.clone(), message },
+            // No stream on the subject yet, the server down or slow, ...: the alert waits in the
+            // spool until the stream takes it.
+            _ => self.retry(message),
+        }
+    }
+}
+
+fn check_prefix(prefix: &str) -> Result<(), NatsError> {
+    let bad = |message: &str| NatsError::Prefix { prefix: prefix.to_string(), message: message.to_string() };
+    if prefix.is_empty() {
+        return Err(bad("empty"));
+    }
+    if prefix.split('.').any(str::is_empty) {
+        return Err(bad("an empty token (a leading, trailing or doubled `.`)"));
+    }
+    if prefix.chars().any(|c| c == '*' || c == '>') {
+        return Err(bad("a wildcard (`*`, `>`) cannot be published to"));
+    }
+    if prefix.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(bad("whitespace or a control character"));
+    }
+    Ok(())
+}
+
+/// The server's address without a user's password or token, for logs and metrics.
+fn redacted(server: &ServerAddr) -> String {
+    let url = server.clone().into_inner();
+    let mut shown = url.clone();
+    if !url.username().is_empty() || url.password().is_some() {
+        let _ = shown.set_username("***");
+        let _ = shown.set_password(None);
+    }
+    shown.to_string().trim_end_matches('/').to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_are_one_token_per_host() {
+        let nats = Nats::new("nats://127.0.0.1:4222", "credwatch.alerts", NatsOptions::default()).unwrap();
+        assert_eq!(nats.subject("build-7"), "credwatch.alerts.build-7");
+        assert_eq!(nats.subject("node1.example.com"), "credwatch.alerts.node1_example_com");
+        assert_eq!(nats.subject("a *>b\n"), "credwatch.alerts.a___b_");
+        assert_eq!(nats.subject(""), "credwatch.alerts.unknown");
+        assert_eq!(nats.name(), "nats:nats://127.0.0.1:4222/credwatch.alerts");
+    }
+
+    #[test]
+    fn bad_prefixes_urls_and_files_are_named() {
+        let error =
+            |url: &str, prefix: &str, options: NatsOptions| Nats::new(url, prefix, options).err().unwrap().to_string();
+        for (prefix, why) in
+            [("", "empty"), ("a..b", "empty token"), (".a", "empty token"), ("a.*", "wildcard"), ("a b", "whitespace")]
+        {
+            let error = error("nats://127.0.0.1:4222", prefix, NatsOptions::default());
+            assert!(error.starts_with("NATS subject prefix") && error.contains(why), "{prefix:?}: {error}");
+        }
+        assert!(error("http://x:1", "p", NatsOptions::default()).starts_with("NATS URL \"http://x:1\""));
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.creds");
+        let options = NatsOptions { credentials_file: Some(missing.clone()), ..Default::default() };
+        let text = error("nats://127.0.0.1:4222", "p", options);
+        assert!(text.starts_with(&format!("NATS credentials file {}", missing.display())), "{text}");
+        let garbage = dir.path().join("garbage.creds");
+        std::fs::write(&garbage, "not credentials").unwrap();
+        let options = NatsOptions { credentials_file: Some(garbage.clone()), ..Default::default() };
+        let text = error("nats://127.0.0.1:4222", "p", options);
+        assert!(text.starts_with(&format!("NATS credentials file {}", garbage.display())), "{text}");
+        let options = NatsOptions { ca_file: Some(missing.clone()), ..Default::default() };
+        assert!(error("nats://127.0.0.1:4222", "p", options).starts_with("CA file"));
+    }
+
+    #[test]
+    fn the_name_hides_credentials_in_the_url() {
+        let nats = Nats::new("nats://user:pass@127.0.0.1:4222", "p", NatsOptions::default()).unwrap();
+        assert_eq!(nats.name(), "nats:nats://***@127.0.0.1:4222/p");
+    }
+}

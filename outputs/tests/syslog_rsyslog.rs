@@ -1,0 +1,329 @@
+//! The syslog output against a real rsyslog (Debian's package): each test writes its own
+//! rsyslog.conf in a temporary directory (local sockets, UDP and TCP on loopback, every message
+//! written as rsyslog's own JSON with the structured data parsed by mmpstrucdata), starts
+//! `rsyslogd -n` on it, sends alerts through the transport and reads them back from rsyslog's
+//! output file.
+
+use std::{
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use credwatch_core::alert::Severity;
+use credwatch_outputs::{
+    syslog::{Facility, Syslog, SyslogFormat, SyslogOptions, SyslogTarget},
+    Outgoing, Transport, TransportError,
+};
+use serde_json::{json, Value};
+
+/// rsyslogd, wherever Debian put it (`/usr/sbin` is not on every user's PATH).
+fn rsyslogd() -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
+        .map(|dir| dir.join("rsyslogd"))
+        .find(|program| program.is_file())
+        .expect("rsyslogd not found: install Debian's rsyslog package (`cargo xtask test` does)")
+}
+
+/// Ports on loopback free right now, for UDP and for TCP: imudp cannot report a port it picks,
+/// and a restarted rsyslogd must listen where the transport sends.
+fn free_ports() -> (u16, u16) {
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    (udp, tcp)
+}
+
+struct Rsyslog {
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    udp_port: u16,
+    tcp_port: u16,
+}
+
+impl Rsyslog {
+    fn start() -> Rsyslog {
+        let dir = tempfile::tempdir().unwrap();
+        let (udp_port, tcp_port) = free_ports();
+        std::fs::create_dir(dir.path().join("work")).unwrap();
+        let d = dir.path().display();
+        // Rate limits off: a test sends bursts. `rfc5424.sock` parses what it gets as any
+        // network input does; `rfc3164.sock` is left as a system's /dev/log is, for syslog(3)'s
+        // format.
+        let conf = format!(
+            r#"global(workDirectory="{d}/work")
+module(load="imuxsock" SysSock.Use="off")
+module(load="imudp")
+module(load="imtcp")
+module(load="mmpstrucdata")
+input(type="imuxsock" Socket="{d}/rfc5424.sock" UseSpecialParser="off" ParseHostname="on" RateLimit.Interval="0")
+input(type="imuxsock" Socket="{d}/rfc3164.sock" RateLimit.Interval="0")
+input(type="imudp" address="127.0.0.1" port="{udp_port}" RateLimit.Interval="0")
+input(type="imtcp" address="127.0.0.1" port="{tcp_port}")
+template(name="everything" type="string" string="%jsonmesg%\n")
+action(type="mmpstrucdata")
+action(type="omfile" file="{d}/messages.jsonl" template="everything")
+"#
+        );
+        std::fs::write(dir.path().join("rsyslog.conf"), conf).unwrap();
+        let mut rsyslog = Rsyslog { dir, child: None, udp_port, tcp_port };
+        rsyslog.run();
+        rsyslog
+    }
+
+    fn run(&mut self) {
+        let dir = self.dir.path();
+        let child = Command::new(rsyslogd())
+            .arg("-n")
+            .arg("-f")
+            .arg(dir.join("rsyslog.conf"))
+            .arg("-i")
+            .arg(dir.join("rsyslogd.pid"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("rsyslogd.log")).unwrap())
+            .spawn()
+            .expect("starting rsyslogd");
+        self.child = Some(child);
+        // Ready once every input listens: the sockets exist and the ports are taken.
+        let taken = |port| std::net::UdpSocket::bind(("127.0.0.1", port)).is_err();
+        let listening = |port| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+        self.wait_for("rsyslogd to listen", || {
+            dir.join("rfc5424.sock").exists()
+                && dir.join("rfc3164.sock").exists()
+                && taken(self.udp_port)
+                && listening(self.tcp_port)
+        });
+        // rsyslogd runs on despite a configuration error: say it here rather than as a timeout.
+        let said = std::fs::read_to_string(dir.join("rsyslogd.log")).unwrap();
+        assert!(!said.contains("error"), "rsyslogd: {said}");
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SIGTERM: rsyslogd closes its file and sockets.
+            Command::new("kill").arg(child.id().to_string()).status().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    fn wait_for(&self, what: &str, mut ready: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !ready() {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "timed out waiting for {what}; rsyslogd said: {}",
+                std::fs::read_to_string(self.dir.path().join("rsyslogd.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// rsyslog's records of what it received, once there are `n`, each checked as rsyslog's
+    /// JSON.
+    fn messages(&self, n: usize) -> Vec<Value> {
+        let file = self.dir.path().join("messages.jsonl");
+        let read = || std::fs::read_to_string(&file).unwrap_or_default();
+        self.wait_for(&format!("{n} messages in {}", file.display()), || read().lines().count() >= n);
+        std::thread::sleep(Duration::from_millis(200));
+        let messages: Vec<Value> = read().lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+        assert_eq!(messages.len(), n, "{messages:#?}");
+        messages
+    }
+
+    fn unix(&self, socket: &str) -> SyslogTarget {
+        SyslogTarget::Unix(self.dir.path().join(socket))
+    }
+
+    fn udp(&self) -> SyslogTarget {
+        SyslogTarget::Udp { host: "127.0.0.1".into(), port: self.udp_port }
+    }
+
+    fn tcp(&self) -> SyslogTarget {
+        SyslogTarget::Tcp { host: "localhost".into(), port: self.tcp_port }
+    }
+}
+
+impl Drop for Rsyslog {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// An alert as the engine writes it, with an id, a severity and a file of the caller's.
+fn alert(id: &str, severity: Severity, path: &str) -> Outgoing {
+    let json = json!({
+        "@timestamp": "2026-11-29T20:00:00.123456789Z",
+        "event": { "kind": "alert", "action": "open", "outcome": "alerted", "id": id },
+        "rule": { "id": "cred.ssh.private-key", "name": "SSH private key read by package code",
+                  "category": "ssh", "severity": severity.as_str(), "description": "" },
+        "process": { "pid": 30, "executable": "/usr/bin/node", "args": ["node", "x.js"],
+                     "working_directory": "/p", "parent": { "pid": 20 },
+                     "ancestors": [{ "pid": 10, "executable": "/usr/bin/npm", "args": ["npm", "install"] }] },
+        "file": { "path": path, "given_path": path, "flags": "O_RDONLY" },
+        "package": { "manager": "npm", "name": "evil", "version": "1.0.0", "lifecycle": "postinstall" },
+        "host": { "name": "build-7" },
+        "user": { "id": 1000 },
+        "credwatch": { "root_pid": 10, "rotate": [], "enforcement": "userspace" }
+    });
+    Outgoing { id: id.into(), severity, host: "build-7".into(), json: Bytes::from(serde_json::to_vec(&json).unwrap()) }
+}
+
+/// The structured data as rsyslog parsed it.
+fn sd(message: &Value) -> &Value {
+    &message["$!"]["rfc5424-sd"]["credwatch@32473"]
+}
+
+/// The messages by the id in their structured data, or in their text for RFC 3164.
+fn by_id<'a>(messages: &'a [Value], id: &str) -> &'a Value {
+    let needle = format!("id=\"{id}\"");
+    messages
+        .iter()
+        .find(|m| sd(m)["id"] == id || m["msg"].as_str().is_some_and(|text| text.contains(&needle)))
+        .unwrap_or_else(|| panic!("no message with id {id} in {messages:#?}"))
+}
+
+async fn send(target: SyslogTarget, options: SyslogOptions, batch: &[Outgoing]) {
+    let mut syslog = Syslog::new(target, options).unwrap();
+    syslog.send(batch).await.unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[tokio::test]
+async fn rfc5424_alerts_reach_rsyslog_over_the_local_socket_udp_and_tcp() {
+    let rsyslog = Rsyslog::start();
+    let hostile = r#"/home/u/.ssh/id "q" \b ]c"#;
+    let local0 = SyslogOptions { facility: Facility::Local0, ..SyslogOptions::default() };
+    let transports = [
+        ("unix", rsyslog.unix("rfc5424.sock"), SyslogOptions::default()),
+        ("udp", rsyslog.udp(), local0.clone()),
+        ("tcp", rsyslog.tcp(), SyslogOptions::default()),
+    ];
+    for (name, target, options) in transports.clone() {
+        let batch = [
+            alert(&format!("{name}-0"), Severity::High, "/home/u/.ssh/id_ed25519"),
+            alert(&format!("{name}-1"), Severity::Critical, hostile),
+            alert(&format!("{name}-2"), Severity::Low, "/home/u/.npmrc"),
+        ];
+        send(target, options, &batch).await;
+    }
+    let messages = rsyslog.messages(9);
+
+    for (name, _, options) in transports {
+        let facility = options.facility as u64;
+        for (i, severity, code, path) in
+            [(0, "high", 3, "/home/u/.ssh/id_ed25519"), (1, "critical", 2, hostile), (2, "low", 5, "/home/u/.npmrc")]
+        {
+            let id = format!("{name}-{i}");
+            let message = by_id(&messages, &id);
+            let input = if name == "unix" { "imuxsock" } else { &format!("im{name}") };
+            assert_eq!(message["inputname"], input, "{message:#}");
+            assert_eq!(message["pri"], (facility * 8 + code).to_string(), "{message:#}");
+            assert_eq!(message["syslogfacility"], facility.to_string());
+            assert_eq!(message["syslogseverity"], code.to_string());
+            assert_eq!(message["protocol-version"], "1");
+            assert_eq!(message["hostname"], "build-7");
+            assert_eq!(message["app-name"], "credwatch");
+            assert_eq!(message["procid"], std::process::id().to_string());
+            assert_eq!(message["msgid"], "cred.ssh.private-key");
+            if name != "unix" {
+                // imuxsock stamps its own time by default.
+                assert_eq!(message["timereported"], "2026-11-29T20:00:00.123456Z");
+            }
+            let fields = sd(message);
+            assert_eq!(fields["id"], id.as_str(), "{message:#}");
+            assert_eq!(fields["rule"], "cred.ssh.private-key");
+            assert_eq!(fields["severity"], severity);
+            assert_eq!(fields["category"], "ssh");
+            assert_eq!(fields["manager"], "npm");
+            assert_eq!(fields["package"], "evil");
+            assert_eq!(fields["version"], "1.0.0");
+            assert_eq!(fields["lifecycle"], "postinstall");
+            assert_eq!(fields["file"], path, "{message:#}");
+            assert_eq!(fields["pid"], "30");
+            let summary = format!(
+                "[{}] npm package evil@1.0.0 (postinstall) opened {}",
+                severity.to_uppercase(),
+                path.replace('\\', "\\\\")
+            );
+            assert_eq!(message["msg"], summary, "{message:#}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn rfc3164_alerts_reach_rsyslog_over_a_syslog3_socket_and_udp() {
+    let rsyslog = Rsyslog::start();
+    let options = SyslogOptions { format: SyslogFormat::Rfc3164, ..SyslogOptions::default() };
+    send(rsyslog.unix("rfc3164.sock"), options.clone(), &[alert("unix", Severity::Medium, "/home/u/.env")]).await;
+    send(rsyslog.udp(), options, &[alert("udp", Severity::Medium, "/home/u/.env")]).await;
+    let messages = rsyslog.messages(2);
+    for (id, input, host) in [("unix", "imuxsock", None), ("udp", "imudp", Some("build-7"))] {
+        let message = by_id(&messages, id);
+        assert_eq!(message["inputname"], input, "{message:#}");
+        assert_eq!(message["pri"], "84", "authpriv.warning: {message:#}");
+        assert_eq!(message["protocol-version"], "0");
+        assert_eq!(message["syslogtag"], format!("credwatch[{}]:", std::process::id()), "{message:#}");
+        assert_eq!(message["procid"], std::process::id().to_string());
+        if let Some(host) = host {
+            assert_eq!(message["hostname"], host, "{message:#}");
+        }
+        let text = message["msg"].as_str().unwrap();
+        let expected = format!(
+            " [credwatch@32473 id=\"{id}\" rule=\"cred.ssh.private-key\" severity=\"medium\" category=\"ssh\" \
+             outcome=\"alerted\" manager=\"npm\" package=\"evil\" version=\"1.0.0\" lifecycle=\"postinstall\" \
+             file=\"/home/u/.env\" pid=\"30\"] [MEDIUM] npm package evil@1.0.0 (postinstall) opened /home/u/.env"
+        );
+        assert_eq!(text, expected, "{message:#}");
+    }
+}
+
+#[tokio::test]
+async fn long_alerts_reach_rsyslog_cut_in_their_text_with_all_their_structured_data() {
+    let rsyslog = Rsyslog::start();
+    // Over 8096 bytes whole (rsyslog's default maximum), under it without the summary's copy.
+    let long = format!("/home/u/{}", "k".repeat(4500));
+    let medium = format!("/home/u/{}", "m".repeat(1200));
+    send(rsyslog.tcp(), SyslogOptions::default(), &[alert("tcp", Severity::High, &long)]).await;
+    send(rsyslog.unix("rfc5424.sock"), SyslogOptions::default(), &[alert("unix", Severity::High, &long)]).await;
+    send(rsyslog.udp(), SyslogOptions::default(), &[alert("udp", Severity::High, &medium)]).await;
+    // Exactly three: no remainder of an oversized TCP frame comes out as a message of its own.
+    let messages = rsyslog.messages(3);
+    for (id, path, cap) in [("tcp", &long, 8096), ("unix", &long, 8096), ("udp", &medium, 2048)] {
+        let message = by_id(&messages, id);
+        assert_eq!(sd(message)["file"], path.as_str(), "{message:#}");
+        assert_eq!(sd(message)["pid"], "30", "the last field: {message:#}");
+        let raw = message["rawmsg"].as_str().unwrap();
+        assert!(raw.len() <= cap && raw.len() > cap - 8, "{id}: {} bytes", raw.len());
+        let text = message["msg"].as_str().unwrap();
+        assert!(text.starts_with("[HIGH] npm package evil@1.0.0 (postinstall) opened /home/u/"), "{text}");
+        assert!(text.ends_with("..."), "{text}");
+    }
+}
+
+#[tokio::test]
+async fn tcp_delivery_resumes_once_rsyslog_is_back() {
+    let mut rsyslog = Rsyslog::start();
+    let mut syslog = Syslog::new(rsyslog.tcp(), SyslogOptions::default()).unwrap();
+    let batch =
+        |from: usize| (from..from + 5).map(|i| alert(&format!("a{i}"), Severity::High, "/k")).collect::<Vec<_>>();
+    syslog.send(&batch(0)).await.unwrap();
+    rsyslog.messages(5);
+
+    rsyslog.stop();
+    let error = syslog.send(&batch(5)).await.unwrap_err();
+    assert!(matches!(&error, TransportError::Retry { message, .. } if message.contains("refused")), "{error}");
+
+    rsyslog.run();
+    // The batch that failed, retried, then a new one: on a new connection, nothing lost.
+    syslog.send(&batch(5)).await.unwrap();
+    syslog.send(&batch(10)).await.unwrap();
+    let messages = rsyslog.messages(15);
+    for i in 0..15 {
+        assert_eq!(by_id(&messages, &format!("a{i}"))["inputname"], "imtcp");
+    }
+}
