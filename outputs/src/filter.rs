@@ -229,6 +229,12 @@ impl OutputConfig {
                 invalid.push((key, format!("{} is not a number of seconds above 0", value.unwrap_or_default())));
             }
         }
+        // Read by the transport at start-up; missing, `config check` says so too, at its key.
+        for (key, path) in [("ca_file", &self.ca_file), ("credentials_file", &self.credentials_file)] {
+            if let Some(path) = path.as_ref().filter(|path| !path.is_file()) {
+                invalid.push((key, format!("{} is not a file", path.display())));
+            }
+        }
         if self.max_bytes == Some(0) {
             invalid.push(("max_bytes", "0 bytes: a file could hold no alert".into()));
         }
@@ -330,8 +336,9 @@ mod tests {
         nats.ack_timeout = Some(0.0);
         let invalid = nats.invalid();
         let keys: Vec<&str> = invalid.iter().map(|(key, _)| *key).collect();
-        assert_eq!(keys, ["bearer_token", "ack_timeout"]);
+        assert_eq!(keys, ["bearer_token", "ack_timeout", "ca_file"]);
         assert!(invalid[0].1.contains("webhook and falcosidekick"), "{}", invalid[0].1);
+        assert_eq!(invalid[2].1, "/ca.pem is not a file");
         let mut file = OutputConfig::to("file:/tmp/a".parse().unwrap());
         file.max_bytes = Some(10);
         file.keep = Some(0);

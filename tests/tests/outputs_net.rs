@@ -483,26 +483,29 @@ fn an_ecs_alert_reaches_an_https_webhook_with_a_given_ca_and_bearer_token() {
     let body: Value = serde_json::from_str(ours[0]["body"].as_str().unwrap()).unwrap();
     assert_eq!(body, alert, "the ECS alert as written");
 
-    // Without the CA, the receiver's certificate is not trusted: retried, never delivered.
-    let bad = sandbox.top().join("missing-ca.yaml");
+    // A CA file that is missing is an error of the configuration, at its key; one that holds no
+    // certificate stops credwatch at start-up, naming the output.
+    let config = sandbox.top().join("bad-ca.yaml");
+    let missing = dir.join("nope.pem");
     fs::write(
-        &bad,
-        format!(
-            "outputs:\n  - to: webhook:https://127.0.0.1:{port}/a\n    ca_file: {}\n",
-            dir.join("nope.pem").display()
-        ),
+        &config,
+        format!("outputs:\n  - to: webhook:https://127.0.0.1:{port}/a\n    ca_file: {}\n", missing.display()),
     )
     .unwrap();
-    let run = sandbox.run_with(&sandbox.work(), &["--config", &bad.to_string_lossy()], &["true"], &[]);
+    let run = sandbox.run_with(&sandbox.work(), &["--config", &config.to_string_lossy()], &["true"], &[]);
+    assert_ne!(run.status.and_then(|s| s.code()), Some(0), "{}", run.describe());
+    assert!(run.stderr.contains(&format!("`ca_file`: {} is not a file", missing.display())), "{}", run.describe());
+    let empty = dir.join("empty.pem");
+    fs::write(&empty, "not a certificate\n").unwrap();
+    fs::write(
+        &config,
+        format!("outputs:\n  - to: webhook:https://127.0.0.1:{port}/a\n    ca_file: {}\n", empty.display()),
+    )
+    .unwrap();
+    let run = sandbox.run_with(&sandbox.work(), &["--config", &config.to_string_lossy()], &["true"], &[]);
     run.assert_exit(1);
-    assert!(
-        run.stderr.contains(&format!(
-            "output webhook:https://127.0.0.1:{port}/a: CA file {}",
-            dir.join("nope.pem").display()
-        )),
-        "{}",
-        run.describe()
-    );
+    let said = format!("output webhook:https://127.0.0.1:{port}/a: CA file {}: no certificate", empty.display());
+    assert!(run.stderr.contains(&said), "{said}\n{}", run.describe());
 }
 
 #[test]
