@@ -343,6 +343,9 @@ impl Dispatcher {
             return Err(OutputError::Twice(name));
         }
         let dir = self.options.spool_dir.join(spool_name(&name));
+        // Shown in the log and the metrics as the transport says, without a URL's password or
+        // query (a token); the spool's folder stays named after the destination as given.
+        let name = transport.name().to_owned();
         let spool = Spool::open(&dir, config.spool_max_bytes.unwrap_or(DEFAULT_SPOOL_MAX_BYTES))
             .map_err(|source| OutputError::Spool { output: name.clone(), source })?;
         let next_seq = spool.next_seq();
@@ -836,6 +839,11 @@ mod tests {
         let dispatcher = Dispatcher::start(options(dir.path()), &outputs).unwrap();
         let names: Vec<String> = dispatcher.counts().into_iter().map(|(name, _)| name).collect();
         assert_eq!(names.len(), 5, "{names:?}");
+        dispatcher.shutdown(Duration::from_millis(10));
+        // The log and the metrics never show a URL's password or query.
+        let secret = OutputConfig::to("webhook:https://user:secret@127.0.0.1:9/a?token=t0k".parse().unwrap());
+        let dispatcher = Dispatcher::start(options(dir.path()), &[secret]).unwrap();
+        assert_eq!(dispatcher.counts()[0].0, "webhook:https://user:***@127.0.0.1:9/a?***");
         dispatcher.shutdown(Duration::from_millis(10));
     }
 
