@@ -514,6 +514,14 @@ fn check_file(
     // The parser refuses duplicate keys itself.
     for (key, value) in entries.0 {
         places.insert(key.value.clone(), value.referenced);
+        let knobs = if key.value == "outputs" { knob_problems(value.value.clone(), text) } else { Vec::new() };
+        if !knobs.is_empty() {
+            for (at, message) in knobs {
+                let at = at.unwrap_or(value.referenced);
+                problems.push(Problem { place: place(at), key: Some(key.value.clone()), message });
+            }
+            continue;
+        }
         let error = if !known_key(&key.value) {
             Some((key.referenced, format!("unknown key (the keys: {})", keys().join(", "))))
         } else {
@@ -529,6 +537,29 @@ fn check_file(
         }
     }
     map
+}
+
+/// Every knob of `outputs:` that is wrong for its output (of another kind, a timeout of 0, a CA
+/// file that is missing), each at the knob's own line when the YAML parser can tell it.
+fn knob_problems(value: Value, text: &str) -> Vec<(Option<Location>, String)> {
+    #[derive(Deserialize)]
+    struct Spans {
+        #[serde(default)]
+        outputs: Vec<Entries>,
+    }
+    let Ok(config) = one_key("outputs", value) else { return Vec::new() };
+    let spans = serde_saphyr::from_str_with_options::<Spans>(text, yaml_options()).map(|spans| spans.outputs);
+    let mut found = Vec::new();
+    for (index, output) in config.outputs.iter().enumerate() {
+        for (knob, message) in output.invalid() {
+            let at =
+                spans.as_ref().ok().and_then(|spans| spans.get(index)).and_then(|entries| {
+                    entries.0.iter().find(|(key, _)| key.value == knob).map(|(key, _)| key.referenced)
+                });
+            found.push((at, format!("output {} (to: {}): `{knob}`: {message}", index + 1, output.to)));
+        }
+    }
+    found
 }
 
 /// An error inside the `outputs:` list at its own line (an unknown knob, a bad `to:`): the
@@ -790,6 +821,7 @@ mod tests {
         // A knob of another kind of output.
         let (_dir, path) = file("outputs:\n  - to: syslog:udp:h:514\n    max_bytes: 100\n");
         let found = problems(check(&path).unwrap_err());
+        assert!(matches!(found[0].place, Place::File { line: Some(3), .. }), "{}", found[0]);
         assert!(
             found[0]
                 .to_string()
@@ -811,6 +843,29 @@ mod tests {
         assert!(Config::default().changed_keys().is_empty());
         let config = Config { json: true, linger: Some(2.0), alerts: Some("a".into()), ..Config::default() };
         assert_eq!(config.changed_keys(), ["json", "alerts", "linger"]);
+    }
+
+    #[test]
+    fn every_wrong_knob_of_every_output_is_named_at_its_own_line() {
+        let (_dir, path) = file(
+            "json: true\noutputs:\n  - to: nats:nats://127.0.0.1:4222/cw\n    bearer_token: x\n  - to: syslog:tcp:h:601\n    min_severity: high\n    ca_file: /nonexistent/ca.pem\n",
+        );
+        let found = problems(check(&path).unwrap_err());
+        let lines: Vec<Option<usize>> = found
+            .iter()
+            .map(|problem| match problem.place {
+                Place::File { line, .. } => line.map(|line| line as usize),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(lines, [Some(4), Some(7), Some(7)], "{found:?}");
+        assert!(
+            found[0].message.contains("output 1 (to: nats:nats://127.0.0.1:4222/cw): `bearer_token`"),
+            "{}",
+            found[0]
+        );
+        assert!(found[1].message.contains("`ca_file` is a knob of webhook, falcosidekick and nats"), "{}", found[1]);
+        assert!(found[2].message.contains("/nonexistent/ca.pem is not a file"), "{}", found[2]);
     }
 
     #[test]
