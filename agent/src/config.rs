@@ -17,6 +17,7 @@
 use std::{
     collections::BTreeMap,
     fmt,
+    net::SocketAddr,
     path::{Path, PathBuf},
 };
 
@@ -65,6 +66,8 @@ pub struct Config {
     /// Where each output keeps the alerts it has not delivered yet (`--spool-dir`; default
     /// /var/lib/credwatch/spool).
     pub spool_dir: Option<PathBuf>,
+    /// Serve Prometheus metrics on this address, at `/metrics` (`--metrics-listen`).
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -100,16 +103,20 @@ impl Config {
         if self.log_format != new.log_format {
             changed.push("log_format");
         }
-        if self.pin_dir() != new.pin_dir() {
-            // The kernel side is pinned there.
-            changed.push("pin_dir");
-        }
         // The outputs' tasks, queues and spools are running; a `SIGHUP` reopens their files.
         if self.outputs != new.outputs {
             changed.push("outputs");
         }
         if self.spool_dir != new.spool_dir {
             changed.push("spool_dir");
+        }
+        // The endpoint is bound at start-up.
+        if self.metrics_listen != new.metrics_listen {
+            changed.push("metrics_listen");
+        }
+        if self.pin_dir() != new.pin_dir() {
+            // The kernel side is pinned there.
+            changed.push("pin_dir");
         }
         changed
     }
@@ -507,6 +514,14 @@ fn check_file(
     // The parser refuses duplicate keys itself.
     for (key, value) in entries.0 {
         places.insert(key.value.clone(), value.referenced);
+        let knobs = if key.value == "outputs" { knob_problems(value.value.clone(), text) } else { Vec::new() };
+        if !knobs.is_empty() {
+            for (at, message) in knobs {
+                let at = at.unwrap_or(value.referenced);
+                problems.push(Problem { place: place(at), key: Some(key.value.clone()), message });
+            }
+            continue;
+        }
         let error = if !known_key(&key.value) {
             Some((key.referenced, format!("unknown key (the keys: {})", keys().join(", "))))
         } else {
@@ -522,6 +537,29 @@ fn check_file(
         }
     }
     map
+}
+
+/// Every knob of `outputs:` that is wrong for its output (of another kind, a timeout of 0, a CA
+/// file that is missing), each at the knob's own line when the YAML parser can tell it.
+fn knob_problems(value: Value, text: &str) -> Vec<(Option<Location>, String)> {
+    #[derive(Deserialize)]
+    struct Spans {
+        #[serde(default)]
+        outputs: Vec<Entries>,
+    }
+    let Ok(config) = one_key("outputs", value) else { return Vec::new() };
+    let spans = serde_saphyr::from_str_with_options::<Spans>(text, yaml_options()).map(|spans| spans.outputs);
+    let mut found = Vec::new();
+    for (index, output) in config.outputs.iter().enumerate() {
+        for (knob, message) in output.invalid() {
+            let at =
+                spans.as_ref().ok().and_then(|spans| spans.get(index)).and_then(|entries| {
+                    entries.0.iter().find(|(key, _)| key.value == knob).map(|(key, _)| key.referenced)
+                });
+            found.push((at, format!("output {} (to: {}): `{knob}`: {message}", index + 1, output.to)));
+        }
+    }
+    found
 }
 
 /// An error inside the `outputs:` list at its own line (an unknown knob, a bad `to:`): the
@@ -615,6 +653,7 @@ mod tests {
                 log_level: LogLevel::Debug,
                 outputs: Vec::new(),
                 spool_dir: None,
+                metrics_listen: None,
             }
         );
         assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
@@ -754,6 +793,7 @@ mod tests {
                 OutputConfig::to("nats:nats://127.0.0.1:4222/credwatch".parse().unwrap()),
             ],
             spool_dir: Some("/var/spool/credwatch".into()),
+            metrics_listen: Some("127.0.0.1:9464".parse().unwrap()),
         };
         for config in [config, Config::default()] {
             let text = config.to_yaml().unwrap();
@@ -781,6 +821,7 @@ mod tests {
         // A knob of another kind of output.
         let (_dir, path) = file("outputs:\n  - to: syslog:udp:h:514\n    max_bytes: 100\n");
         let found = problems(check(&path).unwrap_err());
+        assert!(matches!(found[0].place, Place::File { line: Some(3), .. }), "{}", found[0]);
         assert!(
             found[0]
                 .to_string()
@@ -805,6 +846,29 @@ mod tests {
     }
 
     #[test]
+    fn every_wrong_knob_of_every_output_is_named_at_its_own_line() {
+        let (_dir, path) = file(
+            "json: true\noutputs:\n  - to: nats:nats://127.0.0.1:4222/cw\n    bearer_token: x\n  - to: syslog:tcp:h:601\n    min_severity: high\n    ca_file: /nonexistent/ca.pem\n",
+        );
+        let found = problems(check(&path).unwrap_err());
+        let lines: Vec<Option<usize>> = found
+            .iter()
+            .map(|problem| match problem.place {
+                Place::File { line, .. } => line.map(|line| line as usize),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(lines, [Some(4), Some(7), Some(7)], "{found:?}");
+        assert!(
+            found[0].message.contains("output 1 (to: nats:nats://127.0.0.1:4222/cw): `bearer_token`"),
+            "{}",
+            found[0]
+        );
+        assert!(found[1].message.contains("`ca_file` is a knob of webhook, falcosidekick and nats"), "{}", found[1]);
+        assert!(found[2].message.contains("/nonexistent/ca.pem is not a file"), "{}", found[2]);
+    }
+
+    #[test]
     fn only_trace_log_format_and_outputs_need_a_restart() {
         let old = Config::default();
         let new = Config { json: true, enforce: true, log_level: LogLevel::Debug, ..Config::default() };
@@ -814,8 +878,9 @@ mod tests {
             log_format: LogFormat::Json,
             outputs: vec![OutputConfig::to("file:/a".parse().unwrap())],
             spool_dir: Some("/s".into()),
+            metrics_listen: Some("127.0.0.1:9464".parse().unwrap()),
             ..Config::default()
         };
-        assert_eq!(old.restart_only_changes(&new), ["trace", "log_format", "outputs", "spool_dir"]);
+        assert_eq!(old.restart_only_changes(&new), ["trace", "log_format", "outputs", "spool_dir", "metrics_listen"]);
     }
 }

@@ -6,6 +6,7 @@
 
 use std::{
     io::{self, PipeWriter, Read as _, Write as _},
+    net::SocketAddr,
     os::unix::process::{CommandExt as _, ExitStatusExt as _},
     path::{Path, PathBuf},
     process::{Child, Command, ExitCode, ExitStatus},
@@ -32,7 +33,11 @@ use credwatch_core::{
     rules::RuleSet,
     trace::{TraceHeader, TraceWriter, TRACE_SCHEMA},
 };
-use credwatch_outputs::{Dispatcher, OutputConfig};
+use credwatch_outputs::{
+    metrics::{self, BufferLabels, KindLabels, Metrics, OutputFigures, ReloadLabels},
+    Counts, DispatchOptions, Dispatcher, OutputConfig, DEFAULT_SPOOL_DIR,
+};
+use prometheus_client::metrics::counter::Counter;
 use tracing::{info, warn};
 
 use crate::{
@@ -65,6 +70,8 @@ pub struct Outputs<'a> {
     /// `--to`: where alerts go besides, each with its queue and spool.
     pub outputs: &'a [OutputConfig],
     pub spool_dir: Option<&'a Path>,
+    /// `--metrics-listen`: where the Prometheus metrics are served.
+    pub metrics_listen: Option<SocketAddr>,
     /// Machine-wide modes: where the kernel side is pinned, to outlive the agent.
     pub pin_dir: &'a Path,
 }
@@ -80,6 +87,7 @@ impl Outputs<'_> {
             watch_project: config.watch_project,
             outputs: &config.outputs,
             spool_dir: config.spool_dir.as_deref(),
+            metrics_listen: config.metrics_listen,
             pin_dir: config.pin_dir(),
         }
     }
@@ -157,13 +165,100 @@ impl Sink for DetachedWarning {
     }
 }
 
+/// `--metrics-listen`: the figures that the sensor, the engine and the reloads update; the
+/// outputs' are read from the dispatcher at each scrape.
+struct Telemetry {
+    metrics: Arc<Metrics>,
+    /// Events by kind, in the order of [`event_kind`]: counters looked up once, so that an event
+    /// costs an increment and no label built.
+    events: Vec<Counter>,
+}
+
+const EVENT_KINDS: [&str; 11] =
+    ["exec", "fork", "exit", "open", "rename", "syscall", "root", "lost", "connect", "dns_query", "agent_gap"];
+
+fn event_kind(data: &EventData) -> usize {
+    match data {
+        EventData::Exec(_) => 0,
+        EventData::Fork(_) => 1,
+        EventData::Exit(_) => 2,
+        EventData::Open(_) => 3,
+        EventData::Rename(_) => 4,
+        EventData::Syscall(_) => 5,
+        EventData::Root(_) => 6,
+        EventData::Lost(_) => 7,
+        EventData::Connect(_) => 8,
+        EventData::DnsQuery(_) => 9,
+        EventData::AgentGap(_) => 10,
+    }
+}
+
+impl Telemetry {
+    /// Binds `addr` on the outputs' runtime (an address that cannot be bound is an error now)
+    /// and serves the metrics there.
+    fn start(addr: SocketAddr, dispatcher: &Dispatcher) -> Result<Telemetry> {
+        let mut metrics = Metrics::new();
+        let counts = dispatcher.counts_reader();
+        metrics.watch_outputs(move || {
+            counts.counts().into_iter().map(|(name, counts)| (name, figures(&counts))).collect()
+        });
+        let metrics = Arc::new(metrics);
+        let runtime = dispatcher.runtime();
+        let listener = runtime.block_on(metrics::bind(addr)).context("serving the metrics (--metrics-listen)")?;
+        runtime.spawn(metrics::serve(listener, Arc::clone(&metrics)));
+        let events = EVENT_KINDS
+            .iter()
+            .map(|kind| metrics.events.get_or_create(&KindLabels { kind: (*kind).to_owned() }).clone())
+            .collect();
+        Ok(Telemetry { metrics, events })
+    }
+
+    fn reload(&self, result: &str) {
+        self.metrics.reloads.get_or_create(&ReloadLabels { result: result.to_owned() }).inc();
+    }
+}
+
+impl Sink for Telemetry {
+    fn event(&mut self, _: &Engine, event: &Event, alerts: &[Alert]) -> Result<(), SinkError> {
+        self.events[event_kind(&event.data)].inc();
+        // The sensor reports its losses as events (by ring buffer, `marks` for a full map of
+        // marked processes, `detached`): what the engine sees, replay included.
+        if let EventData::Lost(lost) = &event.data {
+            self.metrics.events_lost.get_or_create(&BufferLabels { buffer: lost.source.clone() }).inc_by(lost.count);
+        }
+        for alert in alerts {
+            self.metrics.alert(&alert.rule.id, alert.rule.severity);
+        }
+        Ok(())
+    }
+
+    fn end(&mut self, alerts: &[Alert]) -> Result<(), SinkError> {
+        for alert in alerts {
+            self.metrics.alert(&alert.rule.id, alert.rule.severity);
+        }
+        Ok(())
+    }
+}
+
+fn figures(counts: &Counts) -> OutputFigures {
+    OutputFigures {
+        delivered: counts.delivered,
+        failed_attempts: counts.failed_attempts,
+        refused: counts.refused,
+        dropped: counts.dropped,
+        queued: counts.queued,
+        spool_bytes: counts.spool_bytes,
+    }
+}
+
 /// The sensor, the engine and the outputs, wired together.
 struct Session {
     live: Live,
     engine: Engine,
     sink: AlertSink,
-    /// `--to`'s outputs, when any.
+    /// `--to`'s outputs, when any (or `--metrics-listen`, which runs on its runtime).
     dispatcher: Option<Dispatcher>,
+    telemetry: Option<Telemetry>,
     /// Alerts written by the sinks that a reload replaced.
     written_before: u64,
     recorder: Option<TraceWriter>,
@@ -185,7 +280,19 @@ impl Session {
         let rules = RuleSet::load(outputs.rules).context("loading rules")?;
         let recorder = outputs.trace.map(|path| open_trace(path, &rules, command)).transpose()?;
         // Before the sensor: an output that cannot start stops credwatch before it watches.
-        let dispatcher = start_outputs(outputs.outputs, outputs.spool_dir)?;
+        let mut dispatcher = start_outputs(outputs.outputs, outputs.spool_dir)?;
+        let telemetry = match outputs.metrics_listen {
+            Some(addr) => {
+                if dispatcher.is_none() {
+                    // No output: a dispatcher with none, for its runtime; nothing is spooled.
+                    let spool_dir = outputs.spool_dir.unwrap_or(Path::new(DEFAULT_SPOOL_DIR));
+                    dispatcher =
+                        Some(Dispatcher::new(DispatchOptions::new(spool_dir)).context("starting the runtime")?);
+                }
+                dispatcher.as_ref().map(|dispatcher| Telemetry::start(addr, dispatcher)).transpose()?
+            }
+            None => None,
+        };
         let mut sensor = if command.is_empty() {
             let (sensor, started) =
                 Sensor::start_pinned(rules.managers(), outputs.pin_dir).context("starting the eBPF sensor")?;
@@ -201,7 +308,10 @@ impl Session {
             .with_context(|| format!("opening {}", outputs.alerts_file.unwrap_or(Path::new("")).display()))?;
         let engine = Engine::new(rules, engine_options(outputs));
         let live = Live { sensor, queued: Vec::new(), wait: POLL_INTERVAL };
-        Ok(Session { live, engine, sink, dispatcher, written_before: 0, recorder, started, reload: None })
+        if let Some(telemetry) = &telemetry {
+            telemetry.metrics.start_up_seconds.set(started.elapsed().as_secs_f64());
+        }
+        Ok(Session { live, engine, sink, dispatcher, telemetry, written_before: 0, recorder, started, reload: None })
     }
 
     /// Runs the pipeline until `control` stops it, then emits the engine's end-of-stream alerts.
@@ -224,6 +334,9 @@ impl Session {
             sinks.push(&mut self.sink);
             if let Some(dispatcher) = &mut self.dispatcher {
                 sinks.push(dispatcher);
+            }
+            if let Some(telemetry) = &mut self.telemetry {
+                sinks.push(telemetry);
             }
             sinks.push(&mut verdict);
             let done =
@@ -251,7 +364,11 @@ impl Session {
         }
         let started = Instant::now();
         let (file, old) = (reload.layers.file.clone(), reload.config.clone());
-        match self.try_reload(&old) {
+        let result = self.try_reload(&old);
+        if let Some(telemetry) = &self.telemetry {
+            telemetry.reload(if result.is_ok() { "applied" } else { "refused" });
+        }
+        match result {
             Ok(config) => {
                 let file = file.map(|file| escape(&file.display().to_string()).into_owned());
                 let (rules, ms) = (self.engine.rules().rules().len(), started.elapsed().as_millis() as u64);
@@ -311,15 +428,15 @@ impl Session {
         if let Some(recorder) = self.recorder {
             recorder.finish()?;
         }
+        if let Some(dispatcher) = self.dispatcher {
+            stop_outputs(dispatcher);
+        }
         if let Some(dir) = self.live.sensor.finish().context("leaving the kernel programs pinned")? {
             let dir = escape(&dir.display().to_string()).into_owned();
             info!(
                 pin_dir = dir,
                 "the kernel programs stay attached and recording (pinned in {dir}) for the next `credwatch watch`; `credwatch stop --pin-dir {dir}` detaches them"
             );
-        }
-        if let Some(dispatcher) = self.dispatcher {
-            stop_outputs(dispatcher);
         }
         // The summary is the last record.
         info!(

@@ -7,6 +7,7 @@ mod replay;
 
 use std::{
     io::{self, Write as _},
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::ExitCode,
     time::Duration,
@@ -135,6 +136,23 @@ impl PinArgs {
     }
 }
 
+/// The agent's Prometheus metrics.
+#[derive(Args)]
+struct MetricsArgs {
+    /// Serve Prometheus metrics on ADDR (`127.0.0.1:9464`), at `/metrics`.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
+}
+
+impl MetricsArgs {
+    /// The `metrics_listen` key, when the flag is given.
+    fn add_to(&self, flags: &mut Map<String, Value>) {
+        if let Some(addr) = &self.metrics_listen {
+            flags.insert("metrics_listen".into(), Value::String(addr.to_string()));
+        }
+    }
+}
+
 #[derive(Args)]
 struct StopArgs {
     #[command(flatten)]
@@ -149,6 +167,8 @@ struct WatchArgs {
     common: CommonArgs,
     #[command(flatten)]
     outputs: OutputArgs,
+    #[command(flatten)]
+    metrics: MetricsArgs,
     #[command(flatten)]
     enforce: EnforceArgs,
     #[command(flatten)]
@@ -166,6 +186,8 @@ struct RunArgs {
     common: CommonArgs,
     #[command(flatten)]
     outputs: OutputArgs,
+    #[command(flatten)]
+    metrics: MetricsArgs,
     #[command(flatten)]
     enforce: EnforceArgs,
     #[command(flatten)]
@@ -188,6 +210,8 @@ struct RecordArgs {
     common: CommonArgs,
     #[command(flatten)]
     outputs: OutputArgs,
+    #[command(flatten)]
+    metrics: MetricsArgs,
     #[command(flatten)]
     enforce: EnforceArgs,
     /// Without CMD only.
@@ -290,10 +314,12 @@ fn main() -> ExitCode {
         Commands::Watch(args) => {
             let mut flags = flags(&args.common, &args.outputs, &args.enforce, &args.output, None, None);
             args.pin.add_to(&mut flags);
+            args.metrics.add_to(&mut flags);
             configure(&args.config, flags).and_then(|(config, layers)| live::watch_machine(&config, layers))
         }
         Commands::Run(args) => {
-            let flags = flags(&args.common, &args.outputs, &args.enforce, &args.alerts, args.linger, None);
+            let mut flags = flags(&args.common, &args.outputs, &args.enforce, &args.alerts, args.linger, None);
+            args.metrics.add_to(&mut flags);
             configure(&args.config, flags).and_then(|(config, _)| {
                 linger(config.linger).and_then(|linger| live::run_command(&config, &args.command, linger))
             })
@@ -302,6 +328,7 @@ fn main() -> ExitCode {
             let mut flags =
                 flags(&args.common, &args.outputs, &args.enforce, &args.alerts, args.linger, args.output.as_ref());
             args.pin.add_to(&mut flags);
+            args.metrics.add_to(&mut flags);
             configure(&args.config, flags).and_then(|(config, layers)| {
                 if config.trace.is_none() {
                     anyhow::bail!("record needs a trace file: -o FILE, or `trace` in the configuration");

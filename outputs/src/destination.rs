@@ -7,6 +7,8 @@ use std::{fmt, path::PathBuf, str::FromStr};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub use crate::syslog::SyslogTarget;
+
 /// One output's destination.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Destination {
@@ -21,20 +23,6 @@ pub enum Destination {
     Nats {
         url: String,
         subject_prefix: String,
-    },
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum SyslogTarget {
-    /// A local datagram socket (`/dev/log`).
-    Unix(PathBuf),
-    Udp {
-        host: String,
-        port: u16,
-    },
-    Tcp {
-        host: String,
-        port: u16,
     },
 }
 

@@ -1,9 +1,16 @@
 //! One output's configuration (an entry of `outputs:`, or a `--to DEST`) and which alerts it takes.
 
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+
 use credwatch_core::alert::{Alert, Severity};
 use serde::{Deserialize, Serialize};
 
-use crate::destination::Destination;
+use crate::{
+    destination::Destination,
+    nats::NatsOptions,
+    syslog::{Facility, SyslogFormat, SyslogOptions},
+    webhook::{WebhookFormat, WebhookOptions},
+};
 
 /// Default bound of an output's in-memory queue, in alerts: a burst the output's task has not
 /// yet taken to its spool (at most ~10 MiB of alerts). Past it, alerts go straight to the spool
@@ -43,6 +50,57 @@ pub struct OutputConfig {
     /// `file`: rotated files kept, `PATH.1` (newest) to `PATH.<keep>` (default [`DEFAULT_FILE_KEEP`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep: Option<u32>,
+    /// `syslog`: `rfc5424` (default, with structured data) or `rfc3164`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<SyslogFormat>,
+    /// `syslog`: the facility (default `authpriv`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub facility: Option<Facility>,
+    /// `syslog`: the longest message in bytes (default by transport: see the syslog module).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_message: Option<usize>,
+    /// `syslog`: seconds a connect or a write may make no progress (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<f64>,
+    /// `webhook`: a batch as one NDJSON request rather than one request per alert.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ndjson: Option<bool>,
+    /// `webhook`, `falcosidekick`: sent as `Authorization: Bearer TOKEN`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bearer_token: Option<String>,
+    /// `webhook`, `falcosidekick`: further headers on every request.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    /// `webhook`, `falcosidekick`, `nats`: trust only the CA certificates of this PEM file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// `webhook`, `falcosidekick`: seconds to connect (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_timeout: Option<f64>,
+    /// `webhook`, `falcosidekick`: seconds for a whole request (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_timeout: Option<f64>,
+    /// `nats`: a `.creds` file (JWT and NKey seed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_file: Option<PathBuf>,
+    /// `nats`: a token to authenticate with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// `nats`: TLS even for a `nats://` URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require_tls: Option<bool>,
+    /// `nats`: seconds to wait for the stream's acknowledgement (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ack_timeout: Option<f64>,
+}
+
+/// The kinds of output, for the knobs that belong to some only.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    File,
+    Syslog,
+    Webhook,
+    Nats,
 }
 
 impl OutputConfig {
@@ -57,18 +115,124 @@ impl OutputConfig {
             spool_max_bytes: None,
             max_bytes: None,
             keep: None,
+            format: None,
+            facility: None,
+            max_message: None,
+            timeout: None,
+            ndjson: None,
+            bearer_token: None,
+            headers: BTreeMap::new(),
+            ca_file: None,
+            connect_timeout: None,
+            request_timeout: None,
+            credentials_file: None,
+            token: None,
+            require_tls: None,
+            ack_timeout: None,
+        }
+    }
+
+    fn kind(&self) -> Kind {
+        match self.to {
+            Destination::File(_) => Kind::File,
+            Destination::Syslog(_) => Kind::Syslog,
+            Destination::Webhook(_) | Destination::Falcosidekick(_) => Kind::Webhook,
+            Destination::Nats { .. } => Kind::Nats,
+        }
+    }
+
+    /// The knobs set, each with the kinds of output it belongs to.
+    fn knobs(&self) -> [(&'static str, bool, &'static [Kind]); 18] {
+        use Kind::*;
+        [
+            ("max_bytes", self.max_bytes.is_some(), &[File]),
+            ("keep", self.keep.is_some(), &[File]),
+            ("format", self.format.is_some(), &[Syslog]),
+            ("facility", self.facility.is_some(), &[Syslog]),
+            ("max_message", self.max_message.is_some(), &[Syslog]),
+            ("timeout", self.timeout.is_some(), &[Syslog]),
+            ("ndjson", self.ndjson.is_some(), &[Webhook]),
+            ("bearer_token", self.bearer_token.is_some(), &[Webhook]),
+            ("headers", !self.headers.is_empty(), &[Webhook]),
+            ("ca_file", self.ca_file.is_some(), &[Webhook, Nats]),
+            ("connect_timeout", self.connect_timeout.is_some(), &[Webhook]),
+            ("request_timeout", self.request_timeout.is_some(), &[Webhook]),
+            ("credentials_file", self.credentials_file.is_some(), &[Nats]),
+            ("token", self.token.is_some(), &[Nats]),
+            ("require_tls", self.require_tls.is_some(), &[Nats]),
+            ("ack_timeout", self.ack_timeout.is_some(), &[Nats]),
+            ("queue", self.queue.is_some(), &[File, Syslog, Webhook, Nats]),
+            ("spool_max_bytes", self.spool_max_bytes.is_some(), &[File, Syslog, Webhook, Nats]),
+        ]
+    }
+
+    /// `syslog`'s options, defaults where a knob is not set.
+    pub fn syslog_options(&self) -> SyslogOptions {
+        let default = SyslogOptions::default();
+        SyslogOptions {
+            format: self.format.unwrap_or(default.format),
+            facility: self.facility.unwrap_or(default.facility),
+            max_message: self.max_message,
+            timeout: seconds(self.timeout).unwrap_or(default.timeout),
+        }
+    }
+
+    /// `webhook`'s or `falcosidekick`'s options.
+    pub fn webhook_options(&self, format: WebhookFormat) -> WebhookOptions {
+        let default = WebhookOptions::default();
+        WebhookOptions {
+            format,
+            ndjson: self.ndjson.unwrap_or(default.ndjson),
+            bearer_token: self.bearer_token.clone(),
+            headers: self.headers.iter().map(|(name, value)| (name.clone(), value.clone())).collect(),
+            ca_file: self.ca_file.clone(),
+            connect_timeout: seconds(self.connect_timeout).unwrap_or(default.connect_timeout),
+            request_timeout: seconds(self.request_timeout).unwrap_or(default.request_timeout),
+        }
+    }
+
+    pub fn nats_options(&self) -> NatsOptions {
+        let default = NatsOptions::default();
+        NatsOptions {
+            credentials_file: self.credentials_file.clone(),
+            token: self.token.clone(),
+            require_tls: self.require_tls.unwrap_or(default.require_tls),
+            ca_file: self.ca_file.clone(),
+            connect_timeout: default.connect_timeout,
+            ack_timeout: seconds(self.ack_timeout).unwrap_or(default.ack_timeout),
         }
     }
 
     /// What is wrong with the knobs for this kind of destination, each with its key.
     pub fn invalid(&self) -> Vec<(&'static str, String)> {
         let mut invalid = Vec::new();
-        let is_file = matches!(self.to, Destination::File(_));
-        if !is_file {
-            for (key, set) in [("max_bytes", self.max_bytes.is_some()), ("keep", self.keep.is_some())] {
-                if set {
-                    invalid.push((key, format!("`{key}` is a knob of file outputs, not of {}", self.to)));
-                }
+        let kind = self.kind();
+        for (key, set, kinds) in self.knobs() {
+            if set && !kinds.contains(&kind) {
+                let of = match kinds {
+                    [Kind::File] => "file outputs",
+                    [Kind::Syslog] => "syslog outputs",
+                    [Kind::Webhook] => "webhook and falcosidekick outputs",
+                    [Kind::Nats] => "nats outputs",
+                    _ => "webhook, falcosidekick and nats outputs",
+                };
+                invalid.push((key, format!("`{key}` is a knob of {of}, not of {}", self.to)));
+            }
+        }
+        for (key, value) in [
+            ("timeout", self.timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("request_timeout", self.request_timeout),
+            ("ack_timeout", self.ack_timeout),
+        ] {
+            if value.is_some() && seconds(value).is_none() {
+                invalid.push((key, format!("{} is not a number of seconds above 0", value.unwrap_or_default())));
+            }
+        }
+        // Read by the transport at start-up; missing, `config check` says so too, at its key.
+        for (key, path) in [("ca_file", &self.ca_file), ("credentials_file", &self.credentials_file)] {
+            if let Some(path) = path.as_ref().filter(|path| !path.is_file()) {
+                invalid.push((key, format!("{} is not a file", path.display())));
             }
         }
         if self.max_bytes == Some(0) {
@@ -86,6 +250,11 @@ impl OutputConfig {
     pub fn filter(&self) -> Filter {
         Filter { min_severity: self.min_severity, rules: self.rules.clone(), categories: self.categories.clone() }
     }
+}
+
+/// Seconds as a duration: `None` when not set, or not a number above 0.
+fn seconds(value: Option<f64>) -> Option<Duration> {
+    value.filter(|s| s.is_finite() && *s > 0.0).and_then(|s| Duration::try_from_secs_f64(s).ok())
 }
 
 /// Which alerts an output takes.
@@ -157,8 +326,19 @@ mod tests {
         let mut output = OutputConfig::to("syslog:udp:h:514".parse().unwrap());
         output.max_bytes = Some(10);
         output.keep = Some(2);
+        output.token = Some("t".into());
+        output.facility = Some(Facility::Local0);
         let keys: Vec<&str> = output.invalid().iter().map(|(key, _)| *key).collect();
-        assert_eq!(keys, ["max_bytes", "keep"]);
+        assert_eq!(keys, ["max_bytes", "keep", "token"]);
+        let mut nats = OutputConfig::to("nats:nats://127.0.0.1:4222/alerts".parse().unwrap());
+        nats.ca_file = Some("/ca.pem".into());
+        nats.bearer_token = Some("t".into());
+        nats.ack_timeout = Some(0.0);
+        let invalid = nats.invalid();
+        let keys: Vec<&str> = invalid.iter().map(|(key, _)| *key).collect();
+        assert_eq!(keys, ["bearer_token", "ack_timeout", "ca_file"]);
+        assert!(invalid[0].1.contains("webhook and falcosidekick"), "{}", invalid[0].1);
+        assert_eq!(invalid[2].1, "/ca.pem is not a file");
         let mut file = OutputConfig::to("file:/tmp/a".parse().unwrap());
         file.max_bytes = Some(10);
         file.keep = Some(0);

@@ -47,7 +47,7 @@ use credwatch_core::{
     alert::{Alert, Severity},
     output,
 };
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use time::{format_description::well_known::Rfc3339, macros::format_description, OffsetDateTime, UtcOffset};
 use tokio::{
     io::AsyncWriteExt,
@@ -56,8 +56,8 @@ use tokio::{
 
 use crate::{Outgoing, Transport, TransportError};
 
-/// Where the messages go.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Where the messages go (also what `syslog:` destinations parse into).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum SyslogTarget {
     /// A local datagram socket, such as `/dev/log`.
     Unix(PathBuf),
@@ -68,7 +68,7 @@ pub enum SyslogTarget {
 }
 
 /// The message format.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SyslogFormat {
     /// With structured data: what rsyslog, syslog-ng and SIEM collectors parse into fields.
@@ -81,7 +81,7 @@ pub enum SyslogFormat {
 }
 
 /// The syslog facility (RFC 5424 section 6.2.1; the kernel's is not for programs).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Facility {
     User = 1,

@@ -4,6 +4,8 @@
 //!
 //! The tests need root (they load eBPF programs) and the release binary: `cargo xtask test`.
 
+pub mod servers;
+
 use std::{
     fs,
     os::unix::process::CommandExt,

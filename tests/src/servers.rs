@@ -1,0 +1,246 @@
+//! The real servers the outputs' end-to-end tests deliver to, each started on loopback in a
+//! directory of the test's: rsyslogd (TCP in, rsyslog's JSON with the structured data parsed
+//! out), `nats-server -js` (its store kept across a restart) and Prometheus. As in
+//! credwatch-outputs' own tests, which they follow.
+
+use std::{
+    fs,
+    net::{TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+/// A program from Debian's package, wherever it put it (`/usr/sbin` is not on every PATH).
+fn program(name: &str, package: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/bin"), PathBuf::from("/sbin")])
+        .map(|dir| dir.join(name))
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| panic!("{name} not found: install Debian's {package} package (`cargo xtask test` does)"))
+}
+
+/// A loopback port free right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn wait_for(what: &str, log: &Path, mut ready: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ready() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "timed out waiting for {what}; it said: {}",
+            fs::read_to_string(log).unwrap_or_default()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends `signal` (`-STOP`, `-KILL`, ...) to `child`.
+pub fn signal(child: &Child, signal: &str) {
+    assert!(Command::new("kill").args([signal, &child.id().to_string()]).status().unwrap().success());
+}
+
+/// rsyslogd with one TCP input (octet-counting, as credwatch frames), every message written to
+/// `messages.jsonl` as rsyslog's own JSON (`%jsonmesg%`) after mmpstrucdata.
+pub struct Rsyslog {
+    dir: PathBuf,
+    pub port: u16,
+    pub child: Option<Child>,
+}
+
+impl Rsyslog {
+    pub fn start(dir: &Path) -> Rsyslog {
+        fs::create_dir_all(dir.join("work")).unwrap();
+        let port = free_port();
+        let d = dir.display();
+        let conf = format!(
+            r#"global(workDirectory="{d}/work")
+module(load="imtcp")
+module(load="mmpstrucdata")
+input(type="imtcp" address="127.0.0.1" port="{port}")
+template(name="everything" type="string" string="%jsonmesg%\n")
+action(type="mmpstrucdata")
+action(type="omfile" file="{d}/messages.jsonl" template="everything")
+"#
+        );
+        fs::write(dir.join("rsyslog.conf"), conf).unwrap();
+        let mut rsyslog = Rsyslog { dir: dir.to_owned(), port, child: None };
+        rsyslog.run();
+        rsyslog
+    }
+
+    /// Starts it (again), on the same port and file.
+    pub fn run(&mut self) {
+        let log = self.dir.join("rsyslogd.log");
+        let child = Command::new(program("rsyslogd", "rsyslog"))
+            .arg("-n")
+            .arg("-f")
+            .arg(self.dir.join("rsyslog.conf"))
+            .arg("-i")
+            .arg(self.dir.join("rsyslogd.pid"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("starting rsyslogd");
+        self.child = Some(child);
+        let port = self.port;
+        wait_for("rsyslogd to listen", &log, || TcpStream::connect(("127.0.0.1", port)).is_ok());
+        let said = fs::read_to_string(&log).unwrap_or_default();
+        assert!(!said.contains("error"), "rsyslogd: {said}");
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// What rsyslog wrote so far, as rsyslog's JSON records.
+    pub fn messages(&self) -> Vec<Value> {
+        fs::read_to_string(self.dir.join("messages.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+}
+
+impl Drop for Rsyslog {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// credwatch's structured data in one of rsyslog's records.
+pub fn structured_data(message: &Value) -> &Value {
+    &message["$!"]["rfc5424-sd"]["credwatch@32473"]
+}
+
+/// `nats-server -js`, its store in `dir/store`, kept across [`NatsServer::restart`].
+pub struct NatsServer {
+    dir: PathBuf,
+    pub port: u16,
+    pub child: Option<Child>,
+}
+
+impl NatsServer {
+    pub fn start(dir: &Path) -> NatsServer {
+        fs::create_dir_all(dir).unwrap();
+        let mut server = NatsServer { dir: dir.to_owned(), port: free_port(), child: None };
+        server.restart();
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts it (again) on the same port and store, until it says it is ready.
+    pub fn restart(&mut self) {
+        let log_path = self.dir.join("server.log");
+        let ready = || fs::read_to_string(&log_path).unwrap_or_default().matches("Server is ready").count();
+        let before = ready();
+        let log = fs::OpenOptions::new().create(true).append(true).open(&log_path).unwrap();
+        let child = Command::new(program("nats-server", "nats-server"))
+            .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string(), "-sd"])
+            .arg(self.dir.join("store"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("starting nats-server");
+        self.child = Some(child);
+        wait_for("nats-server to be ready", &log_path, || ready() > before);
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Prometheus scraping `target` every second.
+pub struct Prometheus {
+    child: Child,
+    pub api: String,
+    log: PathBuf,
+}
+
+impl Prometheus {
+    pub fn start(dir: &Path, target: &str) -> Prometheus {
+        fs::create_dir_all(dir).unwrap();
+        let config = dir.join("prometheus.yml");
+        fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: credwatch\n    static_configs:\n      - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        let web = format!("127.0.0.1:{}", free_port());
+        let log = dir.join("prometheus.log");
+        let file = fs::File::create(&log).unwrap();
+        let child = Command::new(program("prometheus", "prometheus"))
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+            .arg(format!("--web.listen-address={web}"))
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .expect("starting prometheus");
+        Prometheus { child, api: format!("http://{web}"), log }
+    }
+
+    /// The samples of an instant query through Prometheus' HTTP API (with python3's urllib,
+    /// which the end-to-end tests need anyway: no HTTP client in this crate for one GET).
+    pub fn query(&self, expr: &str) -> Vec<Value> {
+        const GET: &str = "import sys, urllib.parse, urllib.request\n\
+                           url = sys.argv[1] + '/api/v1/query?' + urllib.parse.urlencode({'query': sys.argv[2]})\n\
+                           sys.stdout.buffer.write(urllib.request.urlopen(url, timeout=5).read())";
+        let output = Command::new("python3").args(["-c", GET, &self.api, expr]).output().expect("running python3");
+        let json: Value = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
+        json["data"]["result"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Waits until `expr` has a sample that `ok` takes; returns it.
+    pub fn wait_for(&self, expr: &str, ok: impl Fn(&Value) -> bool) -> Value {
+        let start = Instant::now();
+        loop {
+            if let Some(sample) = self.query(expr).into_iter().find(|sample| ok(sample)) {
+                return sample;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{expr}: {:?} after 60 s; Prometheus said:\n{}",
+                self.query(expr),
+                fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            thread::sleep(Duration::from_millis(250));
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

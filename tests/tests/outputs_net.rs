@@ -1,0 +1,519 @@
+//! The network outputs and the metrics with the real binary and the real servers, started here
+//! on loopback: rsyslog over TCP, NATS JetStream, an HTTPS webhook with the test's own CA, and
+//! Prometheus scraping `--metrics-listen`.
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    path::{Path, PathBuf},
+    process::Child,
+    thread,
+    time::{Duration, Instant},
+};
+
+use credwatch_e2e::{
+    servers::{free_port, signal, structured_data, NatsServer, Prometheus, Rsyslog},
+    write_executable, Run, Sandbox,
+};
+use serde_json::Value;
+
+fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < timeout, "{what}: not after {timeout:?}");
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `credwatch run OPTIONS -- npm-copy SCRIPT` started, where the script (a child of the fake
+/// npm, package `net-pkg`) reads `files` in order and then waits for `release` to exist.
+fn spawn_run(sandbox: &Sandbox, options: &[String], files: &[String], release: &Path) -> Child {
+    let manager = sandbox.top().join("bin/npm");
+    if !manager.exists() {
+        fs::create_dir_all(manager.parent().unwrap()).unwrap();
+        fs::copy(fs::canonicalize("/bin/sh").unwrap(), &manager).unwrap();
+    }
+    let list = sandbox.top().join(format!("list-{}", release.file_name().unwrap().to_string_lossy()));
+    fs::write(&list, files.join("\n") + "\n").unwrap();
+    let script = format!(
+        "sh -c 'while read -r f; do : < \"$f\"; done < {}; i=0; while [ ! -e {} ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done'; true",
+        list.display(),
+        release.display()
+    );
+    let mut command = sandbox.command(credwatch_e2e::credwatch_binary());
+    command
+        .args(["run", "--json", "--alerts"])
+        .arg(sandbox.alerts_file())
+        .args(options)
+        .arg("--")
+        .arg(&manager)
+        .args(["-c", &script])
+        .envs([("npm_package_name", "net-pkg"), ("npm_lifecycle_event", "postinstall")]);
+    sandbox.spawn(command)
+}
+
+/// `credwatch run OPTIONS` with a package that reads the fake SSH key, to its end.
+fn read_the_key(sandbox: &Sandbox, options: &[String]) -> (Run, Value) {
+    let key = sandbox.credential(".ssh/id_ed25519");
+    let release = sandbox.top().join("release-key");
+    fs::write(&release, "").unwrap();
+    let run = sandbox.wait(spawn_run(sandbox, options, std::slice::from_ref(&key), &release));
+    run.assert_exit(10);
+    let alert = run.expect_alert(&key);
+    (run, alert)
+}
+
+fn spool(sandbox: &Sandbox) -> String {
+    sandbox.top().join("spool").to_string_lossy().into_owned()
+}
+
+#[test]
+fn an_alert_reaches_rsyslog_over_tcp_with_its_structured_data() {
+    let sandbox = Sandbox::new();
+    let rsyslog = Rsyslog::start(&sandbox.top().join("rsyslog"));
+    let to = format!("syslog:tcp:127.0.0.1:{}", rsyslog.port);
+    let (run, alert) = read_the_key(&sandbox, &["--to".into(), to, "--spool-dir".into(), spool(&sandbox)]);
+    let id = alert["event"]["id"].as_str().unwrap().to_owned();
+    let mut found = None;
+    wait_until("the alert in rsyslog's file", Duration::from_secs(20), || {
+        found = rsyslog.messages().into_iter().find(|m| structured_data(m)["id"] == id.as_str());
+        found.is_some()
+    });
+    let message = found.unwrap();
+    let sd = structured_data(&message);
+    assert_eq!(sd["rule"], alert["rule"]["id"], "{message:#}\n{}", run.describe());
+    assert_eq!(sd["severity"], alert["rule"]["severity"]);
+    assert_eq!(sd["package"], "net-pkg");
+    assert_eq!(sd["lifecycle"], "postinstall");
+    assert_eq!(sd["file"], alert["file"]["path"]);
+    assert_eq!(message["app-name"], "credwatch", "{message:#}");
+    assert_eq!(message["procid"], run_pid(&message), "{message:#}");
+    assert!(run.stderr.contains("1 delivered"), "{}", run.describe());
+}
+
+/// rsyslog's `procid`: the agent's pid, whatever it was; a number.
+fn run_pid(message: &Value) -> Value {
+    let procid = message["procid"].as_str().unwrap_or_default();
+    assert!(procid.parse::<u32>().is_ok(), "{message:#}");
+    Value::String(procid.to_owned())
+}
+
+#[test]
+fn metrics_listen_is_scraped_by_prometheus() {
+    let sandbox = Sandbox::new();
+    let port = free_port();
+    let target = format!("127.0.0.1:{port}");
+    let prometheus = Prometheus::start(&sandbox.top().join("prometheus"), &target);
+    let key = sandbox.credential(".ssh/id_ed25519");
+    let release = sandbox.top().join("release");
+    let out = sandbox.top().join("out.jsonl");
+    let options = [
+        "--metrics-listen".to_owned(),
+        target.clone(),
+        "--to".into(),
+        format!("file:{}", out.display()),
+        "--spool-dir".into(),
+        spool(&sandbox),
+    ];
+    let child = spawn_run(&sandbox, &options, std::slice::from_ref(&key), &release);
+    let alert = sandbox.wait_for_alert(&key, Duration::from_secs(30)).expect("the key's alert");
+    let rule = alert["rule"]["id"].as_str().unwrap();
+    let severity = alert["rule"]["severity"].as_str().unwrap();
+    prometheus.wait_for("up{job=\"credwatch\"}", |s| s["value"][1] == "1");
+    let expr = format!("credwatch_alerts_total{{rule=\"{rule}\",severity=\"{severity}\"}}");
+    prometheus.wait_for(&expr, |s| s["value"][1].as_str().and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v > 0.0));
+    prometheus.wait_for("credwatch_events_total{kind=\"open\"}", |s| s["value"][1] != "0");
+    let output = format!("file:{}", out.display());
+    prometheus.wait_for(&format!("credwatch_output_deliveries_total{{output=\"{output}\"}}"), |s| s["value"][1] == "1");
+    prometheus.wait_for("credwatch_start_up_seconds", |s| {
+        s["value"][1].as_str().and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v > 0.0)
+    });
+    fs::write(&release, "").unwrap();
+    sandbox.wait(child).assert_exit(10);
+}
+
+#[test]
+fn a_metrics_address_that_cannot_be_bound_is_a_start_up_error() {
+    let sandbox = Sandbox::new();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let run = sandbox.run_with(&sandbox.work(), &["--metrics-listen", &addr], &["true"], &[]);
+    run.assert_exit(1);
+    assert!(run.stderr.contains(&format!("metrics listen address {addr}")), "{}", run.describe());
+    let run = sandbox.run_with(&sandbox.work(), &["--metrics-listen", "localhost"], &["true"], &[]);
+    run.assert_exit(2);
+}
+
+const NATS_PREFIX: &str = "credwatch.alerts";
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+/// The stream on `<prefix>.>` that a fleet's operator creates, with a duplicate window.
+fn create_stream(server: &NatsServer) {
+    runtime().block_on(async {
+        let client = async_nats::connect(server.url()).await.unwrap();
+        async_nats::jetstream::new(client)
+            .create_stream(async_nats::jetstream::stream::Config {
+                name: "CREDWATCH".into(),
+                subjects: vec![format!("{NATS_PREFIX}.>")],
+                duplicate_window: Duration::from_secs(600),
+                storage: async_nats::jetstream::stream::StorageType::File,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    });
+}
+
+/// What the stream holds, in its order: (subject, Nats-Msg-Id, the alert).
+fn read_stream(server: &NatsServer) -> Vec<(String, String, Value)> {
+    use async_nats::jetstream::consumer;
+    use futures_util::StreamExt as _;
+    runtime().block_on(async {
+        let client = async_nats::connect(server.url()).await.unwrap();
+        let context = async_nats::jetstream::new(client);
+        let stream = context.get_stream("CREDWATCH").await.unwrap();
+        let consumer = stream
+            .create_consumer(consumer::pull::Config {
+                deliver_policy: consumer::DeliverPolicy::All,
+                ack_policy: consumer::AckPolicy::None,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        loop {
+            let mut messages =
+                consumer.fetch().max_messages(500).expires(Duration::from_millis(500)).messages().await.unwrap();
+            let before = got.len();
+            while let Some(message) = messages.next().await {
+                let message = message.unwrap();
+                let id = message
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get("Nats-Msg-Id"))
+                    .map(|v| v.to_string())
+                    .unwrap_or_default();
+                let alert = serde_json::from_slice(&message.payload).unwrap_or(Value::Null);
+                got.push((message.subject.to_string(), id, alert));
+            }
+            if got.len() == before {
+                return got;
+            }
+        }
+    })
+}
+
+fn subject(host: &str) -> String {
+    format!("{NATS_PREFIX}.{}", host.replace(['.', '*', '>', ' '], "_"))
+}
+
+#[test]
+fn an_alert_is_in_the_nats_stream_on_its_host_subject_with_its_id() {
+    let sandbox = Sandbox::new();
+    let server = NatsServer::start(&sandbox.top().join("nats"));
+    create_stream(&server);
+    let to = format!("nats:{}/{NATS_PREFIX}", server.url());
+    let (run, alert) = read_the_key(&sandbox, &["--to".into(), to, "--spool-dir".into(), spool(&sandbox)]);
+    let id = alert["event"]["id"].as_str().unwrap();
+    let stream = read_stream(&server);
+    let ours: Vec<_> = stream.iter().filter(|(_, msg_id, _)| msg_id == id).collect();
+    assert_eq!(ours.len(), 1, "{stream:#?}\n{}", run.describe());
+    let (got_subject, _, payload) = ours[0];
+    assert_eq!(*got_subject, subject(alert["host"]["name"].as_str().unwrap()));
+    assert_eq!(*payload, alert, "the stream holds the ECS alert as written");
+}
+
+/// `n` distinct files of one credential rule (`~/.password-store/**`), so that reading them
+/// raises `n` alerts.
+fn secrets(sandbox: &Sandbox, n: usize) -> Vec<String> {
+    let dir = sandbox.home().join(".password-store/e2e");
+    fs::create_dir_all(&dir).unwrap();
+    (0..n)
+        .map(|i| {
+            let path = dir.join(format!("{i:04}.gpg"));
+            fs::write(&path, "FAKE-credwatch-e2e-not-a-gpg-message\n").unwrap();
+            path.to_string_lossy().into_owned()
+        })
+        .collect()
+}
+
+fn raised(sandbox: &Sandbox) -> Vec<Value> {
+    sandbox.alerts_now().into_iter().filter(|a| a["package"]["name"] == "net-pkg").collect()
+}
+
+/// A receiver that the outage test stops, kills and brings back.
+trait Receiver {
+    /// The `--to` destination.
+    fn to(&self) -> String;
+    fn child(&self) -> &Child;
+    /// Starts it again where it was, with what it had stored.
+    fn back(&mut self);
+    /// In the receiver's order, the `event.id` and file path of each alert of the test's
+    /// package it holds, repeats included.
+    fn delivered(&self) -> Vec<(String, String)>;
+}
+
+/// The issue's outage: 1,000 alerts raised while the receiver is stopped (SIGSTOP, when
+/// `stopped`), then killed, with the agent restarted once in between; the receiver back, every
+/// alert arrives, each id exactly once after dedup, in the order raised (one host).
+fn outage(sandbox: &Sandbox, receiver: &mut dyn Receiver, stopped: bool) {
+    let files = secrets(sandbox, 1000);
+    let options = ["--to".to_owned(), receiver.to(), "--spool-dir".into(), spool(sandbox)];
+    signal(receiver.child(), if stopped { "-STOP" } else { "-KILL" });
+    let release = sandbox.top().join("release-1");
+    let first = spawn_run(sandbox, &options, &files[..500], &release);
+    wait_until("500 alerts raised", Duration::from_secs(120), || raised(sandbox).len() >= 500);
+    fs::write(&release, "").unwrap();
+    let run = sandbox.wait(first);
+    run.assert_exit(10);
+    eprintln!("first agent: {}", run.stderr.lines().filter(|l| l.contains("output ")).collect::<Vec<_>>().join("\n"));
+    if stopped {
+        signal(receiver.child(), "-KILL");
+    }
+
+    let release = sandbox.top().join("release-2");
+    let second = spawn_run(sandbox, &options, &files[500..], &release);
+    wait_until("1000 alerts raised", Duration::from_secs(120), || raised(sandbox).len() >= 1000);
+    receiver.back();
+    let started = Instant::now();
+    let unique = |got: &[(String, String)]| got.iter().map(|(id, _)| id.clone()).collect::<BTreeSet<_>>().len();
+    let mut got = Vec::new();
+    let deadline = Duration::from_secs(120);
+    while unique(&got) < 1000 && started.elapsed() < deadline {
+        thread::sleep(Duration::from_millis(200));
+        got = receiver.delivered();
+    }
+    eprintln!(
+        "{} of 1000 alerts delivered {:.1} s after the receiver came back",
+        unique(&got),
+        started.elapsed().as_secs_f64()
+    );
+    fs::write(&release, "").unwrap();
+    let run = sandbox.wait(second);
+    run.assert_exit(10);
+
+    let raised = raised(sandbox);
+    assert_eq!(raised.len(), 1000, "{}", run.describe());
+    let raised_ids: BTreeSet<String> = raised.iter().map(|a| a["event"]["id"].as_str().unwrap().to_owned()).collect();
+    let mut seen = BTreeSet::new();
+    let order: Vec<String> = got.into_iter().filter(|(id, _)| seen.insert(id.clone())).map(|(_, path)| path).collect();
+    let missing = raised_ids.difference(&seen).count();
+    assert_eq!(missing, 0, "{missing} of 1000 alerts never arrived\n{}", run.describe());
+    assert_eq!(seen, raised_ids, "delivered ids are not the raised ones");
+    assert_eq!(order, files, "delivered out of order");
+    assert!(run.stderr.contains("0 dropped, 0 left in the spool"), "{}", run.describe());
+}
+
+struct Nats(NatsServer);
+
+impl Receiver for Nats {
+    fn to(&self) -> String {
+        format!("nats:{}/{NATS_PREFIX}", self.0.url())
+    }
+
+    fn child(&self) -> &Child {
+        self.0.child.as_ref().unwrap()
+    }
+
+    fn back(&mut self) {
+        self.0.kill();
+        self.0.restart();
+    }
+
+    fn delivered(&self) -> Vec<(String, String)> {
+        let stream = read_stream(&self.0);
+        let host_subject = |alert: &Value| subject(alert["host"]["name"].as_str().unwrap_or_default());
+        assert!(stream.iter().all(|(s, _, a)| *s == host_subject(a)), "a subject is not the host's");
+        assert!(stream.iter().all(|(_, id, a)| a["event"]["id"] == id.as_str()), "a Nats-Msg-Id is not event.id");
+        stream
+            .into_iter()
+            .filter(|(_, _, a)| a["package"]["name"] == "net-pkg")
+            .map(|(_, id, a)| (id, a["file"]["path"].as_str().unwrap_or_default().to_owned()))
+            .collect()
+    }
+}
+
+#[test]
+fn a_thousand_alerts_reach_nats_stopped_then_killed_across_an_agent_restart() {
+    let sandbox = Sandbox::new();
+    let server = NatsServer::start(&sandbox.top().join("nats"));
+    create_stream(&server);
+    outage(&sandbox, &mut Nats(server), true);
+}
+
+struct Syslog(Rsyslog);
+
+impl Receiver for Syslog {
+    fn to(&self) -> String {
+        format!("syslog:tcp:127.0.0.1:{}", self.0.port)
+    }
+
+    fn child(&self) -> &Child {
+        self.0.child.as_ref().unwrap()
+    }
+
+    fn back(&mut self) {
+        self.0.kill();
+        self.0.run();
+    }
+
+    fn delivered(&self) -> Vec<(String, String)> {
+        self.0
+            .messages()
+            .iter()
+            .map(structured_data)
+            .filter(|sd| sd["package"] == "net-pkg")
+            .map(|sd| {
+                (sd["id"].as_str().unwrap_or_default().to_owned(), sd["file"].as_str().unwrap_or_default().to_owned())
+            })
+            .collect()
+    }
+}
+
+/// Killed, not stopped first: syslog has no acknowledgement, so what the agent writes to a
+/// stopped rsyslogd's socket counts as delivered and dies with it (measured with this test
+/// stopping it first: the first agent's 500 alerts "delivered", none arrived). A receiver that
+/// refuses connections loses nothing.
+#[test]
+fn a_thousand_alerts_reach_rsyslog_over_tcp_down_across_an_agent_restart() {
+    let sandbox = Sandbox::new();
+    let rsyslog = Rsyslog::start(&sandbox.top().join("rsyslog"));
+    outage(&sandbox, &mut Syslog(rsyslog), false);
+}
+
+/// A small HTTPS receiver (Python's http.server behind its ssl module): each POST's
+/// Authorization header and body as one JSON line in `requests.jsonl`, answered 200.
+const RECEIVER: &str = r#"
+import http.server, json, ssl, sys
+dir, port = sys.argv[1], int(sys.argv[2])
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        with open(dir + "/requests.jsonl", "a") as out:
+            out.write(json.dumps({"path": self.path, "authorization": self.headers.get("Authorization", ""),
+                                  "content_type": self.headers.get("Content-Type", ""),
+                                  "body": body.decode()}) + "\n")
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain(dir + "/server.pem", dir + "/server.key")
+server = http.server.HTTPServer(("127.0.0.1", port), Handler)
+server.socket = context.wrap_socket(server.socket, server_side=True)
+open(dir + "/ready", "w").close()
+server.serve_forever()
+"#;
+
+struct Https(Child);
+
+impl Drop for Https {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A CA of the test's, a certificate for 127.0.0.1 signed by it, and the receiver on `port`.
+fn https_receiver(dir: &Path, port: u16) -> (Https, PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    fs::create_dir_all(dir).unwrap();
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name.push(DnType::CommonName, "credwatch e2e CA");
+    let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&key, &Issuer::from_params(&ca, &ca_key))
+        .unwrap();
+    let ca_file = dir.join("ca.pem");
+    fs::write(&ca_file, ca_pem).unwrap();
+    fs::write(dir.join("server.pem"), cert.pem()).unwrap();
+    fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
+    let script = dir.join("receiver.py");
+    write_executable(&script, RECEIVER);
+    let child = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(dir)
+        .arg(port.to_string())
+        .stderr(fs::File::create(dir.join("receiver.log")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("the HTTPS receiver", Duration::from_secs(20), || dir.join("ready").exists());
+    (Https(child), ca_file)
+}
+
+#[test]
+fn an_ecs_alert_reaches_an_https_webhook_with_a_given_ca_and_bearer_token() {
+    let sandbox = Sandbox::new();
+    let dir = sandbox.top().join("receiver");
+    let port = free_port();
+    let (_receiver, ca_file) = https_receiver(&dir, port);
+    let config = sandbox.top().join("credwatch.yaml");
+    fs::write(
+        &config,
+        format!(
+            "outputs:\n  - to: webhook:https://127.0.0.1:{port}/credwatch/alerts\n    ca_file: {}\n    bearer_token: e2e-token\n    request_timeout: 5\n",
+            ca_file.display()
+        ),
+    )
+    .unwrap();
+    let options = ["--config".to_owned(), config.to_string_lossy().into_owned(), "--spool-dir".into(), spool(&sandbox)];
+    let (run, alert) = read_the_key(&sandbox, &options);
+    let requests: Vec<Value> = fs::read_to_string(dir.join("requests.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let id = alert["event"]["id"].as_str().unwrap();
+    let ours: Vec<&Value> = requests
+        .iter()
+        .filter(|r| serde_json::from_str::<Value>(r["body"].as_str().unwrap()).unwrap()["event"]["id"] == id)
+        .collect();
+    assert_eq!(ours.len(), 1, "{requests:#?}\n{}", run.describe());
+    assert_eq!(ours[0]["path"], "/credwatch/alerts");
+    assert_eq!(ours[0]["authorization"], "Bearer e2e-token");
+    assert_eq!(ours[0]["content_type"], "application/json");
+    let body: Value = serde_json::from_str(ours[0]["body"].as_str().unwrap()).unwrap();
+    assert_eq!(body, alert, "the ECS alert as written");
+
+    // A CA file that is missing is an error of the configuration, at its key; one that holds no
+    // certificate stops credwatch at start-up, naming the output.
+    let config = sandbox.top().join("bad-ca.yaml");
+    let missing = dir.join("nope.pem");
+    fs::write(
+        &config,
+        format!("outputs:\n  - to: webhook:https://127.0.0.1:{port}/a\n    ca_file: {}\n", missing.display()),
+    )
+    .unwrap();
+    let run = sandbox.run_with(&sandbox.work(), &["--config", &config.to_string_lossy()], &["true"], &[]);
+    assert_ne!(run.status.and_then(|s| s.code()), Some(0), "{}", run.describe());
+    assert!(run.stderr.contains(&format!("`ca_file`: {} is not a file", missing.display())), "{}", run.describe());
+    let empty = dir.join("empty.pem");
+    fs::write(&empty, "not a certificate\n").unwrap();
+    fs::write(
+        &config,
+        format!("outputs:\n  - to: webhook:https://127.0.0.1:{port}/a\n    ca_file: {}\n", empty.display()),
+    )
+    .unwrap();
+    let run = sandbox.run_with(&sandbox.work(), &["--config", &config.to_string_lossy()], &["true"], &[]);
+    run.assert_exit(1);
+    let said = format!("output webhook:https://127.0.0.1:{port}/a: CA file {}: no certificate", empty.display());
+    assert!(run.stderr.contains(&said), "{said}\n{}", run.describe());
+}
+
+#[test]
+fn a_knob_of_another_kind_of_output_is_an_error_naming_it() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.top().join("credwatch.yaml");
+    fs::write(&config, "outputs:\n  - to: nats:nats://127.0.0.1:4222/credwatch\n    bearer_token: t\n").unwrap();
+    let run = sandbox.run_with(&sandbox.work(), &["--config", &config.to_string_lossy()], &["true"], &[]);
+    assert_ne!(run.status.and_then(|s| s.code()), Some(0), "{}", run.describe());
+    assert!(run.stderr.contains("`bearer_token` is a knob of webhook and falcosidekick outputs"), "{}", run.describe());
+}
