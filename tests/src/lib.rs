@@ -452,6 +452,49 @@ sh -c "$script" sh "$@"
 "#;
 
 impl Sandbox {
+    /// `n` distinct files of one credential rule (`~/.password-store/**`, one category: no
+    /// sweep folds them), so that reading them raises `n` alerts.
+    pub fn secrets(&self, n: usize) -> Vec<String> {
+        let dir = self.home().join(".password-store/e2e");
+        fs::create_dir_all(&dir).unwrap();
+        (0..n)
+            .map(|i| {
+                let path = dir.join(format!("{i:04}.gpg"));
+                fs::write(&path, "FAKE-credwatch-e2e-not-a-gpg-message\n").unwrap();
+                path.to_string_lossy().into_owned()
+            })
+            .collect()
+    }
+
+    /// `credwatch run OPTIONS -- npm-copy SCRIPT` started, where the script (a child of a copy
+    /// of sh named npm, package `package`) reads `files` in order and then waits for `release`
+    /// to exist. One process opens them all, in order: quick, and one order to check against.
+    pub fn spawn_reader(&self, package: &str, options: &[String], files: &[String], release: &Path) -> Child {
+        let manager = self.top().join("bin/npm");
+        if !manager.exists() {
+            fs::create_dir_all(manager.parent().unwrap()).unwrap();
+            fs::copy(fs::canonicalize("/bin/sh").unwrap(), &manager).unwrap();
+        }
+        let list = self.top().join(format!("list-{}", release.file_name().unwrap().to_string_lossy()));
+        fs::write(&list, files.join("\n") + "\n").unwrap();
+        // `; true`: sh would exec the last command in its own process, not in a child.
+        let script = format!(
+            "sh -c 'while read -r f; do : < \"$f\"; done < {}; i=0; while [ ! -e {} ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done'; true",
+            list.display(),
+            release.display()
+        );
+        let mut command = self.command(credwatch_binary());
+        command
+            .args(["run", "--json", "--alerts"])
+            .arg(self.alerts_file())
+            .args(options)
+            .arg("--")
+            .arg(&manager)
+            .args(["-c", &script])
+            .envs([("npm_package_name", package), ("npm_lifecycle_event", "postinstall")]);
+        self.spawn(command)
+    }
+
     /// The sandbox's top directory (HOME, work and the alerts file are in it; it is TMPDIR).
     pub fn top(&self) -> &Path {
         self.dir.path()

@@ -14,21 +14,7 @@ use std::{
 use credwatch_e2e::{credwatch_binary, parse_alerts, write_executable, Run, Sandbox};
 use serde_json::Value;
 
-/// `n` distinct files of one credential rule (`~/.password-store/**`, one category: no sweep
-/// folds them), so that reading them raises `n` alerts.
-fn secrets(sandbox: &Sandbox, n: usize) -> Vec<String> {
-    let dir = sandbox.home().join(".password-store/e2e");
-    fs::create_dir_all(&dir).unwrap();
-    (0..n)
-        .map(|i| {
-            let path = dir.join(format!("{i:04}.gpg"));
-            fs::write(&path, "FAKE-credwatch-e2e-not-a-gpg-message\n").unwrap();
-            path.to_string_lossy().into_owned()
-        })
-        .collect()
-}
-
-/// Whether `alert` is about one of the files of [`secrets`] in `sandbox`: the machine may have
+/// Whether `alert` is about one of the files of [`Sandbox::secrets`] in `sandbox`: the machine may have
 /// other package trees, which `watch` sees too.
 fn ours(sandbox: &Sandbox, alert: &Value) -> bool {
     let dir = sandbox.credential(".password-store/e2e/");
@@ -121,7 +107,7 @@ fn signal(child: &std::process::Child, signal: &str) {
 #[test]
 fn file_output_rotates_by_size_and_reopens_on_sighup_for_logrotate() {
     let sandbox = Sandbox::new();
-    let files = secrets(&sandbox, 26);
+    let files = sandbox.secrets(26);
     let out_dir = sandbox.top().join("out");
     fs::create_dir_all(&out_dir).unwrap();
     let out = out_dir.join("alerts.jsonl");
@@ -257,42 +243,15 @@ impl Drop for Disk {
     }
 }
 
-/// `credwatch run --to file:OUT --spool-dir SPOOL -- npm-copy SCRIPT`, where the script reads
-/// `files` and then waits for `release` to exist.
-fn spawn_run(sandbox: &Sandbox, out: &Path, spool: &Path, files: &[String], release: &Path) -> std::process::Child {
-    let manager = sandbox.top().join("bin/npm");
-    if !manager.exists() {
-        fs::create_dir_all(manager.parent().unwrap()).unwrap();
-        fs::copy(fs::canonicalize("/bin/sh").unwrap(), &manager).unwrap();
-    }
-    let list = sandbox.top().join(format!("list-{}", release.file_name().unwrap().to_string_lossy()));
-    fs::write(&list, files.join("\n") + "\n").unwrap();
-    // One process opens them all, in order: quick, and one order to check against. A child of
-    // the manager (`; true`: sh would exec the last command in its own process).
-    let script = format!(
-        "sh -c 'while read -r f; do : < \"$f\"; done < {}; i=0; while [ ! -e {} ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done'; true",
-        list.display(),
-        release.display()
-    );
-    let mut command = sandbox.command(credwatch_binary());
-    command
-        .args(["run", "--json", "--alerts"])
-        .arg(sandbox.alerts_file())
-        .arg("--to")
-        .arg(format!("file:{}", out.display()))
-        .arg("--spool-dir")
-        .arg(spool)
-        .arg("--")
-        .arg(&manager)
-        .args(["-c", &script])
-        .envs([("npm_package_name", "spool-flood"), ("npm_lifecycle_event", "postinstall")]);
-    sandbox.spawn(command)
+/// `--to file:OUT --spool-dir SPOOL`.
+fn file_and_spool(out: &Path, spool: &Path) -> Vec<String> {
+    vec!["--to".into(), format!("file:{}", out.display()), "--spool-dir".into(), spool.display().to_string()]
 }
 
 #[test]
 fn a_thousand_alerts_reach_a_receiver_that_was_down_across_an_agent_restart() {
     let sandbox = Sandbox::new();
-    let files = secrets(&sandbox, 1000);
+    let files = sandbox.secrets(1000);
     let spool = sandbox.top().join("spool");
     // The receiver: a file on a disk with room for a page, full after two or three alerts.
     let disk = Disk::mount(&sandbox.top().join("receiver"), "4k");
@@ -301,7 +260,7 @@ fn a_thousand_alerts_reach_a_receiver_that_was_down_across_an_agent_restart() {
     // The first agent: 500 alerts, the receiver down all along; at its end what it could not
     // deliver stays in its spool.
     let release = sandbox.top().join("release-1");
-    let first = spawn_run(&sandbox, &out, &spool, &files[..500], &release);
+    let first = sandbox.spawn_reader("spool-flood", &file_and_spool(&out, &spool), &files[..500], &release);
     wait_until("500 alerts raised", Duration::from_secs(60), || {
         sandbox.alerts_now().iter().filter(|a| a["package"]["name"] == "spool-flood").count() >= 500
     });
@@ -316,7 +275,7 @@ fn a_thousand_alerts_reach_a_receiver_that_was_down_across_an_agent_restart() {
 
     // The second agent: the spool first, then 500 more alerts; the receiver comes back meanwhile.
     let release = sandbox.top().join("release-2");
-    let second = spawn_run(&sandbox, &out, &spool, &files[500..], &release);
+    let second = sandbox.spawn_reader("spool-flood", &file_and_spool(&out, &spool), &files[500..], &release);
     wait_until("1000 alerts raised", Duration::from_secs(60), || {
         sandbox.alerts_now().iter().filter(|a| a["package"]["name"] == "spool-flood").count() >= 1000
     });

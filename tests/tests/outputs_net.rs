@@ -25,39 +25,12 @@ fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// `credwatch run OPTIONS -- npm-copy SCRIPT` started, where the script (a child of the fake
-/// npm, package `net-pkg`) reads `files` in order and then waits for `release` to exist.
-fn spawn_run(sandbox: &Sandbox, options: &[String], files: &[String], release: &Path) -> Child {
-    let manager = sandbox.top().join("bin/npm");
-    if !manager.exists() {
-        fs::create_dir_all(manager.parent().unwrap()).unwrap();
-        fs::copy(fs::canonicalize("/bin/sh").unwrap(), &manager).unwrap();
-    }
-    let list = sandbox.top().join(format!("list-{}", release.file_name().unwrap().to_string_lossy()));
-    fs::write(&list, files.join("\n") + "\n").unwrap();
-    let script = format!(
-        "sh -c 'while read -r f; do : < \"$f\"; done < {}; i=0; while [ ! -e {} ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done'; true",
-        list.display(),
-        release.display()
-    );
-    let mut command = sandbox.command(credwatch_e2e::credwatch_binary());
-    command
-        .args(["run", "--json", "--alerts"])
-        .arg(sandbox.alerts_file())
-        .args(options)
-        .arg("--")
-        .arg(&manager)
-        .args(["-c", &script])
-        .envs([("npm_package_name", "net-pkg"), ("npm_lifecycle_event", "postinstall")]);
-    sandbox.spawn(command)
-}
-
 /// `credwatch run OPTIONS` with a package that reads the fake SSH key, to its end.
 fn read_the_key(sandbox: &Sandbox, options: &[String]) -> (Run, Value) {
     let key = sandbox.credential(".ssh/id_ed25519");
     let release = sandbox.top().join("release-key");
     fs::write(&release, "").unwrap();
-    let run = sandbox.wait(spawn_run(sandbox, options, std::slice::from_ref(&key), &release));
+    let run = sandbox.wait(sandbox.spawn_reader("net-pkg", options, std::slice::from_ref(&key), &release));
     run.assert_exit(10);
     let alert = run.expect_alert(&key);
     (run, alert)
@@ -115,7 +88,7 @@ fn metrics_listen_is_scraped_by_prometheus() {
         "--spool-dir".into(),
         spool(&sandbox),
     ];
-    let child = spawn_run(&sandbox, &options, std::slice::from_ref(&key), &release);
+    let child = sandbox.spawn_reader("net-pkg", &options, std::slice::from_ref(&key), &release);
     let alert = sandbox.wait_for_alert(&key, Duration::from_secs(30)).expect("the key's alert");
     let rule = alert["rule"]["id"].as_str().unwrap();
     let severity = alert["rule"]["severity"].as_str().unwrap();
@@ -226,20 +199,6 @@ fn an_alert_is_in_the_nats_stream_on_its_host_subject_with_its_id() {
     assert_eq!(*payload, alert, "the stream holds the ECS alert as written");
 }
 
-/// `n` distinct files of one credential rule (`~/.password-store/**`), so that reading them
-/// raises `n` alerts.
-fn secrets(sandbox: &Sandbox, n: usize) -> Vec<String> {
-    let dir = sandbox.home().join(".password-store/e2e");
-    fs::create_dir_all(&dir).unwrap();
-    (0..n)
-        .map(|i| {
-            let path = dir.join(format!("{i:04}.gpg"));
-            fs::write(&path, "FAKE-credwatch-e2e-not-a-gpg-message\n").unwrap();
-            path.to_string_lossy().into_owned()
-        })
-        .collect()
-}
-
 fn raised(sandbox: &Sandbox) -> Vec<Value> {
     sandbox.alerts_now().into_iter().filter(|a| a["package"]["name"] == "net-pkg").collect()
 }
@@ -260,11 +219,11 @@ trait Receiver {
 /// `stopped`), then killed, with the agent restarted once in between; the receiver back, every
 /// alert arrives, each id exactly once after dedup, in the order raised (one host).
 fn outage(sandbox: &Sandbox, receiver: &mut dyn Receiver, stopped: bool) {
-    let files = secrets(sandbox, 1000);
+    let files = sandbox.secrets(1000);
     let options = ["--to".to_owned(), receiver.to(), "--spool-dir".into(), spool(sandbox)];
     signal(receiver.child(), if stopped { "-STOP" } else { "-KILL" });
     let release = sandbox.top().join("release-1");
-    let first = spawn_run(sandbox, &options, &files[..500], &release);
+    let first = sandbox.spawn_reader("net-pkg", &options, &files[..500], &release);
     wait_until("500 alerts raised", Duration::from_secs(120), || raised(sandbox).len() >= 500);
     fs::write(&release, "").unwrap();
     let run = sandbox.wait(first);
@@ -275,7 +234,7 @@ fn outage(sandbox: &Sandbox, receiver: &mut dyn Receiver, stopped: bool) {
     }
 
     let release = sandbox.top().join("release-2");
-    let second = spawn_run(sandbox, &options, &files[500..], &release);
+    let second = sandbox.spawn_reader("net-pkg", &options, &files[500..], &release);
     wait_until("1000 alerts raised", Duration::from_secs(120), || raised(sandbox).len() >= 1000);
     receiver.back();
     let started = Instant::now();
