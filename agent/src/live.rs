@@ -169,28 +169,9 @@ impl Sink for DetachedWarning {
 /// outputs' are read from the dispatcher at each scrape.
 struct Telemetry {
     metrics: Arc<Metrics>,
-    /// Events by kind, in the order of [`event_kind`]: counters looked up once, so that an event
+    /// Events by kind, in the order of [`EventData::KINDS`]: counters looked up once, so that an event
     /// costs an increment and no label built.
     events: Vec<Counter>,
-}
-
-const EVENT_KINDS: [&str; 11] =
-    ["exec", "fork", "exit", "open", "rename", "syscall", "root", "lost", "connect", "dns_query", "agent_gap"];
-
-fn event_kind(data: &EventData) -> usize {
-    match data {
-        EventData::Exec(_) => 0,
-        EventData::Fork(_) => 1,
-        EventData::Exit(_) => 2,
-        EventData::Open(_) => 3,
-        EventData::Rename(_) => 4,
-        EventData::Syscall(_) => 5,
-        EventData::Root(_) => 6,
-        EventData::Lost(_) => 7,
-        EventData::Connect(_) => 8,
-        EventData::DnsQuery(_) => 9,
-        EventData::AgentGap(_) => 10,
-    }
 }
 
 impl Telemetry {
@@ -206,7 +187,7 @@ impl Telemetry {
         let runtime = dispatcher.runtime();
         let listener = runtime.block_on(metrics::bind(addr)).context("serving the metrics (--metrics-listen)")?;
         runtime.spawn(metrics::serve(listener, Arc::clone(&metrics)));
-        let events = EVENT_KINDS
+        let events = EventData::KINDS
             .iter()
             .map(|kind| metrics.events.get_or_create(&KindLabels { kind: (*kind).to_owned() }).clone())
             .collect();
@@ -220,7 +201,7 @@ impl Telemetry {
 
 impl Sink for Telemetry {
     fn event(&mut self, _: &Engine, event: &Event, alerts: &[Alert]) -> Result<(), SinkError> {
-        self.events[event_kind(&event.data)].inc();
+        self.events[event.data.kind_index()].inc();
         // The sensor reports its losses as events (by ring buffer, `marks` for a full map of
         // marked processes, `detached`): what the engine sees, replay included.
         if let EventData::Lost(lost) = &event.data {

@@ -78,6 +78,30 @@ pub enum EventData {
     AgentGap(AgentGap),
 }
 
+impl EventData {
+    /// Every kind, as the trace's `kind` tag spells it, in the order of [`EventData::kind_index`]:
+    /// for tables indexed by kind (the metrics' counters).
+    pub const KINDS: [&'static str; 11] =
+        ["exec", "fork", "exit", "open", "rename", "syscall", "root", "lost", "connect", "dns_query", "agent_gap"];
+
+    /// This event's kind, as an index into [`EventData::KINDS`].
+    pub fn kind_index(&self) -> usize {
+        match self {
+            EventData::Exec(_) => 0,
+            EventData::Fork(_) => 1,
+            EventData::Exit(_) => 2,
+            EventData::Open(_) => 3,
+            EventData::Rename(_) => 4,
+            EventData::Syscall(_) => 5,
+            EventData::Root(_) => 6,
+            EventData::Lost(_) => 7,
+            EventData::Connect(_) => 8,
+            EventData::DnsQuery(_) => 9,
+            EventData::AgentGap(_) => 10,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Exec {
     pub ppid: u32,
@@ -285,6 +309,29 @@ impl Open {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kind_names_are_the_trace_tags() {
+        let every_kind = [
+            EventData::Exec(Exec::default()),
+            EventData::Fork(Fork::default()),
+            EventData::Exit(Exit::default()),
+            EventData::Open(Open::default()),
+            EventData::Rename(Rename::default()),
+            EventData::Syscall(Syscall::default()),
+            EventData::Root(Root::default()),
+            EventData::Lost(Lost::default()),
+            EventData::Connect(Connect::default()),
+            EventData::DnsQuery(DnsQuery::default()),
+            EventData::AgentGap(AgentGap::default()),
+        ];
+        assert_eq!(every_kind.len(), EventData::KINDS.len());
+        for (index, data) in every_kind.into_iter().enumerate() {
+            assert_eq!(data.kind_index(), index);
+            let tag = serde_json::to_value(Event { time_ns: 1, pid: 1, data }).unwrap()["kind"].clone();
+            assert_eq!(tag, EventData::KINDS[index]);
+        }
+    }
 
     #[test]
     fn keeps_only_attribution_variables() {
