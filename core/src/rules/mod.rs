@@ -167,11 +167,10 @@ impl RuleSet {
 
     /// The defaults, then `extra_dir`'s files on top (same id or name replaces, new ones add).
     pub fn load(extra_dir: Option<&Path>) -> Result<RuleSet, RulesError> {
-        let mut set = parse_sources(default_sources())?;
-        if let Some(dir) = extra_dir {
-            set.overlay(parse_sources(read_dir(dir)?)?);
+        match extra_dir {
+            Some(dir) => load_dir_over_defaults(dir).map(|loaded| loaded.merged),
+            None => RuleSet::defaults(),
         }
-        set.finish()
     }
 
     /// Only the files of `dir`.
