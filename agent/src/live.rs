@@ -7,12 +7,13 @@
 use std::{
     io::{self, PipeWriter, Read as _, Write as _},
     net::SocketAddr,
+    os::unix::net::UnixStream,
     os::unix::process::{CommandExt as _, ExitStatusExt as _},
     path::{Path, PathBuf},
     process::{Child, Command, ExitCode, ExitStatus},
     sync::{
         atomic::{AtomicBool, Ordering},
-        Arc,
+        Arc, Mutex,
     },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -34,7 +35,7 @@ use credwatch_core::{
     trace::{TraceHeader, TraceWriter, TRACE_SCHEMA},
 };
 use credwatch_outputs::{
-    metrics::{self, BufferLabels, KindLabels, Metrics, OutputFigures, ReloadLabels},
+    metrics::{self, BufferLabels, KernelFigures, KindLabels, Metrics, OutputFigures, ReloadLabels},
     Counts, DispatchOptions, Dispatcher, OutputConfig, DEFAULT_SPOOL_DIR,
 };
 use prometheus_client::metrics::counter::Counter;
@@ -51,8 +52,15 @@ pub const ALERT_EXIT_STATUS: u8 = 10;
 /// How long the outputs get at the end to deliver what is left, before it stays in their spools
 /// for the next start.
 const OUTPUTS_GRACE: Duration = Duration::from_secs(3);
-/// How long one wait for kernel events lasts: bounds alert latency and Ctrl-C response.
+/// How long one wait for kernel events lasts in `run`: how soon the end of CMD's tree is noticed
+/// (its last processes' exits are records, but they are reaped after).
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// How long one wait lasts in `watch`: records and signals end it at once (see
+/// [`Sensor::wake_on`]), and the sensor wakes for its own timers inside it, so an idle agent
+/// sleeps for this long between two looks at the loop's control.
+const IDLE_POLL_INTERVAL: Duration = Duration::from_secs(60);
+/// How old the kernel figures of the metrics may be when scraped again.
+const KERNEL_FIGURES_AGE: Duration = Duration::from_secs(2);
 
 /// What a live session prints and writes.
 pub struct Outputs<'a> {
@@ -112,6 +120,17 @@ fn stop_flag() -> Result<Arc<AtomicBool>> {
         signal_hook::flag::register(signal, Arc::clone(&stop)).context("installing signal handlers")?;
     }
     Ok(stop)
+}
+
+/// Makes `signals` wake the sensor's wait whichever thread runs their handlers (see
+/// [`Sensor::wake_on`]); their flags are set by the handlers registered beside.
+fn wake_on_signals(sensor: &mut Sensor, signals: &[libc::c_int]) -> Result<()> {
+    let (reader, writer) = UnixStream::pair().context("creating the signals' socket pair")?;
+    for &signal in signals {
+        let writer = writer.try_clone().context("creating the signals' socket pair")?;
+        signal_hook::low_level::pipe::register(signal, writer).context("installing signal handlers")?;
+    }
+    sensor.wake_on(reader).context("creating the signals' socket pair")
 }
 
 /// The sensor as the pipeline's source: the events the agent made itself first (the trees
@@ -196,6 +215,30 @@ impl Telemetry {
 
     fn reload(&self, result: &str) {
         self.metrics.reloads.get_or_create(&ReloadLabels { result: result.to_owned() }).inc();
+    }
+
+    /// Serves the sensor's kernel figures, read at a scrape and at most every
+    /// [`KERNEL_FIGURES_AGE`] (a syscall per map entry).
+    fn watch_kernel(&self, sensor: &Sensor) -> Result<()> {
+        let gauges = sensor.gauges().context("opening the kernel maps for the metrics")?;
+        let last: Mutex<Option<(Instant, KernelFigures)>> = Mutex::new(None);
+        self.metrics.watch_kernel(move || {
+            let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
+            match &*last {
+                Some((read, figures)) if read.elapsed() < KERNEL_FIGURES_AGE => figures.clone(),
+                _ => {
+                    let counts = gauges.read();
+                    let figures = KernelFigures {
+                        marked_processes: counts.marked_processes,
+                        map_fill: counts.map_fill.into_iter().map(|(map, fill)| (map.to_owned(), fill)).collect(),
+                        programs_attached: counts.programs_attached,
+                    };
+                    *last = Some((Instant::now(), figures.clone()));
+                    figures
+                }
+            }
+        });
+        Ok(())
     }
 }
 
@@ -285,6 +328,9 @@ impl Session {
         sensor
             .protect(Protection { rules: rules.clone(), homes: system_homes(), enforce: outputs.enforce })
             .context("registering credential files with the kernel")?;
+        if let Some(telemetry) = &telemetry {
+            telemetry.watch_kernel(&sensor)?;
+        }
         let sink = AlertSink::new(outputs.json, outputs.alerts_file, false)
             .with_context(|| format!("opening {}", outputs.alerts_file.unwrap_or(Path::new("")).display()))?;
         let engine = Engine::new(rules, engine_options(outputs));
@@ -510,6 +556,9 @@ pub fn watch_machine(config: &Config, layers: Layers) -> Result<ExitCode> {
     signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hangup))
         .context("installing signal handlers")?;
     let mut session = Session::start(&Outputs::from_config(config), &[])?;
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    wake_on_signals(&mut session.live.sensor, &[SIGINT, SIGTERM, SIGHUP])?;
+    session.live.wait = IDLE_POLL_INTERVAL;
     session.reload = Some((hangup, Reload { layers, config: config.clone() }));
     let managers = session.engine.rules().managers().to_vec();
     session.live.queued = session.live.sensor.seed(&managers).context("seeding running package trees from /proc")?;
@@ -585,6 +634,8 @@ pub fn run_command(config: &Config, command: &[String], linger: Option<Duration>
     let child_exited = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGCHLD, child_exited).context("installing signal handlers")?;
     let mut session = Session::start(outputs, command)?;
+    use signal_hook::consts::{SIGCHLD, SIGINT, SIGTERM};
+    wake_on_signals(&mut session.live.sensor, &[SIGINT, SIGTERM, SIGCHLD])?;
     let held = HeldCommand::spawn(command)?;
     let root = held.pid;
     if let Err(error) = session.live.sensor.mark_root(root) {

@@ -890,6 +890,72 @@ fn detached_programs_are_noticed() {
     assert_eq!(sensor.stats().detached, 1);
 }
 
+/// An idle sensor sleeps in one poll for as long as it is told, and the first record after it
+/// caught up wakes it at once (the kernel's adaptive wakeup), as does its waker (the signals'
+/// socket of `watch` and `run`).
+#[test]
+fn an_idle_poll_sleeps_until_a_record_or_the_waker() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut sensor = Sensor::start(&[], false).unwrap();
+    let (waker, signals) = std::os::unix::net::UnixStream::pair().unwrap();
+    sensor.wake_on(waker).unwrap();
+    // The shell execs at once; `sleep` exits half a second later, when the sensor is asleep.
+    let mut child = spawn_marked(&mut sensor, "/bin/sh", &["-c", "sleep 0.5; exit 0"]);
+    let root = child.id();
+    let mut events = Vec::new();
+    let settle = Instant::now() + Duration::from_millis(200);
+    while Instant::now() < settle {
+        sensor.poll(Duration::from_millis(50), &mut events).unwrap();
+    }
+    let sleeper = *forks_of(&events, root).first().expect("the shell forked sleep");
+    assert!(exited(&events, sleeper).is_none(), "sleep has not exited yet");
+    let asleep = Instant::now();
+    while exited(&events, sleeper).is_none() {
+        sensor.poll(Duration::from_secs(30), &mut events).unwrap();
+        assert!(asleep.elapsed() < Duration::from_secs(5), "the record did not wake the poll: {events:#?}");
+    }
+    assert!(child.wait().unwrap().success());
+
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        (&signals).write_all(&[1]).unwrap();
+        signals
+    });
+    let asleep = Instant::now();
+    let mut more = Vec::new();
+    sensor.poll(Duration::from_secs(30), &mut more).unwrap();
+    let slept = asleep.elapsed();
+    assert!(slept >= Duration::from_millis(250) && slept < Duration::from_secs(5), "woken after {slept:?}");
+    drop(writer.join().unwrap());
+}
+
+/// The credential table follows the directories of its targets by inotify: a key made in a
+/// new directory under a recursive target, and a file removed, change it within seconds, not
+/// at the next full rescan (a minute).
+#[test]
+fn the_credential_table_follows_its_directories_by_inotify() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = home();
+    let mut sensor = protected_sensor(&h, false);
+    let mut events = Vec::new();
+    let mut until_files = |sensor: &mut Sensor, expected: u64| {
+        let start = Instant::now();
+        while sensor.stats().credential_files != expected {
+            let files = sensor.stats().credential_files;
+            assert!(start.elapsed() < Duration::from_secs(5), "{files} credential files, not {expected}");
+            sensor.poll(Duration::from_millis(100), &mut events).unwrap();
+        }
+    };
+    fs::create_dir(h.home.join(".ssh/deploy")).unwrap();
+    fs::write(h.home.join(".ssh/deploy/id_deploy"), format!("{SECRET}-3\n")).unwrap();
+    // The directory and the key in it.
+    until_files(&mut sensor, 5);
+    fs::remove_file(h.home.join(".npmrc")).unwrap();
+    until_files(&mut sensor, 4);
+    fs::write(h.home.join(".ssh/deploy/id_other"), format!("{SECRET}-4\n")).unwrap();
+    until_files(&mut sensor, 5);
+}
+
 /// An open already inside the kernel when its process is marked had no entry program run for
 /// it: it is still reported, by the file it opened (no given path; flags from the file).
 #[test]

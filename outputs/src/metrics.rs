@@ -7,7 +7,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use credwatch_core::alert::Severity;
@@ -80,7 +80,20 @@ pub struct Metrics {
     pub programs_attached: Gauge,
     pub reloads: Family<ReloadLabels, Counter>,
     pub start_up_seconds: Gauge<f64, AtomicU64>,
+    /// Reads the kernel's figures at a scrape (see [`Metrics::watch_kernel`]).
+    kernel: OnceLock<KernelSource>,
 }
+
+/// The kernel's figures at a scrape.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KernelFigures {
+    pub marked_processes: u64,
+    /// Map name, entries in use over capacity (0 to 1).
+    pub map_fill: Vec<(String, f64)>,
+    pub programs_attached: u64,
+}
+
+type KernelSource = Box<dyn Fn() -> KernelFigures + Send + Sync>;
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -101,6 +114,7 @@ impl Metrics {
             reloads: Family::default(),
             start_up_seconds: Gauge::default(),
             registry: Registry::default(),
+            kernel: OnceLock::new(),
         };
         registry.register("events", "Events from the sensor, by kind", metrics.events.clone());
         registry.register(
@@ -132,6 +146,14 @@ impl Metrics {
         self.registry.register_collector(Box::new(OutputsCollector(Box::new(source))));
     }
 
+    /// Sets the kernel's gauges (marked processes, map fill, programs attached) from `source`
+    /// at each scrape: they are read from the kernel's maps, a syscall per entry, so only when
+    /// someone looks (and `source` may answer from a recent reading). Once the sensor runs,
+    /// which is after the metrics are served: the first source stays.
+    pub fn watch_kernel(&self, source: impl Fn() -> KernelFigures + Send + Sync + 'static) {
+        let _ = self.kernel.set(Box::new(source));
+    }
+
     /// Counts an alert raised by the engine.
     pub fn alert(&self, rule: &str, severity: Severity) {
         self.alerts
@@ -141,6 +163,14 @@ impl Metrics {
 
     /// The OpenMetrics text of every metric.
     pub fn encode(&self) -> String {
+        if let Some(kernel) = self.kernel.get() {
+            let figures = kernel();
+            self.marked_processes.set(i64::try_from(figures.marked_processes).unwrap_or(i64::MAX));
+            for (map, fill) in figures.map_fill {
+                self.map_fill.get_or_create(&MapLabels { map }).set(fill);
+            }
+            self.programs_attached.set(i64::try_from(figures.programs_attached).unwrap_or(i64::MAX));
+        }
         let mut text = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
@@ -290,10 +320,16 @@ mod tests {
             };
             vec![("nats:nats://127.0.0.1:4222/credwatch".to_string(), figures)]
         });
+        let marked = Arc::new(AtomicU64::new(4));
+        let marked_now = marked.clone();
+        metrics.watch_kernel(move || KernelFigures {
+            marked_processes: marked_now.load(Ordering::Relaxed),
+            map_fill: vec![("marks".to_string(), 0.25)],
+            programs_attached: 60,
+        });
         let metrics = Arc::new(metrics);
         metrics.events.get_or_create(&KindLabels { kind: "open".into() }).inc_by(3);
         metrics.alert("ssh-private-key", Severity::High);
-        metrics.map_fill.get_or_create(&MapLabels { map: "marks".into() }).set(0.25);
         metrics.start_up_seconds.set(0.5);
         let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -318,6 +354,8 @@ mod tests {
             "credwatch_output_queue_depth{output=\"nats:nats://127.0.0.1:4222/credwatch\"} 2",
             "credwatch_output_spool_bytes{output=\"nats:nats://127.0.0.1:4222/credwatch\"} 4096",
             "credwatch_map_fill{map=\"marks\"} 0.25",
+            "credwatch_marked_processes 4",
+            "credwatch_programs_attached 60",
             "credwatch_start_up_seconds 0.5",
             "# EOF",
         ] {
@@ -325,9 +363,14 @@ mod tests {
         }
         // Read at each scrape.
         delivered.store(8, Ordering::Relaxed);
+        marked.store(9, Ordering::Relaxed);
         let text = client.get(format!("http://{addr}/metrics")).send().await.unwrap().text().await.unwrap();
-        let line = "credwatch_output_deliveries_total{output=\"nats:nats://127.0.0.1:4222/credwatch\"} 8";
-        assert!(text.lines().any(|l| l == line), "{line:?} not in:\n{text}");
+        for line in [
+            "credwatch_output_deliveries_total{output=\"nats:nats://127.0.0.1:4222/credwatch\"} 8",
+            "credwatch_marked_processes 9",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} not in:\n{text}");
+        }
         let response = client.get(format!("http://{addr}/")).send().await.unwrap();
         assert_eq!(response.status(), 404);
         let response = client.post(format!("http://{addr}/metrics")).send().await.unwrap();

@@ -112,6 +112,11 @@ impl Canary {
         }
     }
 
+    /// When its records' absence counts (see [`Canary::verdict`]).
+    pub fn timeout_at(&self) -> Instant {
+        self.started + CANARY_TIMEOUT
+    }
+
     /// The verdict once all records are in or the time is up; `None` while waiting.
     pub fn verdict(&self, lost_now: u64) -> Option<Verdict> {
         if self.open && self.rename && self.exit {

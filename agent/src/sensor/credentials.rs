@@ -4,19 +4,29 @@
 //! copy, bind mount), goes to the priority ring buffer, and is killed under `--enforce` when a
 //! `kill` rule targets the file.
 //!
-//! Kept current by a periodic rescan ([`RESCAN_INTERVAL`], bounded by [`MAX_WALK_ENTRIES`])
-//! rather than inotify: inotify would need a watch on every directory under every prefix
-//! (recursive targets such as `~/.ssh/**`), misses directories that do not exist yet and
-//! overflows silently under load; a rescan of a few small directories every few seconds is
-//! cheap, bounded, and also catches a key replaced by a new inode.
+//! Kept current by rescans, bounded by [`MAX_WALK_ENTRIES`]: a rescan walks only the few
+//! directories that hold targets, and catches a file created, removed or replaced by a new inode
+//! whatever the name. What starts one is inotify on those very directories ([`DirWatch`]: the
+//! directory a target is in, or its nearest existing ancestor while it does not exist, and the
+//! directories a recursive target walks), [`RESCAN_AFTER_CHANGE`] after a change; a full rescan
+//! every [`FULL_RESCAN_INTERVAL`] is kept as a safety net for what inotify does not see (a
+//! queue overflow, watches past [`MAX_WATCHED_DIRS`], a mount over a watched directory). inotify
+//! alone would not do: targets under directories that do not exist yet, and recursive ones,
+//! need the walk to know what to watch. An idle agent thus wakes for the table once a minute
+//! rather than every few seconds.
 
 use std::{
     collections::{BTreeSet, HashMap},
-    fs,
-    os::unix::fs::MetadataExt as _,
+    fs, io,
+    os::{
+        fd::{AsFd, BorrowedFd},
+        unix::fs::MetadataExt as _,
+    },
     path::{Path, PathBuf},
     time::Duration,
 };
+
+use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 
 use credwatch_common::{cred_flag, spare_flag, CredInode, InodeKey, SparedExe};
 
@@ -25,8 +35,16 @@ use credwatch_core::rules::{
     Rule, RuleSet,
 };
 
-/// How often the table is rebuilt from the file system.
-pub const RESCAN_INTERVAL: Duration = Duration::from_secs(5);
+/// How often the table is rebuilt from the file system whatever inotify says.
+pub const FULL_RESCAN_INTERVAL: Duration = Duration::from_secs(60);
+/// How long after a change in a watched directory the table is rebuilt: a few changes made
+/// together (a directory then its files) cost one rescan.
+pub const RESCAN_AFTER_CHANGE: Duration = Duration::from_millis(100);
+/// Least time between two rescans started by changes: a directory that changes all the time
+/// (a browser's profile under a recursive target) costs at most one rescan per this.
+pub const MIN_RESCAN_GAP: Duration = Duration::from_secs(2);
+/// Directories watched with inotify, over all homes (each watch costs the kernel ~1 KiB).
+pub const MAX_WATCHED_DIRS: usize = 2048;
 /// Directory levels walked below a target's literal prefix (`~/.ssh/**` -> `~/.ssh`).
 pub const MAX_WALK_DEPTH: usize = 6;
 /// Directory entries examined per scan, over all targets and homes.
@@ -57,11 +75,13 @@ pub struct CredentialTable {
     indexes: HashMap<String, u32>,
 }
 
-/// What one scan found: the kernel map's new content, and whether a limit cut it short.
+/// What one scan found: the kernel map's new content, whether a limit cut it short, and the
+/// directories whose changes can change it.
 #[derive(Debug, Default)]
 pub struct Scan {
     pub inodes: HashMap<InodeKey, CredInode>,
     pub truncated: bool,
+    pub dirs: BTreeSet<PathBuf>,
 }
 
 /// The kernel's `dev_t` encoding (major << 20 | minor) of a userspace `st_dev`.
@@ -154,6 +174,12 @@ impl CredentialTable {
             }
             prefix.push(component);
         }
+        // A file appears, goes or is replaced in its directory; one that does not exist yet
+        // appears with the first of its directories that does not.
+        let watched = if globbed { prefix.as_path() } else { prefix.parent().unwrap_or(&prefix) };
+        if let Some(existing) = watched.ancestors().find(|dir| dir.is_dir()) {
+            scan.dirs.insert(existing.to_path_buf());
+        }
         if !globbed {
             self.consider(rule, &prefix, home, scan);
             return;
@@ -172,6 +198,7 @@ impl CredentialTable {
                 // inside the prefix); a symlinked file counts as the file it points to.
                 let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
                 if is_dir && depth + 1 < MAX_WALK_DEPTH {
+                    scan.dirs.insert(path.clone());
                     stack.push((path.clone(), depth + 1));
                 }
                 self.consider(rule, &path, home, scan);
@@ -216,6 +243,62 @@ impl CredentialTable {
         self.paths.push(path.to_owned());
         self.indexes.insert(path.to_owned(), index);
         Some(index)
+    }
+}
+
+/// inotify on the directories of the last [`Scan`]: says when the table may have changed.
+pub struct DirWatch {
+    inotify: Inotify,
+    watched: HashMap<PathBuf, WatchDescriptor>,
+}
+
+impl DirWatch {
+    pub fn new() -> io::Result<DirWatch> {
+        Ok(DirWatch { inotify: Inotify::init()?, watched: HashMap::new() })
+    }
+
+    /// Watches `dirs` (the first [`MAX_WATCHED_DIRS`]) and no other; true when one was not
+    /// watched before, so that what changed in it between the scan and its watch went unseen.
+    pub fn update(&mut self, dirs: &BTreeSet<PathBuf>) -> bool {
+        // Entries made, removed or moved: a file's content does not change its inode.
+        let mask = WatchMask::CREATE
+            | WatchMask::DELETE
+            | WatchMask::MOVED_FROM
+            | WatchMask::MOVED_TO
+            | WatchMask::DELETE_SELF
+            | WatchMask::MOVE_SELF
+            | WatchMask::ONLYDIR;
+        let mut watched = HashMap::with_capacity(dirs.len().min(MAX_WATCHED_DIRS));
+        let mut added = false;
+        for dir in dirs.iter().take(MAX_WATCHED_DIRS) {
+            // Added again each time: a directory removed and made again is another inode.
+            let Ok(wd) = self.inotify.watches().add(dir, mask) else { continue };
+            added |= self.watched.remove(dir).as_ref() != Some(&wd);
+            watched.insert(dir.clone(), wd);
+        }
+        for (_, wd) in self.watched.drain() {
+            // Gone already (its directory removed) is fine.
+            let _ = self.inotify.watches().remove(wd);
+        }
+        self.watched = watched;
+        added
+    }
+
+    /// Reads what inotify reported; true when anything changed (or its queue overflowed).
+    pub fn changed(&mut self) -> bool {
+        let mut buffer = [0u8; 4096];
+        let mut changed = false;
+        while let Ok(mut events) = self.inotify.read_events(&mut buffer) {
+            // IGNORED follows a watch's removal (ours, or its directory's): no entry changed.
+            changed |= events.any(|event| !event.mask.contains(EventMask::IGNORED));
+        }
+        changed
+    }
+}
+
+impl AsFd for DirWatch {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.inotify.as_fd()
     }
 }
 

@@ -11,14 +11,17 @@ mod project;
 mod seed;
 
 use std::{
-    io,
-    os::fd::{AsFd, AsRawFd},
+    io::{self, Read as _},
+    os::{
+        fd::{AsFd, AsRawFd},
+        unix::net::UnixStream,
+    },
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
 use aya::{
-    maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, IterableMap, Map, MapData, MapError, PerCpuArray, RingBuf},
     programs::{links::FdLink, Program, ProgramError, RawTracePoint, TracePoint},
     Ebpf, EbpfError, EbpfLoader,
 };
@@ -33,7 +36,7 @@ pub use self::doctor::{doctor, DoctorReport};
 use self::{
     btf::BtfError,
     canary::{Canary, Verdict, CANARY_INTERVAL},
-    credentials::{CredentialTable, RESCAN_INTERVAL},
+    credentials::{CredentialTable, DirWatch, FULL_RESCAN_INTERVAL, MIN_RESCAN_GAP, RESCAN_AFTER_CHANGE},
     pins::{Gap, Pins, Started, FORK_RECORD},
 };
 use credwatch_core::{
@@ -48,13 +51,12 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/cr
 /// `Mark::manager` of a root made by [`Sensor::mark_root`]: no manager exec made it.
 pub use credwatch_common::NO_MANAGER;
 
-/// Longest wait between two reads of the ring buffer: the programs do not wake the agent per
-/// record.
-const POLL_SLICE: Duration = Duration::from_millis(50);
-/// Shortest time between two reads of the bulk ring buffer. Its fd polls readable whenever it
-/// holds a record, so reading it as soon as it is would take the records a few at a time, at
-/// a few syscalls each; meanwhile only the priority ring, woken per record, is waited on. At
-/// 600k opens/s, 10 ms of records fill a quarter of the 4 MiB ring.
+/// Shortest time between two reads of the bulk ring buffer while records flow. Its fd polls
+/// readable whenever it holds a record, so reading it as soon as it is would take the records a
+/// few at a time, at a few syscalls each; meanwhile only the priority ring is waited on. At
+/// 600k opens/s, 10 ms of records fill a quarter of the 4 MiB ring. Once a read finds the bulk
+/// ring empty, both rings are waited on until the next timer: the kernel wakes the agent on
+/// the first record after it caught up, so an idle agent sleeps.
 const BATCH_INTERVAL: Duration = Duration::from_millis(10);
 const TRACEFS: &str = "/sys/kernel/tracing";
 
@@ -189,6 +191,8 @@ pub enum SensorError {
     Attach { name: &'static str, category: &'static str, tracepoint: String, source: Box<ProgramError> },
     #[error("manager `{manager}`: {what} `{value}` is longer than the kernel key ({max} bytes)")]
     KeyTooLong { manager: String, what: &'static str, value: String, max: usize },
+    #[error("duplicating the fd of map `{name}`: {source}")]
+    Dup { name: &'static str, source: io::Error },
     #[error("reading /proc: {0}")]
     Proc(io::Error),
     #[error("waiting for the ring buffer: {0}")]
@@ -235,7 +239,7 @@ enum Rings {
 enum Wake {
     /// Records are waiting, or the slice passed.
     Ready,
-    /// A signal handler ran.
+    /// A signal handler ran (on this thread, or wrote to the waker on another).
     Signal,
 }
 
@@ -285,19 +289,81 @@ pub struct Sensor {
     protected: Option<RuleSet>,
     /// With [`Sensor::protect`]: the table and when to scan it next.
     credentials: Option<(CredentialTable, Instant)>,
+    /// inotify on the directories of the table's targets (none if inotify could not start:
+    /// then only the periodic rescans keep the table current).
+    dir_watch: Option<DirWatch>,
+    last_scan: Instant,
+    /// See [`Sensor::wake_on`].
+    waker: Option<UnixStream>,
     /// Adopted: the credential paths of the agent before, for the table (its indexes are in
     /// `CRED_INODES` and in the records that waited).
     restored_paths: Vec<String>,
     canary: Option<Canary>,
     next_canary: Instant,
-    /// When the bulk ring was last read (see [`BATCH_INTERVAL`]).
-    last_drain: Instant,
+    /// When the bulk ring last gave records, while they flow (see [`BATCH_INTERVAL`]).
+    last_drain: Option<Instant>,
     decoder: Decoder,
     stats: SensorStats,
     /// The pinned set this agent runs (`watch`), or none (`run`: detached at exit).
     pins: Option<Pins>,
     /// Adopted from pins: the gap, until [`Sensor::seed`] reports it.
     gap: Option<Gap>,
+    /// Programs attached, one per tracepoint (the links).
+    programs_attached: u64,
+}
+
+/// The sensor's kernel figures for the metrics, read on another thread (the metrics endpoint's,
+/// at a scrape) through handles on the maps of its own: counting a hash map's entries takes a
+/// syscall per entry, which the sensor's loop does not pay.
+pub struct KernelGauges {
+    /// Each with its capacity.
+    marks: (HashMap<MapData, u32, Mark>, u32),
+    cred_inodes: (HashMap<MapData, InodeKey, CredInode>, u32),
+    spared_exes: (HashMap<MapData, InodeKey, SparedExe>, u32),
+    programs_attached: u64,
+}
+
+/// What [`KernelGauges::read`] found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KernelCounts {
+    /// Processes marked as package code (`MARKS` entries).
+    pub marked_processes: u64,
+    /// Per map (`marks`, `credential_inodes`, `spared_exes`): entries in use over capacity.
+    pub map_fill: Vec<(&'static str, f64)>,
+    pub programs_attached: u64,
+}
+
+impl KernelGauges {
+    pub fn read(&self) -> KernelCounts {
+        fn fill<K: aya::Pod, V: aya::Pod>((map, capacity): &(HashMap<MapData, K, V>, u32)) -> (u64, f64) {
+            // The kernel restarts a walk whose key was just deleted: bounded, a map that changes
+            // meanwhile is counted approximately, never for ever.
+            let used = map.keys().take(*capacity as usize).filter(Result::is_ok).count() as u64;
+            (used, if *capacity == 0 { 0.0 } else { used as f64 / f64::from(*capacity) })
+        }
+        let (marked_processes, marks) = fill(&self.marks);
+        KernelCounts {
+            marked_processes,
+            map_fill: vec![
+                ("marks", marks),
+                ("credential_inodes", fill(&self.cred_inodes).1),
+                ("spared_exes", fill(&self.spared_exes).1),
+            ],
+            programs_attached: self.programs_attached,
+        }
+    }
+}
+
+/// A second handle on the map of `map` (its fd duplicated), and its capacity.
+fn second_handle<K: aya::Pod, V: aya::Pod>(
+    map: &HashMap<MapData, K, V>,
+    name: &'static str,
+) -> Result<(HashMap<MapData, K, V>, u32), SensorError> {
+    let data = IterableMap::map(map);
+    let capacity = data.info().map_err(map_err(name))?.max_entries();
+    let fd = data.fd().as_fd().try_clone_to_owned().map_err(|source| SensorError::Dup { name, source })?;
+    let data = MapData::from_fd(fd).map_err(map_err(name))?;
+    Ok((HashMap::try_from(Map::HashMap(data)).map_err(map_err(name))?, capacity))
 }
 
 impl Sensor {
@@ -587,6 +653,7 @@ impl Sensor {
         pins.cred_paths_kept = restored_paths.len();
         let [lost, priority_lost, marks_full] = previous.lost_seen;
         let decoder = Decoder::new();
+        let programs_attached = pins::link_count(dir)?;
         Ok(Sensor {
             _ebpf: None,
             marks: pins::open_map(dir, "MARKS", Map::HashMap)?,
@@ -599,10 +666,13 @@ impl Sensor {
             spared_map: pins::open_map(dir, "SPARED_EXES", Map::HashMap)?,
             protected: None,
             credentials: None,
+            dir_watch: None,
+            last_scan: Instant::now(),
+            waker: None,
             restored_paths,
             canary: None,
             next_canary: Instant::now() + CANARY_INTERVAL,
-            last_drain: Instant::now(),
+            last_drain: None,
             decoder,
             stats: SensorStats { lost, priority_lost, marks_full, ..SensorStats::default() },
             pins: Some(pins),
@@ -612,6 +682,7 @@ impl Sensor {
                 clean_stop: previous.clean_stop == 1,
                 previous_pid: previous.agent_tgid,
             }),
+            programs_attached,
         })
     }
 
@@ -697,6 +768,7 @@ impl Sensor {
             COSTLIEST_TO_VERIFY.iter().position(|costly| costly == name).unwrap_or(COSTLIEST_TO_VERIFY.len())
         });
         load_programs(&mut ebpf, &wanted)?;
+        let mut programs_attached = 0;
         // A pinned link keeps its program attached once this process has closed it.
         let pin_link = |name: &'static str, tracepoint: &str, link: Result<FdLink, _>| -> Result<(), SensorError> {
             let Some(dir) = pin_to else { return Ok(()) };
@@ -712,11 +784,13 @@ impl Sensor {
                 .try_into()
                 .map_err(program_err(name))?;
             let link = program.attach(name).map_err(program_err(name))?;
+            programs_attached += 1;
             if pin_to.is_some() {
                 pin_link(name, name, Ok(FdLink::from(program.take_link(link).map_err(program_err(name))?)))?;
             }
         }
         let mut attach = |name: &'static str, category: &'static str, tracepoint: String| -> Result<(), SensorError> {
+            programs_attached += 1;
             let loaded: &mut TracePoint = ebpf
                 .program_mut(name)
                 .ok_or(SensorError::Missing { what: "program", name })?
@@ -754,19 +828,24 @@ impl Sensor {
             spared_map,
             protected: None,
             credentials: None,
+            dir_watch: None,
+            last_scan: Instant::now(),
+            waker: None,
             restored_paths: Vec::new(),
             canary: None,
             next_canary: Instant::now() + CANARY_INTERVAL,
-            last_drain: Instant::now(),
+            last_drain: None,
             decoder,
             stats: SensorStats::default(),
             pins,
             gap: None,
+            programs_attached,
         })
     }
 
-    /// Registers the inodes of the files `protection.rules` target (rescanned every
-    /// [`RESCAN_INTERVAL`] from [`Sensor::poll`]) and, with `enforce`, turns blocking on.
+    /// Registers the inodes of the files `protection.rules` target (rescanned from
+    /// [`Sensor::poll`] when their directories change, and every [`FULL_RESCAN_INTERVAL`]) and,
+    /// with `enforce`, turns blocking on.
     pub fn protect(&mut self, protection: Protection) -> Result<(), SensorError> {
         self.config.block_syscalls = block_syscalls(protection.rules.rules());
         let mut table = CredentialTable::new(protection.rules.rules().to_vec(), protection.homes);
@@ -792,7 +871,16 @@ impl Sensor {
     fn rescan(&mut self) -> Result<(), SensorError> {
         let Some((table, next)) = &mut self.credentials else { return Ok(()) };
         let scan = table.scan();
-        *next = Instant::now() + RESCAN_INTERVAL;
+        self.last_scan = Instant::now();
+        *next = self.last_scan + FULL_RESCAN_INTERVAL;
+        if self.dir_watch.is_none() {
+            // Without inotify (no instance left for this user), the periodic rescans alone.
+            self.dir_watch = DirWatch::new().ok();
+        }
+        if self.dir_watch.as_mut().is_some_and(|watch| watch.update(&scan.dirs)) {
+            // Changes between the walk and the new watches were not seen: once more, soon.
+            *next = self.last_scan + RESCAN_AFTER_CHANGE;
+        }
         let stale: Vec<InodeKey> =
             self.cred_map.keys().filter_map(Result::ok).filter(|key| !scan.inodes.contains_key(key)).collect();
         for key in stale {
@@ -901,24 +989,38 @@ impl Sensor {
         events
     }
 
+    /// Makes [`Sensor::poll`] return when `waker` becomes readable, as it does when a signal
+    /// handler runs on its own thread: a signal of the process may run its handler on another
+    /// thread (the outputs' runtime), which would leave the poll asleep. The signal handlers
+    /// write to the other end (`signal_hook::low_level::pipe`); what they wrote is read here.
+    pub fn wake_on(&mut self, waker: UnixStream) -> io::Result<()> {
+        waker.set_nonblocking(true)?;
+        self.waker = Some(waker);
+        Ok(())
+    }
+
     /// Waits up to `timeout` for records and appends their events to `out`, returning as soon
     /// as some arrived or a signal handler ran; appends a `Lost` event when a loss counter grew.
+    /// Between records it sleeps until its next timer (a rescan, the canary, the heartbeat) or
+    /// `timeout`, whichever comes first.
     pub fn poll(&mut self, timeout: Duration, out: &mut Vec<Event>) -> Result<(), SensorError> {
         let deadline = Instant::now() + timeout;
-        if self.credentials.as_ref().is_some_and(|(_, next)| Instant::now() >= *next) {
-            self.rescan()?;
-        }
         loop {
+            if self.credentials.as_ref().is_some_and(|(_, next)| Instant::now() >= *next) {
+                self.rescan()?;
+            }
             let now = Instant::now();
             let mut signalled = false;
             if now < deadline {
-                // Until the bulk ring is due (see BATCH_INTERVAL), only the priority ring is
-                // waited on; after, both, and its fd is readable as soon as a record is in.
-                let due = self.last_drain + BATCH_INTERVAL;
-                let (until, rings) =
-                    if now < due { (due, Rings::PriorityOnly) } else { (now + POLL_SLICE, Rings::Both) };
+                // While bulk records flow, only the priority ring is waited on until the bulk
+                // one is due (see BATCH_INTERVAL); after, both, and the bulk ring's fd is
+                // readable as soon as a record is in, or wakes us at the first one.
+                let (until, rings) = match self.last_drain.map(|last| last + BATCH_INTERVAL) {
+                    Some(due) if now < due => (due, Rings::PriorityOnly),
+                    _ => (self.next_timer().unwrap_or(deadline), Rings::Both),
+                };
                 // The caller may be waiting for the signal (SIGCHLD from `run`'s command).
-                signalled = self.wait(until.min(deadline) - now, rings)? == Wake::Signal;
+                signalled = self.wait(until.min(deadline).saturating_duration_since(now), rings)? == Wake::Signal;
             }
             let before = out.len();
             self.drain(out);
@@ -933,20 +1035,31 @@ impl Sensor {
         }
     }
 
+    /// When the sensor has something to do without a record: a rescan, the canary's start or
+    /// verdict, the heartbeat.
+    fn next_timer(&self) -> Option<Instant> {
+        let rescan = self.credentials.as_ref().map(|(_, next)| *next);
+        let canary = Some(self.canary.as_ref().map_or(self.next_canary, Canary::timeout_at));
+        let heartbeat = self.pins.as_ref().map(Pins::next_heartbeat);
+        [rescan, canary, heartbeat].into_iter().flatten().min()
+    }
+
     /// Reads the priority ring buffer first, then the bulk one, then the priority one again,
     /// and puts what it read in time order: a priority record made before a bulk record just
     /// read (an open before its process's exit) is then in the same batch, before it.
     fn drain(&mut self, out: &mut Vec<Event>) {
-        self.last_drain = Instant::now();
         let before = out.len();
+        let mut bulk = 0;
         let Sensor { events, priority, decoder, stats, credentials, canary, pins, .. } = self;
         let mut homes = Vec::new();
         {
             let table = credentials.as_ref().map(|(table, _)| table);
             let cred_path = |index: u32| table.and_then(|t| t.path(index)).map(str::to_owned);
             for ring in [0, 1, 0] {
-                let ring = if ring == 0 { &mut *priority } else { &mut *events };
+                let is_bulk = ring == 1;
+                let ring = if is_bulk { &mut *events } else { &mut *priority };
                 while let Some(item) = ring.next() {
+                    bulk += usize::from(is_bulk);
                     match decoder.decode(&item, &cred_path) {
                         Ok(mut event) => {
                             if let Some(canary) = canary.as_mut().filter(|c| c.pid == event.pid) {
@@ -977,26 +1090,51 @@ impl Sensor {
                 }
             }
         }
+        self.last_drain = (bulk > 0).then(Instant::now);
     }
 
-    /// Sleeps until the programs wake the reader (past the bulk watermark, or any priority
-    /// record) or `slice` passes.
-    fn wait(&self, slice: Duration, rings: Rings) -> Result<Wake, SensorError> {
+    /// Sleeps until the programs wake the reader (a record after it caught up, the bulk
+    /// watermark), a signal, a change in a watched credential directory, or `slice` passes.
+    fn wait(&mut self, slice: Duration, rings: Rings) -> Result<Wake, SensorError> {
+        let no_fd = |fd: Option<std::os::fd::BorrowedFd>| fd.map_or(-1, |fd| fd.as_raw_fd());
+        // A negative fd is skipped by poll(2).
         let mut fds = [
             libc::pollfd { fd: self.priority.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: no_fd(self.waker.as_ref().map(AsFd::as_fd)), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: no_fd(self.dir_watch.as_ref().map(AsFd::as_fd)), events: libc::POLLIN, revents: 0 },
             libc::pollfd { fd: self.events.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 },
         ];
-        let count = if rings == Rings::Both { 2 } else { 1 };
+        let count = if rings == Rings::Both { 4 } else { 3 };
+        let timeout = slice.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
         // SAFETY: fds holds `count` valid pollfds for the duration of the call.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), count, slice.as_millis() as libc::c_int) };
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), count, timeout) };
         if rc < 0 {
             let error = io::Error::last_os_error();
             if error.kind() != io::ErrorKind::Interrupted {
                 return Err(SensorError::Poll(error));
             }
+            self.empty_waker();
+            return Ok(Wake::Signal);
+        }
+        if fds[2].revents != 0 && self.dir_watch.as_mut().is_some_and(DirWatch::changed) {
+            if let Some((_, next)) = &mut self.credentials {
+                let soon = (Instant::now() + RESCAN_AFTER_CHANGE).max(self.last_scan + MIN_RESCAN_GAP);
+                *next = (*next).min(soon);
+            }
+        }
+        if fds[1].revents != 0 {
+            self.empty_waker();
             return Ok(Wake::Signal);
         }
         Ok(Wake::Ready)
+    }
+
+    /// Reads what the signal handlers wrote: the signal is answered now.
+    fn empty_waker(&mut self) {
+        if let Some(waker) = &mut self.waker {
+            let mut bytes = [0u8; 64];
+            while waker.read(&mut bytes).is_ok_and(|read| read > 0) {}
+        }
     }
 
     /// Judges the canary in flight, or starts one when it is time.
@@ -1068,6 +1206,16 @@ impl Sensor {
 
     pub fn stats(&self) -> SensorStats {
         self.stats
+    }
+
+    /// Handles for the metrics' kernel figures (see [`KernelGauges`]).
+    pub fn gauges(&self) -> Result<KernelGauges, SensorError> {
+        Ok(KernelGauges {
+            marks: second_handle(&self.marks, "MARKS")?,
+            cred_inodes: second_handle(&self.cred_map, "CRED_INODES")?,
+            spared_exes: second_handle(&self.spared_map, "SPARED_EXES")?,
+            programs_attached: self.programs_attached,
+        })
     }
 }
 

@@ -209,6 +209,12 @@ where
     T::try_from(variant(data)).map_err(|source| SensorError::PinnedMap { path, source })
 }
 
+/// The links pinned in the set in `dir`: the programs attached.
+pub(super) fn link_count(dir: &Path) -> Result<u64, SensorError> {
+    let entries = fs::read_dir(dir).map_err(|source| SensorError::PinDir { path: dir.to_path_buf(), source })?;
+    Ok(entries.flatten().filter(|entry| entry.file_name().to_string_lossy().starts_with("link_")).count() as u64)
+}
+
 impl Pins {
     /// Creates the agent's own maps in the set being built in `dir`, and claims it.
     pub fn create(dir: &Path) -> Result<Pins, SensorError> {
@@ -269,6 +275,11 @@ impl Pins {
         self.state.heartbeat_ns = boot_ns();
         self.next_heartbeat = Instant::now() + HEARTBEAT;
         self.state_map.set(0, self.state, 0).map_err(|source| SensorError::Map { name: "agent", source })
+    }
+
+    /// When [`Pins::tick`] next says the agent is alive.
+    pub fn next_heartbeat(&self) -> Instant {
+        self.next_heartbeat
     }
 
     /// A heartbeat when one is due.

@@ -39,9 +39,12 @@
 //!   `group_dead` since Linux 6.16; before, `do_exit()` has already decremented `signal->live`
 //!   when the tracepoint fires, so `live == 0` says the same (two last threads racing may both
 //!   see 0; only the one whose delete of the mark succeeds reports).
-//! - Bulk records are submitted without a wakeup; the agent reads the bulk ring every 10 ms and
-//!   is woken early only when more than [`WAKEUP_WATERMARK`] bytes wait (looked at every
-//!   [`WAKEUP_CHECK_EVERY`] records of a CPU). Priority records wake it at once.
+//! - Bulk records are submitted with the kernel's adaptive wakeup: only the first record after
+//!   the agent has read everything wakes it (the kernel compares the record's position with the
+//!   consumer's), so an idle agent sleeps until something happens, and while records flow it
+//!   reads them every 10 ms without a wakeup per record. It is also woken when more than
+//!   [`WAKEUP_WATERMARK`] bytes wait (looked at every [`WAKEUP_CHECK_EVERY`] records of a CPU).
+//!   Priority records wake it the same way.
 //! - The hot path avoids helper calls where it can: each costs more than its work here (calls
 //!   and returns go through the CPU's speculation mitigations). Hence one probe read for
 //!   neighbouring fields, short dentry names taken from the dentry's own read, ids and cgroup
@@ -137,7 +140,8 @@ const DNS_PORT: u16 = 53;
 /// `IORING_OP_OPENAT` and `IORING_OP_OPENAT2`: submissions that open files go to `PRIORITY`.
 const IORING_OP_OPENAT: u8 = 18;
 const IORING_OP_OPENAT2: u8 = 28;
-/// Wake the reader only when this much is waiting; otherwise it polls on a short timer.
+/// Wake the reader when this much is waiting, although it has not caught up (while records flow
+/// it reads them on a short timer).
 const WAKEUP_WATERMARK: u64 = 1 << 20;
 /// Records per CPU between two looks at the bulk ring's fill level: 2 CPUs x 32 records of at
 /// most `MAX_EXEC_RECORD` bytes past the watermark still fit in the ring.
@@ -145,8 +149,9 @@ const WAKEUP_CHECK_EVERY: u32 = 32;
 
 /// Per-CPU LRU lists: no lock shared by all CPUs on the open path (uapi/linux/bpf.h).
 const BPF_F_NO_COMMON_LRU: u32 = 2;
-/// `bpf_ringbuf_submit` flags and `bpf_ringbuf_query` selector (uapi/linux/bpf.h).
-const BPF_RB_NO_WAKEUP: u64 = 1;
+/// `bpf_ringbuf_submit` flags and `bpf_ringbuf_query` selector (uapi/linux/bpf.h). No flag
+/// (adaptive): wake the reader only when it had caught up (the record is the first unread one).
+const BPF_RB_ADAPTIVE_WAKEUP: u64 = 0;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const BPF_RB_AVAIL_DATA: u64 = 0;
 
@@ -359,24 +364,26 @@ fn output(record: &[u8], priority: bool) {
     }
 }
 
-/// No wakeup per record: userspace polls on a short timer, and is woken only when the bulk
-/// buffer fills past the watermark. The fill level is looked at once every
-/// [`WAKEUP_CHECK_EVERY`] records of a CPU (the query is a helper call on every open).
+/// No wakeup per record: the adaptive one (flags 0) wakes the reader only for the first record
+/// after it caught up, which is what lets an idle agent sleep without a timer; userspace then
+/// batches on a 10 ms timer while records flow, and is woken early when the bulk buffer fills
+/// past the watermark. The fill level is looked at once every [`WAKEUP_CHECK_EVERY`] records
+/// of a CPU (the query is a helper call on every open).
 #[inline(always)]
 fn events_wakeup() -> u64 {
-    let Some(countdown) = WAKEUP_COUNTDOWN.get_ptr_mut(0) else { return BPF_RB_NO_WAKEUP };
+    let Some(countdown) = WAKEUP_COUNTDOWN.get_ptr_mut(0) else { return BPF_RB_ADAPTIVE_WAKEUP };
     // SAFETY: per-CPU slot, and programs do not migrate while they run.
     unsafe {
         if *countdown > 0 {
             *countdown -= 1;
-            return BPF_RB_NO_WAKEUP;
+            return BPF_RB_ADAPTIVE_WAKEUP;
         }
         *countdown = WAKEUP_CHECK_EVERY - 1;
     }
     if EVENTS.query(BPF_RB_AVAIL_DATA) > WAKEUP_WATERMARK {
         BPF_RB_FORCE_WAKEUP
     } else {
-        BPF_RB_NO_WAKEUP
+        BPF_RB_ADAPTIVE_WAKEUP
     }
 }
 
