@@ -12,6 +12,7 @@ use std::{
 };
 
 use credwatch_e2e::{
+    credwatch_binary,
     servers::{free_port, signal, structured_data, NatsServer, Prometheus, Rsyslog},
     write_executable, Run, Sandbox,
 };
@@ -92,17 +93,44 @@ fn metrics_listen_is_scraped_by_prometheus() {
     let alert = sandbox.wait_for_alert(&key, Duration::from_secs(30)).expect("the key's alert");
     let rule = alert["rule"]["id"].as_str().unwrap();
     let severity = alert["rule"]["severity"].as_str().unwrap();
+    let number = |s: &Value| s["value"][1].as_str().and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
     prometheus.wait_for("up{job=\"credwatch\"}", |s| s["value"][1] == "1");
     let expr = format!("credwatch_alerts_total{{rule=\"{rule}\",severity=\"{severity}\"}}");
-    prometheus.wait_for(&expr, |s| s["value"][1].as_str().and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v > 0.0));
+    prometheus.wait_for(&expr, |s| number(s) > 0.0);
     prometheus.wait_for("credwatch_events_total{kind=\"open\"}", |s| s["value"][1] != "0");
     let output = format!("file:{}", out.display());
     prometheus.wait_for(&format!("credwatch_output_deliveries_total{{output=\"{output}\"}}"), |s| s["value"][1] == "1");
-    prometheus.wait_for("credwatch_start_up_seconds", |s| {
-        s["value"][1].as_str().and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v > 0.0)
-    });
+    prometheus.wait_for("credwatch_start_up_seconds", |s| number(s) > 0.0);
+    // The sensor's figures: the command's tree is marked while it waits (the copy of sh, its
+    // sh, the sleeps in turn).
+    prometheus.wait_for("credwatch_marked_processes", |s| number(s) >= 2.0);
+    prometheus.wait_for("credwatch_map_fill{map=\"marks\"}", |s| number(s) > 0.0 && number(s) < 1.0);
+    prometheus.wait_for("credwatch_map_fill{map=\"credential_inodes\"}", |s| number(s) > 0.0);
+    prometheus.wait_for("credwatch_programs_attached", |s| number(s) > 20.0);
     fs::write(&release, "").unwrap();
     sandbox.wait(child).assert_exit(10);
+
+    // `watch`, scraped by a Prometheus of its own (nothing of the run above in it): every link
+    // pinned in its directory is a program attached, and SIGHUP's reload is counted.
+    let target = format!("127.0.0.1:{}", free_port());
+    let prometheus = Prometheus::start(&sandbox.top().join("prometheus-watch"), &target);
+    let mut command = sandbox.command(credwatch_binary());
+    command.args(["watch", "--metrics-listen", &target, "--pin-dir"]).arg(sandbox.pin_dir());
+    let mut watch = sandbox.spawn(command);
+    wait_until("credwatch watching", Duration::from_secs(60), || {
+        assert!(watch.try_wait().unwrap().is_none(), "{}", sandbox.collect(None, Duration::ZERO).describe());
+        sandbox.collect(None, Duration::ZERO).stderr.contains("watching")
+    });
+    let links = fs::read_dir(sandbox.pin_dir())
+        .unwrap()
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with("link_"))
+        .count();
+    prometheus.wait_for("credwatch_programs_attached", |s| s["value"][1] == links.to_string().as_str());
+    signal(&watch, "-HUP");
+    prometheus.wait_for("credwatch_reloads_total{result=\"applied\"}", |s| s["value"][1] == "1");
+    signal(&watch, "-TERM");
+    sandbox.wait(watch).assert_exit(0);
 }
 
 #[test]
