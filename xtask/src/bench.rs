@@ -21,11 +21,11 @@ use std::{
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::{bench_events, bench_install, bench_replay, bench_syscalls, toolchain::find_in_path};
+use crate::{bench_events, bench_idle, bench_install, bench_replay, bench_syscalls, toolchain::find_in_path};
 
 /// Set in the detached bench (see [`detach`]): where it writes its exit status.
 const DETACHED_ENV: &str = "CREDWATCH_BENCH_STATUS";
-pub const SECTIONS: &[&str] = &["syscalls", "install", "throughput", "replay", "memory"];
+pub const SECTIONS: &[&str] = &["syscalls", "install", "throughput", "replay", "memory", "idle"];
 /// Peers installed from Debian when missing (set-up, before anything is measured).
 const APT_PEERS: &[(&str, &str)] =
     &[("strace", "strace"), ("bpftrace", "bpftrace"), ("auditctl", "auditd"), ("jq", "jq")];
@@ -266,6 +266,7 @@ fn run_bench(options: &Options) -> Result<()> {
             "install" => bench_install::run(&mut ctx),
             "throughput" => bench_events::throughput(&mut ctx),
             "replay" => bench_replay::run(&mut ctx),
+            "idle" => bench_idle::run(&mut ctx),
             _ => bench_events::memory_and_start_up(&mut ctx),
         };
         match result {

@@ -679,7 +679,7 @@ pub fn memory_and_start_up(ctx: &mut Ctx) -> Result<Section> {
     for (figure, value) in rows {
         section.rows.push(vec![figure.to_owned(), value]);
     }
-    section.notes.push(format!("{rounds} start-up round(s). The first-alert time includes the agent's 50 ms poll interval (records are not woken per event)."));
+    section.notes.push(format!("{rounds} start-up round(s). The first record after the agent caught up wakes it (no fixed poll interval before it)."));
     section.notes.push("Ring buffer pages are shared memory mapped from the kernel: VmRSS counts the pages touched (RssShmem), although they are the kernel map's, not the agent's heap.".into());
     section.json = json!({
         "start_up": {

@@ -4,6 +4,7 @@
 
 mod bench;
 mod bench_events;
+mod bench_idle;
 mod bench_install;
 mod bench_replay;
 mod bench_syscalls;
@@ -27,10 +28,11 @@ const USAGE: &str = "usage: cargo xtask <command>
   build                  toolchain, then the eBPF object and target/release/credwatch
   test                   build, set up what the tests need, run the unit tests, fuzz each decoder
                          for 25s, then (as root) the end-to-end tests
-  bench [--quick] [--no-build] [--only syscalls,install,throughput,replay,memory]
+  bench [--quick] [--no-build] [--only syscalls,install,throughput,replay,memory,idle]
                          (root) build, then measure overhead, install workloads, event and replay
-                         throughput, memory and start-up, side by side with the hook's floor,
-                         bpftrace, auditd and strace: target/bench/bench.md and bench.json
+                         throughput, memory and start-up, the idle agent, side by side with the
+                         hook's floor, bpftrace, auditd and strace: target/bench/bench.md and
+                         bench.json
   corpus [--only npm,pip,uv,cargo] [--jobs N] [--list FILE] [--binary PATH] [--timeout SECS]
                          (root, network) install each package of xtask/corpus/packages.txt from its
                          registry under `credwatch run`, with a throwaway HOME of fake credentials:
