@@ -96,6 +96,8 @@ fn measure(ctx: &Ctx, rules: &std::path::Path, extra: &[String], seconds: u64) -
     let _ = Command::new(&ctx.credwatch).args(["stop", "--pin-dir", PIN_DIR]).output();
     let mut command = Command::new(&ctx.credwatch);
     command.args(["watch", "--pin-dir", PIN_DIR, "--rules"]).arg(rules).args(extra).env("HOME", &ctx.home);
+    // The bench's own variable is no key of credwatch's: it would warn about it.
+    command.env_remove("CREDWATCH_BENCH_STATUS");
     let agent = Background::start(&mut command, libc::SIGTERM)?;
     agent
         .stderr
@@ -127,10 +129,8 @@ pub fn run(ctx: &mut Ctx) -> Result<Section> {
     let seconds = if ctx.quick { 15 } else { 60 };
     let rules = ctx.work.join("idle-rules");
     fs::create_dir_all(&rules)?;
-    let managers: String = NO_MANAGERS
-        .iter()
-        .map(|name| format!("  - name: {name}\n    execs: [credwatch-bench-idle-no-{name}]\n"))
-        .collect();
+    let managers: String =
+        NO_MANAGERS.iter().map(|name| format!("  - name: {name}\n    execs: [cwb-no-{name}]\n")).collect();
     fs::write(rules.join("managers.yaml"), format!("schema: 2\nmanagers:\n{managers}"))?;
     let alerts = ctx.work.join("idle-alerts.jsonl");
     let spool = ctx.work.join("idle-spool");
