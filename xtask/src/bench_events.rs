@@ -386,7 +386,7 @@ pub fn throughput(ctx: &mut Ctx) -> Result<Section> {
     let missed = drive.events as i64 - received as i64;
     let exact = missed == lost_in_trace as i64;
     section.notes.push(format!(
-        "Each step drives opens of a missing path for {seconds} s (one event each, no path walk: the cheapest event). The agent's bulk ring buffer is {ring} (the largest ring buffer in its /proc/PID/fdinfo); it polls every 50 ms and is woken past a fill watermark."
+        "Each step drives opens of a missing path for {seconds} s (one event each, no path walk: the cheapest event). The agent's bulk ring buffer is {ring} (the largest ring buffer in its /proc/PID/fdinfo); it reads it every 10 ms while records flow, and is woken by the first record after it caught up or past a fill watermark."
     ));
     section.notes.push(
         "Zero loss (this table and 3b): the agent's summary counts 0 lost **and** at least as many events received as the driver made (the agent's count also has the driver's exec, exit and set-up records, a handful per step).".to_owned(),

@@ -53,7 +53,9 @@ const STATE: &str = "agent";
 const EXECS: &str = "execs";
 const FORKS: &str = "forks";
 const CRED_PATHS: &str = "cred_paths";
-/// How often the agent says it is alive: the precision of a gap's start when it dies.
+/// How often the agent says it is alive: the precision of a gap's start when it dies. One map
+/// update and a wake-up a second, a few µs; kept at 1 s while idle, since a killed agent's gap
+/// is dated by it whether or not anything ran.
 const HEARTBEAT: Duration = Duration::from_secs(1);
 /// Live processes whose exec (and fork) records are kept. An exec record takes up to 29 KiB of
 /// kernel memory: 4096 bound that to 116 MiB should exits go unseen (a full ring), and are far
