@@ -416,6 +416,37 @@ rules:
     }
 
     #[test]
+    fn a_scan_names_the_directories_whose_changes_change_it_and_inotify_reports_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("alice");
+        fs::create_dir_all(home.join(".ssh/deep")).unwrap();
+        let mut table = CredentialTable::new(rules(RULES), [home.clone()]);
+        let scan = table.scan();
+        // `~/.ssh/**` walks .ssh and what is below; `~/.npmrc` is in the home itself.
+        assert!(scan.dirs.contains(&home.join(".ssh")) && scan.dirs.contains(&home.join(".ssh/deep")));
+        assert!(scan.dirs.contains(&home));
+
+        // A target whose directory does not exist yet: its nearest existing ancestor.
+        fs::remove_dir_all(home.join(".ssh")).unwrap();
+        let scan = table.scan();
+        assert!(scan.dirs.contains(&home) && !scan.dirs.iter().any(|d| d.starts_with(home.join(".ssh"))));
+
+        let mut watch = DirWatch::new().unwrap();
+        assert!(watch.update(&scan.dirs), "new watches");
+        assert!(!watch.update(&scan.dirs), "the same ones");
+        assert!(!watch.changed(), "nothing yet");
+        fs::write(home.join("unrelated-content"), "x").unwrap();
+        assert!(watch.changed(), "an entry made in a watched directory");
+        fs::write(home.join("unrelated-content"), "changed in place").unwrap();
+        assert!(!watch.changed(), "a file's content is no entry change");
+        fs::create_dir(home.join(".ssh")).unwrap();
+        assert!(watch.changed());
+        // Watches removed (their directories gone from the scan) report nothing.
+        assert!(!watch.update(&BTreeSet::new()));
+        assert!(!watch.changed());
+    }
+
+    #[test]
     fn a_restored_table_keeps_the_indexes_of_the_agent_before() {
         let dir = tempfile::tempdir().unwrap();
         let home = dir.path().to_path_buf();
