@@ -1131,9 +1131,18 @@ impl Sensor {
 
     /// Reads what the signal handlers wrote: the signal is answered now.
     fn empty_waker(&mut self) {
-        if let Some(waker) = &mut self.waker {
-            let mut bytes = [0u8; 64];
-            while waker.read(&mut bytes).is_ok_and(|read| read > 0) {}
+        let Some(waker) = &mut self.waker else { return };
+        let mut bytes = [0u8; 64];
+        loop {
+            match waker.read(&mut bytes) {
+                Ok(0) => {
+                    // Its other end closed: it would poll readable for ever.
+                    self.waker = None;
+                    return;
+                }
+                Ok(_) => {}
+                Err(_) => return,
+            }
         }
     }
 
