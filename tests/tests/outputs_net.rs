@@ -5,15 +5,15 @@
 use std::{
     collections::BTreeSet,
     fs,
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::Child,
     thread,
     time::{Duration, Instant},
 };
 
 use credwatch_e2e::{
-    servers::{free_port, signal, structured_data, NatsServer, Prometheus, Rsyslog},
-    write_executable, Run, Sandbox,
+    servers::{free_port, signal, structured_data, HttpsReceiver, NatsServer, Prometheus, Rsyslog},
+    Run, Sandbox,
 };
 use serde_json::Value;
 
@@ -207,6 +207,11 @@ fn raised(sandbox: &Sandbox) -> Vec<Value> {
 trait Receiver {
     /// The `--to` destination.
     fn to(&self) -> String;
+    /// The agent's options that deliver to it: `--to` it, or a configuration file where it
+    /// needs knobs of its own (a CA file).
+    fn options(&self) -> Vec<String> {
+        vec!["--to".to_owned(), self.to()]
+    }
     fn child(&self) -> &Child;
     /// Starts it again where it was, with what it had stored.
     fn back(&mut self);
@@ -220,7 +225,7 @@ trait Receiver {
 /// alert arrives, each id exactly once after dedup, in the order raised (one host).
 fn outage(sandbox: &Sandbox, receiver: &mut dyn Receiver, stopped: bool) {
     let files = sandbox.secrets(1000);
-    let options = ["--to".to_owned(), receiver.to(), "--spool-dir".into(), spool(sandbox)];
+    let options = [receiver.options(), vec!["--spool-dir".into(), spool(sandbox)]].concat();
     signal(receiver.child(), if stopped { "-STOP" } else { "-KILL" });
     let release = sandbox.top().join("release-1");
     let first = sandbox.spawn_reader("net-pkg", &options, &files[..500], &release);
@@ -343,77 +348,12 @@ fn a_thousand_alerts_reach_rsyslog_over_tcp_down_across_an_agent_restart() {
     outage(&sandbox, &mut Syslog(rsyslog), false);
 }
 
-/// A small HTTPS receiver (Python's http.server behind its ssl module): each POST's
-/// Authorization header and body as one JSON line in `requests.jsonl`, answered 200.
-const RECEIVER: &str = r#"
-import http.server, json, ssl, sys
-dir, port = sys.argv[1], int(sys.argv[2])
-class Handler(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        with open(dir + "/requests.jsonl", "a") as out:
-            out.write(json.dumps({"path": self.path, "authorization": self.headers.get("Authorization", ""),
-                                  "content_type": self.headers.get("Content-Type", ""),
-                                  "body": body.decode()}) + "\n")
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-    def log_message(self, *args):
-        pass
-context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-context.load_cert_chain(dir + "/server.pem", dir + "/server.key")
-server = http.server.HTTPServer(("127.0.0.1", port), Handler)
-server.socket = context.wrap_socket(server.socket, server_side=True)
-open(dir + "/ready", "w").close()
-server.serve_forever()
-"#;
-
-struct Https(Child);
-
-impl Drop for Https {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A CA of the test's, a certificate for 127.0.0.1 signed by it, and the receiver on `port`.
-fn https_receiver(dir: &Path, port: u16) -> (Https, PathBuf) {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
-    fs::create_dir_all(dir).unwrap();
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name.push(DnType::CommonName, "credwatch e2e CA");
-    let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
-    let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec!["127.0.0.1".to_owned()])
-        .unwrap()
-        .signed_by(&key, &Issuer::from_params(&ca, &ca_key))
-        .unwrap();
-    let ca_file = dir.join("ca.pem");
-    fs::write(&ca_file, ca_pem).unwrap();
-    fs::write(dir.join("server.pem"), cert.pem()).unwrap();
-    fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
-    let script = dir.join("receiver.py");
-    write_executable(&script, RECEIVER);
-    let child = std::process::Command::new("python3")
-        .arg(&script)
-        .arg(dir)
-        .arg(port.to_string())
-        .stderr(fs::File::create(dir.join("receiver.log")).unwrap())
-        .spawn()
-        .unwrap();
-    wait_until("the HTTPS receiver", Duration::from_secs(20), || dir.join("ready").exists());
-    (Https(child), ca_file)
-}
-
 #[test]
 fn an_ecs_alert_reaches_an_https_webhook_with_a_given_ca_and_bearer_token() {
     let sandbox = Sandbox::new();
     let dir = sandbox.top().join("receiver");
-    let port = free_port();
-    let (_receiver, ca_file) = https_receiver(&dir, port);
+    let receiver = HttpsReceiver::start(&dir);
+    let (port, ca_file) = (receiver.port, receiver.ca_file.clone());
     let config = sandbox.top().join("credwatch.yaml");
     fs::write(
         &config,
@@ -475,4 +415,89 @@ fn a_knob_of_another_kind_of_output_is_an_error_naming_it() {
     let run = sandbox.run_with(&sandbox.work(), &["--config", &config.to_string_lossy()], &["true"], &[]);
     assert_ne!(run.status.and_then(|s| s.code()), Some(0), "{}", run.describe());
     assert!(run.stderr.contains("`bearer_token` is a knob of webhook and falcosidekick outputs"), "{}", run.describe());
+}
+
+/// The HTTPS receiver as a webhook (`ndjson`: ECS batches) or a Falcosidekick, trusted through
+/// its CA in the agent's configuration file.
+struct Webhook {
+    receiver: HttpsReceiver,
+    falcosidekick: bool,
+    config: PathBuf,
+}
+
+impl Webhook {
+    fn start(sandbox: &Sandbox, falcosidekick: bool) -> Webhook {
+        let receiver = HttpsReceiver::start(&sandbox.top().join("receiver"));
+        let config = sandbox.top().join("credwatch.yaml");
+        let webhook = Webhook { receiver, falcosidekick, config };
+        let ndjson = if falcosidekick { "" } else { "    ndjson: true\n" };
+        // A stopped receiver takes the connection and never answers: retried after 2 s.
+        let yaml = format!(
+            "outputs:\n  - to: {}\n    ca_file: {}\n    request_timeout: 2\n{ndjson}",
+            webhook.to(),
+            webhook.receiver.ca_file.display()
+        );
+        fs::write(&webhook.config, yaml).unwrap();
+        webhook
+    }
+}
+
+impl Receiver for Webhook {
+    fn to(&self) -> String {
+        let kind = if self.falcosidekick { "falcosidekick" } else { "webhook" };
+        format!("{kind}:https://127.0.0.1:{}/alerts", self.receiver.port)
+    }
+
+    fn options(&self) -> Vec<String> {
+        vec!["--config".to_owned(), self.config.to_string_lossy().into_owned()]
+    }
+
+    fn child(&self) -> &Child {
+        self.receiver.child.as_ref().unwrap()
+    }
+
+    fn back(&mut self) {
+        self.receiver.kill();
+        self.receiver.run();
+    }
+
+    /// From ECS NDJSON bodies (a batch per request), or Falco's alerts (one per request, its
+    /// id and path in `output_fields`).
+    fn delivered(&self) -> Vec<(String, String)> {
+        let mut got = Vec::new();
+        for request in self.receiver.requests() {
+            let (body, content_type) = (request["body"].as_str().unwrap_or_default(), &request["content_type"]);
+            if self.falcosidekick {
+                assert_eq!(content_type, "application/json", "{request:#}");
+                let payload: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {request:#}"));
+                let fields = &payload["output_fields"];
+                if fields["credwatch.package.name"] == "net-pkg" {
+                    let field = |name: &str| fields[name].as_str().unwrap_or_default().to_owned();
+                    got.push((field("credwatch.id"), field("fd.name")));
+                }
+            } else {
+                assert_eq!(content_type, "application/x-ndjson", "{request:#}");
+                for line in body.lines() {
+                    let alert: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+                    if alert["package"]["name"] == "net-pkg" {
+                        let field = |pointer: &str| alert.pointer(pointer).and_then(Value::as_str).unwrap_or_default();
+                        got.push((field("/event/id").to_owned(), field("/file/path").to_owned()));
+                    }
+                }
+            }
+        }
+        got
+    }
+}
+
+#[test]
+fn a_thousand_alerts_reach_an_ndjson_webhook_stopped_then_killed_across_an_agent_restart() {
+    let sandbox = Sandbox::new();
+    outage(&sandbox, &mut Webhook::start(&sandbox, false), true);
+}
+
+#[test]
+fn a_thousand_alerts_reach_falcosidekick_stopped_then_killed_across_an_agent_restart() {
+    let sandbox = Sandbox::new();
+    outage(&sandbox, &mut Webhook::start(&sandbox, true), true);
 }
