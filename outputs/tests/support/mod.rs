@@ -1,7 +1,8 @@
 //! What the outputs' tests through the dispatcher share: alerts as the engine raises them, peers
 //! that are not the receiver they should be, and waiting on the outputs' counts.
 
-#![allow(dead_code)] // Each test file uses its part.
+// Each test file that includes this module uses its own part of it.
+#![allow(dead_code)]
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -53,8 +54,7 @@ pub enum Hostile {
 
 /// A hostile peer, serving until stopped.
 pub struct Peer {
-    /// The modes it served, in order, as connections come.
-    pub served: Arc<Mutex<Vec<Hostile>>>,
+    served: Arc<Mutex<Vec<Hostile>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -87,6 +87,7 @@ impl Peer {
         Peer { served, task }
     }
 
+    /// The modes it served so far, in order, a connection each.
     pub fn served(&self) -> Vec<Hostile> {
         self.served.lock().unwrap().clone()
     }
