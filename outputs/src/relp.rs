@@ -16,6 +16,11 @@
 //! `serverclose`, an end of stream, no progress for the timeout) is an error: the session is
 //! dropped and the whole batch is sent again on a new one (at-least-once: receivers dedup on the
 //! alert's id).
+//!
+//! Measured (release build, rsyslogd 8.2302 on loopback, batches of 256): 60,000 alerts/s
+//! acknowledged with rsyslog's default queue in memory; 2,200/s with the disk queue checkpointed
+//! at each message that keeps what it acknowledged across its kill; 365/s with its files synced
+//! too. Plain TCP writes 170,000/s, unacknowledged.
 
 use std::{collections::VecDeque, io, time::Duration};
 
@@ -151,7 +156,7 @@ impl Session {
             }
             // Acknowledge at once what comes: imrelp writes each answer on its own, and with
             // delayed ACKs here and Nagle's algorithm there, each next answer waited 40 ms
-            // (measured: a window of 8 ran at 180 messages/s, 15,000/s with this).
+            // (measured with a test client and a window of 8: 180 messages/s, 16,000/s with this).
             let _ = socket2::SockRef::from(&self.stream).set_tcp_quickack(true);
             let read = within(self.timeout, "waiting for the receiver's answer", self.stream.read(&mut chunk)).await?;
             if read == 0 {

@@ -1,7 +1,7 @@
 //! The real servers the outputs' end-to-end tests deliver to, each started on loopback in a
-//! directory of the test's: rsyslogd (TCP in, rsyslog's JSON with the structured data parsed
-//! out), `nats-server -js` (its store kept across a restart), Prometheus, and an HTTPS receiver
-//! of webhooks. As in credwatch-outputs' own tests, which they follow.
+//! directory of the test's: rsyslogd (TCP and RELP in, rsyslog's JSON with the structured data
+//! parsed out), `nats-server -js` (its store kept across a restart), Prometheus, and an HTTPS
+//! receiver of webhooks. As in credwatch-outputs' own tests, which they follow.
 
 use std::{
     fs,
@@ -47,31 +47,58 @@ pub fn signal(child: &Child, signal: &str) {
     assert!(Command::new("kill").args([signal, &child.id().to_string()]).status().unwrap().success());
 }
 
-/// rsyslogd with one TCP input (octet-counting, as credwatch frames), every message written to
-/// `messages.jsonl` as rsyslog's own JSON (`%jsonmesg%`) after mmpstrucdata.
+/// Whether something listens on TCP `port` of 127.0.0.1, asked of the kernel: a connection
+/// that sends nothing is an error in imrelp's log.
+fn listening(port: u16) -> bool {
+    let local = format!("0100007F:{port:04X}");
+    fs::read_to_string("/proc/net/tcp").unwrap().lines().any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.get(1) == Some(&local.as_str()) && fields.get(3) == Some(&"0A")
+    })
+}
+
+/// rsyslogd with a TCP input (octet-counting, as credwatch frames) and a RELP one, every message
+/// written to `messages.jsonl` as rsyslog's own JSON (`%jsonmesg%`) after mmpstrucdata. RELP's
+/// messages go through a queue on disk checkpointed at each message, so that what imrelp
+/// acknowledged survives a `kill -9` (its default queue, in memory, does not: see
+/// credwatch-outputs' syslog_rsyslog tests).
 pub struct Rsyslog {
     dir: PathBuf,
     pub port: u16,
+    pub relp_port: u16,
     pub child: Option<Child>,
 }
 
 impl Rsyslog {
     pub fn start(dir: &Path) -> Rsyslog {
         fs::create_dir_all(dir.join("work")).unwrap();
-        let port = free_port();
+        let (port, relp_port) = loop {
+            let (tcp, relp) = (free_port(), free_port());
+            if tcp != relp {
+                break (tcp, relp);
+            }
+        };
         let d = dir.display();
         let conf = format!(
             r#"global(workDirectory="{d}/work")
 module(load="imtcp")
+module(load="imrelp")
 module(load="mmpstrucdata")
 input(type="imtcp" address="127.0.0.1" port="{port}")
+input(type="imrelp" address="127.0.0.1" port="{relp_port}" ruleset="relp")
 template(name="everything" type="string" string="%jsonmesg%\n")
-action(type="mmpstrucdata")
-action(type="omfile" file="{d}/messages.jsonl" template="everything")
+ruleset(name="out") {{
+  action(type="mmpstrucdata")
+  action(type="omfile" file="{d}/messages.jsonl" template="everything")
+}}
+ruleset(name="relp" queue.type="Disk" queue.filename="relp" queue.checkpointInterval="1") {{
+  call out
+}}
+call out
 "#
         );
         fs::write(dir.join("rsyslog.conf"), conf).unwrap();
-        let mut rsyslog = Rsyslog { dir: dir.to_owned(), port, child: None };
+        let mut rsyslog = Rsyslog { dir: dir.to_owned(), port, relp_port, child: None };
         rsyslog.run();
         rsyslog
     }
@@ -91,8 +118,10 @@ action(type="omfile" file="{d}/messages.jsonl" template="everything")
             .spawn()
             .expect("starting rsyslogd");
         self.child = Some(child);
-        let port = self.port;
-        wait_for("rsyslogd to listen", &log, || TcpStream::connect(("127.0.0.1", port)).is_ok());
+        let (port, relp_port) = (self.port, self.relp_port);
+        wait_for("rsyslogd to listen", &log, || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok() && listening(relp_port)
+        });
         let said = fs::read_to_string(&log).unwrap_or_default();
         assert!(!said.contains("error"), "rsyslogd: {said}");
     }

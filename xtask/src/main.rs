@@ -215,6 +215,19 @@ fn build_requirement_wheels() -> Result<()> {
     )
 }
 
+/// Whether rsyslog has the module `name`: Debian puts them in /usr/lib/<triplet>/rsyslog.
+fn rsyslog_has_module(name: &str) -> bool {
+    let file = format!("{name}.so");
+    ["/usr/lib", "/usr/lib64"].iter().any(|lib| {
+        Path::new(lib).join("rsyslog").join(&file).is_file()
+            || std::fs::read_dir(lib)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|entry| entry.path().join("rsyslog").join(&file).is_file())
+    })
+}
+
 /// The fixtures run real npm and pip offline; pip builds the sdist with the interpreter's own
 /// setuptools and wheel (no build isolation), so those are installed here, never by a test.
 fn test_prerequisites() -> Result<()> {
@@ -227,9 +240,9 @@ fn test_prerequisites() -> Result<()> {
         Command::new("python3").args(["-c", &format!("import {modules}")]).output().is_ok_and(|o| o.status.success())
     };
     // The importer tests run the real strace and auditd to make their traces; the syslog
-    // output's tests start a real rsyslogd, the NATS output's a real JetStream server, and a
-    // real Prometheus scrapes the metrics.
-    let missing: Vec<&str> = [
+    // output's tests start a real rsyslogd (with imrelp, from rsyslog-relp, for RELP), the NATS
+    // output's a real JetStream server, and a real Prometheus scrapes the metrics.
+    let mut missing: Vec<&str> = [
         ("strace", "strace"),
         ("auditd", "auditd"),
         ("rsyslogd", "rsyslog"),
@@ -240,6 +253,9 @@ fn test_prerequisites() -> Result<()> {
     .filter(|(program, _)| toolchain::find_in_path(program).is_none())
     .map(|(_, package)| *package)
     .collect();
+    if !rsyslog_has_module("imrelp") {
+        missing.push("rsyslog-relp");
+    }
     if !missing.is_empty() {
         if !is_root() || toolchain::find_in_path("apt-get").is_none() {
             bail!("the tests need {} (as root with apt-get, `cargo xtask test` installs them)", missing.join(" and "));
@@ -253,7 +269,7 @@ fn test_prerequisites() -> Result<()> {
     build_requirement_wheels()?;
     if importable("setuptools, wheel, uv") {
         println!(
-            "xtask: test prerequisites: node, npm, strace, auditd, rsyslogd, nats-server, prometheus, python3 with setuptools, wheel and uv: present"
+            "xtask: test prerequisites: node, npm, strace, auditd, rsyslogd with imrelp, nats-server, prometheus, python3 with setuptools, wheel and uv: present"
         );
         return Ok(());
     }
