@@ -59,7 +59,7 @@ pub struct OutputConfig {
     /// `syslog`: the longest message in bytes (default by transport: see the syslog module).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_message: Option<usize>,
-    /// `syslog`: seconds a connect or a write may make no progress (default 10).
+    /// `syslog`: seconds a connect, a write or (RELP) an answer may make no progress (default 10).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<f64>,
     /// `webhook`: a batch as one NDJSON request rather than one request per alert.
