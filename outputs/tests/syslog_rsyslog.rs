@@ -14,9 +14,12 @@ use bytes::Bytes;
 use credwatch_core::alert::Severity;
 use credwatch_outputs::{
     syslog::{Facility, Syslog, SyslogFormat, SyslogOptions, SyslogTarget},
-    Outgoing, Transport, TransportError,
+    DispatchOptions, Dispatcher, Outgoing, OutputConfig, Transport, TransportError,
 };
 use serde_json::{json, Value};
+use support::{Hostile, Peer};
+
+mod support;
 
 /// rsyslogd, wherever Debian put it (`/usr/sbin` is not on every user's PATH).
 fn rsyslogd() -> PathBuf {
@@ -57,8 +60,12 @@ struct Rsyslog {
 
 impl Rsyslog {
     fn start() -> Rsyslog {
+        Rsyslog::start_with(free_ports())
+    }
+
+    /// On these UDP, TCP and RELP ports.
+    fn start_with((udp_port, tcp_port, relp_port): (u16, u16, u16)) -> Rsyslog {
         let dir = tempfile::tempdir().unwrap();
-        let (udp_port, tcp_port, relp_port) = free_ports();
         std::fs::create_dir(dir.path().join("work")).unwrap();
         let d = dir.path().display();
         // Rate limits off: a test sends bursts. `rfc5424.sock` parses what it gets as any
@@ -413,4 +420,45 @@ async fn relp_loses_nothing_to_rsyslog_stopped_then_killed() {
     let text = std::fs::read_to_string(&file).unwrap();
     let message: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
     assert_eq!(message["inputname"], "imrelp", "{message:#}");
+}
+
+/// Where rsyslog's RELP input should be, a peer that answers garbage, then one that closes
+/// before answering, then one that never answers: each delivery a retry, counted, the alerts
+/// kept in the spool; rsyslogd there at last, they arrive, in order, each once.
+#[test]
+fn hostile_relp_peers_are_retried_and_counted_until_rsyslog_is_there() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let modes = [Hostile::Garbage, Hostile::Close, Hostile::Stall];
+    let peer = {
+        let _runtime = runtime.enter();
+        Peer::start(listener, &modes)
+    };
+    let spool = tempfile::tempdir().unwrap();
+    let mut config = OutputConfig::to(format!("syslog:relp:127.0.0.1:{port}").parse().unwrap());
+    config.timeout = Some(0.5);
+    let options = DispatchOptions {
+        spool_dir: spool.path().to_owned(),
+        backoff_base: Duration::from_millis(20),
+        backoff_max: Duration::from_millis(100),
+    };
+    let mut dispatcher = Dispatcher::start(options, &[config]).unwrap();
+    for n in 1..=20 {
+        dispatcher.dispatch(&support::alert(n));
+    }
+    let reader = dispatcher.counts_reader();
+    let counts =
+        support::wait_for_counts(&reader, "4 failed attempts", Duration::from_secs(20), |c| c.failed_attempts >= 4);
+    assert_eq!((counts.delivered, counts.refused, counts.spooled), (0, 0, 20), "{counts:?}");
+    assert_eq!(peer.served()[..3], modes, "{:?}", peer.served());
+    runtime.block_on(peer.stop());
+
+    let (udp, tcp, _) = free_ports();
+    let rsyslog = Rsyslog::start_with((udp, tcp, port));
+    let counts = support::wait_for_counts(&reader, "20 delivered", Duration::from_secs(30), |c| c.delivered == 20);
+    assert_eq!((counts.spooled, counts.dropped), (0, [0; 4]), "{counts:?}");
+    let got: Vec<String> = rsyslog.messages(20).iter().map(|m| sd(m)["id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(got, support::ids(1..=20));
+    dispatcher.shutdown(Duration::from_secs(1));
 }
