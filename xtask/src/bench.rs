@@ -21,14 +21,21 @@ use std::{
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::{bench_events, bench_install, bench_replay, bench_syscalls, toolchain::find_in_path};
+use crate::{bench_events, bench_install, bench_outputs, bench_replay, bench_syscalls, toolchain::find_in_path};
 
 /// Set in the detached bench (see [`detach`]): where it writes its exit status.
 const DETACHED_ENV: &str = "CREDWATCH_BENCH_STATUS";
-pub const SECTIONS: &[&str] = &["syscalls", "install", "throughput", "replay", "memory"];
-/// Peers installed from Debian when missing (set-up, before anything is measured).
-const APT_PEERS: &[(&str, &str)] =
-    &[("strace", "strace"), ("bpftrace", "bpftrace"), ("auditctl", "auditd"), ("jq", "jq")];
+pub const SECTIONS: &[&str] = &["syscalls", "install", "throughput", "replay", "memory", "outputs"];
+/// Peers installed from Debian when missing (set-up, before anything is measured); rsyslogd and
+/// nats-server are the outputs' receivers.
+const APT_PEERS: &[(&str, &str)] = &[
+    ("strace", "strace"),
+    ("bpftrace", "bpftrace"),
+    ("auditctl", "auditd"),
+    ("jq", "jq"),
+    ("rsyslogd", "rsyslog"),
+    ("nats-server", "nats-server"),
+];
 /// Fake credential files of the throwaway HOME: what auditd watches and bpftrace matches.
 pub const CREDENTIAL_FILES: &[&str] = &[
     ".npmrc",
@@ -230,7 +237,7 @@ fn run_bench(options: &Options) -> Result<()> {
     if options.build {
         crate::build()?;
     }
-    for helper in ["loop", "floor", "opener", "uring"] {
+    for helper in ["loop", "floor", "opener", "uring", "reader"] {
         let source = workspace.join(format!("xtask/bench/{helper}.c"));
         crate::run(
             &format!("compile xtask/bench/{helper}.c"),
@@ -266,6 +273,7 @@ fn run_bench(options: &Options) -> Result<()> {
             "install" => bench_install::run(&mut ctx),
             "throughput" => bench_events::throughput(&mut ctx),
             "replay" => bench_replay::run(&mut ctx),
+            "outputs" => bench_outputs::run(&mut ctx),
             _ => bench_events::memory_and_start_up(&mut ctx),
         };
         match result {
@@ -291,6 +299,23 @@ fn run_bench(options: &Options) -> Result<()> {
         started.elapsed().as_secs_f64()
     ));
     Ok(())
+}
+
+/// The release xtask with every bench feature: the trace generator and parse-only baseline
+/// (`bench-trace`), the outputs' receivers (`bench-outputs`). One build for every section.
+pub fn build_release_xtask() -> Result<()> {
+    crate::run(
+        "build the bench's helpers (release xtask: trace generator, parse-only baseline, receivers)",
+        crate::cargo().args([
+            "build",
+            "--release",
+            "--quiet",
+            "-p",
+            "xtask",
+            "--features",
+            "bench-trace,bench-outputs",
+        ]),
+    )
 }
 
 fn key_static(key: &str) -> &'static str {
