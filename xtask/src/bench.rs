@@ -608,6 +608,8 @@ pub struct Background {
     pub stdout: Option<Lines>,
     pub stderr: Option<Lines>,
     stop_signal: i32,
+    /// A `credwatch watch`: the credwatch binary, to detach what it pinned once it has ended.
+    unpin: Option<PathBuf>,
 }
 
 impl Background {
@@ -620,7 +622,7 @@ impl Background {
             .with_context(|| format!("starting {command:?}"))?;
         let stdout = child.stdout.take().map(Lines::new);
         let stderr = child.stderr.take().map(Lines::new);
-        Ok(Background { child, stdout, stderr, stop_signal })
+        Ok(Background { child, stdout, stderr, stop_signal, unpin: None })
     }
 
     pub fn pid(&self) -> u32 {
@@ -631,6 +633,9 @@ impl Background {
     pub fn stop(mut self) -> Result<String> {
         signal(self.child.id(), self.stop_signal);
         wait_or_kill(&mut self.child, Duration::from_secs(10))?;
+        if let Some(credwatch) = self.unpin.take() {
+            unpin(&credwatch);
+        }
         // The reader threads end at EOF; give them a moment to take the last lines.
         thread::sleep(Duration::from_millis(50));
         Ok(self.stderr.as_ref().map(Lines::text).unwrap_or_default())
@@ -643,14 +648,41 @@ impl Drop for Background {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+        if let Some(credwatch) = self.unpin.take() {
+            unpin(&credwatch);
+        }
     }
+}
+
+/// Where every `credwatch watch` the bench starts pins its kernel side: a folder of the bench's,
+/// detached as each agent ends ([`unpin`]). `watch` leaves its programs attached and recording
+/// when it stops, for the next agent to adopt: without this, every start after the first would
+/// be an adoption, and the programs would stay attached after the bench.
+pub fn pin_dir() -> PathBuf {
+    PathBuf::from(format!("/sys/fs/bpf/credwatch-bench-{}", std::process::id()))
+}
+
+/// `credwatch stop --pin-dir PIN_DIR`: detaches what an agent of the bench left pinned (nothing
+/// to do when nothing is).
+pub fn unpin(credwatch: &Path) {
+    let _ = Command::new(credwatch)
+        .args(["stop", "--pin-dir"])
+        .arg(pin_dir())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
 }
 
 /// `credwatch watch`, attached: returns it with the agent's own "after N ms" figure and the time
 /// from spawn to that line.
 pub fn start_watch(ctx: &Ctx) -> Result<(Background, f64, f64)> {
     let spawned = Instant::now();
-    let agent = Background::start(Command::new(&ctx.credwatch).arg("watch").env("HOME", &ctx.home), libc::SIGTERM)?;
+    let mut agent = Background::start(
+        Command::new(&ctx.credwatch).arg("watch").arg("--pin-dir").arg(pin_dir()).env("HOME", &ctx.home),
+        libc::SIGTERM,
+    )?;
+    agent.unpin = Some(ctx.credwatch.clone());
     let line = agent
         .stderr
         .as_ref()

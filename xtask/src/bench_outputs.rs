@@ -31,7 +31,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
 use crate::{
-    bench::{cpu_seconds, fmt, median, parse_summary, say, signal, wait_or_kill, Ctx, Lines, Section},
+    bench::{cpu_seconds, fmt, median, parse_summary, pin_dir, say, signal, unpin, wait_or_kill, Ctx, Lines, Section},
     bench_events::settled_cpu_seconds,
     bench_syscalls::nan_null,
     toolchain::find_in_path,
@@ -737,21 +737,6 @@ fn quiet_cpu_seconds(pid: u32, cap: Duration) -> f64 {
     last
 }
 
-/// Where the flood's agents pin their kernel side: their own folder, detached after each.
-fn pin_dir() -> PathBuf {
-    PathBuf::from(format!("/sys/fs/bpf/credwatch-bench-{}", std::process::id()))
-}
-
-fn unpin(ctx: &Ctx) {
-    let _ = Command::new(&ctx.credwatch)
-        .args(["stop", "--pin-dir"])
-        .arg(pin_dir())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-}
-
 /// (b): `credwatch watch` with `down`'s outputs, and a package tree (a shell named npm running
 /// a postinstall-like script) that reads `n` credential files as fast as it can.
 fn flood(ctx: &Ctx, down: Down, n: usize, tag: &str) -> Result<Flood> {
@@ -774,7 +759,7 @@ fn flood(ctx: &Ctx, down: Down, n: usize, tag: &str) -> Result<Flood> {
     if let Some(port) = port {
         command.arg("--to").arg(format!("webhook:http://127.0.0.1:{port}/")).arg("--spool-dir").arg(&spool);
     }
-    unpin(ctx);
+    unpin(&ctx.credwatch);
     let mut agent = command
         .env("HOME", &ctx.home)
         .stdin(Stdio::null())
@@ -808,7 +793,7 @@ fn flood(ctx: &Ctx, down: Down, n: usize, tag: &str) -> Result<Flood> {
     signal(pid, libc::SIGTERM);
     let _ = wait_or_kill(&mut agent, Duration::from_secs(60));
     thread::sleep(Duration::from_millis(50));
-    unpin(ctx);
+    unpin(&ctx.credwatch);
     drop(stalled);
     let _ = fs::remove_dir_all(&spool);
     let stderr = stderr.text();
