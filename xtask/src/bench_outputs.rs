@@ -1050,7 +1050,7 @@ fn floods(ctx: &mut Ctx, flood_n: usize, flood_rounds: usize) -> Result<Section>
         );
     }
     flood_table.notes.push(format!(
-        "The package tree is `npm -c 'reader DIR {flood_n}'` with npm's postinstall variables (sh named npm; `reader` opens {flood_n} distinct `~/.password-store` files as fast as it goes, one alert each). Lost kernel events: the agent's closing summary (ring buffers' drops counted by the kernel). The webhook's spool is on the bench's ext4, as above. Handled in: from the flood's start until the agent's CPU went quiet; then SIGTERM (the webhook gets its 3 s, the rest stays spooled)."
+        "The package tree is `npm -c 'reader DIR {flood_n}'` with npm's postinstall variables (sh named npm; `reader` opens {flood_n} distinct `~/.password-store` files as fast as it goes, one alert each). Lost kernel events: the agent's closing summary (ring buffers' drops counted by the kernel). The webhook's spool is on the bench's ext4, as above. Handled in: from the flood's start until the agent's CPU went quiet; then SIGTERM (the webhook gets its 3 s, the rest stays spooled). `watch` takes every package tree of the machine: builds and installs that other users run meanwhile add their events (and losses) to a round's; the three floods of a round run back to back, so compare them round by round too (the target says in how many rounds the webhook down lost more)."
     ));
     flood_table.json = json!({ "alerts": flood_n, "rounds": flood_rounds, "configs": flood_json });
     let none = lost["no_outputs"];
