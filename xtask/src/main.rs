@@ -5,6 +5,9 @@
 mod bench;
 mod bench_events;
 mod bench_install;
+mod bench_outputs;
+#[cfg(feature = "bench-outputs")]
+mod bench_receive;
 mod bench_replay;
 mod bench_syscalls;
 mod corpus;
@@ -27,10 +30,11 @@ const USAGE: &str = "usage: cargo xtask <command>
   build                  toolchain, then the eBPF object and target/release/credwatch
   test                   build, set up what the tests need, run the unit tests, fuzz each decoder
                          for 25s, then (as root) the end-to-end tests
-  bench [--quick] [--no-build] [--only syscalls,install,throughput,replay,memory]
+  bench [--quick] [--no-build] [--only syscalls,install,throughput,replay,memory,outputs]
                          (root) build, then measure overhead, install workloads, event and replay
                          throughput, memory and start-up, side by side with the hook's floor,
-                         bpftrace, auditd and strace: target/bench/bench.md and bench.json
+                         bpftrace, auditd and strace, and the outputs' delivery to real local
+                         receivers: target/bench/bench.md and bench.json
   corpus [--only npm,pip,uv,cargo] [--jobs N] [--list FILE] [--binary PATH] [--timeout SECS]
                          (root, network) install each package of xtask/corpus/packages.txt from its
                          registry under `credwatch run`, with a throwaway HOME of fake credentials:
@@ -66,6 +70,10 @@ fn main() -> ExitCode {
         }
         #[cfg(feature = "bench-trace")]
         ["bench-parse", file] => bench_replay::parse_only(Path::new(file)),
+        #[cfg(feature = "bench-outputs")]
+        ["bench-receive-http"] => bench_receive::http(),
+        #[cfg(feature = "bench-outputs")]
+        ["bench-receive-nats", url, stream, subjects] => bench_receive::nats(url, stream, subjects),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
