@@ -1,7 +1,7 @@
 //! One output's spool on disk: every alert the output has not delivered yet, so that an agent
 //! stopped or killed leaves them for the next one, which delivers them first and in order.
 //!
-//! Append-only segments, one chain per severity: `<first seq>-<severity>.seg` files (mode 0600,
+//! Append-only segments, one chain per severity: `<number>-<severity>.seg` files (mode 0600,
 //! in a 0700 folder) of records `magic | length | CRC-32 | seq | id | host | ECS JSON`, written
 //! through a buffered writer (one write(2) per 64 KiB rather than a file per alert: measured,
 //! 70-110 µs per alert with a file each, see the module's bench `examples/spool_flood.rs`).
@@ -107,11 +107,14 @@ impl fmt::Display for Recovered {
     }
 }
 
-/// A segment: (severity, sequence number of its first record).
+/// A segment: (severity, its number; the newest has the highest).
 type Key = (Severity, u64);
 
 struct Segment {
     path: Arc<Path>,
+    /// The lowest sequence number in it. Not always its first record's: when the queue is full
+    /// the engine's thread appends alerts that the task's, queued before, follow.
+    lowest: u64,
     /// Bytes on disk (or in its writer's buffer).
     size: u64,
     /// Its records not delivered yet.
@@ -127,7 +130,8 @@ struct Entry {
     segment: Key,
     offset: u64,
     len: u32,
-    item: Option<Outgoing>,
+    /// Boxed: most entries of a full spool have none, and a full spool has ~250k entries.
+    item: Option<Box<Outgoing>>,
 }
 
 pub struct Spool {
@@ -141,6 +145,7 @@ pub struct Spool {
     bytes: u64,
     cached: usize,
     next_seq: u64,
+    next_segment: u64,
     ack: fs::File,
     /// What the `ack` file says: every alert below it is delivered.
     acked: u64,
@@ -189,6 +194,7 @@ impl Spool {
             bytes: 0,
             cached: 0,
             next_seq: acked,
+            next_segment: 0,
             ack,
             acked,
             doomed: Vec::new(),
@@ -224,8 +230,9 @@ impl Spool {
         let data = Bytes::from(fs::read(path).map_err(SpoolError::new(path, "reading"))?);
         let mut size = data.len() as u64;
         let path: Arc<Path> = Arc::from(path);
-        let mut live = 0;
+        let (mut live, mut lowest) = (0, u64::MAX);
         let mut offset = 0;
+        self.next_segment = self.next_segment.max(key.1 + 1);
         while offset < data.len() {
             match decode(&data, offset) {
                 Some(record) => {
@@ -233,6 +240,7 @@ impl Spool {
                         let len = record.len as u32;
                         self.entries.insert(record.seq, Entry { segment: key, offset: offset as u64, len, item: None });
                         live += 1;
+                        lowest = lowest.min(record.seq);
                     }
                     self.next_seq = self.next_seq.max(record.seq + 1);
                     offset += record.len;
@@ -263,7 +271,7 @@ impl Spool {
             let _ = fs::remove_file(&path);
         } else {
             self.bytes += size;
-            self.segments.insert(key, Segment { path, size, live });
+            self.segments.insert(key, Segment { path, lowest, size, live });
         }
         Ok(())
     }
@@ -321,7 +329,8 @@ impl Spool {
         let segment = self.segments.get_mut(&key).expect("the writer's segment");
         segment.size += size;
         segment.live += 1;
-        self.entries.insert(seq, Entry { segment: key, offset, len: size as u32, item: cache.then_some(item) });
+        segment.lowest = segment.lowest.min(seq);
+        self.entries.insert(seq, Entry { segment: key, offset, len: size as u32, item: cache.then(|| Box::new(item)) });
         Ok(put)
     }
 
@@ -335,7 +344,8 @@ impl Spool {
         };
         if open {
             self.close_writer(item.severity).map_err(|(path, error)| (path.to_path_buf(), error))?;
-            let key = (item.severity, seq);
+            let key = (item.severity, self.next_segment);
+            self.next_segment += 1;
             let path = self.path(key);
             let file = fs::OpenOptions::new()
                 .append(true)
@@ -343,7 +353,7 @@ impl Spool {
                 .mode(0o600)
                 .open(&path)
                 .map_err(|error| (path.clone(), error))?;
-            self.segments.insert(key, Segment { path: Arc::from(path), size: 0, live: 0 });
+            self.segments.insert(key, Segment { path: Arc::from(path), lowest: seq, size: 0, live: 0 });
             self.writers[class] = Some(Writer { key, file: BufWriter::with_capacity(WRITE_BUFFER, file) });
         }
         let writer = self.writers[class].as_mut().expect("opened above");
@@ -352,7 +362,7 @@ impl Spool {
         if let Err(error) = encode(&mut writer.file, seq, item) {
             // What the writer holds is in doubt: the chain goes on in a new segment, and what
             // did not reach this one is said lost when its turn comes.
-            self.writers[class] = None;
+            self.discard_writer(item.severity);
             return Err((self.segments[&key].path.to_path_buf(), error));
         }
         Ok((offset, key))
@@ -365,7 +375,7 @@ impl Spool {
         let mut failed = None;
         for severity in SEVERITIES {
             if let Err((path, source)) = self.flush_writer(severity) {
-                self.writers[severity as usize] = None;
+                self.discard_writer(severity);
                 failed.get_or_insert(SpoolError { path: path.to_path_buf(), action: "writing alerts".into(), source });
             }
         }
@@ -381,8 +391,16 @@ impl Spool {
 
     fn close_writer(&mut self, severity: Severity) -> Result<(), (Arc<Path>, io::Error)> {
         let flushed = self.flush_writer(severity);
-        self.writers[severity as usize] = None;
+        self.discard_writer(severity);
         flushed
+    }
+
+    /// Lets a writer go with what it still holds unwritten (a `BufWriter` dropped would write
+    /// it).
+    fn discard_writer(&mut self, severity: Severity) {
+        if let Some(writer) = self.writers[severity as usize].take() {
+            drop(writer.file.into_parts());
+        }
     }
 
     /// The oldest `max` alerts, in order, with their sequence numbers: in memory, or where to
@@ -391,7 +409,7 @@ impl Spool {
     pub fn oldest(&mut self, max: usize) -> (Vec<(u64, Spooled)>, Result<(), SpoolError>) {
         let flushed = self.flush();
         let spooled = |(&seq, entry): (&u64, &Entry)| match &entry.item {
-            Some(item) => (seq, Spooled::Memory(item.clone())),
+            Some(item) => (seq, Spooled::Memory(Outgoing::clone(item))),
             None => (
                 seq,
                 Spooled::Disk {
@@ -433,10 +451,10 @@ impl Spool {
 
     /// Drops a whole segment at the cap: how many alerts went with it.
     fn drop_segment(&mut self, key: Key) -> u64 {
-        let live = self.segments[&key].live;
+        let Segment { live, lowest, .. } = self.segments[&key];
         let dropped: Vec<u64> = self
             .entries
-            .range(key.1..)
+            .range(lowest..)
             .filter(|(_, entry)| entry.segment == key)
             .map(|(seq, _)| *seq)
             .take(live as usize)
@@ -452,8 +470,7 @@ impl Spool {
     fn remove_segment(&mut self, key: Key) {
         if self.writers[key.0 as usize].as_ref().is_some_and(|writer| writer.key == key) {
             // Nothing in it to keep: what its writer holds goes with it unwritten.
-            let writer = self.writers[key.0 as usize].take().expect("checked above");
-            drop(writer.file.into_parts());
+            self.discard_writer(key.0);
         }
         let segment = self.segments.remove(&key).expect("a segment");
         self.bytes -= segment.size;
@@ -465,8 +482,8 @@ impl Spool {
         std::mem::take(&mut self.doomed)
     }
 
-    fn path(&self, (severity, seq): Key) -> PathBuf {
-        self.dir.join(format!("{seq:020}-{}.seg", severity.as_str()))
+    fn path(&self, (severity, number): Key) -> PathBuf {
+        self.dir.join(format!("{number:020}-{}.seg", severity.as_str()))
     }
 }
 
@@ -483,7 +500,8 @@ pub enum Spooled {
 
 /// The alerts of a batch taken with [`Spool::oldest`], in its order, each or why it cannot be
 /// read (its segment dropped since, removed by hand, or damaged). A batch is the oldest alerts,
-/// so those of one segment follow each other in it: one read per segment.
+/// so those of one segment are next to each other in it (but for a few the engine's thread
+/// appended ahead): one read per segment.
 pub fn load(taken: Vec<(u64, Spooled)>) -> Vec<(u64, Result<Outgoing, SpoolError>)> {
     // Each segment's span in this batch, then its bytes.
     let mut spans: Vec<(Arc<Path>, u64, u64)> = Vec::new();
@@ -624,9 +642,9 @@ fn read_ack(file: &fs::File) -> io::Result<u64> {
 }
 
 fn parse_name(name: &str) -> Option<Key> {
-    let (seq, severity) = name.strip_suffix(".seg")?.split_once('-')?;
+    let (number, severity) = name.strip_suffix(".seg")?.split_once('-')?;
     let severity = SEVERITIES.into_iter().find(|s| s.as_str() == severity)?;
-    Some((severity, seq.parse().ok()?))
+    Some((severity, number.parse().ok()?))
 }
 
 #[cfg(test)]
@@ -819,6 +837,32 @@ mod tests {
         assert_eq!(kept.len(), 61);
         assert_eq!(kept.iter().filter(|id| **id == "lo").count(), 32);
         assert_eq!(kept[32..56], ["hi"; 24]);
+    }
+
+    #[test]
+    fn alerts_appended_ahead_of_earlier_ones_leave_in_order_and_drop_whole() {
+        // The engine's thread appends alert 1 before the task appends alert 0, queued before it.
+        let dir = tempfile::tempdir().unwrap();
+        let (mut spool, _) = open(dir.path(), 64 * size());
+        for seq in [1, 0, 2] {
+            spool.put(seq, outgoing(&format!("l{seq}"), Severity::Low)).unwrap();
+        }
+        for seq in 3..64 {
+            spool.put(seq, outgoing("hi", Severity::High)).unwrap();
+        }
+        spool.flush().unwrap();
+        drop(spool);
+        let (mut spool, _) = open(dir.path(), 64 * size());
+        let (taken, _) = spool.oldest(3);
+        let loaded: Vec<String> = load(taken).into_iter().map(|(_, item)| item.unwrap().id).collect();
+        assert_eq!(loaded, ["l0", "l1", "l2"]);
+        // Full: the low segment goes whole, each of its alerts counted, none left behind.
+        assert_eq!(spool.put(64, outgoing("cr", Severity::Critical)).unwrap(), Put { dropped: [3, 0, 0, 0] });
+        assert_eq!(spool.len(), 62);
+        let (batch, errors) = deliver(&mut spool, 100);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(ids(&batch)[..2], ["hi", "hi"]);
+        assert_eq!(ids(&batch)[61], "cr");
     }
 
     #[test]
