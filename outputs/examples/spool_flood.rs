@@ -11,7 +11,8 @@
 //!   filled (the first QUEUE alerts left out), and the slowest call;
 //! - alerts spooled per second (until every alert is in the spool);
 //! - the time a restarted dispatcher takes to deliver them all to an in-process receiver that
-//!   takes every batch at once (the spool's read side alone, no network).
+//!   takes every batch at once (the spool's read side alone), then, after the same flood again,
+//!   to a `file` output (a real local receiver: JSON lines appended to a file).
 
 use std::{
     sync::{
@@ -26,7 +27,8 @@ use credwatch_core::alert::{
     AlertRule, AlertUser, Severity,
 };
 use credwatch_outputs::{
-    filter::DEFAULT_QUEUE, DispatchOptions, Dispatcher, Outgoing, OutputConfig, Transport, TransportError,
+    filter::DEFAULT_QUEUE, transport_for, DispatchOptions, Dispatcher, Outgoing, OutputConfig, Transport,
+    TransportError,
 };
 
 /// A receiver that is down.
@@ -114,57 +116,30 @@ fn main() {
     let alerts: usize = std::env::args().nth(1).map_or(100_000, |n| n.parse().expect("ALERTS: a number"));
     let queue: usize = std::env::args().nth(2).map_or(DEFAULT_QUEUE, |n| n.parse().expect("QUEUE: a number"));
     let dir = tempfile::tempdir().expect("a temporary folder");
+    let received = dir.path().join("received.jsonl");
     let config = OutputConfig {
         queue: Some(queue),
         // Room for the whole flood: nothing dropped, the spool's write path alone is measured.
         spool_max_bytes: Some(4 << 30),
-        ..OutputConfig::to("file:/bench/spool".parse().expect("a destination"))
+        // The `file` receiver in one file, not rotated.
+        max_bytes: Some(1 << 40),
+        ..OutputConfig::to(format!("file:{}", received.display()).parse().expect("a destination"))
     };
     let options = DispatchOptions {
-        spool_dir: dir.path().to_owned(),
+        spool_dir: dir.path().join("spool"),
         // Down all along: one attempt, then no retry during the flood.
         backoff_base: Duration::from_secs(3600),
         backoff_max: Duration::from_secs(3600),
     };
     let flood: Vec<Alert> = (0..alerts).map(alert).collect();
     let size = serde_json::to_vec(&flood[0]).expect("JSON").len();
+    println!("{alerts} alerts of {size} bytes of JSON, queue {queue}");
 
-    let mut dispatcher = Dispatcher::new(options.clone()).expect("a dispatcher");
-    dispatcher.add(&config, Down).expect("an output");
-    let reader = dispatcher.counts_reader();
-    let mut calls = Vec::with_capacity(alerts);
-    let start = Instant::now();
-    for alert in &flood {
-        let call = Instant::now();
-        dispatcher.dispatch(alert);
-        calls.push(call.elapsed());
-    }
-    let dispatched = start.elapsed();
-    while reader.counts()[0].1.spooled < alerts as u64 {
-        assert!(start.elapsed() < Duration::from_secs(600), "not all spooled: {:?}", reader.counts());
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let spooled = start.elapsed();
-    let counts = dispatcher.shutdown(Duration::from_millis(100));
-    assert_eq!(counts[0].1.dropped, [0; 4], "{counts:?}");
-
-    let received = Arc::new(AtomicU64::new(0));
-    let restart = Instant::now();
-    let mut dispatcher = Dispatcher::new(options).expect("a dispatcher");
-    dispatcher.add(&config, Fast(Arc::clone(&received))).expect("an output");
-    while received.load(Ordering::Relaxed) < alerts as u64 {
-        assert!(restart.elapsed() < Duration::from_secs(600), "not all delivered");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let drained = restart.elapsed();
-    let counts = dispatcher.shutdown(Duration::from_secs(10));
-    assert_eq!((counts[0].1.delivered, counts[0].1.spooled), (alerts as u64, 0), "{counts:?}");
-
+    let (calls, dispatched, spooled) = spool(&options, &config, &flood);
     let micros = |d: Duration| d.as_secs_f64() * 1e6;
     let mut full: Vec<Duration> = calls.iter().skip(queue).copied().collect();
     full.sort_unstable();
     let mean_full = full.iter().sum::<Duration>().as_secs_f64() * 1e6 / full.len().max(1) as f64;
-    println!("{alerts} alerts of {size} bytes of JSON, queue {queue}");
     println!(
         "dispatch per alert: mean {:.2} us; queue full: mean {mean_full:.2} us, p99 {:.1} us, max {:.0} us",
         micros(dispatched) / alerts as f64,
@@ -172,9 +147,63 @@ fn main() {
         full.last().map_or(0.0, |d| micros(*d)),
     );
     println!("spooled: {:.0} alerts/s ({:.2} s for all)", alerts as f64 / spooled.as_secs_f64(), spooled.as_secs_f64());
+
+    let count = Arc::new(AtomicU64::new(0));
+    let drained = drain(&options, &config, Fast(Arc::clone(&count)), alerts);
+    assert_eq!(count.load(Ordering::Relaxed), alerts as u64);
     println!(
-        "drained to a fast receiver after a restart: {:.2} s ({:.0} alerts/s)",
+        "drained after a restart to an in-process receiver: {:.2} s ({:.0} alerts/s)",
         drained.as_secs_f64(),
         alerts as f64 / drained.as_secs_f64()
     );
+
+    spool(&options, &config, &flood);
+    let drained = drain(&options, &config, transport_for(&config).expect("the file output"), alerts);
+    let lines = std::fs::read(&received).expect("the file output's file").iter().filter(|b| **b == b'\n').count();
+    assert_eq!(lines, alerts);
+    println!(
+        "drained after a restart to a `file` output: {:.2} s ({:.0} alerts/s)",
+        drained.as_secs_f64(),
+        alerts as f64 / drained.as_secs_f64()
+    );
+}
+
+/// The flood, with the receiver down: each `dispatch` call's time, all of them, and the time
+/// until every alert was in the spool.
+fn spool(options: &DispatchOptions, config: &OutputConfig, flood: &[Alert]) -> (Vec<Duration>, Duration, Duration) {
+    let mut dispatcher = Dispatcher::new(options.clone()).expect("a dispatcher");
+    dispatcher.add(config, Down).expect("an output");
+    let reader = dispatcher.counts_reader();
+    let mut calls = Vec::with_capacity(flood.len());
+    let start = Instant::now();
+    for alert in flood {
+        let call = Instant::now();
+        dispatcher.dispatch(alert);
+        calls.push(call.elapsed());
+    }
+    let dispatched = start.elapsed();
+    while reader.counts()[0].1.spooled < flood.len() as u64 {
+        assert!(start.elapsed() < Duration::from_secs(600), "not all spooled: {:?}", reader.counts());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let spooled = start.elapsed();
+    let counts = dispatcher.shutdown(Duration::from_millis(100));
+    assert_eq!(counts[0].1.dropped, [0; 4], "{counts:?}");
+    (calls, dispatched, spooled)
+}
+
+/// A restarted dispatcher delivering the spool to `transport`: the time until all is delivered.
+fn drain<T: Transport>(options: &DispatchOptions, config: &OutputConfig, transport: T, alerts: usize) -> Duration {
+    let start = Instant::now();
+    let mut dispatcher = Dispatcher::new(options.clone()).expect("a dispatcher");
+    dispatcher.add(config, transport).expect("an output");
+    let reader = dispatcher.counts_reader();
+    while reader.counts()[0].1.delivered < alerts as u64 {
+        assert!(start.elapsed() < Duration::from_secs(600), "not all delivered: {:?}", reader.counts());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let drained = start.elapsed();
+    let counts = dispatcher.shutdown(Duration::from_secs(10));
+    assert_eq!((counts[0].1.delivered, counts[0].1.spooled), (alerts as u64, 0), "{counts:?}");
+    drained
 }
