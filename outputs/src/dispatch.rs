@@ -8,7 +8,7 @@
 //! (at-least-once; receivers dedup on `event.id`). When the queue is full (a flood faster than
 //! the task takes it), the engine's thread appends the alert to the spool itself: into the
 //! spool's buffered writer, under its lock (a write(2) per 64 KiB, no file per alert; measured
-//! 2.2 µs per alert with the queue full, rendering included, against 47 µs with a file per
+//! 2-7 µs per alert with the queue full, rendering included, against 40-600 µs with a file per
 //! alert: `examples/spool_flood.rs`), and the task writes out what the writers hold as soon
 //! as it wakes. Not a bigger queue or a hand-over to the task alone: once that is full, the
 //! engine would have to wait or drop alerts, and the spool's cap is the one place alerts are

@@ -14,7 +14,7 @@ use crate::{
 
 /// Default bound of an output's in-memory queue, in alerts: a burst the output's task has not
 /// yet taken to its spool (at most ~10 MiB of alerts). Past it, the engine's thread appends
-/// alerts to the spool's buffered writer itself (measured: ~2 µs each, rendering included).
+/// alerts to the spool's buffered writer itself (measured: 2-7 µs each, rendering included).
 pub const DEFAULT_QUEUE: usize = 8192;
 /// Default cap of an output's spool on disk.
 pub const DEFAULT_SPOOL_MAX_BYTES: u64 = 256 << 20;

@@ -344,3 +344,50 @@ fn an_output_that_cannot_start_stops_credwatch_with_its_name() {
     run.assert_exit(1);
     assert!(run.stderr.contains("a-file/spool"), "{}", run.describe());
 }
+
+#[test]
+fn a_spool_survives_the_agent_killed_with_sigkill_and_is_delivered_once_in_order() {
+    let sandbox = Sandbox::new();
+    let files = sandbox.secrets(300);
+    let spool = sandbox.top().join("spool");
+    // The receiver: a full disk, as above.
+    let disk = Disk::mount(&sandbox.top().join("receiver"), "4k");
+    let out = disk.0.join("alerts.jsonl");
+
+    // 300 alerts raised with the receiver down, then the agent is killed dead.
+    let release = sandbox.top().join("release-1");
+    let mut first = sandbox.spawn_reader("spool-kill", &file_and_spool(&out, &spool), &files, &release);
+    wait_until("300 alerts raised", Duration::from_secs(60), || {
+        sandbox.alerts_now().iter().filter(|a| a["package"]["name"] == "spool-kill").count() >= 300
+    });
+    // The output's task spools what it takes at once; give it a moment on a loaded machine.
+    thread::sleep(Duration::from_secs(1));
+    first.kill().unwrap();
+    fs::write(&release, "").unwrap();
+    let run = sandbox.wait(first);
+    assert!(!run.stderr.contains("left in the spool"), "not killed\n{}", run.describe());
+
+    // The next agent, the receiver back: the spool first, each alert once, in the order raised.
+    disk.resize("16m");
+    let release = sandbox.top().join("release-2");
+    let second = sandbox.spawn_reader("spool-kill", &file_and_spool(&out, &spool), &[], &release);
+    wait_until("300 alerts delivered", Duration::from_secs(60), || {
+        ids_in(&sandbox, std::slice::from_ref(&out)).len() >= 300
+    });
+    fs::write(&release, "").unwrap();
+    let run = sandbox.wait(second);
+    run.assert_exit(0);
+    assert!(run.stderr.contains("300 alerts spooled before, sent first"), "{}", run.describe());
+    let raised: Vec<String> = sandbox
+        .alerts_now()
+        .iter()
+        .filter(|a| a["package"]["name"] == "spool-kill")
+        .map(|a| a["event"]["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids_in(&sandbox, std::slice::from_ref(&out)), raised);
+    assert!(
+        run.stderr.contains("300 delivered, 0 failed attempts, 0 refused, 0 dropped, 0 left in the spool"),
+        "{}",
+        run.describe()
+    );
+}
