@@ -77,12 +77,14 @@ pub enum Recovered {
     Corrupt { path: PathBuf, offset: u64, bytes: u64 },
     /// The `ack` file is unreadable: every alert in the spool is sent again.
     Ack { path: PathBuf },
+    /// A spool of an older credwatch (a file per alert), taken in; `dropped` at the cap.
+    Older { dir: PathBuf, taken: u64, dropped: u64 },
 }
 
 impl Recovered {
     /// Alerts were lost (rather than an alert that was never whole left out).
     pub fn is_loss(&self) -> bool {
-        matches!(self, Recovered::Corrupt { .. })
+        matches!(self, Recovered::Corrupt { .. } | Recovered::Older { dropped: 1.., .. })
     }
 }
 
@@ -103,6 +105,12 @@ impl fmt::Display for Recovered {
             Recovered::Ack { path } => {
                 write!(f, "spool {}: unreadable, every spooled alert is sent again", path.display())
             }
+            Recovered::Older { dir, taken, dropped } => write!(
+                f,
+                "spool {}: {taken} alerts of an older credwatch's spool (a file each) taken in, {dropped} \
+                 dropped at the cap",
+                dir.display()
+            ),
         }
     }
 }
@@ -199,11 +207,18 @@ impl Spool {
             acked,
             doomed: Vec::new(),
         };
-        let mut found: Vec<(Key, PathBuf)> = Vec::new();
+        let (mut found, mut older): (Vec<(Key, PathBuf)>, Vec<(u64, Severity, PathBuf)>) = (Vec::new(), Vec::new());
         for entry in fs::read_dir(dir).map_err(SpoolError::new(dir, "listing"))? {
             let entry = entry.map_err(SpoolError::new(dir, "listing"))?;
-            if let Some(key) = parse_name(&entry.file_name().to_string_lossy()) {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if let Some(key) = parse_name(&name) {
                 found.push((key, entry.path()));
+            } else if let Some((seq, severity)) = parse_older_name(&name) {
+                older.push((seq, severity, entry.path()));
+            } else if name.ends_with(".tmp") {
+                // An older credwatch's alert half-written when it died: never delivered.
+                let _ = fs::remove_file(entry.path());
             }
         }
         found.sort();
@@ -216,7 +231,38 @@ impl Spool {
         let probe = dir.join(".probe.tmp");
         fs::write(&probe, b"").map_err(SpoolError::new(dir, "writing"))?;
         let _ = fs::remove_file(probe);
+        spool.take_older(older, &mut recovered)?;
         Ok((spool, recovered))
+    }
+
+    /// Alerts an older credwatch spooled, a file each (`<seq>-<severity>.json`): into segments,
+    /// in their order, and their files removed once the segments are written.
+    fn take_older(
+        &mut self,
+        mut files: Vec<(u64, Severity, PathBuf)>,
+        recovered: &mut Vec<Recovered>,
+    ) -> Result<(), SpoolError> {
+        if files.is_empty() {
+            return Ok(());
+        }
+        files.sort();
+        let (mut taken, mut dropped) = (0, 0);
+        for (_, severity, path) in &files {
+            match read_older(path, *severity) {
+                Ok(item) => {
+                    let put = self.put(self.next_seq, item)?;
+                    dropped += put.dropped.iter().sum::<u64>();
+                    taken += 1;
+                }
+                Err(bytes) => recovered.push(Recovered::Corrupt { path: path.clone(), offset: 0, bytes }),
+            }
+        }
+        self.flush()?;
+        for (_, _, path) in files {
+            let _ = fs::remove_file(path);
+        }
+        recovered.push(Recovered::Older { dir: self.dir.clone(), taken, dropped });
+        Ok(())
     }
 
     /// Reads a segment an earlier agent left: its records not delivered yet are spooled again.
@@ -641,6 +687,33 @@ fn read_ack(file: &fs::File) -> io::Result<u64> {
     Ok(acked)
 }
 
+/// An older credwatch's spooled alert, `<seq>-<severity>.json`.
+fn parse_older_name(name: &str) -> Option<(u64, Severity)> {
+    let (seq, severity) = name.strip_suffix(".json")?.split_once('-')?;
+    let severity = SEVERITIES.into_iter().find(|s| s.as_str() == severity)?;
+    Some((seq.parse().ok()?, severity))
+}
+
+/// An older credwatch's spooled alert: its id and host from its JSON; else its size, lost.
+fn read_older(path: &Path, severity: Severity) -> Result<Outgoing, u64> {
+    #[derive(serde::Deserialize)]
+    struct Head {
+        event: Id,
+        host: Host,
+    }
+    #[derive(serde::Deserialize)]
+    struct Id {
+        id: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct Host {
+        name: String,
+    }
+    let json = fs::read(path).map_err(|_| 0u64)?;
+    let head: Head = serde_json::from_slice(&json).map_err(|_| json.len() as u64)?;
+    Ok(Outgoing { id: head.event.id, severity, host: head.host.name, json: Bytes::from(json) })
+}
+
 fn parse_name(name: &str) -> Option<Key> {
     let (number, severity) = name.strip_suffix(".seg")?.split_once('-')?;
     let severity = SEVERITIES.into_iter().find(|s| s.as_str() == severity)?;
@@ -917,6 +990,33 @@ mod tests {
         let error = loaded[1].1.as_ref().unwrap_err().to_string();
         assert_eq!(error, format!("spool {}: alert 11 at offset {}", segment.display(), size()));
         assert!(loaded[0].1.is_ok() && loaded[2].1.is_ok());
+    }
+
+    #[test]
+    fn an_older_spool_of_a_file_per_alert_is_taken_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        for (seq, id, severity) in [(7, "b", Severity::Low), (3, "a", Severity::High), (12, "c", Severity::Critical)] {
+            let item = outgoing(id, severity);
+            fs::write(dir.path().join(format!("{seq:020}-{}.json", severity.as_str())), &item.json).unwrap();
+        }
+        fs::write(dir.path().join(format!("{:020}-high.json", 9)), b"not json").unwrap();
+        fs::write(dir.path().join(format!("{:020}-high.tmp", 13)), b"{").unwrap();
+        let (mut spool, recovered) = open(dir.path(), 1 << 20);
+        let garbled = dir.path().join(format!("{:020}-high.json", 9));
+        assert_eq!(
+            recovered,
+            [
+                Recovered::Corrupt { path: garbled, offset: 0, bytes: 8 },
+                Recovered::Older { dir: dir.path().to_owned(), taken: 3, dropped: 0 }
+            ]
+        );
+        let (batch, _) = deliver(&mut spool, 10);
+        assert_eq!(
+            batch,
+            [outgoing("a", Severity::High), outgoing("b", Severity::Low), outgoing("c", Severity::Critical)]
+        );
+        let left: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, [ACK]);
     }
 
     #[test]
