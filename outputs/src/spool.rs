@@ -207,7 +207,8 @@ impl Spool {
             acked,
             doomed: Vec::new(),
         };
-        let (mut found, mut older): (Vec<(Key, PathBuf)>, Vec<(u64, Severity, PathBuf)>) = (Vec::new(), Vec::new());
+        let mut found: Vec<(Key, PathBuf)> = Vec::new();
+        let mut older: Vec<(u64, Severity, PathBuf)> = Vec::new();
         for entry in fs::read_dir(dir).map_err(SpoolError::new(dir, "listing"))? {
             let entry = entry.map_err(SpoolError::new(dir, "listing"))?;
             let name = entry.file_name();
