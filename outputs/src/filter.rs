@@ -13,9 +13,8 @@ use crate::{
 };
 
 /// Default bound of an output's in-memory queue, in alerts: a burst the output's task has not
-/// yet taken to its spool (at most ~10 MiB of alerts). Past it, alerts go straight to the spool
-/// from the engine's thread, which then pays a file write per alert (measured: 70 µs each with
-/// a queue of 1024 under a flood of 100k, 5 µs with the queue taking the flood).
+/// yet taken to its spool (at most ~10 MiB of alerts). Past it, the engine's thread appends
+/// alerts to the spool's buffered writer itself (measured: 2-7 µs each, rendering included).
 pub const DEFAULT_QUEUE: usize = 8192;
 /// Default cap of an output's spool on disk.
 pub const DEFAULT_SPOOL_MAX_BYTES: u64 = 256 << 20;
