@@ -185,6 +185,19 @@ impl Spool {
             .mode(0o600)
             .open(&ack_path)
             .map_err(SpoolError::new(&ack_path, "opening"))?;
+        // Two agents appending to one spool would interleave their records and acknowledge
+        // each other's: the lock (released when the process dies) keeps it to one.
+        ack.try_lock().map_err(|error| {
+            let source = match error {
+                fs::TryLockError::WouldBlock => io::Error::from(io::ErrorKind::WouldBlock),
+                fs::TryLockError::Error(error) => error,
+            };
+            SpoolError {
+                path: dir.to_owned(),
+                action: "in use by another credwatch process (give each its own --spool-dir)".into(),
+                source,
+            }
+        })?;
         let acked = match read_ack(&ack) {
             Ok(acked) => acked,
             Err(_) => {
@@ -1027,5 +1040,15 @@ mod tests {
         fs::write(&file, b"").unwrap();
         let error = Spool::open(&file.join("spool"), 1024).err().unwrap();
         assert!(error.to_string().contains("file/spool: creating the folder"), "{error}");
+    }
+
+    #[test]
+    fn a_spool_in_use_by_another_agent_is_an_error_at_open_until_it_is_let_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let (first, _) = Spool::open(dir.path(), 1024).unwrap();
+        let error = Spool::open(dir.path(), 1024).err().unwrap();
+        assert!(error.to_string().contains("in use by another credwatch process"), "{error}");
+        drop(first);
+        Spool::open(dir.path(), 1024).unwrap();
     }
 }
