@@ -61,6 +61,8 @@ use crate::{
 pub const DEFAULT_SPOOL_DIR: &str = "/var/lib/credwatch/spool";
 /// Most alerts handed to a transport at once.
 const MAX_BATCH: usize = 256;
+/// How long a transport may take to end its session at shutdown when the grace is spent.
+const CLOSE_GRACE: Duration = Duration::from_millis(500);
 
 #[derive(Debug, thiserror::Error)]
 pub enum OutputError {
@@ -112,6 +114,15 @@ impl Transport for AnyTransport {
             AnyTransport::Syslog(syslog) => syslog.reopen(),
             AnyTransport::Webhook(webhook) => webhook.reopen(),
             AnyTransport::Nats(nats) => nats.reopen(),
+        }
+    }
+
+    async fn close(&mut self) {
+        match self {
+            AnyTransport::File(file) => file.close().await,
+            AnyTransport::Syslog(syslog) => syslog.close().await,
+            AnyTransport::Webhook(webhook) => webhook.close().await,
+            AnyTransport::Nats(nats) => nats.close().await,
         }
     }
 }
@@ -538,6 +549,10 @@ impl<T: Transport> Task<T> {
         self.deliver().await;
         // What is left stays for the next agent, whole.
         self.take_queued();
+        let deadline = *self.stop.borrow();
+        if let Some(deadline) = deadline {
+            let _ = tokio::time::timeout_at(deadline.max(Instant::now() + CLOSE_GRACE), self.transport.close()).await;
+        }
     }
 
     async fn deliver(&mut self) {

@@ -116,6 +116,19 @@ impl Session {
         }
     }
 
+    /// Ends the session: `close`, answered by an `rsp` (imrelp's has no data, no status).
+    pub async fn close(mut self) -> io::Result<()> {
+        let txnr = self.take_txnr();
+        let mut frame = Vec::new();
+        encode(&mut frame, txnr, "close", b"");
+        write_all(&mut self.stream, &frame, self.timeout).await?;
+        let answer = self.read_frame().await?;
+        if answer.command != "rsp" || answer.txnr != txnr {
+            return Err(invalid(format!("{} where the answer to close ({txnr}) was due", describe(&answer))));
+        }
+        Ok(())
+    }
+
     /// The server closed the session or said something unasked while idle (a `serverclose`):
     /// a new session is needed. Asked of the socket itself, as for plain TCP (see `syslog`).
     pub fn stale(&self) -> bool {
@@ -480,6 +493,21 @@ mod tests {
             assert!(error.to_string().contains(said), "{answer:?}: {error}");
             task.await.unwrap();
         }
+    }
+
+    #[tokio::test]
+    async fn close_ends_the_session_as_librelp_does() {
+        let (port, task) = server(|mut stream, mut received| async move {
+            let close = read_one(&mut stream, &mut received).await;
+            assert_eq!((close.txnr, close.command.as_str(), close.data.as_slice()), (2, "close", &b""[..]));
+            let mut answer = Vec::new();
+            encode(&mut answer, close.txnr, "rsp", b"");
+            stream.write_all(&answer).await.unwrap();
+        })
+        .await;
+        let session = Session::open("127.0.0.1", port, TIMEOUT).await.unwrap();
+        session.close().await.unwrap();
+        task.await.unwrap();
     }
 
     #[tokio::test]

@@ -302,6 +302,13 @@ impl Transport for Syslog {
             }
         }
     }
+
+    async fn close(&mut self) {
+        if let Some(Connection::Relp(session)) = self.connection.take() {
+            // Everything sent was answered already: a failure to close loses nothing.
+            let _ = session.close().await;
+        }
+    }
 }
 
 async fn connect(target: &SyslogTarget, timeout: Duration) -> io::Result<Connection> {

@@ -461,4 +461,9 @@ fn hostile_relp_peers_are_retried_and_counted_until_rsyslog_is_there() {
     let got: Vec<String> = rsyslog.messages(20).iter().map(|m| sd(m)["id"].as_str().unwrap().to_owned()).collect();
     assert_eq!(got, support::ids(1..=20));
     dispatcher.shutdown(Duration::from_secs(1));
+    // The agent's session ended with RELP's `close`: rsyslog says no session broke (it would
+    // at once, as it noticed the end of the connection).
+    std::thread::sleep(Duration::from_millis(300));
+    let log = std::fs::read_to_string(rsyslog.dir.path().join("rsyslogd.log")).unwrap();
+    assert!(!log.contains("broken"), "{log}");
 }
