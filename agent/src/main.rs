@@ -99,8 +99,9 @@ struct CommonArgs {
 #[derive(Args)]
 struct OutputArgs {
     /// Also send every alert to DEST (repeatable): file:PATH, syslog:unix:PATH,
-    /// syslog:udp:HOST:PORT, syslog:tcp:HOST:PORT, webhook:URL, falcosidekick:URL,
-    /// nats:URL/SUBJECT_PREFIX. Filters and knobs: `outputs` in the configuration.
+    /// syslog:udp:HOST:PORT, syslog:tcp:HOST:PORT, syslog:relp:HOST:PORT, webhook:URL,
+    /// falcosidekick:URL, nats:URL/SUBJECT_PREFIX. Filters and knobs: `outputs` in the
+    /// configuration.
     #[arg(long = "to", value_name = "DEST")]
     to: Vec<Destination>,
     /// Where outputs keep the alerts not delivered yet, for the next start [default:

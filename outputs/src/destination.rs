@@ -1,7 +1,7 @@
 //! Where an output sends alerts, as spelled on the command line (`--to DEST`) and in the
 //! configuration's `outputs:` list (`to: DEST`). Other tools script against these spellings:
 //! `file:PATH`, `syslog:unix:PATH`, `syslog:udp:HOST:PORT`, `syslog:tcp:HOST:PORT`,
-//! `webhook:URL`, `falcosidekick:URL`, `nats:URL/SUBJECT_PREFIX`.
+//! `syslog:relp:HOST:PORT`, `webhook:URL`, `falcosidekick:URL`, `nats:URL/SUBJECT_PREFIX`.
 
 use std::{fmt, path::PathBuf, str::FromStr};
 
@@ -36,8 +36,8 @@ pub struct DestinationError {
     pub problem: String,
 }
 
-const KINDS: &str = "file:PATH, syslog:unix:PATH, syslog:udp:HOST:PORT, syslog:tcp:HOST:PORT, webhook:URL, \
-                     falcosidekick:URL, nats:URL/SUBJECT_PREFIX";
+const KINDS: &str = "file:PATH, syslog:unix:PATH, syslog:udp:HOST:PORT, syslog:tcp:HOST:PORT, \
+                     syslog:relp:HOST:PORT, webhook:URL, falcosidekick:URL, nats:URL/SUBJECT_PREFIX";
 
 impl FromStr for Destination {
     type Err = DestinationError;
@@ -55,7 +55,9 @@ fn parse(text: &str) -> Result<Destination, String> {
         "file" => Ok(Destination::File(path("file", rest)?)),
         "syslog" => {
             let Some((transport, address)) = rest.split_once(':') else {
-                return Err(format!("`syslog:` needs `unix:PATH`, `udp:HOST:PORT` or `tcp:HOST:PORT`, not {rest:?}"));
+                return Err(format!(
+                    "`syslog:` needs `unix:PATH`, `udp:HOST:PORT`, `tcp:HOST:PORT` or `relp:HOST:PORT`, not {rest:?}"
+                ));
             };
             Ok(Destination::Syslog(match transport {
                 "unix" => SyslogTarget::Unix(path("syslog:unix", address)?),
@@ -67,7 +69,11 @@ fn parse(text: &str) -> Result<Destination, String> {
                     let (host, port) = host_port("syslog:tcp", address)?;
                     SyslogTarget::Tcp { host, port }
                 }
-                other => return Err(format!("syslog transport {other:?} is none of unix, udp, tcp")),
+                "relp" => {
+                    let (host, port) = host_port("syslog:relp", address)?;
+                    SyslogTarget::Relp { host, port }
+                }
+                other => return Err(format!("syslog transport {other:?} is none of unix, udp, tcp, relp")),
             }))
         }
         "webhook" => Ok(Destination::Webhook(http_url("webhook", rest)?)),
@@ -166,6 +172,7 @@ impl fmt::Display for Destination {
             Destination::Syslog(SyslogTarget::Unix(path)) => write!(f, "syslog:unix:{}", path.display()),
             Destination::Syslog(SyslogTarget::Udp { host, port }) => write!(f, "syslog:udp:{}:{port}", bracket(host)),
             Destination::Syslog(SyslogTarget::Tcp { host, port }) => write!(f, "syslog:tcp:{}:{port}", bracket(host)),
+            Destination::Syslog(SyslogTarget::Relp { host, port }) => write!(f, "syslog:relp:{}:{port}", bracket(host)),
             Destination::Webhook(url) => write!(f, "webhook:{url}"),
             Destination::Falcosidekick(url) => write!(f, "falcosidekick:{url}"),
             Destination::Nats { url, subject_prefix } => write!(f, "nats:{url}/{subject_prefix}"),
@@ -213,6 +220,11 @@ mod tests {
             ),
             ("syslog:tcp:[::1]:601", Destination::Syslog(SyslogTarget::Tcp { host: "::1".into(), port: 601 })),
             (
+                "syslog:relp:logs.example:2514",
+                Destination::Syslog(SyslogTarget::Relp { host: "logs.example".into(), port: 2514 }),
+            ),
+            ("syslog:relp:[::1]:20514", Destination::Syslog(SyslogTarget::Relp { host: "::1".into(), port: 20514 })),
+            (
                 "webhook:https://hooks.example/credwatch?x=1",
                 Destination::Webhook("https://hooks.example/credwatch?x=1".into()),
             ),
@@ -239,7 +251,9 @@ mod tests {
             ("fiel:/tmp/a", "kind \"fiel\" is none of file:PATH"),
             ("file:", "`file:` needs a path"),
             ("syslog:/dev/log", "`syslog:` needs `unix:PATH`"),
-            ("syslog:sctp:h:1", "syslog transport \"sctp\" is none of unix, udp, tcp"),
+            ("syslog:sctp:h:1", "syslog transport \"sctp\" is none of unix, udp, tcp, relp"),
+            ("syslog:relp:logs.example", "`syslog:relp:` needs HOST:PORT"),
+            ("syslog:relp:h:0", "port \"0\" is not 1-65535"),
             ("syslog:udp:127.0.0.1:x", "port \"x\" is not 1-65535"),
             ("syslog:udp:localhost", "no port"),
             ("syslog:tcp::514", "needs a host before the port"),

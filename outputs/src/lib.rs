@@ -9,6 +9,7 @@ pub mod file;
 pub mod filter;
 pub mod metrics;
 pub mod nats;
+mod relp;
 pub mod spool;
 pub mod syslog;
 mod transport;

@@ -32,6 +32,12 @@ pub trait Transport: Send + 'static {
     /// `SIGHUP`: reopen what was opened by name (the `file` output's file, after logrotate).
     /// Nothing by default.
     fn reopen(&mut self) {}
+
+    /// The agent is stopping: end the session politely (RELP's `close`, so that the receiver
+    /// logs no broken session). Nothing by default.
+    fn close(&mut self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -9,8 +9,11 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, consumer, stream};
 use credwatch_core::alert::Severity;
 use credwatch_outputs::nats::{Nats, NatsOptions};
-use credwatch_outputs::{Outgoing, Transport, TransportError};
+use credwatch_outputs::{DispatchOptions, Dispatcher, Outgoing, OutputConfig, Transport, TransportError};
 use futures_util::StreamExt;
+use support::{Hostile, Peer};
+
+mod support;
 
 const PREFIX: &str = "credwatch.alerts";
 
@@ -83,6 +86,20 @@ impl Server {
             }
         }
         panic!("nats-server did not start: {log}");
+    }
+
+    /// On `port`, which a peer of the test's held until now (the port may take a moment to be free).
+    fn start_on(port: u16) -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = String::new();
+        for _ in 0..10 {
+            match spawn(port, dir.path(), &[]) {
+                Ok(child) => return Server { child, port, dir, extra: Vec::new() },
+                Err(text) => log = text,
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("nats-server did not start on {port}: {log}");
     }
 
     fn url(&self) -> String {
@@ -336,4 +353,69 @@ async fn over_tls_with_a_token_and_only_the_given_ca_trusted() {
     let mut nats = Nats::new(&server.url(), PREFIX, tls("s3cret", &other_ca)).unwrap();
     assert_retry(nats.send(&sent).await, "connect");
     assert_eq!(read_back(&context).await.len(), 3);
+}
+
+#[tokio::test]
+async fn a_peer_that_answers_garbage_closes_or_stalls_is_a_retry_within_the_connect_timeout() {
+    for mode in [Hostile::Garbage, Hostile::Close, Hostile::Stall] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("nats://{}", listener.local_addr().unwrap());
+        let peer = Peer::start(listener, &[mode]);
+        let options = NatsOptions { connect_timeout: Duration::from_millis(500), ..options() };
+        let mut nats = Nats::new(&url, PREFIX, options).unwrap();
+        for _ in 0..2 {
+            let started = Instant::now();
+            let result = nats.send(&[alert(1, "build-7")]).await;
+            assert!(
+                matches!(&result, Err(TransportError::Retry { message, .. }) if message.starts_with("connect")),
+                "{mode:?}: {result:?}"
+            );
+            assert!(started.elapsed() < Duration::from_secs(3), "{mode:?}: {:?}", started.elapsed());
+        }
+        assert_eq!(peer.served(), [mode, mode]);
+        peer.stop().await;
+    }
+}
+
+/// Where the NATS server should be, a peer that answers garbage, then one that closes before
+/// answering, then one that never answers: each delivery a retry, counted, the alerts kept in
+/// the spool; the real server there at last, they reach the stream, in order, each once.
+#[test]
+fn hostile_peers_are_retried_and_counted_until_the_server_is_there() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let modes = [Hostile::Garbage, Hostile::Close, Hostile::Stall];
+    let peer = {
+        let _runtime = runtime.enter();
+        Peer::start(listener, &modes)
+    };
+    let spool = tempfile::tempdir().unwrap();
+    let mut config = OutputConfig::to(format!("nats:nats://127.0.0.1:{port}/{PREFIX}").parse().unwrap());
+    config.connect_timeout = Some(0.5);
+    config.ack_timeout = Some(1.0);
+    let options = DispatchOptions {
+        spool_dir: spool.path().to_owned(),
+        backoff_base: Duration::from_millis(20),
+        backoff_max: Duration::from_millis(100),
+    };
+    let mut dispatcher = Dispatcher::start(options, &[config]).unwrap();
+    for n in 1..=20 {
+        dispatcher.dispatch(&support::alert(n));
+    }
+    let reader = dispatcher.counts_reader();
+    let counts =
+        support::wait_for_counts(&reader, "4 failed attempts", Duration::from_secs(20), |c| c.failed_attempts >= 4);
+    assert_eq!((counts.delivered, counts.refused, counts.spooled), (0, 0, 20), "{counts:?}");
+    assert_eq!(peer.served()[..3], modes, "{:?}", peer.served());
+    runtime.block_on(peer.stop());
+
+    let server = Server::start_on(port);
+    let context = runtime.block_on(server.create_stream());
+    let counts = support::wait_for_counts(&reader, "20 delivered", Duration::from_secs(30), |c| c.delivered == 20);
+    assert_eq!((counts.spooled, counts.dropped), (0, [0; 4]), "{counts:?}");
+    let stream = runtime.block_on(read_back(&context));
+    let got: Vec<String> = stream.into_iter().map(|(_, id, _)| id).collect();
+    assert_eq!(got, support::ids(1..=20));
+    dispatcher.shutdown(Duration::from_secs(1));
 }

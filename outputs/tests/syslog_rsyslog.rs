@@ -1,8 +1,8 @@
 //! The syslog output against a real rsyslog (Debian's package): each test writes its own
-//! rsyslog.conf in a temporary directory (local sockets, UDP and TCP on loopback, every message
-//! written as rsyslog's own JSON with the structured data parsed by mmpstrucdata), starts
-//! `rsyslogd -n` on it, sends alerts through the transport and reads them back from rsyslog's
-//! output file.
+//! rsyslog.conf in a temporary directory (local sockets, UDP, TCP and RELP (imrelp, Debian's
+//! rsyslog-relp) on loopback, every message written as rsyslog's own JSON with the structured
+//! data parsed by mmpstrucdata), starts `rsyslogd -n` on it, sends alerts through the transport
+//! and reads them back from rsyslog's output file.
 
 use std::{
     path::PathBuf,
@@ -14,9 +14,12 @@ use bytes::Bytes;
 use credwatch_core::alert::Severity;
 use credwatch_outputs::{
     syslog::{Facility, Syslog, SyslogFormat, SyslogOptions, SyslogTarget},
-    Outgoing, Transport, TransportError,
+    DispatchOptions, Dispatcher, Outgoing, OutputConfig, Transport, TransportError,
 };
 use serde_json::{json, Value};
+use support::{Hostile, Peer};
+
+mod support;
 
 /// rsyslogd, wherever Debian put it (`/usr/sbin` is not on every user's PATH).
 fn rsyslogd() -> PathBuf {
@@ -28,12 +31,23 @@ fn rsyslogd() -> PathBuf {
         .expect("rsyslogd not found: install Debian's rsyslog package (`cargo xtask test` does)")
 }
 
-/// Ports on loopback free right now, for UDP and for TCP: imudp cannot report a port it picks,
-/// and a restarted rsyslogd must listen where the transport sends.
-fn free_ports() -> (u16, u16) {
+/// Ports on loopback free right now, for UDP, TCP and RELP: imudp cannot report a port it
+/// picks, and a restarted rsyslogd must listen where the transport sends.
+fn free_ports() -> (u16, u16, u16) {
     let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    (udp, tcp)
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let relp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    (udp, tcp.local_addr().unwrap().port(), relp.local_addr().unwrap().port())
+}
+
+/// Whether something listens on TCP `port` of 127.0.0.1, asked of the kernel: a connection
+/// that sends nothing is an error in imrelp's log.
+fn listening(port: u16) -> bool {
+    let local = format!("0100007F:{port:04X}");
+    std::fs::read_to_string("/proc/net/tcp").unwrap().lines().any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.get(1) == Some(&local.as_str()) && fields.get(3) == Some(&"0A")
+    })
 }
 
 struct Rsyslog {
@@ -41,34 +55,51 @@ struct Rsyslog {
     child: Option<Child>,
     udp_port: u16,
     tcp_port: u16,
+    relp_port: u16,
 }
 
 impl Rsyslog {
     fn start() -> Rsyslog {
+        Rsyslog::start_with(free_ports())
+    }
+
+    /// On these UDP, TCP and RELP ports.
+    fn start_with((udp_port, tcp_port, relp_port): (u16, u16, u16)) -> Rsyslog {
         let dir = tempfile::tempdir().unwrap();
-        let (udp_port, tcp_port) = free_ports();
         std::fs::create_dir(dir.path().join("work")).unwrap();
         let d = dir.path().display();
         // Rate limits off: a test sends bursts. `rfc5424.sock` parses what it gets as any
         // network input does; `rfc3164.sock` is left as a system's /dev/log is, for syslog(3)'s
-        // format.
+        // format. RELP's messages go through a queue on disk, checkpointed at each message: imrelp
+        // acknowledges a message once it is queued, and rsyslog's default queue is in memory,
+        // where a `kill -9` loses what it acknowledged (measured with the queue's dequeueing slowed
+        // down: 432 of 3,000 acknowledged messages kept; with a disk queue checkpointed at its
+        // default interval, 427; with each message checkpointed, all 3,000).
         let conf = format!(
             r#"global(workDirectory="{d}/work")
 module(load="imuxsock" SysSock.Use="off")
 module(load="imudp")
 module(load="imtcp")
+module(load="imrelp")
 module(load="mmpstrucdata")
 input(type="imuxsock" Socket="{d}/rfc5424.sock" UseSpecialParser="off" ParseHostname="on" RateLimit.Interval="0")
 input(type="imuxsock" Socket="{d}/rfc3164.sock" RateLimit.Interval="0")
 input(type="imudp" address="127.0.0.1" port="{udp_port}" RateLimit.Interval="0")
 input(type="imtcp" address="127.0.0.1" port="{tcp_port}")
+input(type="imrelp" address="127.0.0.1" port="{relp_port}" ruleset="relp")
 template(name="everything" type="string" string="%jsonmesg%\n")
-action(type="mmpstrucdata")
-action(type="omfile" file="{d}/messages.jsonl" template="everything")
+ruleset(name="out") {{
+  action(type="mmpstrucdata")
+  action(type="omfile" file="{d}/messages.jsonl" template="everything")
+}}
+ruleset(name="relp" queue.type="Disk" queue.filename="relp" queue.checkpointInterval="1") {{
+  call out
+}}
+call out
 "#
         );
         std::fs::write(dir.path().join("rsyslog.conf"), conf).unwrap();
-        let mut rsyslog = Rsyslog { dir, child: None, udp_port, tcp_port };
+        let mut rsyslog = Rsyslog { dir, child: None, udp_port, tcp_port, relp_port };
         rsyslog.run();
         rsyslog
     }
@@ -89,12 +120,12 @@ action(type="omfile" file="{d}/messages.jsonl" template="everything")
         self.child = Some(child);
         // Ready once every input listens: the sockets exist and the ports are taken.
         let taken = |port| std::net::UdpSocket::bind(("127.0.0.1", port)).is_err();
-        let listening = |port| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
         self.wait_for("rsyslogd to listen", || {
             dir.join("rfc5424.sock").exists()
                 && dir.join("rfc3164.sock").exists()
                 && taken(self.udp_port)
-                && listening(self.tcp_port)
+                && std::net::TcpStream::connect(("127.0.0.1", self.tcp_port)).is_ok()
+                && listening(self.relp_port)
         });
         // rsyslogd runs on despite a configuration error: say it here rather than as a timeout.
         let said = std::fs::read_to_string(dir.join("rsyslogd.log")).unwrap();
@@ -106,6 +137,16 @@ action(type="omfile" file="{d}/messages.jsonl" template="everything")
             // SIGTERM: rsyslogd closes its file and sockets.
             Command::new("kill").arg(child.id().to_string()).status().unwrap();
             child.wait().unwrap();
+        }
+    }
+
+    /// Sends `signal` (`-STOP`, `-KILL`) to rsyslogd; after `-KILL`, reaps it.
+    fn signal(&mut self, signal: &str) {
+        let child = self.child.as_mut().unwrap();
+        assert!(Command::new("kill").args([signal, &child.id().to_string()]).status().unwrap().success());
+        if signal == "-KILL" {
+            child.wait().unwrap();
+            self.child = None;
         }
     }
 
@@ -143,6 +184,10 @@ action(type="omfile" file="{d}/messages.jsonl" template="everything")
 
     fn tcp(&self) -> SyslogTarget {
         SyslogTarget::Tcp { host: "localhost".into(), port: self.tcp_port }
+    }
+
+    fn relp(&self) -> SyslogTarget {
+        SyslogTarget::Relp { host: "127.0.0.1".into(), port: self.relp_port }
     }
 }
 
@@ -194,7 +239,7 @@ async fn send(target: SyslogTarget, options: SyslogOptions, batch: &[Outgoing]) 
 }
 
 #[tokio::test]
-async fn rfc5424_alerts_reach_rsyslog_over_the_local_socket_udp_and_tcp() {
+async fn rfc5424_alerts_reach_rsyslog_over_the_local_socket_udp_tcp_and_relp() {
     let rsyslog = Rsyslog::start();
     let hostile = r#"/home/u/.ssh/id "q" \b ]c"#;
     let local0 = SyslogOptions { facility: Facility::Local0, ..SyslogOptions::default() };
@@ -202,6 +247,7 @@ async fn rfc5424_alerts_reach_rsyslog_over_the_local_socket_udp_and_tcp() {
         ("unix", rsyslog.unix("rfc5424.sock"), SyslogOptions::default()),
         ("udp", rsyslog.udp(), local0.clone()),
         ("tcp", rsyslog.tcp(), SyslogOptions::default()),
+        ("relp", rsyslog.relp(), SyslogOptions::default()),
     ];
     for (name, target, options) in transports.clone() {
         let batch = [
@@ -211,7 +257,7 @@ async fn rfc5424_alerts_reach_rsyslog_over_the_local_socket_udp_and_tcp() {
         ];
         send(target, options, &batch).await;
     }
-    let messages = rsyslog.messages(9);
+    let messages = rsyslog.messages(12);
 
     for (name, _, options) in transports {
         let facility = options.facility as u64;
@@ -291,9 +337,11 @@ async fn long_alerts_reach_rsyslog_cut_in_their_text_with_all_their_structured_d
     send(rsyslog.tcp(), SyslogOptions::default(), &[alert("tcp", Severity::High, &long)]).await;
     send(rsyslog.unix("rfc5424.sock"), SyslogOptions::default(), &[alert("unix", Severity::High, &long)]).await;
     send(rsyslog.udp(), SyslogOptions::default(), &[alert("udp", Severity::High, &medium)]).await;
-    // Exactly three: no remainder of an oversized TCP frame comes out as a message of its own.
-    let messages = rsyslog.messages(3);
-    for (id, path, cap) in [("tcp", &long, 8096), ("unix", &long, 8096), ("udp", &medium, 2048)] {
+    send(rsyslog.relp(), SyslogOptions::default(), &[alert("relp", Severity::High, &long)]).await;
+    // Exactly four: no remainder of an oversized TCP frame comes out as a message of its own.
+    let messages = rsyslog.messages(4);
+    for (id, path, cap) in [("tcp", &long, 8096), ("unix", &long, 8096), ("udp", &medium, 2048), ("relp", &long, 8096)]
+    {
         let message = by_id(&messages, id);
         assert_eq!(sd(message)["file"], path.as_str(), "{message:#}");
         assert_eq!(sd(message)["pid"], "30", "the last field: {message:#}");
@@ -326,4 +374,96 @@ async fn tcp_delivery_resumes_once_rsyslog_is_back() {
     for i in 0..15 {
         assert_eq!(by_id(&messages, &format!("a{i}"))["inputname"], "imtcp");
     }
+}
+
+/// What plain TCP cannot do: rsyslogd stopped (SIGSTOP), then killed, then back. Over RELP what
+/// it acknowledged before the stop is kept (its queue on disk), what was sent to it stopped is
+/// a retry (no answer within the timeout), and sent again to the new rsyslogd it arrives.
+#[tokio::test]
+async fn relp_loses_nothing_to_rsyslog_stopped_then_killed() {
+    let mut rsyslog = Rsyslog::start();
+    let options = SyslogOptions { timeout: Duration::from_secs(1), ..SyslogOptions::default() };
+    let mut syslog = Syslog::new(rsyslog.relp(), options).unwrap();
+    let batch = |from: usize, n: usize| {
+        (from..from + n).map(|i| alert(&format!("r{i}"), Severity::High, &format!("/k{i}"))).collect::<Vec<_>>()
+    };
+    // Acknowledged, then killed at once: rsyslog may not have written them yet.
+    syslog.send(&batch(0, 2000)).await.unwrap();
+    rsyslog.signal("-KILL");
+    rsyslog.run();
+
+    rsyslog.signal("-STOP");
+    let error = syslog.send(&batch(2000, 200)).await.unwrap_err();
+    assert!(
+        matches!(&error, TransportError::Retry { output, message }
+            if output.starts_with("syslog:relp:127.0.0.1:") && message.contains("no progress in 1s")),
+        "{error:?}"
+    );
+    rsyslog.signal("-KILL");
+    let error = syslog.send(&batch(2000, 200)).await.unwrap_err();
+    assert!(matches!(&error, TransportError::Retry { message, .. } if message.contains("refused")), "{error}");
+    rsyslog.run();
+    syslog.send(&batch(2000, 200)).await.unwrap();
+
+    // Each once at least; repeats are what a kill between writing and checkpointing leaves.
+    let file = rsyslog.dir.path().join("messages.jsonl");
+    let ids = || -> std::collections::BTreeSet<String> {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        text.lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .map(|m| sd(&m)["id"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    rsyslog.wait_for("2,200 distinct alerts", || ids().len() >= 2200);
+    let expected: std::collections::BTreeSet<String> = (0..2200).map(|i| format!("r{i}")).collect();
+    assert_eq!(ids(), expected);
+    let text = std::fs::read_to_string(&file).unwrap();
+    let message: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert_eq!(message["inputname"], "imrelp", "{message:#}");
+}
+
+/// Where rsyslog's RELP input should be, a peer that answers garbage, then one that closes
+/// before answering, then one that never answers: each delivery a retry, counted, the alerts
+/// kept in the spool; rsyslogd there at last, they arrive, in order, each once.
+#[test]
+fn hostile_relp_peers_are_retried_and_counted_until_rsyslog_is_there() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let modes = [Hostile::Garbage, Hostile::Close, Hostile::Stall];
+    let peer = {
+        let _runtime = runtime.enter();
+        Peer::start(listener, &modes)
+    };
+    let spool = tempfile::tempdir().unwrap();
+    let mut config = OutputConfig::to(format!("syslog:relp:127.0.0.1:{port}").parse().unwrap());
+    config.timeout = Some(0.5);
+    let options = DispatchOptions {
+        spool_dir: spool.path().to_owned(),
+        backoff_base: Duration::from_millis(20),
+        backoff_max: Duration::from_millis(100),
+    };
+    let mut dispatcher = Dispatcher::start(options, &[config]).unwrap();
+    for n in 1..=20 {
+        dispatcher.dispatch(&support::alert(n));
+    }
+    let reader = dispatcher.counts_reader();
+    let counts =
+        support::wait_for_counts(&reader, "4 failed attempts", Duration::from_secs(20), |c| c.failed_attempts >= 4);
+    assert_eq!((counts.delivered, counts.refused, counts.spooled), (0, 0, 20), "{counts:?}");
+    assert_eq!(peer.served()[..3], modes, "{:?}", peer.served());
+    runtime.block_on(peer.stop());
+
+    let (udp, tcp, _) = free_ports();
+    let rsyslog = Rsyslog::start_with((udp, tcp, port));
+    let counts = support::wait_for_counts(&reader, "20 delivered", Duration::from_secs(30), |c| c.delivered == 20);
+    assert_eq!((counts.spooled, counts.dropped), (0, [0; 4]), "{counts:?}");
+    let got: Vec<String> = rsyslog.messages(20).iter().map(|m| sd(m)["id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(got, support::ids(1..=20));
+    dispatcher.shutdown(Duration::from_secs(1));
+    // The agent's session ended with RELP's `close`: rsyslog says no session broke (it would
+    // at once, as it noticed the end of the connection).
+    std::thread::sleep(Duration::from_millis(300));
+    let log = std::fs::read_to_string(rsyslog.dir.path().join("rsyslogd.log")).unwrap();
+    assert!(!log.contains("broken"), "{log}");
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use credwatch_core::alert::Severity;
 use credwatch_outputs::webhook::{Webhook, WebhookFormat, WebhookOptions};
-use credwatch_outputs::{Outgoing, Transport, TransportError};
+use credwatch_outputs::{DispatchOptions, Dispatcher, Outgoing, OutputConfig, Transport, TransportError};
 use http_body_util::{BodyExt, Full};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -20,6 +20,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
+
+mod support;
 
 /// How the receiver answers the next request (or connection, for the raw ones).
 #[derive(Clone, Copy, Debug)]
@@ -342,4 +344,49 @@ async fn falcosidekick_gets_falcos_shape_one_alert_per_request() {
     sent[0].json = Bytes::from_static(b"[1,2]");
     assert_refused(webhook.send(&sent).await, "alert id-1: not an alert's JSON");
     assert_eq!(receiver.take().len(), 1);
+}
+
+/// Through the dispatcher, in both formats: garbage, a close mid-request, a stall and a 503, each
+/// a failed delivery, counted and retried; then the receiver answers, and every alert arrives,
+/// in order.
+#[test]
+fn hostile_answers_are_retried_and_counted_until_the_receiver_takes_the_alerts() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    for (format, kind) in [(WebhookFormat::Ecs, "webhook"), (WebhookFormat::Falcosidekick, "falcosidekick")] {
+        let receiver = runtime.block_on(Receiver::start());
+        receiver.answer(&[Answer::Garbage, Answer::Close, Answer::Stall, Answer::Status(503)]);
+        let spool = tempfile::tempdir().unwrap();
+        let mut dispatcher = Dispatcher::new(DispatchOptions {
+            spool_dir: spool.path().to_owned(),
+            backoff_base: Duration::from_millis(20),
+            backoff_max: Duration::from_millis(100),
+        })
+        .unwrap();
+        let config = OutputConfig::to(format!("{kind}:{}", receiver.url).parse().unwrap());
+        let options = WebhookOptions { format, request_timeout: Duration::from_millis(700), ..receiver.options() };
+        dispatcher.add(&config, receiver.webhook(options)).unwrap();
+        for n in 1..=10 {
+            dispatcher.dispatch(&support::alert(n));
+        }
+        let reader = dispatcher.counts_reader();
+        let counts = support::wait_for_counts(&reader, "10 delivered", Duration::from_secs(30), |c| c.delivered == 10);
+        assert_eq!((counts.failed_attempts, counts.refused, counts.spooled), (4, 0, 0), "{kind}: {counts:?}");
+        let ids: Vec<String> = receiver
+            .take()
+            .iter()
+            .map(|recorded| {
+                let body: serde_json::Value = serde_json::from_slice(&recorded.body).unwrap();
+                let id = if format == WebhookFormat::Ecs {
+                    &body["event"]["id"]
+                } else {
+                    &body["output_fields"]["credwatch.id"]
+                };
+                id.as_str().unwrap().to_owned()
+            })
+            .collect();
+        // The 503's alert came twice: receivers dedup by id.
+        assert_eq!(ids.len(), 11, "{kind}: {ids:?}");
+        assert_eq!(support::dedup(&ids), support::ids(1..=10), "{kind}");
+        dispatcher.shutdown(Duration::from_secs(1));
+    }
 }

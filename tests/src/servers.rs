@@ -1,7 +1,7 @@
 //! The real servers the outputs' end-to-end tests deliver to, each started on loopback in a
-//! directory of the test's: rsyslogd (TCP in, rsyslog's JSON with the structured data parsed
-//! out), `nats-server -js` (its store kept across a restart) and Prometheus. As in
-//! credwatch-outputs' own tests, which they follow.
+//! directory of the test's: rsyslogd (TCP and RELP in, rsyslog's JSON with the structured data
+//! parsed out), `nats-server -js` (its store kept across a restart), Prometheus, and an HTTPS
+//! receiver of webhooks. As in credwatch-outputs' own tests, which they follow.
 
 use std::{
     fs,
@@ -47,31 +47,58 @@ pub fn signal(child: &Child, signal: &str) {
     assert!(Command::new("kill").args([signal, &child.id().to_string()]).status().unwrap().success());
 }
 
-/// rsyslogd with one TCP input (octet-counting, as credwatch frames), every message written to
-/// `messages.jsonl` as rsyslog's own JSON (`%jsonmesg%`) after mmpstrucdata.
+/// Whether something listens on TCP `port` of 127.0.0.1, asked of the kernel: a connection
+/// that sends nothing is an error in imrelp's log.
+fn listening(port: u16) -> bool {
+    let local = format!("0100007F:{port:04X}");
+    fs::read_to_string("/proc/net/tcp").unwrap().lines().any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.get(1) == Some(&local.as_str()) && fields.get(3) == Some(&"0A")
+    })
+}
+
+/// rsyslogd with a TCP input (octet-counting, as credwatch frames) and a RELP one, every message
+/// written to `messages.jsonl` as rsyslog's own JSON (`%jsonmesg%`) after mmpstrucdata. RELP's
+/// messages go through a queue on disk checkpointed at each message, so that what imrelp
+/// acknowledged survives a `kill -9` (its default queue, in memory, does not: see
+/// credwatch-outputs' syslog_rsyslog tests).
 pub struct Rsyslog {
     dir: PathBuf,
     pub port: u16,
+    pub relp_port: u16,
     pub child: Option<Child>,
 }
 
 impl Rsyslog {
     pub fn start(dir: &Path) -> Rsyslog {
         fs::create_dir_all(dir.join("work")).unwrap();
-        let port = free_port();
+        let (port, relp_port) = loop {
+            let (tcp, relp) = (free_port(), free_port());
+            if tcp != relp {
+                break (tcp, relp);
+            }
+        };
         let d = dir.display();
         let conf = format!(
             r#"global(workDirectory="{d}/work")
 module(load="imtcp")
+module(load="imrelp")
 module(load="mmpstrucdata")
 input(type="imtcp" address="127.0.0.1" port="{port}")
+input(type="imrelp" address="127.0.0.1" port="{relp_port}" ruleset="relp")
 template(name="everything" type="string" string="%jsonmesg%\n")
-action(type="mmpstrucdata")
-action(type="omfile" file="{d}/messages.jsonl" template="everything")
+ruleset(name="out") {{
+  action(type="mmpstrucdata")
+  action(type="omfile" file="{d}/messages.jsonl" template="everything")
+}}
+ruleset(name="relp" queue.type="Disk" queue.filename="relp" queue.checkpointInterval="1") {{
+  call out
+}}
+call out
 "#
         );
         fs::write(dir.join("rsyslog.conf"), conf).unwrap();
-        let mut rsyslog = Rsyslog { dir: dir.to_owned(), port, child: None };
+        let mut rsyslog = Rsyslog { dir: dir.to_owned(), port, relp_port, child: None };
         rsyslog.run();
         rsyslog
     }
@@ -91,8 +118,10 @@ action(type="omfile" file="{d}/messages.jsonl" template="everything")
             .spawn()
             .expect("starting rsyslogd");
         self.child = Some(child);
-        let port = self.port;
-        wait_for("rsyslogd to listen", &log, || TcpStream::connect(("127.0.0.1", port)).is_ok());
+        let (port, relp_port) = (self.port, self.relp_port);
+        wait_for("rsyslogd to listen", &log, || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok() && listening(relp_port)
+        });
         let said = fs::read_to_string(&log).unwrap_or_default();
         assert!(!said.contains("error"), "rsyslogd: {said}");
     }
@@ -242,5 +271,106 @@ impl Drop for Prometheus {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// The HTTPS receiver (Python's http.server behind its ssl module): each POST's path,
+/// Authorization and Content-Type headers and body as one JSON line in `requests.jsonl`, written
+/// before it answers 200.
+const HTTPS_RECEIVER: &str = r#"
+import http.server, json, ssl, sys
+dir, port = sys.argv[1], int(sys.argv[2])
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        with open(dir + "/requests.jsonl", "a") as out:
+            out.write(json.dumps({"path": self.path, "authorization": self.headers.get("Authorization", ""),
+                                  "content_type": self.headers.get("Content-Type", ""),
+                                  "body": body.decode()}) + "\n")
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain(dir + "/server.pem", dir + "/server.key")
+server = http.server.HTTPServer(("127.0.0.1", port), Handler)
+server.socket = context.wrap_socket(server.socket, server_side=True)
+open(dir + "/ready", "w").close()
+server.serve_forever()
+"#;
+
+/// An HTTPS receiver of webhooks on 127.0.0.1, its certificate signed by a CA of the test's
+/// (`ca_file`). A process of its own, so that a test can stop it (SIGSTOP), kill it and start it
+/// again on the same port with what it had recorded.
+pub struct HttpsReceiver {
+    dir: PathBuf,
+    pub port: u16,
+    /// The PEM of the CA that signed the receiver's certificate.
+    pub ca_file: PathBuf,
+    pub child: Option<Child>,
+}
+
+impl HttpsReceiver {
+    pub fn start(dir: &Path) -> HttpsReceiver {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        fs::create_dir_all(dir).unwrap();
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(DnType::CommonName, "credwatch e2e CA");
+        let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["127.0.0.1".to_owned()])
+            .unwrap()
+            .signed_by(&key, &Issuer::from_params(&ca, &ca_key))
+            .unwrap();
+        let ca_file = dir.join("ca.pem");
+        fs::write(&ca_file, ca_pem).unwrap();
+        fs::write(dir.join("server.pem"), cert.pem()).unwrap();
+        fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
+        crate::write_executable(&dir.join("receiver.py"), HTTPS_RECEIVER);
+        let mut receiver = HttpsReceiver { dir: dir.to_owned(), port: free_port(), ca_file, child: None };
+        receiver.run();
+        receiver
+    }
+
+    /// Starts it (again), on the same port and file, until it listens.
+    pub fn run(&mut self) {
+        let (ready, log) = (self.dir.join("ready"), self.dir.join("receiver.log"));
+        let _ = fs::remove_file(&ready);
+        let child = Command::new("python3")
+            .arg(self.dir.join("receiver.py"))
+            .arg(&self.dir)
+            .arg(self.port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("starting python3");
+        self.child = Some(child);
+        wait_for("the HTTPS receiver to listen", &log, || ready.exists());
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Every request so far, in the order it came: `path`, `authorization`, `content_type`, `body`.
+    pub fn requests(&self) -> Vec<Value> {
+        fs::read_to_string(self.dir.join("requests.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+}
+
+impl Drop for HttpsReceiver {
+    fn drop(&mut self) {
+        self.kill();
     }
 }

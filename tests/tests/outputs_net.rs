@@ -1,11 +1,11 @@
 //! The network outputs and the metrics with the real binary and the real servers, started here
-//! on loopback: rsyslog over TCP, NATS JetStream, an HTTPS webhook with the test's own CA, and
+//! on loopback: rsyslog over TCP and RELP, NATS JetStream, an HTTPS webhook with the test's own CA, and
 //! Prometheus scraping `--metrics-listen`.
 
 use std::{
     collections::BTreeSet,
     fs,
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::Child,
     thread,
     time::{Duration, Instant},
@@ -13,8 +13,8 @@ use std::{
 
 use credwatch_e2e::{
     credwatch_binary,
-    servers::{free_port, signal, structured_data, NatsServer, Prometheus, Rsyslog},
-    write_executable, Run, Sandbox,
+    servers::{free_port, signal, structured_data, HttpsReceiver, NatsServer, Prometheus, Rsyslog},
+    Run, Sandbox,
 };
 use serde_json::Value;
 
@@ -235,6 +235,11 @@ fn raised(sandbox: &Sandbox) -> Vec<Value> {
 trait Receiver {
     /// The `--to` destination.
     fn to(&self) -> String;
+    /// The agent's options that deliver to it: `--to` it, or a configuration file where it
+    /// needs knobs of its own (a CA file).
+    fn options(&self) -> Vec<String> {
+        vec!["--to".to_owned(), self.to()]
+    }
     fn child(&self) -> &Child;
     /// Starts it again where it was, with what it had stored.
     fn back(&mut self);
@@ -243,13 +248,13 @@ trait Receiver {
     fn delivered(&self) -> Vec<(String, String)>;
 }
 
-/// The issue's outage: 1,000 alerts raised while the receiver is stopped (SIGSTOP, when
-/// `stopped`), then killed, with the agent restarted once in between; the receiver back, every
+/// The issue's outage: 1,000 alerts raised while the receiver is stopped (SIGSTOP), then
+/// killed, with the agent restarted once in between; the receiver back, every
 /// alert arrives, each id exactly once after dedup, in the order raised (one host).
-fn outage(sandbox: &Sandbox, receiver: &mut dyn Receiver, stopped: bool) {
+fn outage(sandbox: &Sandbox, receiver: &mut dyn Receiver) {
     let files = sandbox.secrets(1000);
-    let options = ["--to".to_owned(), receiver.to(), "--spool-dir".into(), spool(sandbox)];
-    signal(receiver.child(), if stopped { "-STOP" } else { "-KILL" });
+    let options = [receiver.options(), vec!["--spool-dir".into(), spool(sandbox)]].concat();
+    signal(receiver.child(), "-STOP");
     let release = sandbox.top().join("release-1");
     let first = sandbox.spawn_reader("net-pkg", &options, &files[..500], &release);
     wait_until("500 alerts raised", Duration::from_secs(120), || raised(sandbox).len() >= 500);
@@ -257,9 +262,7 @@ fn outage(sandbox: &Sandbox, receiver: &mut dyn Receiver, stopped: bool) {
     let run = sandbox.wait(first);
     run.assert_exit(10);
     eprintln!("first agent: {}", run.stderr.lines().filter(|l| l.contains("output ")).collect::<Vec<_>>().join("\n"));
-    if stopped {
-        signal(receiver.child(), "-KILL");
-    }
+    signal(receiver.child(), "-KILL");
 
     let release = sandbox.top().join("release-2");
     let second = sandbox.spawn_reader("net-pkg", &options, &files[500..], &release);
@@ -328,14 +331,17 @@ fn a_thousand_alerts_reach_nats_stopped_then_killed_across_an_agent_restart() {
     let sandbox = Sandbox::new();
     let server = NatsServer::start(&sandbox.top().join("nats"));
     create_stream(&server);
-    outage(&sandbox, &mut Nats(server), true);
+    outage(&sandbox, &mut Nats(server));
 }
 
-struct Syslog(Rsyslog);
+/// rsyslog over RELP: a plain TCP receiver loses what was written to it stopped, once killed
+/// (measured with this test over `syslog:tcp:`: the first agent's 500 alerts "delivered", none
+/// arrived); over RELP an alert counts as delivered once rsyslog answered for it.
+struct Relp(Rsyslog);
 
-impl Receiver for Syslog {
+impl Receiver for Relp {
     fn to(&self) -> String {
-        format!("syslog:tcp:127.0.0.1:{}", self.0.port)
+        format!("syslog:relp:127.0.0.1:{}", self.0.relp_port)
     }
 
     fn child(&self) -> &Child {
@@ -360,88 +366,19 @@ impl Receiver for Syslog {
     }
 }
 
-/// Killed, not stopped first: syslog has no acknowledgement, so what the agent writes to a
-/// stopped rsyslogd's socket counts as delivered and dies with it (measured with this test
-/// stopping it first: the first agent's 500 alerts "delivered", none arrived). A receiver that
-/// refuses connections loses nothing.
 #[test]
-fn a_thousand_alerts_reach_rsyslog_over_tcp_down_across_an_agent_restart() {
+fn a_thousand_alerts_reach_rsyslog_over_relp_stopped_then_killed_across_an_agent_restart() {
     let sandbox = Sandbox::new();
     let rsyslog = Rsyslog::start(&sandbox.top().join("rsyslog"));
-    outage(&sandbox, &mut Syslog(rsyslog), false);
-}
-
-/// A small HTTPS receiver (Python's http.server behind its ssl module): each POST's
-/// Authorization header and body as one JSON line in `requests.jsonl`, answered 200.
-const RECEIVER: &str = r#"
-import http.server, json, ssl, sys
-dir, port = sys.argv[1], int(sys.argv[2])
-class Handler(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        with open(dir + "/requests.jsonl", "a") as out:
-            out.write(json.dumps({"path": self.path, "authorization": self.headers.get("Authorization", ""),
-                                  "content_type": self.headers.get("Content-Type", ""),
-                                  "body": body.decode()}) + "\n")
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-    def log_message(self, *args):
-        pass
-context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-context.load_cert_chain(dir + "/server.pem", dir + "/server.key")
-server = http.server.HTTPServer(("127.0.0.1", port), Handler)
-server.socket = context.wrap_socket(server.socket, server_side=True)
-open(dir + "/ready", "w").close()
-server.serve_forever()
-"#;
-
-struct Https(Child);
-
-impl Drop for Https {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A CA of the test's, a certificate for 127.0.0.1 signed by it, and the receiver on `port`.
-fn https_receiver(dir: &Path, port: u16) -> (Https, PathBuf) {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
-    fs::create_dir_all(dir).unwrap();
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name.push(DnType::CommonName, "credwatch e2e CA");
-    let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
-    let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec!["127.0.0.1".to_owned()])
-        .unwrap()
-        .signed_by(&key, &Issuer::from_params(&ca, &ca_key))
-        .unwrap();
-    let ca_file = dir.join("ca.pem");
-    fs::write(&ca_file, ca_pem).unwrap();
-    fs::write(dir.join("server.pem"), cert.pem()).unwrap();
-    fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
-    let script = dir.join("receiver.py");
-    write_executable(&script, RECEIVER);
-    let child = std::process::Command::new("python3")
-        .arg(&script)
-        .arg(dir)
-        .arg(port.to_string())
-        .stderr(fs::File::create(dir.join("receiver.log")).unwrap())
-        .spawn()
-        .unwrap();
-    wait_until("the HTTPS receiver", Duration::from_secs(20), || dir.join("ready").exists());
-    (Https(child), ca_file)
+    outage(&sandbox, &mut Relp(rsyslog));
 }
 
 #[test]
 fn an_ecs_alert_reaches_an_https_webhook_with_a_given_ca_and_bearer_token() {
     let sandbox = Sandbox::new();
     let dir = sandbox.top().join("receiver");
-    let port = free_port();
-    let (_receiver, ca_file) = https_receiver(&dir, port);
+    let receiver = HttpsReceiver::start(&dir);
+    let (port, ca_file) = (receiver.port, receiver.ca_file.clone());
     let config = sandbox.top().join("credwatch.yaml");
     fs::write(
         &config,
@@ -503,4 +440,89 @@ fn a_knob_of_another_kind_of_output_is_an_error_naming_it() {
     let run = sandbox.run_with(&sandbox.work(), &["--config", &config.to_string_lossy()], &["true"], &[]);
     assert_ne!(run.status.and_then(|s| s.code()), Some(0), "{}", run.describe());
     assert!(run.stderr.contains("`bearer_token` is a knob of webhook and falcosidekick outputs"), "{}", run.describe());
+}
+
+/// The HTTPS receiver as a webhook (`ndjson`: ECS batches) or a Falcosidekick, trusted through
+/// its CA in the agent's configuration file.
+struct Webhook {
+    receiver: HttpsReceiver,
+    falcosidekick: bool,
+    config: PathBuf,
+}
+
+impl Webhook {
+    fn start(sandbox: &Sandbox, falcosidekick: bool) -> Webhook {
+        let receiver = HttpsReceiver::start(&sandbox.top().join("receiver"));
+        let config = sandbox.top().join("credwatch.yaml");
+        let webhook = Webhook { receiver, falcosidekick, config };
+        let ndjson = if falcosidekick { "" } else { "    ndjson: true\n" };
+        // A stopped receiver takes the connection and never answers: retried after 2 s.
+        let yaml = format!(
+            "outputs:\n  - to: {}\n    ca_file: {}\n    request_timeout: 2\n{ndjson}",
+            webhook.to(),
+            webhook.receiver.ca_file.display()
+        );
+        fs::write(&webhook.config, yaml).unwrap();
+        webhook
+    }
+}
+
+impl Receiver for Webhook {
+    fn to(&self) -> String {
+        let kind = if self.falcosidekick { "falcosidekick" } else { "webhook" };
+        format!("{kind}:https://127.0.0.1:{}/alerts", self.receiver.port)
+    }
+
+    fn options(&self) -> Vec<String> {
+        vec!["--config".to_owned(), self.config.to_string_lossy().into_owned()]
+    }
+
+    fn child(&self) -> &Child {
+        self.receiver.child.as_ref().unwrap()
+    }
+
+    fn back(&mut self) {
+        self.receiver.kill();
+        self.receiver.run();
+    }
+
+    /// From ECS NDJSON bodies (a batch per request), or Falco's alerts (one per request, its
+    /// id and path in `output_fields`).
+    fn delivered(&self) -> Vec<(String, String)> {
+        let mut got = Vec::new();
+        for request in self.receiver.requests() {
+            let (body, content_type) = (request["body"].as_str().unwrap_or_default(), &request["content_type"]);
+            if self.falcosidekick {
+                assert_eq!(content_type, "application/json", "{request:#}");
+                let payload: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {request:#}"));
+                let fields = &payload["output_fields"];
+                if fields["credwatch.package.name"] == "net-pkg" {
+                    let field = |name: &str| fields[name].as_str().unwrap_or_default().to_owned();
+                    got.push((field("credwatch.id"), field("fd.name")));
+                }
+            } else {
+                assert_eq!(content_type, "application/x-ndjson", "{request:#}");
+                for line in body.lines() {
+                    let alert: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+                    if alert["package"]["name"] == "net-pkg" {
+                        let field = |pointer: &str| alert.pointer(pointer).and_then(Value::as_str).unwrap_or_default();
+                        got.push((field("/event/id").to_owned(), field("/file/path").to_owned()));
+                    }
+                }
+            }
+        }
+        got
+    }
+}
+
+#[test]
+fn a_thousand_alerts_reach_an_ndjson_webhook_stopped_then_killed_across_an_agent_restart() {
+    let sandbox = Sandbox::new();
+    outage(&sandbox, &mut Webhook::start(&sandbox, false));
+}
+
+#[test]
+fn a_thousand_alerts_reach_falcosidekick_stopped_then_killed_across_an_agent_restart() {
+    let sandbox = Sandbox::new();
+    outage(&sandbox, &mut Webhook::start(&sandbox, true));
 }

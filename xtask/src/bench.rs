@@ -21,14 +21,23 @@ use std::{
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::{bench_events, bench_idle, bench_install, bench_replay, bench_syscalls, toolchain::find_in_path};
+use crate::{
+    bench_events, bench_idle, bench_install, bench_outputs, bench_replay, bench_syscalls, toolchain::find_in_path,
+};
 
 /// Set in the detached bench (see [`detach`]): where it writes its exit status.
 const DETACHED_ENV: &str = "CREDWATCH_BENCH_STATUS";
-pub const SECTIONS: &[&str] = &["syscalls", "install", "throughput", "replay", "memory", "idle"];
-/// Peers installed from Debian when missing (set-up, before anything is measured).
-const APT_PEERS: &[(&str, &str)] =
-    &[("strace", "strace"), ("bpftrace", "bpftrace"), ("auditctl", "auditd"), ("jq", "jq")];
+pub const SECTIONS: &[&str] = &["syscalls", "install", "throughput", "replay", "memory", "outputs", "idle"];
+/// Peers installed from Debian when missing (set-up, before anything is measured); rsyslogd and
+/// nats-server are the outputs' receivers.
+const APT_PEERS: &[(&str, &str)] = &[
+    ("strace", "strace"),
+    ("bpftrace", "bpftrace"),
+    ("auditctl", "auditd"),
+    ("jq", "jq"),
+    ("rsyslogd", "rsyslog"),
+    ("nats-server", "nats-server"),
+];
 /// Fake credential files of the throwaway HOME: what auditd watches and bpftrace matches.
 pub const CREDENTIAL_FILES: &[&str] = &[
     ".npmrc",
@@ -230,7 +239,7 @@ fn run_bench(options: &Options) -> Result<()> {
     if options.build {
         crate::build()?;
     }
-    for helper in ["loop", "floor", "opener", "uring"] {
+    for helper in ["loop", "floor", "opener", "uring", "reader"] {
         let source = workspace.join(format!("xtask/bench/{helper}.c"));
         crate::run(
             &format!("compile xtask/bench/{helper}.c"),
@@ -266,6 +275,7 @@ fn run_bench(options: &Options) -> Result<()> {
             "install" => bench_install::run(&mut ctx),
             "throughput" => bench_events::throughput(&mut ctx),
             "replay" => bench_replay::run(&mut ctx),
+            "outputs" => bench_outputs::run(&mut ctx),
             "idle" => bench_idle::run(&mut ctx),
             _ => bench_events::memory_and_start_up(&mut ctx),
         };
@@ -292,6 +302,23 @@ fn run_bench(options: &Options) -> Result<()> {
         started.elapsed().as_secs_f64()
     ));
     Ok(())
+}
+
+/// The release xtask with every bench feature: the trace generator and parse-only baseline
+/// (`bench-trace`), the outputs' receivers (`bench-outputs`). One build for every section.
+pub fn build_release_xtask() -> Result<()> {
+    crate::run(
+        "build the bench's helpers (release xtask: trace generator, parse-only baseline, receivers)",
+        crate::cargo().args([
+            "build",
+            "--release",
+            "--quiet",
+            "-p",
+            "xtask",
+            "--features",
+            "bench-trace,bench-outputs",
+        ]),
+    )
 }
 
 fn key_static(key: &str) -> &'static str {
@@ -584,6 +611,8 @@ pub struct Background {
     pub stdout: Option<Lines>,
     pub stderr: Option<Lines>,
     stop_signal: i32,
+    /// A `credwatch watch`: the credwatch binary, to detach what it pinned once it has ended.
+    unpin: Option<PathBuf>,
 }
 
 impl Background {
@@ -596,7 +625,7 @@ impl Background {
             .with_context(|| format!("starting {command:?}"))?;
         let stdout = child.stdout.take().map(Lines::new);
         let stderr = child.stderr.take().map(Lines::new);
-        Ok(Background { child, stdout, stderr, stop_signal })
+        Ok(Background { child, stdout, stderr, stop_signal, unpin: None })
     }
 
     pub fn pid(&self) -> u32 {
@@ -607,6 +636,9 @@ impl Background {
     pub fn stop(mut self) -> Result<String> {
         signal(self.child.id(), self.stop_signal);
         wait_or_kill(&mut self.child, Duration::from_secs(10))?;
+        if let Some(credwatch) = self.unpin.take() {
+            unpin(&credwatch);
+        }
         // The reader threads end at EOF; give them a moment to take the last lines.
         thread::sleep(Duration::from_millis(50));
         Ok(self.stderr.as_ref().map(Lines::text).unwrap_or_default())
@@ -619,14 +651,41 @@ impl Drop for Background {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+        if let Some(credwatch) = self.unpin.take() {
+            unpin(&credwatch);
+        }
     }
+}
+
+/// Where every `credwatch watch` the bench starts pins its kernel side: a folder of the bench's,
+/// detached as each agent ends ([`unpin`]). `watch` leaves its programs attached and recording
+/// when it stops, for the next agent to adopt: without this, every start after the first would
+/// be an adoption, and the programs would stay attached after the bench.
+pub fn pin_dir() -> PathBuf {
+    PathBuf::from(format!("/sys/fs/bpf/credwatch-bench-{}", std::process::id()))
+}
+
+/// `credwatch stop --pin-dir PIN_DIR`: detaches what an agent of the bench left pinned (nothing
+/// to do when nothing is).
+pub fn unpin(credwatch: &Path) {
+    let _ = Command::new(credwatch)
+        .args(["stop", "--pin-dir"])
+        .arg(pin_dir())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
 }
 
 /// `credwatch watch`, attached: returns it with the agent's own "after N ms" figure and the time
 /// from spawn to that line.
 pub fn start_watch(ctx: &Ctx) -> Result<(Background, f64, f64)> {
     let spawned = Instant::now();
-    let agent = Background::start(Command::new(&ctx.credwatch).arg("watch").env("HOME", &ctx.home), libc::SIGTERM)?;
+    let mut agent = Background::start(
+        Command::new(&ctx.credwatch).arg("watch").arg("--pin-dir").arg(pin_dir()).env("HOME", &ctx.home),
+        libc::SIGTERM,
+    )?;
+    agent.unpin = Some(ctx.credwatch.clone());
     let line = agent
         .stderr
         .as_ref()

@@ -156,7 +156,7 @@ fn run_driver(ctx: &Ctx, driver: Driver, rate: u64, seconds: f64) -> Result<Floo
 
 /// The CPU seconds of `pid` once they stop growing (the agent has drained its ring buffer): read
 /// every 100 ms until two readings agree, for 5 s at most.
-fn settled_cpu_seconds(pid: u32) -> f64 {
+pub fn settled_cpu_seconds(pid: u32) -> f64 {
     let mut last = cpu_seconds(pid);
     for _ in 0..50 {
         thread::sleep(Duration::from_millis(100));

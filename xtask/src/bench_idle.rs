@@ -154,7 +154,7 @@ pub fn run(ctx: &mut Ctx) -> Result<Section> {
     ];
     let mut section = Section::new(
         "idle",
-        "6. Idle agent (no package tree runs)",
+        "7. Idle agent (no package tree runs)",
         &["configuration", "CPU per minute", "share of one core", "wake-ups/s", "threads", "events read"],
     );
     let mut figures = Vec::new();

@@ -2,7 +2,8 @@
 //! (the same reader and `Event` structs, no engine) and `jq -c .`.
 //!
 //! The generator and the baseline need the credwatch library, so they live in the release xtask
-//! built with `--features bench-trace` (hidden subcommands `bench-gen-trace` and `bench-parse`).
+//! built with `--features bench-trace` (hidden subcommands `bench-gen-trace` and `bench-parse`;
+//! see [`crate::bench::build_release_xtask`]).
 
 use std::{
     fs,
@@ -18,10 +19,7 @@ use crate::{
 };
 
 pub fn run(ctx: &mut Ctx) -> Result<Section> {
-    crate::run(
-        "build the bench's trace generator and parse-only baseline (release xtask)",
-        crate::cargo().args(["build", "--release", "--quiet", "-p", "xtask", "--features", "bench-trace"]),
-    )?;
+    crate::bench::build_release_xtask()?;
     let bytes: u64 = if ctx.quick { 64 << 20 } else { 1100 << 20 };
     let rounds = ctx.rounds(2);
     let trace = ctx.work.join("replay.jsonl");

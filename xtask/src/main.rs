@@ -6,6 +6,9 @@ mod bench;
 mod bench_events;
 mod bench_idle;
 mod bench_install;
+mod bench_outputs;
+#[cfg(feature = "bench-outputs")]
+mod bench_receive;
 mod bench_replay;
 mod bench_syscalls;
 mod corpus;
@@ -28,11 +31,11 @@ const USAGE: &str = "usage: cargo xtask <command>
   build                  toolchain, then the eBPF object and target/release/credwatch
   test                   build, set up what the tests need, run the unit tests, fuzz each decoder
                          for 25s, then (as root) the end-to-end tests
-  bench [--quick] [--no-build] [--only syscalls,install,throughput,replay,memory,idle]
+  bench [--quick] [--no-build] [--only syscalls,install,throughput,replay,memory,outputs,idle]
                          (root) build, then measure overhead, install workloads, event and replay
-                         throughput, memory and start-up, the idle agent, side by side with the
-                         hook's floor, bpftrace, auditd and strace: target/bench/bench.md and
-                         bench.json
+                         throughput, memory and start-up, side by side with the hook's floor,
+                         bpftrace, auditd and strace, the outputs' delivery to real local
+                         receivers, and the idle agent: target/bench/bench.md and bench.json
   corpus [--only npm,pip,uv,cargo] [--jobs N] [--list FILE] [--binary PATH] [--timeout SECS]
                          (root, network) install each package of xtask/corpus/packages.txt from its
                          registry under `credwatch run`, with a throwaway HOME of fake credentials:
@@ -68,6 +71,10 @@ fn main() -> ExitCode {
         }
         #[cfg(feature = "bench-trace")]
         ["bench-parse", file] => bench_replay::parse_only(Path::new(file)),
+        #[cfg(feature = "bench-outputs")]
+        ["bench-receive-http"] => bench_receive::http(),
+        #[cfg(feature = "bench-outputs")]
+        ["bench-receive-nats", url, stream, subjects] => bench_receive::nats(url, stream, subjects),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
@@ -217,6 +224,19 @@ fn build_requirement_wheels() -> Result<()> {
     )
 }
 
+/// Whether rsyslog has the module `name`: Debian puts them in /usr/lib/<triplet>/rsyslog.
+fn rsyslog_has_module(name: &str) -> bool {
+    let file = format!("{name}.so");
+    ["/usr/lib", "/usr/lib64"].iter().any(|lib| {
+        Path::new(lib).join("rsyslog").join(&file).is_file()
+            || std::fs::read_dir(lib)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|entry| entry.path().join("rsyslog").join(&file).is_file())
+    })
+}
+
 /// The fixtures run real npm and pip offline; pip builds the sdist with the interpreter's own
 /// setuptools and wheel (no build isolation), so those are installed here, never by a test.
 fn test_prerequisites() -> Result<()> {
@@ -229,9 +249,9 @@ fn test_prerequisites() -> Result<()> {
         Command::new("python3").args(["-c", &format!("import {modules}")]).output().is_ok_and(|o| o.status.success())
     };
     // The importer tests run the real strace and auditd to make their traces; the syslog
-    // output's tests start a real rsyslogd, the NATS output's a real JetStream server, and a
-    // real Prometheus scrapes the metrics.
-    let missing: Vec<&str> = [
+    // output's tests start a real rsyslogd (with imrelp, from rsyslog-relp, for RELP), the NATS
+    // output's a real JetStream server, and a real Prometheus scrapes the metrics.
+    let mut missing: Vec<&str> = [
         ("strace", "strace"),
         ("auditd", "auditd"),
         ("rsyslogd", "rsyslog"),
@@ -242,6 +262,9 @@ fn test_prerequisites() -> Result<()> {
     .filter(|(program, _)| toolchain::find_in_path(program).is_none())
     .map(|(_, package)| *package)
     .collect();
+    if !rsyslog_has_module("imrelp") {
+        missing.push("rsyslog-relp");
+    }
     if !missing.is_empty() {
         if !is_root() || toolchain::find_in_path("apt-get").is_none() {
             bail!("the tests need {} (as root with apt-get, `cargo xtask test` installs them)", missing.join(" and "));
@@ -255,7 +278,7 @@ fn test_prerequisites() -> Result<()> {
     build_requirement_wheels()?;
     if importable("setuptools, wheel, uv") {
         println!(
-            "xtask: test prerequisites: node, npm, strace, auditd, rsyslogd, nats-server, prometheus, python3 with setuptools, wheel and uv: present"
+            "xtask: test prerequisites: node, npm, strace, auditd, rsyslogd with imrelp, nats-server, prometheus, python3 with setuptools, wheel and uv: present"
         );
         return Ok(());
     }
