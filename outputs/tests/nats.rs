@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, consumer, stream};
 use credwatch_core::alert::Severity;
 use credwatch_outputs::nats::{Nats, NatsOptions};
-use credwatch_outputs::{DispatchOptions, Dispatcher, Outgoing, OutputConfig, Transport, TransportError};
+use credwatch_outputs::{Outgoing, Transport, TransportError};
 use futures_util::StreamExt;
 use support::{Hostile, Peer};
 
@@ -382,40 +382,19 @@ async fn a_peer_that_answers_garbage_closes_or_stalls_is_a_retry_within_the_conn
 /// the spool; the real server there at last, they reach the stream, in order, each once.
 #[test]
 fn hostile_peers_are_retried_and_counted_until_the_server_is_there() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let modes = [Hostile::Garbage, Hostile::Close, Hostile::Stall];
-    let peer = {
-        let _runtime = runtime.enter();
-        Peer::start(listener, &modes)
-    };
-    let spool = tempfile::tempdir().unwrap();
-    let mut config = OutputConfig::to(format!("nats:nats://127.0.0.1:{port}/{PREFIX}").parse().unwrap());
-    config.connect_timeout = Some(0.5);
-    config.ack_timeout = Some(1.0);
-    let options = DispatchOptions {
-        spool_dir: spool.path().to_owned(),
-        backoff_base: Duration::from_millis(20),
-        backoff_max: Duration::from_millis(100),
-    };
-    let mut dispatcher = Dispatcher::start(options, &[config]).unwrap();
-    for n in 1..=20 {
-        dispatcher.dispatch(&support::alert(n));
-    }
-    let reader = dispatcher.counts_reader();
-    let counts =
-        support::wait_for_counts(&reader, "4 failed attempts", Duration::from_secs(20), |c| c.failed_attempts >= 4);
-    assert_eq!((counts.delivered, counts.refused, counts.spooled), (0, 0, 20), "{counts:?}");
-    assert_eq!(peer.served()[..3], modes, "{:?}", peer.served());
-    runtime.block_on(peer.stop());
-
-    let server = Server::start_on(port);
-    let context = runtime.block_on(server.create_stream());
-    let counts = support::wait_for_counts(&reader, "20 delivered", Duration::from_secs(30), |c| c.delivered == 20);
+    let run = support::after_hostile_peers(
+        |port| format!("nats:nats://127.0.0.1:{port}/{PREFIX}"),
+        |config| {
+            config.connect_timeout = Some(0.5);
+            config.ack_timeout = Some(1.0);
+        },
+    );
+    let server = Server::start_on(run.port);
+    let context = run.runtime.block_on(server.create_stream());
+    let counts = support::wait_for_counts(&run.reader, "20 delivered", Duration::from_secs(30), |c| c.delivered == 20);
     assert_eq!((counts.spooled, counts.dropped), (0, [0; 4]), "{counts:?}");
-    let stream = runtime.block_on(read_back(&context));
+    let stream = run.runtime.block_on(read_back(&context));
     let got: Vec<String> = stream.into_iter().map(|(_, id, _)| id).collect();
     assert_eq!(got, support::ids(1..=20));
-    dispatcher.shutdown(Duration::from_secs(1));
+    run.dispatcher.shutdown(Duration::from_secs(1));
 }

@@ -14,10 +14,9 @@ use bytes::Bytes;
 use credwatch_core::alert::Severity;
 use credwatch_outputs::{
     syslog::{Facility, Syslog, SyslogFormat, SyslogOptions, SyslogTarget},
-    DispatchOptions, Dispatcher, Outgoing, OutputConfig, Transport, TransportError,
+    Outgoing, Transport, TransportError,
 };
 use serde_json::{json, Value};
-use support::{Hostile, Peer};
 
 mod support;
 
@@ -427,40 +426,17 @@ async fn relp_loses_nothing_to_rsyslog_stopped_then_killed() {
 /// kept in the spool; rsyslogd there at last, they arrive, in order, each once.
 #[test]
 fn hostile_relp_peers_are_retried_and_counted_until_rsyslog_is_there() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let modes = [Hostile::Garbage, Hostile::Close, Hostile::Stall];
-    let peer = {
-        let _runtime = runtime.enter();
-        Peer::start(listener, &modes)
-    };
-    let spool = tempfile::tempdir().unwrap();
-    let mut config = OutputConfig::to(format!("syslog:relp:127.0.0.1:{port}").parse().unwrap());
-    config.timeout = Some(0.5);
-    let options = DispatchOptions {
-        spool_dir: spool.path().to_owned(),
-        backoff_base: Duration::from_millis(20),
-        backoff_max: Duration::from_millis(100),
-    };
-    let mut dispatcher = Dispatcher::start(options, &[config]).unwrap();
-    for n in 1..=20 {
-        dispatcher.dispatch(&support::alert(n));
-    }
-    let reader = dispatcher.counts_reader();
-    let counts =
-        support::wait_for_counts(&reader, "4 failed attempts", Duration::from_secs(20), |c| c.failed_attempts >= 4);
-    assert_eq!((counts.delivered, counts.refused, counts.spooled), (0, 0, 20), "{counts:?}");
-    assert_eq!(peer.served()[..3], modes, "{:?}", peer.served());
-    runtime.block_on(peer.stop());
-
+    let run = support::after_hostile_peers(
+        |port| format!("syslog:relp:127.0.0.1:{port}"),
+        |config| config.timeout = Some(0.5),
+    );
     let (udp, tcp, _) = free_ports();
-    let rsyslog = Rsyslog::start_with((udp, tcp, port));
-    let counts = support::wait_for_counts(&reader, "20 delivered", Duration::from_secs(30), |c| c.delivered == 20);
+    let rsyslog = Rsyslog::start_with((udp, tcp, run.port));
+    let counts = support::wait_for_counts(&run.reader, "20 delivered", Duration::from_secs(30), |c| c.delivered == 20);
     assert_eq!((counts.spooled, counts.dropped), (0, [0; 4]), "{counts:?}");
     let got: Vec<String> = rsyslog.messages(20).iter().map(|m| sd(m)["id"].as_str().unwrap().to_owned()).collect();
     assert_eq!(got, support::ids(1..=20));
-    dispatcher.shutdown(Duration::from_secs(1));
+    run.dispatcher.shutdown(Duration::from_secs(1));
     // The agent's session ended with RELP's `close`: rsyslog says no session broke (it would
     // at once, as it noticed the end of the connection).
     std::thread::sleep(Duration::from_millis(300));

@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use credwatch_core::alert::Severity;
 use credwatch_outputs::webhook::{Webhook, WebhookFormat, WebhookOptions};
 use credwatch_outputs::{DispatchOptions, Dispatcher, Outgoing, OutputConfig, Transport, TransportError};
 use http_body_util::{BodyExt, Full};
@@ -174,25 +173,7 @@ impl Receiver {
 }
 
 fn alert(n: u32) -> Outgoing {
-    let json = serde_json::json!({
-        "@timestamp": format!("2026-12-01T16:00:{:02}.5Z", n % 60),
-        "event": {"kind": "alert", "action": "open", "outcome": "alerted", "id": format!("id-{n}")},
-        "rule": {"id": "ssh-private-key", "name": "SSH private key read by package code",
-                 "category": "ssh", "severity": "high", "description": "d"},
-        "process": {"pid": 4000 + n, "executable": "/usr/bin/node", "args": ["node", "x.js"],
-                    "working_directory": "/tmp/pkg", "parent": {"pid": 3999}, "ancestors": []},
-        "file": {"path": "/home/u/.ssh/id_ed25519", "given_path": "/home/u/.ssh/id_ed25519", "flags": "O_RDONLY"},
-        "package": {"manager": "npm", "name": "evil-pkg", "version": "1.0.0", "lifecycle": "postinstall"},
-        "host": {"name": "build-7"},
-        "user": {"id": 1000},
-        "credwatch": {"root_pid": 3990, "rotate": [], "enforcement": "kernel"}
-    });
-    Outgoing {
-        id: format!("id-{n}"),
-        severity: Severity::High,
-        host: "build-7".into(),
-        json: serde_json::to_vec(&json).unwrap().into(),
-    }
+    credwatch_outputs::dispatch::render(&support::alert(n))
 }
 
 fn batch(n: u32) -> Vec<Outgoing> {
@@ -337,7 +318,7 @@ async fn falcosidekick_gets_falcos_shape_one_alert_per_request() {
         assert_eq!(payload["hostname"], "build-7");
         assert_eq!(payload["time"], format!("2026-12-01T16:00:{:02}.500000000Z", n + 1));
         assert_eq!(payload["output_fields"]["credwatch.id"], format!("id-{}", n + 1));
-        assert_eq!(payload["output_fields"]["fd.name"], "/home/u/.ssh/id_ed25519");
+        assert_eq!(payload["output_fields"]["fd.name"], format!("/home/u/.ssh/key-{}", n + 1));
     }
     // An alert that is not an alert's JSON is refused, the others still go.
     let mut sent = batch(2);

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use credwatch_core::alert::Alert;
-use credwatch_outputs::{Counts, CountsReader};
+use credwatch_outputs::{Counts, CountsReader, DispatchOptions, Dispatcher, OutputConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -110,4 +110,48 @@ pub fn wait_for_counts(reader: &CountsReader, what: &str, timeout: Duration, ok:
         assert!(start.elapsed() < timeout, "{what}: not after {timeout:?}: {counts:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// A dispatcher holding alerts 1 to 20 for an output whose receiver's port has been served by
+/// hostile peers only, so far.
+pub struct HostileRun {
+    pub runtime: tokio::runtime::Runtime,
+    /// Where the real receiver is to be started now.
+    pub port: u16,
+    pub dispatcher: Dispatcher,
+    pub reader: CountsReader,
+    _spool: tempfile::TempDir,
+}
+
+/// Raises alerts 1 to 20 to `output(port)` while the port is served by a peer that answers
+/// garbage, then one that closes before answering, then one that never answers: each delivery
+/// is a retry, counted, and every alert stays spooled. `configure` sets the output's timeouts
+/// (the stall is cut off by one of them).
+pub fn after_hostile_peers(output: impl Fn(u16) -> String, configure: impl FnOnce(&mut OutputConfig)) -> HostileRun {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let listener = runtime.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let modes = [Hostile::Garbage, Hostile::Close, Hostile::Stall];
+    let peer = {
+        let _runtime = runtime.enter();
+        Peer::start(listener, &modes)
+    };
+    let spool = tempfile::tempdir().unwrap();
+    let mut config = OutputConfig::to(output(port).parse().unwrap());
+    configure(&mut config);
+    let options = DispatchOptions {
+        spool_dir: spool.path().to_owned(),
+        backoff_base: Duration::from_millis(20),
+        backoff_max: Duration::from_millis(100),
+    };
+    let mut dispatcher = Dispatcher::start(options, &[config]).unwrap();
+    for n in 1..=20 {
+        dispatcher.dispatch(&alert(n));
+    }
+    let reader = dispatcher.counts_reader();
+    let counts = wait_for_counts(&reader, "4 failed attempts", Duration::from_secs(20), |c| c.failed_attempts >= 4);
+    assert_eq!((counts.delivered, counts.refused, counts.spooled), (0, 0, 20), "{counts:?}");
+    assert_eq!(peer.served()[..3], modes, "{:?}", peer.served());
+    runtime.block_on(peer.stop());
+    HostileRun { runtime, port, dispatcher, reader, _spool: spool }
 }
