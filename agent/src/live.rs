@@ -62,6 +62,52 @@ const IDLE_POLL_INTERVAL: Duration = Duration::from_secs(60);
 /// How old the kernel figures of the metrics may be when scraped again.
 const KERNEL_FIGURES_AGE: Duration = Duration::from_secs(2);
 
+/// systemd's service notifications (`Type=notify`, deploy/credwatch.service): `READY=1` once
+/// watching, `WATCHDOG=1` from the loop, `RELOADING=1` and `STOPPING=1`. Without
+/// `NOTIFY_SOCKET` (not under systemd) each is a no-op.
+struct Systemd {
+    /// A quarter of the unit's `WatchdogSec=` (`WATCHDOG_USEC`): the loop waits at most this
+    /// long and pings when this much has passed, so two pings are at most half the timeout apart.
+    ping_every: Option<Duration>,
+    last_ping: Instant,
+}
+
+impl Systemd {
+    fn new() -> Systemd {
+        Systemd { ping_every: sd_notify::watchdog_enabled().map(|timeout| timeout / 4), last_ping: Instant::now() }
+    }
+
+    /// The longest the loop may wait for records: an idle agent must still wake to ping.
+    fn bound_wait(&self, wait: Duration) -> Duration {
+        self.ping_every.map_or(wait, |every| wait.min(every))
+    }
+
+    fn notify(&self, states: &[sd_notify::NotifyState]) {
+        if let Err(error) = sd_notify::notify(states) {
+            warn!(
+                "telling systemd ({}) failed: {error}",
+                states.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+            );
+        }
+    }
+
+    /// From the loop: a ping when a quarter of the watchdog's timeout has passed since the last.
+    fn tick(&mut self) {
+        if self.ping_every.is_some_and(|every| self.last_ping.elapsed() >= every) {
+            self.notify(&[sd_notify::NotifyState::Watchdog]);
+            self.last_ping = Instant::now();
+        }
+    }
+
+    fn reloading(&self) {
+        // systemd wants the monotonic time with RELOADING=1 (`Type=notify-reload`).
+        match sd_notify::NotifyState::monotonic_usec_now() {
+            Ok(now) => self.notify(&[sd_notify::NotifyState::Reloading, now]),
+            Err(_) => self.notify(&[sd_notify::NotifyState::Reloading]),
+        }
+    }
+}
+
 /// What a live session prints and writes.
 pub struct Outputs<'a> {
     pub json: bool,
@@ -289,6 +335,7 @@ struct Session {
     started: Instant,
     /// `watch`: set by `SIGHUP`, and what to reload from.
     reload: Option<(Arc<AtomicBool>, Reload)>,
+    systemd: Systemd,
 }
 
 /// What `SIGHUP` reloads from, and what is in force.
@@ -338,7 +385,18 @@ impl Session {
         if let Some(telemetry) = &telemetry {
             telemetry.metrics.start_up_seconds.set(started.elapsed().as_secs_f64());
         }
-        Ok(Session { live, engine, sink, dispatcher, telemetry, written_before: 0, recorder, started, reload: None })
+        Ok(Session {
+            live,
+            engine,
+            sink,
+            dispatcher,
+            telemetry,
+            written_before: 0,
+            recorder,
+            started,
+            reload: None,
+            systemd: Systemd::new(),
+        })
     }
 
     /// Runs the pipeline until `control` stops it, then emits the engine's end-of-stream alerts.
@@ -346,7 +404,9 @@ impl Session {
     fn drive(&mut self, mut control: impl FnMut(&mut Live, &Engine) -> Control) -> Result<()> {
         loop {
             let hangup = self.reload.as_ref().map(|(hangup, _)| Arc::clone(hangup));
+            let systemd = &mut self.systemd;
             let mut control = |live: &mut Live, engine: &Engine| {
+                systemd.tick();
                 if hangup.as_ref().is_some_and(|hangup| hangup.swap(false, Ordering::Relaxed)) {
                     Control::Pause
                 } else {
@@ -389,9 +449,12 @@ impl Session {
         if let Some(dispatcher) = &self.dispatcher {
             dispatcher.reopen();
         }
+        self.systemd.reloading();
         let started = Instant::now();
         let (file, old) = (reload.layers.file.clone(), reload.config.clone());
         let result = self.try_reload(&old);
+        // Refused or not, the agent runs on.
+        self.systemd.notify(&[sd_notify::NotifyState::Ready]);
         if let Some(telemetry) = &self.telemetry {
             telemetry.reload(if result.is_ok() { "applied" } else { "refused" });
         }
@@ -558,13 +621,15 @@ pub fn watch_machine(config: &Config, layers: Layers) -> Result<ExitCode> {
     let mut session = Session::start(&Outputs::from_config(config), &[])?;
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     wake_on_signals(&mut session.live.sensor, &[SIGINT, SIGTERM, SIGHUP])?;
-    session.live.wait = IDLE_POLL_INTERVAL;
+    session.live.wait = session.systemd.bound_wait(IDLE_POLL_INTERVAL);
     session.reload = Some((hangup, Reload { layers, config: config.clone() }));
     let managers = session.engine.rules().managers().to_vec();
     session.live.queued = session.live.sensor.seed(&managers).context("seeding running package trees from /proc")?;
     let (rules, startup_ms) = (session.engine.rules().rules().len(), session.started.elapsed().as_millis() as u64);
     info!(rules, startup_ms, "watching package trees ({rules} rules) after {startup_ms} ms; Ctrl-C to stop");
+    session.systemd.notify(&[sd_notify::NotifyState::Ready]);
     session.drive(|_, _| if stop.load(Ordering::Relaxed) { Control::Stop } else { Control::Continue })?;
+    session.systemd.notify(&[sd_notify::NotifyState::Stopping]);
     session.finish()?;
     Ok(ExitCode::SUCCESS)
 }
