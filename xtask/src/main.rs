@@ -1,4 +1,5 @@
-//! `cargo xtask toolchain [--dry-run]`, `cargo xtask build`, `cargo xtask test`,
+//! `cargo xtask toolchain [--dry-run]`, `cargo xtask build [--static]`, `cargo xtask package [--test]`,
+//! `cargo xtask test`,
 //! `cargo xtask bench [--quick] [--no-build] [--only SECTION,...]`, `cargo xtask corpus [OPTIONS]`,
 //! `cargo xtask fuzz [--time SECS] [TARGET...]`.
 
@@ -13,6 +14,7 @@ mod bench_replay;
 mod bench_syscalls;
 mod corpus;
 mod fuzz;
+mod package;
 mod toolchain;
 
 use std::{
@@ -28,9 +30,15 @@ use toolchain::Route;
 
 const USAGE: &str = "usage: cargo xtask <command>
   toolchain [--dry-run]  check the eBPF toolchain and set it up when missing (--dry-run: only say how)
-  build                  toolchain, then the eBPF object and target/release/credwatch
+  build [--static]       toolchain, then the eBPF object and target/release/credwatch (--static:
+                         target/x86_64-unknown-linux-gnu/release/credwatch, linked statically:
+                         no glibc version required)
+  package [--test]       build --static, then target/credwatch_<version>_amd64.deb (the binary,
+                         the systemd unit, the default configuration); --test (root): then
+                         install it with dpkg, check it and purge it, as `test` does
   test                   build, set up what the tests need, run the unit tests, fuzz each decoder
-                         for 25s, then (as root) the end-to-end tests
+                         for 25s, then (as root) the end-to-end tests, and the package installed,
+                         checked and purged with dpkg
   bench [--quick] [--no-build] [--only syscalls,install,throughput,replay,memory,outputs,idle]
                          (root) build, then measure overhead, install workloads, event and replay
                          throughput, memory and start-up, side by side with the hook's floor,
@@ -61,6 +69,12 @@ fn main() -> ExitCode {
         ["toolchain"] => toolchain::ensure(false).map(drop),
         ["toolchain", "--dry-run"] => toolchain::ensure(true).map(drop),
         ["build"] => build(),
+        ["build", "--static"] => build().and_then(|()| package::build_static()),
+        ["package"] => build().and_then(|()| package::build_static()).and_then(|()| package::package()).map(drop),
+        ["package", "--test"] => build()
+            .and_then(|()| package::build_static())
+            .and_then(|()| package::package())
+            .and_then(|deb| package::test_package(&deb)),
         ["test"] => test(),
         ["bench", options @ ..] => bench::bench(options),
         ["corpus", options @ ..] => corpus::corpus(options),
@@ -173,7 +187,11 @@ fn test() -> Result<()> {
     run(
         "privileged end-to-end tests",
         cargo().args(["test", "-p", E2E_CRATE, "--", "--test-threads=1", "--show-output"]),
-    )
+    )?;
+    // The static binary is checked as it is built, then the package made of it with the real dpkg.
+    package::build_static()?;
+    let deb = package::package()?;
+    package::test_package(&deb)
 }
 
 /// Tests the core before anything of the eBPF toolchain is set up (on a fresh machine it is
@@ -257,6 +275,10 @@ fn test_prerequisites() -> Result<()> {
         ("rsyslogd", "rsyslog"),
         ("nats-server", "nats-server"),
         ("prometheus", "prometheus"),
+        // The package's test: the unit verified, the static binary's ELF headers read.
+        ("systemd-analyze", "systemd"),
+        ("readelf", "binutils"),
+        ("dpkg-deb", "dpkg"),
     ]
     .iter()
     .filter(|(program, _)| toolchain::find_in_path(program).is_none())
@@ -278,7 +300,7 @@ fn test_prerequisites() -> Result<()> {
     build_requirement_wheels()?;
     if importable("setuptools, wheel, uv") {
         println!(
-            "xtask: test prerequisites: node, npm, strace, auditd, rsyslogd with imrelp, nats-server, prometheus, python3 with setuptools, wheel and uv: present"
+            "xtask: test prerequisites: node, npm, strace, auditd, rsyslogd with imrelp, nats-server, prometheus, systemd-analyze, readelf, dpkg-deb, python3 with setuptools, wheel and uv: present"
         );
         return Ok(());
     }

@@ -1,0 +1,278 @@
+//! `cargo xtask build --static` (one file that runs on any x86_64 Linux with BTF, whatever its
+//! glibc) and `cargo xtask package` (a `.deb` of it with the systemd unit and the default
+//! configuration), and their checks in `cargo xtask test`: the static binary is static and
+//! runs, and the `.deb` installs, runs, verifies and purges with the real dpkg.
+
+use std::{
+    fs,
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, ensure, Context as _, Result};
+
+use crate::{cargo, run, workspace};
+
+/// The target of the static build: the gnu target with the C runtime linked in (`crt-static`).
+/// Through an explicit `--target`, its flags leave the host's build scripts and proc-macros
+/// alone, and its output (target/<triple>/release) leaves target/release's dynamic binary alone.
+const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Where `build --static` leaves the binary.
+pub fn static_binary() -> PathBuf {
+    workspace().join("target").join(STATIC_TARGET).join("release/credwatch")
+}
+
+/// Where `package` leaves the `.deb`.
+pub fn deb_file() -> PathBuf {
+    workspace().join(format!("target/credwatch_{VERSION}_amd64.deb"))
+}
+
+/// The agent linked statically (the eBPF object must be built already: `crate::build` does it).
+pub fn build_static() -> Result<()> {
+    run(
+        &format!("build the static agent ({})", static_binary().display()),
+        cargo()
+            .args(["build", "--release", "-p", "credwatch", "--target", STATIC_TARGET])
+            .env("CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS", "-C target-feature=+crt-static"),
+    )?;
+    check_static(&static_binary())
+}
+
+fn output(what: &str, command: &mut Command) -> Result<String> {
+    let output = command.output().with_context(|| format!("starting {what}"))?;
+    if !output.status.success() {
+        bail!("{what} failed ({}): {}", output.status, String::from_utf8_lossy(&output.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The binary asks the dynamic loader for nothing (no interpreter, no shared library, hence no
+/// glibc version), and runs: `--version` and `doctor`.
+pub fn check_static(binary: &Path) -> Result<()> {
+    let program_headers = output("readelf -l", Command::new("readelf").arg("-lW").arg(binary))?;
+    ensure!(
+        !program_headers.contains("INTERP"),
+        "{} asks for a program interpreter: it is not statically linked",
+        binary.display()
+    );
+    let dynamic = output("readelf -d", Command::new("readelf").arg("-dW").arg(binary))?;
+    if let Some(needed) = dynamic.lines().find(|line| line.contains("(NEEDED)")) {
+        bail!("{} needs a shared library: {}", binary.display(), needed.trim());
+    }
+    let version = output("credwatch --version", Command::new(binary).arg("--version"))?;
+    ensure!(version.trim() == format!("credwatch {VERSION}"), "--version said {version:?}");
+    let doctor = output("credwatch doctor", Command::new(binary).arg("doctor"))?;
+    ensure!(doctor.contains("sensor:"), "doctor said nothing of the sensor: {doctor}");
+    println!("xtask: {} is static (no interpreter, no shared library) and runs", binary.display());
+    Ok(())
+}
+
+/// A file of the package: its path in the package, where its content comes from, and its mode.
+struct Entry {
+    path: &'static str,
+    source: &'static str,
+    mode: u32,
+}
+
+const FILES: [Entry; 4] = [
+    Entry { path: "usr/bin/credwatch", source: "", mode: 0o755 },
+    Entry { path: "lib/systemd/system/credwatch.service", source: "deploy/credwatch.service", mode: 0o644 },
+    Entry { path: "etc/credwatch/credwatch.yaml", source: "deploy/credwatch.yaml", mode: 0o644 },
+    Entry { path: "usr/share/doc/credwatch/README.md", source: "README.md", mode: 0o644 },
+];
+
+/// Empty folders the package owns: local rules, the spool, the alerts files.
+const DIRS: [&str; 3] = ["etc/credwatch/rules.d", "var/lib/credwatch", "var/log/credwatch"];
+
+/// Everything the package puts on the machine or its service makes there: gone after a purge.
+const INSTALLED: [&str; 6] = [
+    "/usr/bin/credwatch",
+    "/lib/systemd/system/credwatch.service",
+    "/etc/credwatch",
+    "/usr/share/doc/credwatch",
+    "/var/lib/credwatch",
+    "/var/log/credwatch",
+];
+
+const CONTROL: &str = "Package: credwatch
+Version: @VERSION@
+Architecture: amd64
+Maintainer: credwatch maintainers <maintainers@users.noreply.a-seed-6b3c2df4.example>
+Section: admin
+Priority: optional
+Installed-Size: @SIZE@
+Description: alerts when package code touches credentials
+ An eBPF agent that watches the process trees of package managers (npm, yarn,
+ pnpm, bun, cargo, pip, uv) and alerts when package code (lifecycle scripts,
+ build scripts, proc-macros) touches credentials. Static binary: it needs a
+ kernel >= 5.8 with BTF, and no library.
+";
+
+/// Installing starts nothing: the unit is made known to systemd, not enabled or started.
+const POSTINST: &str = "#!/bin/sh
+set -e
+if [ \"$1\" = configure ] && [ -d /run/systemd/system ]; then
+    systemctl daemon-reload || true
+fi
+";
+
+/// Removal stops the service and detaches the kernel programs it left pinned (a service stop
+/// leaves them attached for the next start).
+const PRERM: &str = "#!/bin/sh
+set -e
+if [ \"$1\" = remove ]; then
+    if [ -d /run/systemd/system ]; then
+        systemctl stop credwatch.service || true
+    fi
+    /usr/bin/credwatch stop --config /etc/credwatch/credwatch.yaml || true
+fi
+";
+
+/// A purge removes what the service made: the spool, the alerts, an enabled unit's link.
+const POSTRM: &str = "#!/bin/sh
+set -e
+if [ \"$1\" = purge ]; then
+    rm -rf /var/lib/credwatch /var/log/credwatch
+    rm -f /etc/systemd/system/multi-user.target.wants/credwatch.service
+fi
+if [ -d /run/systemd/system ]; then
+    systemctl daemon-reload || true
+fi
+";
+
+/// `cargo xtask package`: the `.deb` of the static binary ([`deb_file`]).
+pub fn package() -> Result<PathBuf> {
+    let root = workspace();
+    let stage = root.join(format!("target/package/credwatch_{VERSION}_amd64"));
+    if stage.exists() {
+        fs::remove_dir_all(&stage).with_context(|| format!("removing {}", stage.display()))?;
+    }
+    let mut size = 0;
+    for entry in &FILES {
+        let from = if entry.source.is_empty() { static_binary() } else { root.join(entry.source) };
+        let to = stage.join(entry.path);
+        fs::create_dir_all(to.parent().expect("a file in a folder"))?;
+        size += fs::copy(&from, &to).with_context(|| format!("copying {} into the package", from.display()))?;
+        fs::set_permissions(&to, fs::Permissions::from_mode(entry.mode))?;
+    }
+    for dir in DIRS {
+        fs::create_dir_all(stage.join(dir))?;
+    }
+    let debian = stage.join("DEBIAN");
+    fs::create_dir_all(&debian)?;
+    let control = CONTROL.replace("@VERSION@", VERSION).replace("@SIZE@", &size.div_ceil(1024).to_string());
+    fs::write(debian.join("control"), control)?;
+    fs::write(debian.join("conffiles"), "/etc/credwatch/credwatch.yaml\n")?;
+    for (name, script) in [("postinst", POSTINST), ("prerm", PRERM), ("postrm", POSTRM)] {
+        fs::write(debian.join(name), script)?;
+        fs::set_permissions(debian.join(name), fs::Permissions::from_mode(0o755))?;
+    }
+    // Folders as dpkg expects them whatever the umask was.
+    for dir in walk_dirs(&stage)? {
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))?;
+    }
+    let deb = deb_file();
+    run(
+        &format!("build the package ({})", deb.display()),
+        Command::new("dpkg-deb").args(["--root-owner-group", "-Zxz", "--build"]).arg(&stage).arg(&deb),
+    )?;
+    Ok(deb)
+}
+
+fn walk_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut dirs = vec![dir.to_path_buf()];
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            dirs.extend(walk_dirs(&entry.path())?);
+        }
+    }
+    Ok(dirs)
+}
+
+/// Purges the package when dropped, whatever the test did: the machine is left as it was.
+struct Installed;
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        let _ = Command::new("dpkg").args(["--purge", "credwatch"]).status();
+    }
+}
+
+fn is_installed() -> Result<bool> {
+    let status = Command::new("dpkg-query").args(["-W", "-f=${Status}", "credwatch"]).output()?;
+    Ok(status.status.success() && !String::from_utf8_lossy(&status.stdout).contains("not-installed"))
+}
+
+/// `cargo xtask test` (root): the real dpkg installs the package, `/usr/bin/credwatch` runs,
+/// systemd accepts the unit, nothing starts, and a purge leaves nothing behind. It refuses to
+/// run over a credwatch it did not install.
+pub fn test_package(deb: &Path) -> Result<()> {
+    if !crate::is_root() {
+        bail!("the package test installs the package with dpkg and needs root");
+    }
+    if is_installed()? {
+        bail!("the package credwatch is installed already: the package test installs and purges it, so it leaves it alone (`dpkg --purge credwatch` first)");
+    }
+    if let Some(there) = INSTALLED.iter().find(|path| Path::new(path).exists()) {
+        bail!("{there} exists and the package credwatch is not installed: the package test would overwrite or remove it, so it stops");
+    }
+    let installed = Installed;
+    run("install the package (dpkg -i)", Command::new("dpkg").arg("-i").arg(deb))?;
+    check_installed()?;
+    drop(installed);
+    ensure!(!is_installed()?, "dpkg --purge credwatch left the package installed");
+    let left: Vec<&str> = INSTALLED.iter().copied().filter(|path| Path::new(path).exists()).collect();
+    ensure!(left.is_empty(), "dpkg --purge credwatch left {}", left.join(", "));
+    println!("xtask: the package installs, runs, verifies and purges to nothing");
+    Ok(())
+}
+
+fn check_installed() -> Result<()> {
+    for path in INSTALLED {
+        ensure!(Path::new(path).exists(), "the package did not install {path}");
+    }
+    ensure!(Path::new("/etc/credwatch/rules.d").is_dir(), "no /etc/credwatch/rules.d");
+    check_static(Path::new("/usr/bin/credwatch"))?;
+    let checked = output(
+        "credwatch config check /etc/credwatch/credwatch.yaml",
+        Command::new("/usr/bin/credwatch").args(["config", "check", "/etc/credwatch/credwatch.yaml"]),
+    )?;
+    ensure!(checked.contains("valid"), "config check said {checked:?}");
+    let conffiles =
+        output("dpkg-query conffiles", Command::new("dpkg-query").args(["-W", "-f=${Conffiles}", "credwatch"]))?;
+    ensure!(conffiles.contains("/etc/credwatch/credwatch.yaml"), "not a conffile: {conffiles:?}");
+    verify_unit(Path::new("/lib/systemd/system/credwatch.service"))?;
+    ensure!(
+        !Path::new("/etc/systemd/system/multi-user.target.wants/credwatch.service").exists(),
+        "installing enabled the service"
+    );
+    // What the service would make: a purge removes it too.
+    fs::create_dir_all("/var/lib/credwatch/spool/e2e")?;
+    fs::write("/var/lib/credwatch/spool/e2e/segment", "spooled\n")?;
+    fs::write("/var/log/credwatch/alerts.jsonl", "{}\n")?;
+    Ok(())
+}
+
+/// `systemd-analyze verify UNIT` passes without a word on the unit (unknown keys are only
+/// warnings, with status 0).
+pub fn verify_unit(unit: &Path) -> Result<()> {
+    let verified =
+        Command::new("systemd-analyze").arg("verify").arg(unit).output().context("starting systemd-analyze")?;
+    let stderr = String::from_utf8_lossy(&verified.stderr);
+    let name = unit.file_name().expect("a unit file").to_string_lossy();
+    let about: Vec<&str> = stderr.lines().filter(|line| line.contains(&*name)).collect();
+    ensure!(
+        verified.status.success() && about.is_empty(),
+        "systemd-analyze verify {} ({}): {}",
+        unit.display(),
+        verified.status,
+        stderr.trim()
+    );
+    println!("xtask: systemd-analyze verify {}: clean", unit.display());
+    Ok(())
+}
