@@ -112,11 +112,15 @@ Description: alerts when package code touches credentials
  kernel >= 5.8 with BTF, and no library.
 ";
 
-/// Installing starts nothing: the unit is made known to systemd, not enabled or started.
+/// Installing starts nothing: the unit is made known to systemd, not enabled or started. An
+/// upgrade restarts a service that runs (it adopts its pinned programs).
 const POSTINST: &str = "#!/bin/sh
 set -e
 if [ \"$1\" = configure ] && [ -d /run/systemd/system ]; then
     systemctl daemon-reload || true
+    if [ -n \"$2\" ]; then
+        systemctl try-restart credwatch.service || true
+    fi
 fi
 ";
 
