@@ -25,6 +25,8 @@ const ACK_WINDOW: usize = 500;
 const READ_BATCH: usize = 500;
 /// How long a fetch waits for messages that the stream said it holds.
 const READ_WAIT: Duration = Duration::from_secs(2);
+/// Fetches in a row that may come back empty while the stream says messages are pending.
+const READ_TRIES: u32 = 5;
 
 #[derive(Clone, Debug)]
 pub struct NatsOptions {
@@ -228,7 +230,7 @@ impl Nats {
     /// each handed to `each` (whose error stops the reading, naming the message). The stream is
     /// `stream`, or the one that holds those subjects. Read through an ephemeral consumer that
     /// takes no acknowledgements: reading changes nothing for other consumers. Returns the
-    /// number of messages read.
+    /// number of messages read. Blocking, on a runtime of its own: not for an async context.
     pub fn read_stream(
         &mut self,
         stream: Option<&str>,
@@ -238,7 +240,11 @@ impl Nats {
             .enable_all()
             .build()
             .map_err(|e| ReadError::Server { server: self.name.clone(), message: format!("a runtime: {e}") })?;
-        runtime.block_on(self.read(stream, each))
+        // A client lives on the runtime that connected it: none from before, none kept after.
+        self.connected = None;
+        let result = runtime.block_on(self.read(stream, each));
+        self.connected = None;
+        result
     }
 
     async fn read(
@@ -265,7 +271,7 @@ impl Nats {
         let stream_error =
             |message: String| ReadError::Stream { server: server.clone(), stream: name.clone(), message };
         let handle = context.get_stream(&name).await.map_err(|e| stream_error(e.to_string()))?;
-        let consumer = handle
+        let mut consumer = handle
             .create_consumer(consumer::pull::Config {
                 deliver_policy: consumer::DeliverPolicy::All,
                 ack_policy: consumer::AckPolicy::None,
@@ -277,6 +283,7 @@ impl Nats {
         // What the stream holds now: messages published while it is read are for the next read.
         let pending = consumer.cached_info().num_pending;
         let mut read = 0;
+        let mut empty_fetches = 0;
         while read < pending {
             let want = (pending - read).min(READ_BATCH as u64) as usize;
             let mut messages = consumer
@@ -292,16 +299,36 @@ impl Nats {
                 let sequence = message.info().map(|info| info.stream_sequence).unwrap_or_default();
                 let subject = message.subject.to_string();
                 read += 1;
-                let payload = message.payload.clone();
-                each(StreamMessage { subject: subject.clone(), sequence, payload }).map_err(|message| {
-                    ReadError::Message { server: server.clone(), stream: name.clone(), subject, sequence, message }
-                })?;
+                each(StreamMessage { subject: subject.clone(), sequence, payload: message.payload.clone() }).map_err(
+                    |message| ReadError::Message {
+                        server: server.clone(),
+                        stream: name.clone(),
+                        subject,
+                        sequence,
+                        message,
+                    },
+                )?;
             }
-            // Nothing more came: the rest was removed meanwhile (limits, age).
-            if read == before {
+            if read > before {
+                empty_fetches = 0;
+                continue;
+            }
+            // Nothing came: the rest was removed meanwhile (limits, age), or the server is slow.
+            // Not a short report without a word.
+            let left = consumer.info().await.map_err(|e| stream_error(format!("fetching: {e}")))?.num_pending;
+            if left == 0 {
                 break;
             }
+            empty_fetches += 1;
+            if empty_fetches >= READ_TRIES {
+                return Err(stream_error(format!(
+                    "{read} of {pending} messages read, then nothing for {:?} ({left} still pending)",
+                    READ_WAIT * READ_TRIES
+                )));
+            }
         }
+        // An ephemeral consumer goes by itself after a while; no need to wait for that.
+        let _ = handle.delete_consumer(&consumer.cached_info().name).await;
         Ok(read)
     }
 }
