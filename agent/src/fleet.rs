@@ -5,7 +5,11 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::{Context as _, Result};
-use credwatch_core::{fleet::FleetReport, input::InputError, output::escape};
+use credwatch_core::{
+    fleet::{FleetReport, PackageFilter},
+    input::InputError,
+    output::escape,
+};
 use credwatch_outputs::{
     nats::{Nats, NatsOptions},
     Destination, Transport as _,
@@ -36,11 +40,13 @@ pub struct FleetOptions {
     pub files: Vec<PathBuf>,
     /// Skip and count bad alerts instead of stopping at the first.
     pub keep_going: bool,
+    /// Only this package's alerts.
+    pub package: Option<PackageFilter>,
     pub format: ReportFormat,
 }
 
 pub fn report(options: &FleetOptions) -> Result<ExitCode> {
-    let mut report = FleetReport::default();
+    let mut report = options.package.clone().map_or_else(FleetReport::default, FleetReport::only);
     let mut bad = 0u64;
     let mut skip = |error: &dyn std::fmt::Display| {
         bad += 1;

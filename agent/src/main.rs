@@ -309,6 +309,9 @@ struct FleetReportArgs {
     /// NATS: trust only the CA certificates of this PEM file (and use TLS).
     #[arg(long, value_name = "FILE", requires = "from", conflicts_with = "files")]
     ca_file: Option<PathBuf>,
+    /// Only this package (`NAME`, or `NAME@VERSION`; `@scope/name@1.0.0`).
+    #[arg(long, value_name = "NAME[@VERSION]")]
+    package: Option<credwatch_core::fleet::PackageFilter>,
     /// Skip and count alerts that are not (bad lines, bad messages) instead of stopping at
     /// the first one.
     #[arg(long)]
@@ -428,6 +431,7 @@ fn main() -> ExitCode {
             stream: args.stream,
             files: args.files,
             keep_going: args.keep_going,
+            package: args.package,
             format: args.report_format,
         }),
         Commands::Config(ConfigCommand::Check { file }) => config_check(&file),
@@ -699,7 +703,15 @@ mod tests {
         let from = args.from.unwrap();
         assert_eq!((from.url.as_str(), from.prefix.as_str()), ("nats://bus:4222", "credwatch.alerts"));
         assert_eq!(args.stream.as_deref(), Some("S"));
-        assert!(parse(&["a.jsonl", "b.jsonl.gz", "--report-format", "md"]).is_ok());
+        let Commands::Fleet(FleetCommand::Report(args)) =
+            parse(&["a.jsonl", "b.jsonl.gz", "--report-format", "md", "--package", "@s/p@1.0.0"]).unwrap().command
+        else {
+            panic!("not fleet report")
+        };
+        assert_eq!(args.files, [PathBuf::from("a.jsonl"), PathBuf::from("b.jsonl.gz")]);
+        let package = args.package.unwrap();
+        assert_eq!((package.name.as_str(), package.version.as_deref()), ("@s/p", Some("1.0.0")));
+        assert!(parse(&["--package", "p@", "a.jsonl"]).is_err());
         assert!(parse(&[]).is_err(), "neither");
         assert!(parse(&["--from", "nats://bus:4222/p", "a.jsonl"]).is_err(), "both");
         assert!(parse(&["--stream", "S", "a.jsonl"]).is_err(), "--stream without --from");

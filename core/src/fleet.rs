@@ -177,6 +177,38 @@ pub enum Added {
     New,
     /// Its `event.id` was seen before: a redelivery, not counted again.
     Repeat,
+    /// About another package than the report's.
+    Other,
+}
+
+/// `--package NAME[@VERSION]`: the one package (version) a report is about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PackageFilter {
+    pub name: String,
+    pub version: Option<String>,
+}
+
+impl std::str::FromStr for PackageFilter {
+    type Err = String;
+
+    /// `NAME` or `NAME@VERSION`; a scoped npm name keeps its leading `@` (`@scope/pkg@1.0.0`).
+    fn from_str(text: &str) -> Result<PackageFilter, String> {
+        let (name, version) = match text[1.min(text.len())..].rfind('@') {
+            Some(at) => (&text[..at + 1], Some(&text[at + 2..])),
+            None => (text, None),
+        };
+        if name.trim_start_matches('@').is_empty() || version.is_some_and(str::is_empty) {
+            return Err(format!("{text:?} is not NAME or NAME@VERSION"));
+        }
+        Ok(PackageFilter { name: name.to_owned(), version: version.map(str::to_owned) })
+    }
+}
+
+impl PackageFilter {
+    fn matches(&self, alert: &Alert) -> bool {
+        alert.package.name.as_deref() == Some(self.name.as_str())
+            && self.version.as_ref().is_none_or(|v| alert.package.version.as_ref() == Some(v))
+    }
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -193,15 +225,25 @@ pub struct FleetReport {
     pub rotate: BTreeMap<String, BTreeSet<String>>,
     #[serde(skip)]
     ids: HashSet<String>,
+    #[serde(skip)]
+    only: Option<PackageFilter>,
 }
 
 impl FleetReport {
+    /// A report of `package`'s alerts only.
+    pub fn only(package: PackageFilter) -> FleetReport {
+        FleetReport { only: Some(package), ..FleetReport::default() }
+    }
+
     /// Takes in one alert as JSON (a line of an alert file, a message of the stream).
     pub fn add_json(&mut self, json: &[u8]) -> Result<Added, AlertJsonError> {
         let value: Value = serde_json::from_slice(json).map_err(AlertJsonError::Json)?;
         let alert = Alert::deserialize(&value).map_err(AlertJsonError::NotAlert)?;
         let at = OffsetDateTime::parse(&alert.timestamp, &Rfc3339)
             .map_err(|_| AlertJsonError::Timestamp(alert.timestamp.clone()))?;
+        if self.only.as_ref().is_some_and(|only| !only.matches(&alert)) {
+            return Ok(Added::Other);
+        }
         // Alerts written before ids existed: the id they would have had.
         let id = if alert.event.id.is_empty() { alert.stable_id() } else { alert.event.id.clone() };
         if !self.ids.insert(id) {
@@ -654,6 +696,31 @@ mod tests {
         value["@timestamp"] = "yesterday".into();
         let error = FleetReport::default().add_json(value.to_string().as_bytes()).unwrap_err();
         assert_eq!(error.to_string(), "@timestamp \"yesterday\" is not an RFC 3339 time");
+    }
+
+    #[test]
+    fn a_report_of_one_package_or_one_version_leaves_the_others_out() {
+        let lines: Vec<String> = [("a", "evil", "1.0.0"), ("b", "evil", "2.0.0"), ("c", "@scope/pkg", "1.0.0")]
+            .into_iter()
+            .flat_map(|(host, name, version)| alerts(host, 0, (name, version)))
+            .collect();
+        for (filter, packages) in [
+            ("evil", &["npm package evil@1.0.0", "npm package evil@2.0.0"][..]),
+            ("evil@2.0.0", &["npm package evil@2.0.0"]),
+            ("@scope/pkg", &["npm package @scope/pkg@1.0.0"]),
+            ("@scope/pkg@1.0.0", &["npm package @scope/pkg@1.0.0"]),
+            ("evil@3", &[]),
+        ] {
+            let mut report = FleetReport::only(filter.parse().unwrap());
+            for line in &lines {
+                report.add_json(line.as_bytes()).unwrap();
+            }
+            assert_eq!(report.packages.keys().map(String::as_str).collect::<Vec<_>>(), packages, "{filter}");
+            assert_eq!(report.hosts.len(), packages.len(), "{filter}");
+        }
+        for bad in ["", "@", "evil@", "@scope/pkg@"] {
+            assert!(bad.parse::<PackageFilter>().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -209,6 +209,26 @@ fn twenty_hosts_on_a_nats_stream_make_one_report_per_package_version() {
     let from_files = json_report(&credwatch(&[&["fleet", "report", "--report-format", "json"][..], &files].concat()));
     assert_eq!(from_files, report);
 
+    // One version only: the question after a bad release.
+    let one = json_report(&credwatch(&[
+        "fleet",
+        "report",
+        "--from",
+        &from,
+        "--package",
+        "telemetry-helper@4.1.3",
+        "--report-format",
+        "json",
+    ]));
+    assert_eq!(one["packages"].as_object().unwrap().keys().collect::<Vec<_>>(), ["npm package telemetry-helper@4.1.3"]);
+    assert_eq!(
+        one["packages"],
+        serde_json::json!({"npm package telemetry-helper@4.1.3": packages["npm package telemetry-helper@4.1.3"]})
+    );
+    let hosts: Vec<String> = (15..HOSTS).map(host).collect();
+    assert_eq!(one["hosts"], serde_json::json!(hosts));
+    assert_eq!(one["alerts"], 2 * hosts.len());
+
     // Text for a terminal: the hostile host's name escaped.
     let text = credwatch(&["fleet", "report", "--from", &from]);
     assert_eq!(text.status.code(), Some(0), "{}", describe(&text));
