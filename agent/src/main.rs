@@ -1,6 +1,7 @@
 //! The `credwatch` command.
 
 mod config;
+mod fleet;
 mod live;
 mod log;
 mod replay;
@@ -58,6 +59,9 @@ enum Commands {
     /// Check or list rules.
     #[command(subcommand)]
     Rules(RulesCommand),
+    /// The fleet's alerts at once.
+    #[command(subcommand)]
+    Fleet(FleetCommand),
     /// Check a configuration file, or print the configuration in force.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -274,6 +278,54 @@ struct ReplayArgs {
 }
 
 #[derive(Subcommand)]
+enum FleetCommand {
+    /// Per package and version, from the fleet's alerts (the NATS stream with `--from`, else
+    /// alert files): the hosts, containers, pods and CI jobs where it ran, first and last seen,
+    /// the credential files and commands, and what to rotate where. Alerts delivered more than
+    /// once count once (by `event.id`).
+    ///
+    /// Exit status: 0 when every alert was read (or skipped with `--keep-going`), 1 otherwise.
+    Report(FleetReportArgs),
+}
+
+#[derive(Args)]
+struct FleetReportArgs {
+    /// Read the NATS JetStream the `nats:` output publishes to: `nats://HOST:PORT/PREFIX` (or
+    /// `tls://`), what follows `nats:` in its `--to`. Every subject `PREFIX.>` is read.
+    #[arg(
+        long,
+        value_name = "URL/PREFIX",
+        value_parser = fleet::parse_nats,
+        conflicts_with = "files",
+        required_unless_present = "files"
+    )]
+    from: Option<fleet::NatsSource>,
+    /// The stream to read (default: the stream that holds `PREFIX.>`).
+    #[arg(long, value_name = "NAME", requires = "from", conflicts_with = "files")]
+    stream: Option<String>,
+    /// NATS: a `.creds` file (JWT and NKey seed).
+    #[arg(long, value_name = "FILE", requires = "from", conflicts_with = "files")]
+    credentials_file: Option<PathBuf>,
+    /// NATS: trust only the CA certificates of this PEM file (and use TLS).
+    #[arg(long, value_name = "FILE", requires = "from", conflicts_with = "files")]
+    ca_file: Option<PathBuf>,
+    /// Only this package (`NAME`, or `NAME@VERSION`; `@scope/name@1.0.0`).
+    #[arg(long, value_name = "NAME[@VERSION]")]
+    package: Option<credwatch_core::fleet::PackageFilter>,
+    /// Skip and count alerts that are not (bad lines, bad messages) instead of stopping at
+    /// the first one.
+    #[arg(long)]
+    keep_going: bool,
+    /// The report's format.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value = "text")]
+    report_format: replay::ReportFormat,
+    /// Alert files: JSON lines, as the `file:` output and `--alerts` write them (`.gz`, `.zst`
+    /// too); `-` reads standard input.
+    #[arg(value_name = "FILE")]
+    files: Vec<PathBuf>,
+}
+
+#[derive(Subcommand)]
 enum ConfigCommand {
     /// Check a configuration file alone (no environment): every error with its file, line and
     /// key, and the rules it names. Exit status 0 when it is fine.
@@ -369,6 +421,19 @@ fn main() -> ExitCode {
         }
         Commands::Rules(RulesCommand::Check { dir }) => rules_check(&dir),
         Commands::Rules(RulesCommand::List { rules }) => rules_list(rules.as_deref()),
+        Commands::Fleet(FleetCommand::Report(args)) => fleet::report(&fleet::FleetOptions {
+            nats: credwatch_outputs::nats::NatsOptions {
+                credentials_file: args.credentials_file,
+                ca_file: args.ca_file,
+                ..Default::default()
+            },
+            from: args.from,
+            stream: args.stream,
+            files: args.files,
+            keep_going: args.keep_going,
+            package: args.package,
+            format: args.report_format,
+        }),
         Commands::Config(ConfigCommand::Check { file }) => config_check(&file),
         Commands::Config(ConfigCommand::Show { config }) => config_show(config),
     };
@@ -625,6 +690,35 @@ mod tests {
         );
         let error = Cli::try_parse_from(["credwatch", "watch", "--to", "syslog:tcp:host"]).err().unwrap().to_string();
         assert!(error.contains("syslog:tcp:host") && error.contains("no port"), "{error}");
+    }
+
+    #[test]
+    fn fleet_report_reads_nats_or_files_not_both_nor_neither() {
+        let parse = |words: &[&str]| Cli::try_parse_from([&["credwatch", "fleet", "report"][..], words].concat());
+        let Commands::Fleet(FleetCommand::Report(args)) =
+            parse(&["--from", "nats://bus:4222/credwatch.alerts", "--stream", "S"]).unwrap().command
+        else {
+            panic!("not fleet report")
+        };
+        let from = args.from.unwrap();
+        assert_eq!((from.url.as_str(), from.prefix.as_str()), ("nats://bus:4222", "credwatch.alerts"));
+        assert_eq!(args.stream.as_deref(), Some("S"));
+        let Commands::Fleet(FleetCommand::Report(args)) =
+            parse(&["a.jsonl", "b.jsonl.gz", "--report-format", "md", "--package", "@s/p@1.0.0"]).unwrap().command
+        else {
+            panic!("not fleet report")
+        };
+        assert_eq!(args.files, [PathBuf::from("a.jsonl"), PathBuf::from("b.jsonl.gz")]);
+        let package = args.package.unwrap();
+        assert_eq!((package.name.as_str(), package.version.as_deref()), ("@s/p", Some("1.0.0")));
+        assert!(parse(&["--package", "p@", "a.jsonl"]).is_err());
+        assert!(parse(&[]).is_err(), "neither");
+        assert!(parse(&["--from", "nats://bus:4222/p", "a.jsonl"]).is_err(), "both");
+        assert!(parse(&["--stream", "S", "a.jsonl"]).is_err(), "--stream without --from");
+        let error = parse(&["--from", "nats://bus:4222"]).err().unwrap().to_string();
+        assert!(error.contains("no subject prefix"), "{error}");
+        let error = parse(&["--from", "http://bus/p"]).err().unwrap().to_string();
+        assert!(error.contains("scheme \"http\""), "{error}");
     }
 
     #[test]

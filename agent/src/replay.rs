@@ -31,7 +31,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::live::ALERT_EXIT_STATUS;
 
 /// Bad lines reported one by one under `--keep-going`; past this only the count is given.
-const BAD_LINES_SHOWN: u64 = 10;
+pub const BAD_LINES_SHOWN: u64 = 10;
 /// How often the progress line on a terminal is updated.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(250);
 /// The progress line: the input files' bytes read (compressed bytes for compressed files).

@@ -5,6 +5,7 @@
 pub mod alert;
 pub mod engine;
 pub mod event;
+pub mod fleet;
 pub mod import;
 pub mod input;
 pub mod names;

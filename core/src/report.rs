@@ -17,11 +17,11 @@ use crate::{
 };
 
 /// Commands kept per package; past this they are only counted.
-const MAX_COMMANDS: usize = 100;
+pub(crate) const MAX_COMMANDS: usize = 100;
 /// Incidents kept per package; past this they are only counted.
 const MAX_INCIDENTS: usize = 100;
 /// Packages kept; later ones are only counted.
-const MAX_PACKAGES: usize = 10_000;
+pub(crate) const MAX_PACKAGES: usize = 10_000;
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct PackageKey {
@@ -67,16 +67,44 @@ pub struct Report {
     pub alerts: u64,
 }
 
-fn key(package: &AlertPackage) -> PackageKey {
+pub(crate) fn key(package: &AlertPackage) -> PackageKey {
     PackageKey { manager: package.manager.clone(), name: package.name.clone(), version: package.version.clone() }
 }
 
-fn label(key: &PackageKey) -> String {
+/// The package's name in a report, and its key there: `npm package evil@1.0.0`.
+pub(crate) fn label(key: &PackageKey) -> String {
     match (&key.name, &key.version) {
         (Some(name), Some(version)) => format!("{} package {name}@{version}", key.manager),
         (Some(name), None) => format!("{} package {name}", key.manager),
         _ => format!("{} (no package named)", key.manager),
     }
+}
+
+/// Adds `item` to `list` unless there already; past `max` items only counts it.
+pub(crate) fn push_distinct(list: &mut Vec<String>, not_shown: &mut u64, item: String, max: usize) {
+    if list.contains(&item) {
+        return;
+    }
+    if list.len() < max {
+        list.push(item);
+    } else {
+        *not_shown += 1;
+    }
+}
+
+/// Packages with alerts first (worst first), then the rest by name.
+pub(crate) fn ordered<P>(
+    packages: &BTreeMap<String, (PackageKey, P)>,
+    worst: impl Fn(&P) -> Option<Severity>,
+) -> Vec<(&String, &P)> {
+    let mut packages: Vec<(&String, &P)> = packages.iter().map(|(id, (_, p))| (id, p)).collect();
+    packages.sort_by(|a, b| worst(b.1).cmp(&worst(a.1)).then_with(|| a.0.cmp(b.0)));
+    packages
+}
+
+/// A Markdown code span of `text`, escaped, that no backtick in it can end.
+pub(crate) fn code(text: &str) -> String {
+    format!("`{}`", escape(text).replace('`', "'"))
 }
 
 impl Report {
@@ -90,13 +118,7 @@ impl Report {
                         entry.steps.insert(step.clone());
                     }
                     let command = command_line(&exec.args, &exec.executable);
-                    if !entry.commands.contains(&command) {
-                        if entry.commands.len() < MAX_COMMANDS {
-                            entry.commands.push(command);
-                        } else {
-                            entry.commands_not_shown += 1;
-                        }
-                    }
+                    push_distinct(&mut entry.commands, &mut entry.commands_not_shown, command, MAX_COMMANDS);
                 }
             }
         }
@@ -141,14 +163,7 @@ impl Report {
             ours.steps.extend(theirs.steps);
             ours.commands_not_shown += theirs.commands_not_shown;
             for command in theirs.commands {
-                if ours.commands.contains(&command) {
-                    continue;
-                }
-                if ours.commands.len() < MAX_COMMANDS {
-                    ours.commands.push(command);
-                } else {
-                    ours.commands_not_shown += 1;
-                }
+                push_distinct(&mut ours.commands, &mut ours.commands_not_shown, command, MAX_COMMANDS);
             }
             for (path, rules) in theirs.files {
                 ours.files.entry(path).or_default().extend(rules);
@@ -170,11 +185,8 @@ impl Report {
         Some(&mut self.packages.entry(id).or_insert_with(|| (key, PackageReport::default())).1)
     }
 
-    /// Packages with alerts first (worst first), then the rest by name.
     fn ordered(&self) -> Vec<(&String, &PackageReport)> {
-        let mut packages: Vec<(&String, &PackageReport)> = self.packages.iter().map(|(id, (_, p))| (id, p)).collect();
-        packages.sort_by(|a, b| b.1.worst.cmp(&a.1.worst).then_with(|| a.0.cmp(b.0)));
-        packages
+        ordered(&self.packages, |p| p.worst)
     }
 
     /// Readable text for a terminal; every string from the trace is escaped.
@@ -236,7 +248,6 @@ impl Report {
 
     /// Markdown for a ticket: paths and commands in code spans or blocks, escaped.
     pub fn to_markdown(&self) -> String {
-        let code = |text: &str| format!("`{}`", escape(text).replace('`', "'"));
         let mut out = String::from("# credwatch incident report\n\n");
         let _ = writeln!(out, "{} events, {} alerts, {} packages.\n", self.events, self.alerts, self.packages.len());
         for (id, package) in self.ordered() {

@@ -1,6 +1,7 @@
 //! NATS JetStream, the fleet's bus: each alert published on `<prefix>.<host>` with its id as
 //! `Nats-Msg-Id` (the stream drops a repeat within its duplicate window), and delivered only
 //! once the stream has acknowledged it. The official client, async-nats, speaks the protocol.
+//! [`Nats::read_stream`] reads them back, for `credwatch fleet report`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -8,8 +9,10 @@ use std::time::Duration;
 use async_nats::connection::State;
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::jetstream::{self, Context};
+use async_nats::jetstream::{self, consumer, Context};
 use async_nats::{Client, ConnectOptions, ServerAddr};
+
+use futures_util::StreamExt as _;
 
 use crate::webhook::{tls_config, TlsError};
 use crate::{Outgoing, Transport, TransportError};
@@ -18,6 +21,12 @@ use crate::{Outgoing, Transport, TransportError};
 /// (its `max_ack_inflight`) and waits for a free one beyond: a larger window would wait on
 /// acknowledgements that are only read after it.
 const ACK_WINDOW: usize = 500;
+/// Messages asked for at once when reading the stream back.
+const READ_BATCH: usize = 500;
+/// How long a fetch waits for messages that the stream said it holds.
+const READ_WAIT: Duration = Duration::from_secs(2);
+/// Fetches in a row that may come back empty while the stream says messages are pending.
+const READ_TRIES: u32 = 5;
 
 #[derive(Clone, Debug)]
 pub struct NatsOptions {
@@ -191,6 +200,136 @@ impl Nats {
             // spool until the stream takes it.
             _ => self.retry(message),
         }
+    }
+}
+
+/// One message of the stream, read back.
+pub struct StreamMessage {
+    pub subject: String,
+    /// Its sequence number in the stream.
+    pub sequence: u64,
+    pub payload: bytes::Bytes,
+}
+
+/// Why the stream could not be read to its end.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("{server}: {message}")]
+    Server { server: String, message: String },
+    #[error("{server}: no stream holds the subjects {subjects} (create it, or name it with --stream): {message}")]
+    NoStream { server: String, subjects: String, message: String },
+    #[error("{server}: stream {stream:?}: {message}")]
+    Stream { server: String, stream: String, message: String },
+    /// The reader's own verdict on a message.
+    #[error("{server}: stream {stream:?}, subject {subject:?}, sequence {sequence}: {message}")]
+    Message { server: String, stream: String, subject: String, sequence: u64, message: String },
+}
+
+impl Nats {
+    /// Reads every message on `<prefix>.>` that the stream holds now, in the stream's order,
+    /// each handed to `each` (whose error stops the reading, naming the message). The stream is
+    /// `stream`, or the one that holds those subjects. Read through an ephemeral consumer that
+    /// takes no acknowledgements: reading changes nothing for other consumers. Returns the
+    /// number of messages read. Blocking, on a runtime of its own: not for an async context.
+    pub fn read_stream(
+        &mut self,
+        stream: Option<&str>,
+        each: impl FnMut(StreamMessage) -> Result<(), String>,
+    ) -> Result<u64, ReadError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| ReadError::Server { server: self.name.clone(), message: format!("a runtime: {e}") })?;
+        // A client lives on the runtime that connected it: none from before, none kept after.
+        self.connected = None;
+        let result = runtime.block_on(self.read(stream, each));
+        self.connected = None;
+        result
+    }
+
+    async fn read(
+        &mut self,
+        stream: Option<&str>,
+        mut each: impl FnMut(StreamMessage) -> Result<(), String>,
+    ) -> Result<u64, ReadError> {
+        let server = redacted(&self.server);
+        let (_, context) = self.connect().await.map_err(|e| ReadError::Server {
+            server: server.clone(),
+            message: match e {
+                TransportError::Retry { message, .. } | TransportError::Refused { message, .. } => message,
+            },
+        })?;
+        let subjects = format!("{}.>", self.prefix);
+        let name = match stream {
+            Some(name) => name.to_string(),
+            None => context.stream_by_subject(subjects.clone()).await.map_err(|e| ReadError::NoStream {
+                server: server.clone(),
+                subjects: subjects.clone(),
+                message: e.to_string(),
+            })?,
+        };
+        let stream_error =
+            |message: String| ReadError::Stream { server: server.clone(), stream: name.clone(), message };
+        let handle = context.get_stream(&name).await.map_err(|e| stream_error(e.to_string()))?;
+        let mut consumer = handle
+            .create_consumer(consumer::pull::Config {
+                deliver_policy: consumer::DeliverPolicy::All,
+                ack_policy: consumer::AckPolicy::None,
+                filter_subject: subjects.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| stream_error(format!("reading {subjects}: {e}")))?;
+        // What the stream holds now: messages published while it is read are for the next read.
+        let pending = consumer.cached_info().num_pending;
+        let mut read = 0;
+        let mut empty_fetches = 0;
+        while read < pending {
+            let want = (pending - read).min(READ_BATCH as u64) as usize;
+            let mut messages = consumer
+                .fetch()
+                .max_messages(want)
+                .expires(READ_WAIT)
+                .messages()
+                .await
+                .map_err(|e| stream_error(format!("fetching: {e}")))?;
+            let before = read;
+            while let Some(message) = messages.next().await {
+                let message = message.map_err(|e| stream_error(format!("fetching: {e}")))?;
+                let sequence = message.info().map(|info| info.stream_sequence).unwrap_or_default();
+                let subject = message.subject.to_string();
+                read += 1;
+                each(StreamMessage { subject: subject.clone(), sequence, payload: message.payload.clone() }).map_err(
+                    |message| ReadError::Message {
+                        server: server.clone(),
+                        stream: name.clone(),
+                        subject,
+                        sequence,
+                        message,
+                    },
+                )?;
+            }
+            if read > before {
+                empty_fetches = 0;
+                continue;
+            }
+            // Nothing came: the rest was removed meanwhile (limits, age), or the server is slow.
+            // Not a short report without a word.
+            let left = consumer.info().await.map_err(|e| stream_error(format!("fetching: {e}")))?.num_pending;
+            if left == 0 {
+                break;
+            }
+            empty_fetches += 1;
+            if empty_fetches >= READ_TRIES {
+                return Err(stream_error(format!(
+                    "{read} of {pending} messages read, then nothing for {:?} ({left} still pending)",
+                    READ_WAIT * READ_TRIES
+                )));
+            }
+        }
+        // An ephemeral consumer goes by itself after a while; no need to wait for that.
+        let _ = handle.delete_consumer(&consumer.cached_info().name).await;
+        Ok(read)
     }
 }
 

@@ -398,3 +398,53 @@ fn hostile_peers_are_retried_and_counted_until_the_server_is_there() {
     assert_eq!(got, support::ids(1..=20));
     run.dispatcher.shutdown(Duration::from_secs(1));
 }
+
+/// `read_stream` (for `credwatch fleet report`): every message on `<prefix>.>` in the stream's
+/// order, past several fetches; nothing else; the reader's error names the message.
+#[test]
+fn the_stream_is_read_back_in_order_past_several_fetches_and_a_bad_message_is_named() {
+    let server = Server::start();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let context = runtime.block_on(server.create_stream());
+    let mut nats = Nats::new(&server.url(), PREFIX, options()).unwrap();
+    let sent: Vec<Outgoing> = (1..=1_234).map(|n| alert(n, &format!("host-{}", n % 20))).collect();
+    runtime.block_on(nats.send(&sent)).unwrap();
+    // The stream's own read-back agrees with what was sent; read_stream must give the same.
+    let stored = runtime.block_on(read_back(&context));
+    assert_eq!(stored, expected(&sent));
+
+    let mut got = Vec::new();
+    let read = nats
+        .read_stream(None, |message| {
+            got.push((message.subject, message.sequence, message.payload.to_vec()));
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(read, 1_234);
+    let want: Vec<(String, u64, Vec<u8>)> =
+        stored.into_iter().zip(1..).map(|((subject, _, payload), sequence)| (subject, sequence, payload)).collect();
+    assert_eq!(got, want);
+
+    // Read again by name, stopping at the 700th.
+    let error = nats
+        .read_stream(
+            Some("CREDWATCH"),
+            |message| {
+                if message.sequence == 700 {
+                    Err("not an alert".into())
+                } else {
+                    Ok(())
+                }
+            },
+        )
+        .unwrap_err()
+        .to_string();
+    let url = server.url();
+    assert_eq!(error, format!("{url}: stream \"CREDWATCH\", subject \"{PREFIX}.host-0\", sequence 700: not an alert"));
+
+    let error = nats.read_stream(Some("NOPE"), |_| Ok(())).unwrap_err().to_string();
+    assert!(error.starts_with(&format!("{url}: stream \"NOPE\": ")), "{error}");
+    let mut other = Nats::new(&url, "elsewhere", options()).unwrap();
+    let error = other.read_stream(None, |_| Ok(())).unwrap_err().to_string();
+    assert!(error.starts_with(&format!("{url}: no stream holds the subjects elsewhere.>")), "{error}");
+}

@@ -56,7 +56,7 @@ const USAGE: &str = "usage: cargo xtask <command>
 /// Everything but the kernel side: builds and tests with stable Rust alone.
 const CORE_CRATE: &str = "credwatch-core";
 
-/// Seconds each fuzz target runs in `cargo xtask test` (seven targets: a few minutes in all).
+/// Seconds each fuzz target runs in `cargo xtask test` (eight targets: a few minutes in all).
 const FUZZ_SECS_IN_TEST: u64 = 25;
 
 /// The end-to-end crate: it needs root and the release binary, so it runs after the unit tests.
