@@ -725,7 +725,13 @@ pub fn run_command(config: &Config, command: &[String], linger: Option<Duration>
     let mut last_read = false;
     session.drive(|live, engine| {
         if last_read {
-            return Control::Stop;
+            // That read may have brought more of the tree: a process CMD forked just before it
+            // exited, whose fork record was still in the ring when CMD's exit was seen.
+            if !engine.live_tree(root).into_iter().any(|(pid, _)| process_exists(pid)) {
+                return Control::Stop;
+            }
+            last_read = false;
+            live.wait = POLL_INTERVAL;
         }
         if status.is_none() {
             match child.try_wait() {
