@@ -162,6 +162,25 @@ pub struct NatsServer {
 }
 
 impl NatsServer {
+    /// The file-stored stream `CREDWATCH` on `<prefix>.>` that a fleet's operator creates, with
+    /// a duplicate window (JetStream drops a repeated `Nats-Msg-Id` within it).
+    pub fn create_stream(&self, prefix: &str, duplicate_window: Duration) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let client = async_nats::connect(self.url()).await.unwrap();
+            async_nats::jetstream::new(client)
+                .create_stream(async_nats::jetstream::stream::Config {
+                    name: "CREDWATCH".into(),
+                    subjects: vec![format!("{prefix}.>")],
+                    duplicate_window,
+                    storage: async_nats::jetstream::stream::StorageType::File,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        });
+    }
+
     pub fn start(dir: &Path) -> NatsServer {
         fs::create_dir_all(dir).unwrap();
         let mut server = NatsServer { dir: dir.to_owned(), port: free_port(), child: None };

@@ -86,22 +86,6 @@ fn json_report(output: &Output) -> Value {
     serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe(output)))
 }
 
-fn create_stream(server: &NatsServer) {
-    runtime().block_on(async {
-        let client = async_nats::connect(server.url()).await.unwrap();
-        async_nats::jetstream::new(client)
-            .create_stream(async_nats::jetstream::stream::Config {
-                name: "CREDWATCH".into(),
-                subjects: vec![format!("{PREFIX}.>")],
-                duplicate_window: Duration::from_secs(120),
-                storage: async_nats::jetstream::stream::StorageType::File,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-    });
-}
-
 /// Publishes `payloads` on `subject` without a `Nats-Msg-Id`: delivered again after the
 /// stream's duplicate window, or by a sender that does not set it. Returns their sequences.
 fn publish(server: &NatsServer, subject: &str, payloads: &[Vec<u8>]) -> Vec<u64> {
@@ -125,7 +109,7 @@ fn lines(path: &Path) -> Vec<String> {
 fn twenty_hosts_on_a_nats_stream_make_one_report_per_package_version() {
     let dir = tempfile::tempdir().unwrap();
     let server = NatsServer::start(&dir.path().join("nats"));
-    create_stream(&server);
+    server.create_stream(PREFIX, Duration::from_secs(120));
     let to = format!("nats:{}/{PREFIX}", server.url());
 
     // Each host: the real engine over its trace, its alerts to the stream by the real output,
@@ -271,7 +255,7 @@ fn a_missing_stream_an_unreachable_server_and_a_bad_line_are_errors_that_say_whe
     };
     let from = format!("{}/{PREFIX}", server.url());
     error(&["--from", &from], &format!("{}: no stream holds the subjects {PREFIX}.>", server.url()));
-    create_stream(&server);
+    server.create_stream(PREFIX, Duration::from_secs(120));
     error(&["--from", &from, "--stream", "NOPE"], &format!("{}: stream \"NOPE\"", server.url()));
     let nobody = format!("nats://127.0.0.1:{}/{PREFIX}", free_port());
     error(&["--from", &nobody], &nobody[..nobody.rfind('/').unwrap()]);

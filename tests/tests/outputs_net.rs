@@ -151,23 +151,6 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
 }
 
-/// The stream on `<prefix>.>` that a fleet's operator creates, with a duplicate window.
-fn create_stream(server: &NatsServer) {
-    runtime().block_on(async {
-        let client = async_nats::connect(server.url()).await.unwrap();
-        async_nats::jetstream::new(client)
-            .create_stream(async_nats::jetstream::stream::Config {
-                name: "CREDWATCH".into(),
-                subjects: vec![format!("{NATS_PREFIX}.>")],
-                duplicate_window: Duration::from_secs(600),
-                storage: async_nats::jetstream::stream::StorageType::File,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-    });
-}
-
 /// What the stream holds, in its order: (subject, Nats-Msg-Id, the alert).
 fn read_stream(server: &NatsServer) -> Vec<(String, String, Value)> {
     use async_nats::jetstream::consumer;
@@ -215,7 +198,7 @@ fn subject(host: &str) -> String {
 fn an_alert_is_in_the_nats_stream_on_its_host_subject_with_its_id() {
     let sandbox = Sandbox::new();
     let server = NatsServer::start(&sandbox.top().join("nats"));
-    create_stream(&server);
+    server.create_stream(NATS_PREFIX, Duration::from_secs(600));
     let to = format!("nats:{}/{NATS_PREFIX}", server.url());
     let (run, alert) = read_the_key(&sandbox, &["--to".into(), to, "--spool-dir".into(), spool(&sandbox)]);
     let id = alert["event"]["id"].as_str().unwrap();
@@ -330,7 +313,7 @@ impl Receiver for Nats {
 fn a_thousand_alerts_reach_nats_stopped_then_killed_across_an_agent_restart() {
     let sandbox = Sandbox::new();
     let server = NatsServer::start(&sandbox.top().join("nats"));
-    create_stream(&server);
+    server.create_stream(NATS_PREFIX, Duration::from_secs(600));
     outage(&sandbox, &mut Nats(server));
 }
 
