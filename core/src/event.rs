@@ -115,6 +115,12 @@ pub struct Exec {
     pub gid: u32,
     #[serde(default)]
     pub cgroup_id: u64,
+    /// The process's cgroups, each a path from its hierarchy's root (`/docker/<id>`,
+    /// `/kubepods.slice/.../cri-containerd-<id>.scope`): the v1 hierarchy of one controller, then
+    /// the unified (v2) one, each only where mounted. Read by the kernel at exec, so a process
+    /// gone within a millisecond still names its container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cgroups: Vec<String>,
     /// Attribution variables only ([`ATTRIBUTION_ENV`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,

@@ -238,6 +238,7 @@ fn exec(bytes: &[u8], header: &EventHeader) -> Result<Exec, DecodeError> {
         uid: event.header.uid,
         gid: event.header.gid,
         cgroup_id: event.header.cgroup_id,
+        cgroups: Vec::new(),
         env: attribution_env(env),
         seeded: false,
         project: None,

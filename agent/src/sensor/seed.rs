@@ -68,6 +68,7 @@ fn read_proc(process: &Process, dir: &Path) -> Option<Proc> {
             uid: status.as_ref().map_or(0, |status| status.ruid),
             gid: status.as_ref().map_or(0, |status| status.rgid),
             cgroup_id: cgroup_id(process),
+            cgroups: Vec::new(),
             env: attribution_env(&fs::read(dir.join("environ")).unwrap_or_default()),
             seeded: true,
             project: None,
