@@ -39,6 +39,10 @@ pub enum BtfError {
     NoStruct(String),
     #[error("BTF struct `{strukt}` has no member `{member}`")]
     NoMember { strukt: String, member: String },
+    #[error("BTF has no enum `{0}`")]
+    NoEnum(String),
+    #[error("BTF enum `{enumeration}` has no value `{name}`")]
+    NoEnumerator { enumeration: String, name: String },
     #[error("BTF has no typedef `{0}` of a function prototype")]
     NoProto(String),
     #[error("unsupported kernel struct layout: {0}")]
@@ -70,6 +74,10 @@ enum Type {
     FuncProto {
         params: u32,
     },
+    /// Enumerators as (name offset, value).
+    Enum {
+        values: Vec<(u32, i64)>,
+    },
     Other,
 }
 
@@ -80,6 +88,7 @@ pub struct Btf {
     /// struct names (and typedef names) to ids; the first definition wins.
     structs: HashMap<String, u32>,
     typedefs: HashMap<String, u32>,
+    enums: HashMap<String, u32>,
     strings: Vec<u8>,
 }
 
@@ -131,6 +140,7 @@ impl Btf {
             types: vec![Type::Other],
             structs: HashMap::new(),
             typedefs: HashMap::new(),
+            enums: HashMap::new(),
             strings: strings.to_vec(),
         };
         let mut at = 0;
@@ -172,11 +182,24 @@ impl Btf {
                     at += 8 * vlen;
                     Type::FuncProto { params: vlen as u32 }
                 }
+                KIND_ENUM => {
+                    let mut values = Vec::with_capacity(vlen);
+                    for _ in 0..vlen {
+                        let value = u32_at(type_data, at + 4)?;
+                        // With kind_flag the values are signed.
+                        let value = if kind_flag { i64::from(value as i32) } else { i64::from(value) };
+                        values.push((u32_at(type_data, at)?, value));
+                        at += 8;
+                    }
+                    if name_off != 0 {
+                        btf.enums.entry(str_at(strings, name_off)?).or_insert(id);
+                    }
+                    Type::Enum { values }
+                }
                 _ => {
                     at += match kind {
                         KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
                         KIND_ARRAY => 12,
-                        KIND_ENUM => 8 * vlen,
                         KIND_DATASEC | KIND_ENUM64 => 12 * vlen,
                         _ => 0,
                     };
@@ -228,6 +251,19 @@ impl Btf {
         self.find_member(id, member, 0)
             .map(|bits| bits / 8)
             .ok_or_else(|| BtfError::NoMember { strukt: strukt.to_owned(), member: member.to_owned() })
+    }
+
+    /// The value of `name` in `enum enumeration`.
+    pub fn enum_value(&self, enumeration: &str, name: &str) -> Result<i64, BtfError> {
+        let id = *self.enums.get(enumeration).ok_or_else(|| BtfError::NoEnum(enumeration.to_owned()))?;
+        let Some(Type::Enum { values }) = self.types.get(id as usize) else {
+            return Err(BtfError::NoEnum(enumeration.to_owned()));
+        };
+        values
+            .iter()
+            .find(|(name_off, _)| self.name_is(*name_off, name))
+            .map(|&(_, value)| value)
+            .ok_or_else(|| BtfError::NoEnumerator { enumeration: enumeration.to_owned(), name: name.to_owned() })
     }
 
     /// Number of parameters of the function prototype behind typedef `name` (the raw
@@ -304,7 +340,8 @@ mod tests {
         blob.composite("", KIND_STRUCT, 8, &[("hash", 1, 0), ("len", 1, 32)]); // 2
         blob.composite("", KIND_UNION, 8, &[("", 2, 0), ("hash_len", 1, 0)]); // 3
         blob.composite("qstr", KIND_STRUCT, 16, &[("", 3, 0), ("name", 1, 64)]); // 4
-        blob.push("", KIND_ENUM, 2, 4, &[0, 0, 0, 1]); // 5: skipped correctly
+        let (a, b) = (blob.name("cpu_cgrp_id"), blob.name("memory_cgrp_id"));
+        blob.push("cgroup_subsys_id", KIND_ENUM, 2, 4, &[a, 0, b, 3]); // 5
         blob.push("", KIND_PTR, 0, 7, &[]); // 6
         blob.push("", KIND_FUNC_PROTO, 3, 0, &[0, 1, 0, 1, 0, 1]); // 7
         blob.push("btf_trace_x", KIND_TYPEDEF, 0, 6, &[]); // 8
@@ -322,6 +359,8 @@ mod tests {
         assert_eq!(btf.member_offset("qstr", "name").unwrap(), 8);
         assert_eq!(btf.member_offset("bits", "flag").unwrap(), 5);
         assert_eq!(btf.proto_params("btf_trace_x").unwrap(), 3);
+        assert_eq!(btf.enum_value("cgroup_subsys_id", "memory_cgrp_id").unwrap(), 3);
+        assert_eq!(btf.enum_value("cgroup_subsys_id", "cpu_cgrp_id").unwrap(), 0);
     }
 
     #[test]
@@ -332,6 +371,11 @@ mod tests {
             "BTF struct `qstr` has no member `nope`"
         );
         assert_eq!(btf.member_offset("dentry", "d_name").unwrap_err().to_string(), "BTF has no struct `dentry`");
+        assert_eq!(
+            btf.enum_value("cgroup_subsys_id", "rdma_cgrp_id").unwrap_err().to_string(),
+            "BTF enum `cgroup_subsys_id` has no value `rdma_cgrp_id`"
+        );
+        assert_eq!(btf.enum_value("nope", "x").unwrap_err().to_string(), "BTF has no enum `nope`");
     }
 
     #[test]
@@ -357,5 +401,6 @@ mod tests {
         assert_eq!(offsets.qstr_name, 8);
         assert_eq!(offsets.path_dentry, offsets.path_mnt + 8);
         assert_ne!(offsets.task_struct_tgid, 0);
+        assert_eq!(offsets.kernfs_node_name, offsets.kernfs_node_parent + 8);
     }
 }
