@@ -7,7 +7,7 @@ use std::mem::size_of;
 use credwatch_common::{
     kind, net_syscall, open_syscall, path_flag, record_flag, rename_syscall, tamper_syscall, ConnectEvent,
     DnsQueryEvent, EventHeader, ExecEvent, ExitEvent, ForkEvent, OpenEvent, RenameEvent, ResolvedPath, SyscallEvent,
-    MAX_EXEC_RECORD, MAX_OPEN_RECORD,
+    MAX_CGROUP_PATH, MAX_EXEC_RECORD, MAX_OPEN_RECORD,
 };
 use thiserror::Error;
 
@@ -22,10 +22,29 @@ pub enum DecodeError {
     NoHeader { len: usize },
     #[error("record kind {kind} is unknown")]
     UnknownKind { kind: u32 },
-    #[error("record kind {kind} declares {declared} bytes, has {len}, expects {expected}")]
+    #[error("{} record (kind {kind}) declares {declared} bytes, has {len}, expects {expected}", kind_name(.kind))]
     BadSize { kind: u32, declared: u32, len: usize, expected: usize },
+    #[error(
+        "exec record of pid {pid}: its {hierarchy} cgroup path is {len} bytes, more than the kernel sends ({max})"
+    )]
+    CgroupTooLong { pid: u32, hierarchy: &'static str, len: u32, max: usize },
     #[error("query sent to port 53: {0}")]
     Dns(#[from] net::DnsError),
+}
+
+/// What a record of `kind` is, for error messages.
+fn kind_name(kind: &u32) -> &'static str {
+    match *kind {
+        kind::EXEC => "exec",
+        kind::FORK => "fork",
+        kind::EXIT => "exit",
+        kind::OPEN => "open",
+        kind::RENAME => "rename",
+        kind::SYSCALL => "syscall",
+        kind::CONNECT => "connect",
+        kind::DNS_QUERY => "DNS query",
+        _ => "unknown",
+    }
 }
 
 /// Plain kernel records: `#[repr(C)]`, integers and integer arrays only, so every byte
@@ -223,12 +242,43 @@ fn split_parts<'a, const N: usize>(
     }))
 }
 
-/// An exec record: [`ExecEvent`], then filename, argv, environment, executable and cwd.
+/// A cgroup path of an exec record (leaf first, as a resolved path): absolute, `/` for the
+/// root, `None` when not read. One whose leading components were cut (deeper than
+/// [`credwatch_common::MAX_CGROUP_DEPTH`] or longer than [`MAX_CGROUP_PATH`]) starts with
+/// `...` instead of `/`, so that it is never taken for a whole path: its leaf, where container
+/// ids are, is still there.
+fn cgroup_path(leaf_first: &[u8], flags: u32) -> Option<String> {
+    match absolute_path(leaf_first, flags) {
+        (Some(path), true) => Some(format!("...{path}")),
+        (path, false) => path,
+        (None, true) => None,
+    }
+}
+
+/// An exec record: [`ExecEvent`], then filename, argv, environment, executable, cwd and the
+/// two cgroup paths.
 fn exec(bytes: &[u8], header: &EventHeader) -> Result<Exec, DecodeError> {
     let (event, tail) = variable::<ExecEvent>(bytes, header, MAX_EXEC_RECORD)?;
-    let lengths = [event.filename_len, event.args_len, event.env_len, event.executable_len, event.cwd_len];
-    let [filename, args, env, executable, cwd] =
+    for (hierarchy, len) in [("v1", event.cgroup_v1_len), ("v2", event.cgroup_v2_len)] {
+        if len as usize > MAX_CGROUP_PATH {
+            return Err(DecodeError::CgroupTooLong { pid: header.pid, hierarchy, len, max: MAX_CGROUP_PATH });
+        }
+    }
+    let lengths = [
+        event.filename_len,
+        event.args_len,
+        event.env_len,
+        event.executable_len,
+        event.cwd_len,
+        event.cgroup_v1_len,
+        event.cgroup_v2_len,
+    ];
+    let [filename, args, env, executable, cwd, cgroup_v1, cgroup_v2] =
         split_parts(tail, lengths, kind::EXEC, header, size_of::<ExecEvent>())?;
+    let cgroups = [(cgroup_v1, event.cgroup_v1_flags), (cgroup_v2, event.cgroup_v2_flags)]
+        .into_iter()
+        .filter_map(|(path, flags)| cgroup_path(path, flags))
+        .collect();
     Ok(Exec {
         ppid: event.ppid,
         filename: lossy(filename),
@@ -238,7 +288,7 @@ fn exec(bytes: &[u8], header: &EventHeader) -> Result<Exec, DecodeError> {
         uid: event.header.uid,
         gid: event.header.gid,
         cgroup_id: event.header.cgroup_id,
-        cgroups: Vec::new(),
+        cgroups,
         env: attribution_env(env),
         seeded: false,
         project: None,
@@ -537,10 +587,18 @@ mod tests {
         assert!(resolved_path(&path).0.unwrap().ends_with("/x"));
     }
 
-    /// An exec record as the kernel sends it: filename, argv, environment, executable, cwd.
-    fn exec_bytes(mut exec: ExecEvent, parts: [&[u8]; 5]) -> Vec<u8> {
-        [exec.filename_len, exec.args_len, exec.env_len, exec.executable_len, exec.cwd_len] =
-            parts.map(|part| part.len() as u32);
+    /// An exec record as the kernel sends it: filename, argv, environment, executable, cwd,
+    /// the v1 and v2 cgroups.
+    fn exec_bytes(mut exec: ExecEvent, parts: [&[u8]; 7]) -> Vec<u8> {
+        [
+            exec.filename_len,
+            exec.args_len,
+            exec.env_len,
+            exec.executable_len,
+            exec.cwd_len,
+            exec.cgroup_v1_len,
+            exec.cgroup_v2_len,
+        ] = parts.map(|part| part.len() as u32);
         exec.header = header(kind::EXEC, size_of::<ExecEvent>() + parts.iter().map(|p| p.len()).sum::<usize>());
         let mut bytes = bytes_of(&exec);
         parts.iter().for_each(|part| bytes.extend_from_slice(part));
@@ -550,7 +608,7 @@ mod tests {
     #[test]
     fn exec_lengths_must_add_up_to_the_record() {
         let decoder = Decoder::with_offset(0);
-        let parts: [&[u8]; 5] = [b"/bin/sh", b"sh\0", b"", b"sh/bin/", b"/"];
+        let parts: [&[u8]; 7] = [b"/bin/sh", b"sh\0", b"", b"sh/bin/", b"/", b"", b""];
         let mut bytes = exec_bytes(ExecEvent::default(), parts);
         assert!(decode(&decoder, &bytes).is_ok());
         // env_len claims bytes the record does not have.
@@ -560,12 +618,93 @@ mod tests {
         assert!(matches!(decode(&decoder, &short[..short.len() - 1]), Err(DecodeError::BadSize { .. })));
     }
 
+    const CONTAINER: &str = "2f1d8c0c5a0b7e1e9d4c3b2a19080706f5e4d3c2b1a09f8e7d6c5b4a39281706";
+
+    #[test]
+    fn decodes_cgroup_paths_of_both_hierarchies() {
+        let decoder = Decoder::with_offset(0);
+        let v1 = format!("{CONTAINER}/docker/");
+        let v2 = format!(
+            "cri-containerd-{CONTAINER}.scope/kubepods-besteffort-pod0f3c_9a1e.slice/kubepods-besteffort.slice/kubepods.slice/"
+        );
+        let parts: [&[u8]; 7] = [b"/bin/sh", b"sh\0", b"", b"sh/bin/", b"/", v1.as_bytes(), v2.as_bytes()];
+        let cgroups = |exec: ExecEvent| {
+            let EventData::Exec(exec) = decode(&decoder, &exec_bytes(exec, parts)).unwrap().data else { panic!() };
+            exec.cgroups
+        };
+        assert_eq!(
+            cgroups(ExecEvent::default()),
+            [
+                format!("/docker/{CONTAINER}"),
+                format!(
+                    "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0f3c_9a1e.slice/cri-containerd-{CONTAINER}.scope"
+                )
+            ]
+        );
+        // A hierarchy not read (not mounted) is left out; one cut at the depth or length limit
+        // keeps its leaf, marked as cut.
+        let v1_only = ExecEvent { cgroup_v2_flags: path_flag::UNRESOLVED, ..ExecEvent::default() };
+        assert_eq!(cgroups(v1_only), [format!("/docker/{CONTAINER}")]);
+        let cut = ExecEvent {
+            cgroup_v1_flags: path_flag::UNRESOLVED,
+            cgroup_v2_flags: path_flag::TRUNCATED,
+            ..ExecEvent::default()
+        };
+        let cut = cgroups(cut);
+        assert_eq!(cut.len(), 1);
+        assert!(cut[0].starts_with(".../kubepods.slice/") && cut[0].ends_with(".scope"), "{cut:?}");
+        // Odd bytes are replaced, not trusted.
+        let parts: [&[u8]; 7] = [b"", b"", b"", b"", b"", b"a\xff/", b"/"];
+        let EventData::Exec(exec) = decode(&decoder, &exec_bytes(ExecEvent::default(), parts)).unwrap().data else {
+            panic!()
+        };
+        assert_eq!(exec.cgroups, ["/a\u{fffd}", "/"]);
+    }
+
+    #[test]
+    fn cgroup_lengths_are_checked() {
+        let decoder = Decoder::with_offset(0);
+        let long = vec![b'a'; MAX_CGROUP_PATH + 1];
+        let parts: [&[u8]; 7] = [b"", b"", b"", b"", b"", b"", &long];
+        let error = decode(&decoder, &exec_bytes(ExecEvent::default(), parts)).unwrap_err();
+        assert_eq!(
+            error,
+            DecodeError::CgroupTooLong {
+                pid: 42,
+                hierarchy: "v2",
+                len: MAX_CGROUP_PATH as u32 + 1,
+                max: MAX_CGROUP_PATH
+            }
+        );
+        assert_eq!(
+            error.to_string(),
+            "exec record of pid 42: its v2 cgroup path is 1025 bytes, more than the kernel sends (1024)"
+        );
+        // At the limit it decodes.
+        let parts: [&[u8]; 7] = [b"", b"", b"", b"", b"", b"", &long[..MAX_CGROUP_PATH]];
+        assert!(decode(&decoder, &exec_bytes(ExecEvent::default(), parts)).is_ok());
+        // A cgroup length that the record does not hold.
+        let parts: [&[u8]; 7] = [b"", b"", b"", b"", b"", b"x/", b"y/"];
+        let mut bytes = exec_bytes(ExecEvent::default(), parts);
+        bytes[std::mem::offset_of!(ExecEvent, cgroup_v1_len)] = 3;
+        let error = decode(&decoder, &bytes).unwrap_err();
+        assert!(matches!(error, DecodeError::BadSize { kind: kind::EXEC, .. }));
+        assert!(error.to_string().starts_with("exec record (kind 1) declares"), "{error}");
+    }
+
     #[test]
     fn decodes_exec_fork_exit() {
         let decoder = Decoder::with_offset(0);
         let exec = ExecEvent { ppid: 41, ..ExecEvent::default() };
-        let parts: [&[u8]; 5] =
-            [b"/bin/npm", b"npm\0install\0", b"NPM_TOKEN=secret\0npm_package_name=evil\0", b"node/bin/usr/", b"proj/"];
+        let parts: [&[u8]; 7] = [
+            b"/bin/npm",
+            b"npm\0install\0",
+            b"NPM_TOKEN=secret\0npm_package_name=evil\0",
+            b"node/bin/usr/",
+            b"proj/",
+            b"",
+            b"",
+        ];
         let bytes = exec_bytes(exec, parts);
         let event = decode(&decoder, &bytes).unwrap();
         let EventData::Exec(data) = event.data else { panic!() };
@@ -577,6 +716,8 @@ mod tests {
         assert_eq!((data.uid, data.gid, data.cgroup_id), (1000, 1001, 7));
         assert_eq!(data.env.len(), 1, "secrets are dropped: {:?}", data.env);
         assert_eq!(data.env["npm_package_name"], "evil");
+        // Both hierarchies read, the process in their roots.
+        assert_eq!(data.cgroups, ["/", "/"]);
 
         let fork = ForkEvent { header: header(kind::FORK, size_of::<ForkEvent>()), child_pid: 50, child_depth: 3 };
         assert_eq!(decode(&decoder, &bytes_of(&fork)).unwrap().data, EventData::Fork(Fork { child_pid: 50 }));

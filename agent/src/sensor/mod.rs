@@ -3,6 +3,7 @@
 
 pub mod btf;
 mod canary;
+pub mod cgroups;
 pub mod credentials;
 mod doctor;
 pub mod offsets;
@@ -28,7 +29,7 @@ use aya::{
 use credwatch_common::{
     config_flag, lost_index, manager_flag, mark_flag, net_syscall, open_syscall, rename_syscall, syscall_family,
     tamper_syscall, Config, CredInode, HookedSyscall, InodeKey, ManagerValue, Mark, SparedExe, MANAGER_NAME_LEN,
-    MAX_EXEC_RECORD, MODULE_KEY_LEN,
+    MAX_EXEC_RECORD, MODULE_KEY_LEN, NO_CGROUP_SUBSYS,
 };
 use thiserror::Error;
 
@@ -310,6 +311,9 @@ pub struct Sensor {
     gap: Option<Gap>,
     /// Programs attached, one per tracepoint (the links).
     programs_attached: u64,
+    /// The cgroup hierarchies the exec records name (seeded processes get the same from
+    /// `/proc`).
+    hierarchies: cgroups::Hierarchies,
 }
 
 /// The sensor's kernel figures for the metrics, read on another thread (the metrics endpoint's,
@@ -639,6 +643,15 @@ impl Sensor {
         // `--enforce` stays as it was until [`Sensor::protect`] says.
         config.flags = config_flag::AUTO_ROOTS | (config.flags & config_flag::ENFORCE);
         config_map.set(0, config, 0).map_err(map_err("CONFIG"))?;
+        // Seeded processes name the hierarchies the kernel reads, which the agent that loaded
+        // the set chose (the v1 controller's index needs the BTF, which adopting skips).
+        let mut hierarchies = cgroups::Hierarchies::of_this_namespace().map_err(SensorError::Proc)?;
+        if config.cgroup_subsys == NO_CGROUP_SUBSYS {
+            hierarchies.v1 = None;
+        }
+        if config.cgroup_v2 == 0 {
+            hierarchies.v2 = None;
+        }
         let mut manager_map: HashMap<MapData, [u8; MANAGER_NAME_LEN], ManagerValue> =
             pins::open_map(dir, "MANAGERS", Map::HashMap)?;
         let mut module_map: HashMap<MapData, [u8; MODULE_KEY_LEN], u32> =
@@ -683,6 +696,7 @@ impl Sensor {
                 previous_pid: previous.agent_tgid,
             }),
             programs_attached,
+            hierarchies,
         })
     }
 
@@ -693,12 +707,14 @@ impl Sensor {
         raise_memlock()?;
         let keys = manager_keys(managers)?;
         let decoder = Decoder::new();
+        let hierarchies = cgroups::Hierarchies::of_this_namespace().map_err(SensorError::Proc)?;
         // aya's loader parses the kernel BTF whatever it is told (the programs carry no CO-RE
         // relocations: offsets come through CONFIG), and so does the offset resolver: both at
         // once, on two threads, since start-up time is what `credwatch run` adds to a command.
-        let (offsets, mut ebpf) = std::thread::scope(|scope| {
+        let ((offsets, cgroup_subsys), mut ebpf) = std::thread::scope(|scope| {
             let loader = scope.spawn(|| EbpfLoader::new().btf(None).load(OBJECT));
-            let offsets = btf::Btf::from_sys_fs().and_then(|btf| offsets::kernel_offsets(&btf));
+            let offsets = btf::Btf::from_sys_fs()
+                .and_then(|btf| Ok((offsets::kernel_offsets(&btf)?, hierarchies.subsys_index(&btf)?)));
             let ebpf = loader.join().map_err(|_| SensorError::LoaderPanicked)?;
             Ok::<_, SensorError>((offsets?, ebpf?))
         })?;
@@ -717,6 +733,8 @@ impl Sensor {
             uring_opcode_offset: uring_opcode_offset(),
             block_syscalls: 0,
             spare_root_managers: 0,
+            cgroup_subsys,
+            cgroup_v2: u32::from(hierarchies.v2.is_some()),
         };
         let mut config_map: Array<MapData, Config> = take_typed(&mut ebpf, "CONFIG")?;
         config_map.set(0, config, 0).map_err(map_err("CONFIG"))?;
@@ -840,6 +858,7 @@ impl Sensor {
             pins,
             gap: None,
             programs_attached,
+            hierarchies,
         })
     }
 
@@ -937,8 +956,8 @@ impl Sensor {
     pub fn seed(&mut self, managers: &[Manager]) -> Result<Vec<Event>, SensorError> {
         let decoder = self.decoder;
         let mut events = self.gap_events();
-        let found =
-            seed::scan(Path::new("/proc"), managers, std::process::id(), &decoder).map_err(SensorError::Proc)?;
+        let found = seed::scan(Path::new("/proc"), managers, std::process::id(), &decoder, &self.hierarchies)
+            .map_err(SensorError::Proc)?;
         let marks = &mut self.marks;
         for (event, mark) in found {
             if marks.get(&event.pid, 0).is_err() {

@@ -52,6 +52,14 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         file_f_flags: m("file", "f_flags")?,
         dentry_d_shortname: m("dentry", "d_shortname").or_else(|_| m("dentry", "d_iname"))?,
         socket_type: m("socket", "type")?,
+        task_struct_cgroups: m("task_struct", "cgroups")?,
+        css_set_subsys: m("css_set", "subsys")?,
+        css_set_dfl_cgrp: m("css_set", "dfl_cgrp")?,
+        cgroup_subsys_state_cgroup: m("cgroup_subsys_state", "cgroup")?,
+        cgroup_kn: m("cgroup", "kn")?,
+        // Renamed when it became RCU-protected (Linux 6.15).
+        kernfs_node_parent: m("kernfs_node", "__parent").or_else(|_| m("kernfs_node", "parent"))?,
+        kernfs_node_name: m("kernfs_node", "name")?,
     };
     check_layout(&offsets)?;
     Ok(offsets)
@@ -62,7 +70,8 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
 /// length and name pointer (`d_name`, a little-endian `struct qstr`: hash, len, name, right
 /// after `d_parent`), then after `d_inode` its inline name; a path's mount and dentry; a file's inode and path (within
 /// [`FILE_WINDOW`] words); a mount's parent, mountpoint and root (`mnt.mnt_root`); an fdtable's
-/// size and array; an inode's super block and number (within four words).
+/// size and array; an inode's super block and number (within four words); a kernfs node's
+/// parent and name.
 fn check_layout(offsets: &KernelOffsets) -> Result<(), BtfError> {
     if offsets.dentry_d_name != offsets.dentry_d_parent + 8 || offsets.qstr_len != 4 || offsets.qstr_name != 8 {
         return Err(BtfError::Layout("struct dentry: d_name (hash, len, name) does not follow d_parent"));
@@ -92,6 +101,9 @@ fn check_layout(offsets: &KernelOffsets) -> Result<(), BtfError> {
     if !(8..=24).contains(&ino_after_sb) || !ino_after_sb.is_multiple_of(8) {
         return Err(BtfError::Layout("struct inode: i_ino is not within the three words after i_sb"));
     }
+    if offsets.kernfs_node_name != offsets.kernfs_node_parent + 8 {
+        return Err(BtfError::Layout("struct kernfs_node: name does not follow parent"));
+    }
     Ok(())
 }
 
@@ -119,6 +131,8 @@ mod tests {
             mount_mnt_mountpoint: 24,
             mount_mnt: 32,
             vfsmount_mnt_root: 0,
+            kernfs_node_parent: 8,
+            kernfs_node_name: 16,
             ..Default::default()
         };
         assert!(check_layout(&standard).is_ok());
@@ -139,6 +153,7 @@ mod tests {
             KernelOffsets { inode_i_ino: 80, ..standard },
             KernelOffsets { inode_i_ino: 32, ..standard },
             KernelOffsets { inode_i_ino: 60, ..standard },
+            KernelOffsets { kernfs_node_name: 32, ..standard },
         ];
         for offsets in broken {
             assert!(matches!(check_layout(&offsets), Err(BtfError::Layout(_))), "{offsets:?}");

@@ -10,9 +10,10 @@ use std::{
 use credwatch_common::Mark;
 use procfs::{
     process::{all_processes_with_root, Process},
-    ProcError, ProcResult,
+    ProcError, ProcResult, ProcessCGroup,
 };
 
+use super::cgroups::Hierarchies;
 use credwatch_core::{
     event::{attribution_env, Event, EventData, Exec},
     record::{words, Decoder},
@@ -25,14 +26,29 @@ struct Proc {
     exec: Exec,
 }
 
+fn is_unified(cgroup: &ProcessCGroup) -> bool {
+    cgroup.hierarchy == 0 && cgroup.controllers.is_empty()
+}
+
 /// The cgroup v2 id of a process: the inode of its cgroup directory.
-fn cgroup_id(process: &Process) -> u64 {
-    let Ok(cgroups) = process.cgroups() else { return 0 };
+fn cgroup_id(cgroups: &[ProcessCGroup]) -> u64 {
     cgroups
-        .into_iter()
-        .find(|cgroup| cgroup.hierarchy == 0 && cgroup.controllers.is_empty())
+        .iter()
+        .find(|cgroup| is_unified(cgroup))
         .and_then(|cgroup| fs::metadata(format!("/sys/fs/cgroup{}", cgroup.pathname)).ok())
         .map_or(0, |meta| meta.ino())
+}
+
+/// The paths the kernel puts in exec records (see [`Exec::cgroups`]): the line of the v1
+/// controller it reads, then the unified one (`0::`), each when that hierarchy is read. They
+/// are the kernel's when the agent runs in the initial cgroup namespace (`/proc` gives paths
+/// relative to the reader's).
+fn cgroup_paths(cgroups: &[ProcessCGroup], hierarchies: &Hierarchies) -> Vec<String> {
+    let v1 = hierarchies.v1.as_ref().and_then(|v1| {
+        cgroups.iter().find(|cgroup| cgroup.hierarchy != 0 && cgroup.controllers.contains(&v1.controller))
+    });
+    let v2 = hierarchies.v2.as_ref().and_then(|_| cgroups.iter().find(|cgroup| is_unified(cgroup)));
+    [v1, v2].into_iter().flatten().map(|cgroup| cgroup.pathname.clone()).collect()
 }
 
 fn io_error(error: ProcError) -> io::Error {
@@ -45,7 +61,7 @@ fn lossy(path: ProcResult<PathBuf>) -> String {
 
 /// Reads one process (`dir` is its directory); `None` when it vanished or is a kernel thread
 /// (no command line).
-fn read_proc(process: &Process, dir: &Path) -> Option<Proc> {
+fn read_proc(process: &Process, dir: &Path, hierarchies: &Hierarchies) -> Option<Proc> {
     let stat = process.stat().ok()?;
     // argv and the environment are read as the kernel's NUL-separated blocks, as the sensor
     // gets them from exec records: procfs's `cmdline()` fails on argv that is not UTF-8 (the
@@ -56,6 +72,7 @@ fn read_proc(process: &Process, dir: &Path) -> Option<Proc> {
         return None;
     }
     let status = process.status().ok();
+    let cgroups = process.cgroups().map(|cgroups| cgroups.0).unwrap_or_default();
     let ppid = u32::try_from(stat.ppid).unwrap_or(0);
     Some(Proc {
         ppid,
@@ -67,8 +84,8 @@ fn read_proc(process: &Process, dir: &Path) -> Option<Proc> {
             cwd: lossy(process.cwd()),
             uid: status.as_ref().map_or(0, |status| status.ruid),
             gid: status.as_ref().map_or(0, |status| status.rgid),
-            cgroup_id: cgroup_id(process),
-            cgroups: Vec::new(),
+            cgroup_id: cgroup_id(&cgroups),
+            cgroups: cgroup_paths(&cgroups, hierarchies),
             env: attribution_env(&fs::read(dir.join("environ")).unwrap_or_default()),
             seeded: true,
             project: None,
@@ -106,6 +123,7 @@ pub fn scan(
     managers: &[Manager],
     agent_pid: u32,
     decoder: &Decoder,
+    hierarchies: &Hierarchies,
 ) -> io::Result<Vec<(Event, Mark)>> {
     let mut procs = BTreeMap::new();
     for process in all_processes_with_root(proc_root).map_err(io_error)? {
@@ -119,7 +137,7 @@ pub fn scan(
         if pid == agent_pid {
             continue;
         }
-        if let Some(proc) = read_proc(&process, &proc_root.join(pid.to_string())) {
+        if let Some(proc) = read_proc(&process, &proc_root.join(pid.to_string()), hierarchies) {
             procs.insert(pid, proc);
         }
     }
@@ -163,6 +181,7 @@ mod tests {
     use std::os::unix::process::CommandExt;
 
     use super::*;
+    use crate::sensor::cgroups::V1;
     use credwatch_core::rules::manager::ScriptRoot;
 
     #[test]
@@ -213,7 +232,7 @@ mod tests {
         let exe = std::env::current_exe().unwrap();
         let name = exe.file_name().unwrap().to_str().unwrap().to_owned();
         let managers = vec![Manager { name: "self".into(), execs: vec![name], ..Manager::default() }];
-        let found = scan(Path::new("/proc"), &managers, 0, &Decoder::new()).unwrap();
+        let found = scan(Path::new("/proc"), &managers, 0, &Decoder::new(), &Hierarchies::default()).unwrap();
         let me = std::process::id();
         let (event, mark) = found.iter().find(|(event, _)| event.pid == me).expect("this process is found");
         assert_eq!((mark.root_pid, mark.depth), (me, 0));
@@ -233,7 +252,7 @@ mod tests {
         ];
         // npm retitles itself (argv[0] becomes `npm run x`) before the scan sees it.
         let mut child = std::process::Command::new("sleep").arg0("npm run payload").arg("30").spawn().unwrap();
-        let found = scan(Path::new("/proc"), &managers, 0, &Decoder::new());
+        let found = scan(Path::new("/proc"), &managers, 0, &Decoder::new(), &Hierarchies::default());
         child.kill().unwrap();
         child.wait().unwrap();
         let found = found.unwrap();
@@ -253,6 +272,7 @@ mod tests {
         // The rest of each file as this kernel writes it, with the fields the seed reads set.
         let own_stat = fs::read_to_string("/proc/self/stat").unwrap();
         let own_status = fs::read_to_string("/proc/self/status").unwrap();
+        let container = "/docker/".to_owned() + &"0123456789abcdef".repeat(4);
         let process = |pid: u32, comm: &str, ppid: u32, start: u64, uid: u32, cmdline: &[u8], environ: &[u8]| {
             let dir = root.path().join(pid.to_string());
             fs::create_dir(&dir).unwrap();
@@ -271,7 +291,14 @@ mod tests {
             fs::write(dir.join("status"), status.join("\n") + "\n").unwrap();
             fs::write(dir.join("cmdline"), cmdline).unwrap();
             fs::write(dir.join("environ"), environ).unwrap();
-            fs::write(dir.join("cgroup"), "0::/credwatch-test-no-such-cgroup\n").unwrap();
+            // The manager in a container (v1: docker's cgroupfs driver), its child moved to the
+            // roots.
+            let cgroup = if pid == 100 {
+                format!("9:name=systemd:{container}\n4:memory:{container}\n2:cpu,cpuacct:/x\n0::/credwatch-test-no-such-cgroup\n")
+            } else {
+                "4:memory:/\n0::/\n".to_owned()
+            };
+            fs::write(dir.join("cgroup"), cgroup).unwrap();
             std::os::unix::fs::symlink(format!("/usr/bin/{comm}"), dir.join("exe")).unwrap();
             std::os::unix::fs::symlink("/home/alice/app", dir.join("cwd")).unwrap();
         };
@@ -280,7 +307,11 @@ mod tests {
         process(102, "kworker/0:1", 100, 800, 0, b"", b"");
         process(103, "bash", 1, 900, 0, b"bash\0", b"");
         let managers = vec![Manager { name: "npm".into(), execs: vec!["npm".into()], ..Manager::default() }];
-        let found = scan(root.path(), &managers, 0, &Decoder::new()).unwrap();
+        let hybrid = Hierarchies {
+            v1: Some(V1 { controller: "memory".into(), mount_point: "/sys/fs/cgroup/memory".into() }),
+            v2: Some("/sys/fs/cgroup/unified".into()),
+        };
+        let found = scan(root.path(), &managers, 0, &Decoder::new(), &hybrid).unwrap();
         let summary: Vec<_> = found.iter().map(|(event, mark)| (event.pid, mark.root_pid, mark.depth)).collect();
         assert_eq!(summary, [(100, 100, 0), (101, 100, 1)]);
         let EventData::Exec(npm) = &found[0].0.data else { panic!() };
@@ -289,6 +320,21 @@ mod tests {
         assert_eq!(npm.env.keys().collect::<Vec<_>>(), ["npm_package_name"]);
         let EventData::Exec(sh) = &found[1].0.data else { panic!() };
         assert_eq!(sh.args, ["sh", "-c", "", "\u{fffd}\u{fffd}"]);
+        // As the kernel reads them: the v1 controller's hierarchy, then the unified one.
+        assert_eq!(npm.cgroups, [container.as_str(), "/credwatch-test-no-such-cgroup"]);
+        assert_eq!(sh.cgroups, ["/", "/"]);
+        // Another controller's line, and a hierarchy not read, are not taken.
+        let cpu = Hierarchies {
+            v1: Some(V1 { controller: "cpuacct".into(), mount_point: "/sys/fs/cgroup/cpu,cpuacct".into() }),
+            v2: None,
+        };
+        let found = scan(root.path(), &managers, 0, &Decoder::new(), &cpu).unwrap();
+        let EventData::Exec(npm) = &found[0].0.data else { panic!() };
+        assert_eq!(npm.cgroups, ["/x"]);
+        let pure_v2 = Hierarchies { v1: None, v2: Some("/sys/fs/cgroup".into()) };
+        let found = scan(root.path(), &managers, 0, &Decoder::new(), &pure_v2).unwrap();
+        let EventData::Exec(npm) = &found[0].0.data else { panic!() };
+        assert_eq!(npm.cgroups, ["/credwatch-test-no-such-cgroup"]);
         assert!(found[0].0.time_ns < found[1].0.time_ns, "start times: 500 and 700 ticks after boot");
     }
 }

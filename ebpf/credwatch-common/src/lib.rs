@@ -16,6 +16,17 @@ pub const MAX_ARGS: usize = 4096;
 /// Bytes of the environment kept at exec (NUL-separated). npm puts `npm_package_*` after the
 /// inherited environment, so this must hold a typical developer environment and then some.
 pub const MAX_ENV: usize = 16384;
+/// Levels of a cgroup walked up from a process's cgroup before its path is marked truncated:
+/// Kubernetes' deepest (`/kubepods.slice/<qos>.slice/<pod>.slice/<container>.scope`) is 4,
+/// a container nested in a pod's container a few more.
+pub const MAX_CGROUP_DEPTH: u32 = 16;
+/// Bytes of one cgroup name (a kernfs name is at most NAME_MAX, 255, plus its NUL).
+pub const MAX_CGROUP_NAME: usize = 256;
+/// Bytes of a cgroup path (one per hierarchy read): a Kubernetes path with a 64-hex container
+/// id takes about 200.
+pub const MAX_CGROUP_PATH: usize = 1024;
+/// [`Config::cgroup_subsys`] when no controller is mounted as a cgroup v1 hierarchy.
+pub const NO_CGROUP_SUBSYS: u32 = u32::MAX;
 /// Bytes of a package-manager basename used as a map key (NUL-padded).
 pub const MANAGER_NAME_LEN: usize = 16;
 /// Bytes of the argv words after argv[0] used to recognise `python -m pip`-style roots
@@ -148,9 +159,10 @@ pub mod manager_flag {
     pub const NEEDS_SCRIPT: u32 = 2;
 }
 
-/// Bits of [`ResolvedPath::flags`].
+/// Bits of [`ResolvedPath::flags`] (and of the cgroup paths of [`ExecEvent`]).
 pub mod path_flag {
-    /// The walk stopped at [`MAX_PATH_COMPONENTS`] or the buffer filled: leading components are missing.
+    /// The walk stopped at [`MAX_PATH_COMPONENTS`] (a cgroup's at [`MAX_CGROUP_DEPTH`]) or the
+    /// buffer filled: leading components are missing.
     pub const TRUNCATED: u32 = 1;
     /// No path could be resolved (failed open, no file, unreadable kernel memory).
     pub const UNRESOLVED: u32 = 2;
@@ -241,6 +253,17 @@ pub struct KernelOffsets {
     /// `socket::type` (a short: `SOCK_STREAM`, `SOCK_DGRAM`, ...); a socket's file has its
     /// `struct socket` in `private_data`.
     pub socket_type: u32,
+    /// A process's cgroups: `task->cgroups` (a `css_set`), its `subsys[]` array (one
+    /// `cgroup_subsys_state` pointer per controller) and `dfl_cgrp` (its unified cgroup); a
+    /// state's `cgroup`; a cgroup's kernfs node `kn`; a node's parent (`__parent` since Linux
+    /// 6.15, `parent` before; `name` follows it, the agent checks) and `name`.
+    pub task_struct_cgroups: u32,
+    pub css_set_subsys: u32,
+    pub css_set_dfl_cgrp: u32,
+    pub cgroup_subsys_state_cgroup: u32,
+    pub cgroup_kn: u32,
+    pub kernfs_node_parent: u32,
+    pub kernfs_node_name: u32,
 }
 
 /// Words of a `struct file` read at once from the lower of `f_inode` and `f_path`, which must
@@ -265,6 +288,11 @@ pub struct Config {
     /// Bit `1 << manager` for each manager whose root process (depth 0) a `kill` rule's
     /// actor spares.
     pub spare_root_managers: u32,
+    /// Exec records carry the process's cgroup in the v1 hierarchy of this controller (its
+    /// index in the kernel's `enum cgroup_subsys_id`), or [`NO_CGROUP_SUBSYS`].
+    pub cgroup_subsys: u32,
+    /// 1: exec records carry the process's cgroup in the unified (v2) hierarchy (mounted).
+    pub cgroup_v2: u32,
 }
 
 /// Key of the `CRED_INODES` map: a credential file as the kernel names it.
@@ -340,8 +368,10 @@ pub struct ResolvedPath {
 /// Variable-length, like [`OpenEvent`]: this fixed part is followed by the path given to execve
 /// (`filename_len` bytes), the NUL-separated argv (`args_len`), the NUL-separated environment
 /// (`env_len`), the resolved executable (`executable_len`, leaf first as
-/// [`ResolvedPath::data`]) and the resolved working directory (`cwd_len`); `header.size` is the
-/// whole length.
+/// [`ResolvedPath::data`]), the resolved working directory (`cwd_len`), and the process's
+/// cgroup in the v1 hierarchy of [`Config::cgroup_subsys`] (`cgroup_v1_len`), then in the
+/// unified hierarchy (`cgroup_v2_len`), each leaf first as [`ResolvedPath::data`] (the root
+/// cgroup is the empty path); `header.size` is the whole length.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExecEvent {
@@ -360,11 +390,21 @@ pub struct ExecEvent {
     /// The working directory (`fs->pwd`): at most [`MAX_RESOLVED_PATH`], and its [`path_flag`] bits.
     pub cwd_len: u32,
     pub cwd_flags: u32,
+    /// The cgroups (see above): at most [`MAX_CGROUP_PATH`] each, and their [`path_flag`]
+    /// bits ([`path_flag::UNRESOLVED`]: not read, the hierarchy is not mounted, or unreadable).
+    pub cgroup_v1_len: u32,
+    pub cgroup_v1_flags: u32,
+    pub cgroup_v2_len: u32,
+    pub cgroup_v2_flags: u32,
 }
 
 /// The most bytes an [`ExecEvent`] record can take.
-pub const MAX_EXEC_RECORD: usize =
-    core::mem::size_of::<ExecEvent>() + MAX_GIVEN_PATH + MAX_ARGS + MAX_ENV + 2 * MAX_RESOLVED_PATH;
+pub const MAX_EXEC_RECORD: usize = core::mem::size_of::<ExecEvent>()
+    + MAX_GIVEN_PATH
+    + MAX_ARGS
+    + MAX_ENV
+    + 2 * MAX_RESOLVED_PATH
+    + 2 * MAX_CGROUP_PATH;
 
 /// Kind [`kind::FORK`]: a marked process created a new process (threads are not reported).
 #[repr(C)]
@@ -594,8 +634,9 @@ mod tests {
     #[test]
     fn records_have_no_padding() {
         assert_eq!(size_of::<ResolvedPath>(), 8 + MAX_RESOLVED_PATH);
-        assert_eq!(size_of::<ExecEvent>(), 56 + 32);
+        assert_eq!(size_of::<ExecEvent>(), 56 + 48);
         assert_eq!(offset_of!(ExecEvent, cwd_flags), 84);
+        assert_eq!(offset_of!(ExecEvent, cgroup_v2_flags), 100);
         assert_eq!(size_of::<ForkEvent>(), 64);
         assert_eq!(size_of::<ExitEvent>(), 64);
         assert_eq!(offset_of!(OpenEvent, flags), 64);
@@ -621,8 +662,8 @@ mod tests {
 
     #[test]
     fn config_has_no_padding() {
-        assert_eq!(size_of::<KernelOffsets>(), 42 * 4);
-        assert_eq!(size_of::<Config>(), size_of::<KernelOffsets>() + 20);
+        assert_eq!(size_of::<KernelOffsets>(), 49 * 4);
+        assert_eq!(size_of::<Config>(), size_of::<KernelOffsets>() + 28);
         assert_eq!(size_of::<SparedExe>(), 8);
         assert_eq!(size_of::<ManagerValue>(), 8);
         assert_eq!(size_of::<InodeKey>(), 16);

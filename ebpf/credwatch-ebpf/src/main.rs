@@ -47,7 +47,7 @@
 //!   Priority records wake it the same way.
 //! - The hot path avoids helper calls where it can: each costs more than its work here (calls
 //!   and returns go through the CPU's speculation mitigations). Hence one probe read for
-//!   neighbouring fields, short dentry names taken from the dentry's own read, ids and cgroup
+//!   neighbouring fields, short dentry names taken from the dentry's own read, ids and cgroups
 //!   only in exec records, and zeros stored one by one rather than through `memset`.
 //! - Blocking (`--enforce`) is `bpf_send_signal(SIGKILL)`: the signal is delivered when the
 //!   syscall returns to user space, so the syscall itself completes. For an open that is
@@ -73,6 +73,12 @@
 //!   the connect's entry. The handshake may complete, but the process stops before it returns
 //!   to user space, so nothing is sent until the agent, having judged the destination, sends
 //!   SIGKILL or SIGCONT.
+//! - Cgroups: an exec record carries the process's cgroup paths, walked up kernfs nodes from
+//!   `task->cgroups`: in the v1 hierarchy of the controller `Config::cgroup_subsys` names (its
+//!   `css_set->subsys[]` state's cgroup) and in the unified one (`dfl_cgrp`). The cgroup v2 id
+//!   alone names no v1 cgroup, and a process that exits within a millisecond is gone before
+//!   userspace could read `/proc/<pid>/cgroup`. A process that moves to another cgroup without
+//!   exec'ing keeps, for the agent, the paths of its last exec.
 //! - Verifier cost: values that would otherwise be followed one by one (a path's length, where
 //!   a basename starts, map keys built byte by byte) go through memory, where the verifier
 //!   keeps no per-value state, and are bounded again after.
@@ -101,8 +107,9 @@ use credwatch_common::{
     record_flag, rename_syscall, spare_flag, syscall_family, tamper_syscall, Config, ConnectEvent, CredInode,
     DnsQueryEvent, DnsSocket, EventHeader, ExecEvent, ExitEvent, ForkEvent, HookedSyscall, InodeKey, KernelOffsets,
     ManagerValue, Mark, OpenEvent, RenameEvent, ResolvedPath, SparedExe, SyscallEvent, DNS_SOCKADDR, FILE_WINDOW,
-    MANAGER_NAME_LEN, MAX_ARGS, MAX_DNS_PAYLOAD, MAX_ENV, MAX_EXEC_RECORD, MAX_GIVEN_PATH, MAX_OPEN_RECORD,
-    MAX_PATH_COMPONENTS, MAX_RESOLVED_PATH, MAX_SOCKADDR, MODULE_KEY_LEN, NO_MANAGER,
+    MANAGER_NAME_LEN, MAX_ARGS, MAX_CGROUP_DEPTH, MAX_CGROUP_NAME, MAX_CGROUP_PATH, MAX_DNS_PAYLOAD, MAX_ENV,
+    MAX_EXEC_RECORD, MAX_GIVEN_PATH, MAX_OPEN_RECORD, MAX_PATH_COMPONENTS, MAX_RESOLVED_PATH, MAX_SOCKADDR,
+    MODULE_KEY_LEN, NO_CGROUP_SUBSYS, NO_MANAGER,
 };
 
 /// Processes that can be marked at once; a full map is counted in `LOST[MARKS_FULL]`.
@@ -203,8 +210,9 @@ struct PendingOpen {
 #[repr(C)]
 struct ExecScratch {
     event: ExecEvent,
-    /// Filename, argv, environment, executable, cwd, each right after the one before.
-    tail: [u8; MAX_GIVEN_PATH + MAX_ARGS + MAX_ENV + 2 * MAX_RESOLVED_PATH],
+    /// Filename, argv, environment, executable, cwd, the two cgroups, each right after the one
+    /// before.
+    tail: [u8; MAX_GIVEN_PATH + MAX_ARGS + MAX_ENV + 2 * MAX_RESOLVED_PATH + 2 * MAX_CGROUP_PATH],
     /// See [`launder`].
     slot: u64,
 }
@@ -669,7 +677,7 @@ fn try_sched_process_exec(ctx: &RawTracePointContext) -> Res<()> {
     unsafe {
         fill_header(addr_of_mut!((*scratch).event.header), kind::EXEC, 0, pid_tgid, mark);
         fill_identity(addr_of_mut!((*scratch).event.header));
-        let size = fill_exec(off, bprm, scratch)?;
+        let size = fill_exec(config, bprm, scratch)?;
         (*scratch).event.header.size = size as u32;
         output(core::slice::from_raw_parts(scratch as *const u8, size), false);
     }
@@ -916,11 +924,12 @@ fn bounded(slot: &mut u64, value: usize, max: usize) -> Res<usize> {
 /// Fills the exec record in `scratch` (see [`ExecEvent`]), each part right after the one
 /// before, and returns its size.
 #[inline(always)]
-unsafe fn fill_exec(off: &KernelOffsets, bprm: u64, scratch: *mut ExecScratch) -> Res<usize> {
+unsafe fn fill_exec(config: &Config, bprm: u64, scratch: *mut ExecScratch) -> Res<usize> {
+    let off = &config.offsets;
     let task = unsafe { bpf_get_current_task() };
     // SAFETY: scratch is this run's; every write into `tail` is at an offset bounded so that the
-    // part fits (filename < MAX_GIVEN_PATH, then MAX_ARGS, MAX_ENV, 2 x MAX_RESOLVED_PATH);
-    // kernel and user memory are read through probe helpers only.
+    // part fits (filename < MAX_GIVEN_PATH, then MAX_ARGS, MAX_ENV, 2 x MAX_RESOLVED_PATH,
+    // 2 x MAX_CGROUP_PATH); kernel and user memory are read through probe helpers only.
     unsafe {
         let event = addr_of_mut!((*scratch).event);
         let tail = addr_of_mut!((*scratch).tail) as *mut u8;
@@ -981,8 +990,103 @@ unsafe fn fill_exec(off: &KernelOffsets, bprm: u64, scratch: *mut ExecScratch) -
         let cwd_flags = addr_of_mut!((*event).cwd_flags);
         let fs: u64 = read(task, off.task_struct_fs).unwrap_or(0);
         resolve_at(off, fs + off.fs_struct_pwd as u64, tail.add(at), cwd_len, cwd_flags);
-        bounded(slot, size_of::<ExecEvent>() + at + read_volatile(cwd_len) as usize, MAX_EXEC_RECORD)
+        let paths = MAX_GIVEN_PATH + MAX_ARGS + MAX_ENV + 2 * MAX_RESOLVED_PATH;
+        let at = bounded(slot, at + read_volatile(cwd_len) as usize, paths)?;
+        let css_set: u64 = read(task, off.task_struct_cgroups).unwrap_or(0);
+        let (v1_len, v1_flags) = (addr_of_mut!((*event).cgroup_v1_len), addr_of_mut!((*event).cgroup_v1_flags));
+        let subsys = config.cgroup_subsys;
+        let v1 = if subsys != NO_CGROUP_SUBSYS { cgroup_node(off, css_set, subsys) } else { 0 };
+        cgroup_path(off, v1, tail.add(at), v1_len, v1_flags);
+        let at = bounded(slot, at + read_volatile(v1_len) as usize, paths + MAX_CGROUP_PATH)?;
+        let (v2_len, v2_flags) = (addr_of_mut!((*event).cgroup_v2_len), addr_of_mut!((*event).cgroup_v2_flags));
+        let v2 = if config.cgroup_v2 != 0 { cgroup_node(off, css_set, NO_CGROUP_SUBSYS) } else { 0 };
+        cgroup_path(off, v2, tail.add(at), v2_len, v2_flags);
+        bounded(slot, size_of::<ExecEvent>() + at + read_volatile(v2_len) as usize, MAX_EXEC_RECORD)
     }
+}
+
+/// Controllers a `css_set` has room for (`CGROUP_SUBSYS_COUNT` is 14 to 16 on the supported
+/// kernels): a bound on the index the agent passes.
+const MAX_CGROUP_SUBSYS: u32 = 64;
+
+/// The kernfs node of a process's cgroup (0: none to read), from its `css_set`: in the v1
+/// hierarchy of controller `subsys` (its state's cgroup), or with [`NO_CGROUP_SUBSYS`] in the
+/// unified hierarchy (`dfl_cgrp`).
+#[inline(always)]
+fn cgroup_node(off: &KernelOffsets, css_set: u64, subsys: u32) -> u64 {
+    if css_set == 0 {
+        return 0;
+    }
+    let cgroup: Res<u64> = if subsys == NO_CGROUP_SUBSYS {
+        read(css_set, off.css_set_dfl_cgrp)
+    } else if subsys < MAX_CGROUP_SUBSYS {
+        read::<u64>(css_set, off.css_set_subsys + 8 * subsys).and_then(|css| read(css, off.cgroup_subsys_state_cgroup))
+    } else {
+        Err(-1)
+    };
+    match cgroup {
+        Ok(cgroup) if cgroup != 0 => read(cgroup, off.cgroup_kn).unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// Writes the path of the cgroup whose kernfs node is `node` into `data` (room for
+/// [`MAX_CGROUP_PATH`] bytes), leaf first like a [`ResolvedPath`] (the root is the empty path);
+/// its length into `len` and its [`path_flag`] bits into `flags` (`UNRESOLVED` for no node).
+#[inline(never)]
+unsafe fn cgroup_path(off: &KernelOffsets, node: u64, data: *mut u8, len: *mut u32, flags: *mut u32) {
+    // SAFETY: the pointers point into a record with that much room.
+    unsafe {
+        write_volatile(len, 0);
+        let result = match walk_cgroup(off, node, data, len) {
+            Ok(result) => result,
+            Err(_) => {
+                write_volatile(len, 0);
+                path_flag::UNRESOLVED
+            }
+        };
+        write_volatile(flags, result);
+    }
+}
+
+/// Walks kernfs nodes from `node` up to the hierarchy's root (the node without a parent, whose
+/// name is not part of the path). The length lives in the record, as in [`walk`].
+#[inline(always)]
+unsafe fn walk_cgroup(off: &KernelOffsets, mut node: u64, data: *mut u8, len_slot: *mut u32) -> Res<u32> {
+    if node == 0 {
+        return Err(-1);
+    }
+    for _ in 0..MAX_CGROUP_DEPTH {
+        // parent, then name (the agent checks the layout): one read.
+        let [parent, name]: [u64; 2] = read(node, off.kernfs_node_parent)?;
+        if parent == 0 {
+            return Ok(0);
+        }
+        // SAFETY: len_slot points into the record.
+        let len = unsafe { read_volatile(len_slot) } as usize;
+        if len > MAX_CGROUP_PATH - MAX_CGROUP_NAME {
+            return Ok(path_flag::TRUNCATED);
+        }
+        // Names carry no length: a string read, at most MAX_CGROUP_NAME bytes with its NUL.
+        // SAFETY: len <= MAX_CGROUP_PATH - MAX_CGROUP_NAME, so the name fits.
+        let n = unsafe {
+            bpf_probe_read_kernel_str(data.add(len) as *mut c_void, MAX_CGROUP_NAME as u32, name as *const c_void)
+        };
+        // Only the root has an empty name.
+        if n <= 1 {
+            return Err(-1);
+        }
+        let end = len + ((n as usize - 1) & (MAX_CGROUP_NAME - 1));
+        // SAFETY: end < MAX_CGROUP_PATH; len_slot as above.
+        unsafe {
+            *data.add(end) = b'/';
+            write_volatile(len_slot, (end + 1) as u32);
+        }
+        node = parent;
+    }
+    // As deep as the walk goes: complete only if this is the root.
+    let parent: u64 = read(node, off.kernfs_node_parent)?;
+    Ok(if parent == 0 { 0 } else { path_flag::TRUNCATED })
 }
 
 // ---------------------------------------------------------------------------------------------
