@@ -8,7 +8,7 @@ use aya::{
     sys::{is_map_supported, is_program_supported},
 };
 
-use super::{btf::Btf, offsets::kernel_offsets, TRACEFS};
+use super::{btf::Btf, cgroups::Hierarchies, offsets::kernel_offsets, TRACEFS};
 
 /// One probed feature: `Ok(true)` loads, `Ok(false)` does not, `Err` the probe itself failed.
 pub type Probe = Result<bool, String>;
@@ -24,6 +24,8 @@ pub struct DoctorReport {
     pub lockdown: Option<String>,
     /// tracefs is mounted (the sensor mounts it when it is not).
     pub tracefs: bool,
+    /// The cgroup hierarchies whose paths exec records carry, or why they are unknown.
+    pub cgroups: Result<Hierarchies, String>,
     /// Program types and whether they load here.
     pub programs: Vec<(&'static str, Probe)>,
     pub ring_buffer: Probe,
@@ -86,7 +88,15 @@ fn lockdown() -> Option<String> {
 
 pub fn doctor() -> DoctorReport {
     let btf = Path::new("/sys/kernel/btf/vmlinux").is_file();
-    let offsets = Btf::from_sys_fs().and_then(|btf| kernel_offsets(&btf)).map(drop).map_err(|e| e.to_string());
+    let cgroups = Hierarchies::of_this_namespace().map_err(|e| format!("reading /proc/self/mountinfo: {e}"));
+    // The v1 controller's index comes from BTF like the offsets.
+    let offsets = Btf::from_sys_fs()
+        .and_then(|btf| {
+            kernel_offsets(&btf)?;
+            cgroups.as_ref().map_or(Ok(0), |hierarchies| hierarchies.subsys_index(&btf))
+        })
+        .map(drop)
+        .map_err(|e| e.to_string());
     let programs = vec![
         ("tracepoint", probe_program(ProgramType::TracePoint)),
         ("raw_tracepoint", probe_program(ProgramType::RawTracePoint)),
@@ -118,6 +128,7 @@ pub fn doctor() -> DoctorReport {
         offsets,
         lockdown: lockdown(),
         tracefs: Path::new(TRACEFS).join("events").is_dir(),
+        cgroups,
         programs,
         ring_buffer,
         sensor,
@@ -148,6 +159,10 @@ impl fmt::Display for DoctorReport {
             self.lockdown.as_deref().unwrap_or("unknown (securityfs not mounted, no lockdown= on the command line)")
         )?;
         writeln!(f, "tracefs mounted:  {}", if self.tracefs { "yes" } else { "no (the sensor mounts it)" })?;
+        match &self.cgroups {
+            Ok(hierarchies) => writeln!(f, "cgroups read:     {hierarchies}")?,
+            Err(error) => writeln!(f, "cgroups read:     unknown: {error}")?,
+        }
         for (name, probe) in &self.programs {
             writeln!(f, "loads {name:<23} {}", yes_no(probe))?;
         }
