@@ -57,8 +57,8 @@ const CRED_PATHS: &str = "cred_paths";
 /// update and a wake-up a second, a few µs; kept at 1 s while idle, since a killed agent's gap
 /// is dated by it whether or not anything ran.
 const HEARTBEAT: Duration = Duration::from_secs(1);
-/// Live processes whose exec (and fork) records are kept. An exec record takes up to 29 KiB of
-/// kernel memory: 4096 bound that to 116 MiB should exits go unseen (a full ring), and are far
+/// Live processes whose exec (and fork) records are kept. An exec record takes up to 31 KiB of
+/// kernel memory: 4096 bound that to 122 MiB should exits go unseen (a full ring), and are far
 /// more processes than a package tree runs at once.
 const MAX_KEPT: u32 = 4096;
 /// Credential paths kept (the table's own limit).
