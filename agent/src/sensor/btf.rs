@@ -74,9 +74,10 @@ enum Type {
     FuncProto {
         params: u32,
     },
-    /// Enumerators as (name offset, value).
+    /// Its enumerators: `Btf::enumerators[first..first + count]`.
     Enum {
-        values: Vec<(u32, i64)>,
+        first: u32,
+        count: u32,
     },
     Other,
 }
@@ -88,7 +89,12 @@ pub struct Btf {
     /// struct names (and typedef names) to ids; the first definition wins.
     structs: HashMap<String, u32>,
     typedefs: HashMap<String, u32>,
-    enums: HashMap<String, u32>,
+    /// Named enums as (name offset, type id), and every enum's (name offset, value) in one
+    /// vector: vmlinux has thousands of enums, and a vector each with a map of their names made
+    /// the parse that start-up waits for a fifth slower (fastest of 15: 7.4 -> 8.8 ms; these
+    /// two vectors: 7.0 ms).
+    enums: Vec<(u32, u32)>,
+    enumerators: Vec<(u32, i64)>,
     strings: Vec<u8>,
 }
 
@@ -140,7 +146,8 @@ impl Btf {
             types: vec![Type::Other],
             structs: HashMap::new(),
             typedefs: HashMap::new(),
-            enums: HashMap::new(),
+            enums: Vec::new(),
+            enumerators: Vec::new(),
             strings: strings.to_vec(),
         };
         let mut at = 0;
@@ -183,18 +190,18 @@ impl Btf {
                     Type::FuncProto { params: vlen as u32 }
                 }
                 KIND_ENUM => {
-                    let mut values = Vec::with_capacity(vlen);
+                    let first = btf.enumerators.len() as u32;
                     for _ in 0..vlen {
                         let value = u32_at(type_data, at + 4)?;
                         // With kind_flag the values are signed.
                         let value = if kind_flag { i64::from(value as i32) } else { i64::from(value) };
-                        values.push((u32_at(type_data, at)?, value));
+                        btf.enumerators.push((u32_at(type_data, at)?, value));
                         at += 8;
                     }
                     if name_off != 0 {
-                        btf.enums.entry(str_at(strings, name_off)?).or_insert(id);
+                        btf.enums.push((name_off, id));
                     }
-                    Type::Enum { values }
+                    Type::Enum { first, count: vlen as u32 }
                 }
                 _ => {
                     at += match kind {
@@ -255,11 +262,11 @@ impl Btf {
 
     /// The value of `name` in `enum enumeration`.
     pub fn enum_value(&self, enumeration: &str, name: &str) -> Result<i64, BtfError> {
-        let id = *self.enums.get(enumeration).ok_or_else(|| BtfError::NoEnum(enumeration.to_owned()))?;
-        let Some(Type::Enum { values }) = self.types.get(id as usize) else {
-            return Err(BtfError::NoEnum(enumeration.to_owned()));
-        };
-        values
+        let no_enum = || BtfError::NoEnum(enumeration.to_owned());
+        let &(_, id) =
+            self.enums.iter().find(|(name_off, _)| self.name_is(*name_off, enumeration)).ok_or_else(no_enum)?;
+        let Some(&Type::Enum { first, count }) = self.types.get(id as usize) else { return Err(no_enum()) };
+        self.enumerators[first as usize..(first + count) as usize]
             .iter()
             .find(|(name_off, _)| self.name_is(*name_off, name))
             .map(|&(_, value)| value)
