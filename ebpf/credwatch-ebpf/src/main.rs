@@ -154,6 +154,10 @@ const WAKEUP_WATERMARK: u64 = 1 << 20;
 /// most `MAX_EXEC_RECORD` bytes past the watermark still fit in the ring.
 const WAKEUP_CHECK_EVERY: u32 = 32;
 
+/// Controllers a `css_set` has room for (`CGROUP_SUBSYS_COUNT` is 14 to 16 on the supported
+/// kernels): a bound on the index the agent passes.
+const MAX_CGROUP_SUBSYS: u32 = 64;
+
 /// Per-CPU LRU lists: no lock shared by all CPUs on the open path (uapi/linux/bpf.h).
 const BPF_F_NO_COMMON_LRU: u32 = 2;
 /// `bpf_ringbuf_submit` flags and `bpf_ringbuf_query` selector (uapi/linux/bpf.h). No flag
@@ -1004,10 +1008,6 @@ unsafe fn fill_exec(config: &Config, bprm: u64, scratch: *mut ExecScratch) -> Re
         bounded(slot, size_of::<ExecEvent>() + at + read_volatile(v2_len) as usize, MAX_EXEC_RECORD)
     }
 }
-
-/// Controllers a `css_set` has room for (`CGROUP_SUBSYS_COUNT` is 14 to 16 on the supported
-/// kernels): a bound on the index the agent passes.
-const MAX_CGROUP_SUBSYS: u32 = 64;
 
 /// The kernfs node of a process's cgroup (0: none to read), from its `css_set`: in the v1
 /// hierarchy of controller `subsys` (its state's cgroup), or with [`NO_CGROUP_SUBSYS`] in the
