@@ -63,9 +63,19 @@ const PARENTS: &[(&str, &str)] = &[
 ];
 
 /// The container of a process whose cgroups are `cgroups` (one path per hierarchy), or `None`
-/// on the host (or for paths that name no container). The first hierarchy that names one wins.
+/// on the host (or for paths that name no container). The first hierarchy that names one wins;
+/// another that names the same container tells what the first left unsaid (a v1 cgroupfs path
+/// `/kubepods/.../<id>` beside a v2 `.../cri-containerd-<id>.scope`).
 pub fn container_of(cgroups: &[String]) -> Option<ContainerIdentity> {
-    cgroups.iter().find_map(|path| parse(path))
+    let mut found = cgroups.iter().filter_map(|path| parse(path));
+    let mut first = found.next()?;
+    for other in found.filter(|other| other.id == first.id) {
+        if matches!(first.runtime, None | Some("cri")) && other.runtime.is_some() {
+            first.runtime = other.runtime;
+        }
+        first.pod_uid = first.pod_uid.or(other.pod_uid);
+    }
+    Some(first)
 }
 
 fn parse(path: &str) -> Option<ContainerIdentity> {
@@ -212,6 +222,15 @@ mod tests {
         let cgroups = ["/".to_owned(), format!("/docker/{ID}"), format!("/system.slice/docker-{INNER}.scope")];
         assert_eq!(container_of(&cgroups).map(|c| c.id), Some(ID.to_owned()));
         assert_eq!(container_of(&[]), None);
+        // The same container: the v2 path names the runtime the v1 one could not.
+        let both = [
+            format!("/kubepods/besteffort/pod{UID}/{ID}"),
+            format!("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID_}.slice/cri-containerd-{ID}.scope"),
+        ];
+        let expected = ContainerIdentity { id: ID.into(), runtime: Some("containerd"), pod_uid: Some(UID.into()) };
+        assert_eq!(container_of(&both), Some(expected));
+        let unsaid = [format!("/ci/{ID}"), format!("/system.slice/docker-{ID}.scope")];
+        assert_eq!(container_of(&unsaid).and_then(|c| c.runtime), Some("docker"));
     }
 
     #[test]

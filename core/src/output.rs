@@ -316,7 +316,11 @@ mod tests {
                 version: Some("1.0.0".into()),
                 lifecycle: Some("postinstall".into()),
             },
-            host: AlertHost { name: "dev".into() },
+            host: AlertHost { name: "dev".into(), id: None },
+            agent: None,
+            container: None,
+            orchestrator: None,
+            ci: None,
             user: AlertUser { id: 1000 },
             credwatch: AlertCredwatch {
                 root_pid: 10,
