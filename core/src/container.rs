@@ -269,6 +269,59 @@ mod tests {
         }
     }
 
+    /// Paths stitched from the forms' pieces and odd bytes: whatever comes back is well formed.
+    #[test]
+    fn stitched_paths_give_well_formed_answers_or_none() {
+        let pieces = [
+            "/",
+            "/",
+            "docker",
+            "docker-",
+            "cri-containerd-",
+            "crio-",
+            "libpod-",
+            "libpod-conmon-",
+            ".scope",
+            ".slice",
+            "kubepods",
+            "kubepods-besteffort-pod",
+            "pod",
+            "-",
+            "_",
+            ID,
+            INNER,
+            UID,
+            UID_,
+            &ID[..40],
+            "\u{0}",
+            "\u{e9}",
+            "\u{1b}[2J",
+            "..",
+            "actions_job",
+            "default",
+            "g",
+        ];
+        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |bound: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % bound as u64) as usize
+        };
+        let runtimes = [Some("docker"), Some("containerd"), Some("cri-o"), Some("podman"), Some("cri"), None];
+        let mut named = 0;
+        for _ in 0..20_000 {
+            let path: String = (0..next(12)).map(|_| pieces[next(pieces.len())]).collect();
+            if let Some(found) = container_of(&[path.clone()]) {
+                named += 1;
+                assert!(is_id(&found.id) && runtimes.contains(&found.runtime), "{path:?}: {found:?}");
+                assert!(found.pod_uid.as_deref().is_none_or(is_uuid), "{path:?}: {found:?}");
+            }
+        }
+        // Not a test that cannot fail: some of the stitched paths do name a container.
+        assert!(named > 100, "{named}");
+    }
+
     #[test]
     fn a_pod_needs_a_kubepods_parent_and_a_uuid() {
         // Not under kubepods: a `pod<uid>` elsewhere is no pod.
