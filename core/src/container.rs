@@ -312,7 +312,7 @@ mod tests {
         let mut named = 0;
         for _ in 0..20_000 {
             let path: String = (0..next(12)).map(|_| pieces[next(pieces.len())]).collect();
-            if let Some(found) = container_of(&[path.clone()]) {
+            if let Some(found) = container_of(std::slice::from_ref(&path)) {
                 named += 1;
                 assert!(is_id(&found.id) && runtimes.contains(&found.runtime), "{path:?}: {found:?}");
                 assert!(found.pod_uid.as_deref().is_none_or(is_uuid), "{path:?}: {found:?}");
