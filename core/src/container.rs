@@ -17,13 +17,17 @@
 //! | `<id>` under a containerd namespace (`default`, `k8s.io`, `moby`, `buildkit`) | `containerd` |
 //! | `<id>` under a Kubernetes `pod<uid>` (cgroupfs driver) | `cri`: containerd and cri-dockerd both make this path, and nothing in it says which |
 //! | `<id>` under any other parent (`docker run --cgroup-parent`) | none said  |
+//! | `<pod slice>:cri-containerd:<id>` (kubelet's systemd driver, containerd's cgroupfs one) | `containerd` |
 //!
 //! `<id>` is 64 lowercase hex digits, as every one of these runtimes makes it; anything else
 //! (`libpod-conmon-<id>.scope`, a `ctr run` container named by hand, `user@1000.service`) names no
-//! container. This follows the shape of Falco's `libsinsp/runc.cpp` (prefix and suffix per
-//! runtime, systemd slices and services are the host) and of Tetragon's and Tracee's cgroup
-//! parsers (the leaf-most id wins), not their code; unlike Falco, the id is kept whole (64 digits:
-//! `docker ps` shows the first 12) and a bare id under a pod is not given a runtime it might not be.
+//! container. Read, not copied: Falco's `libsinsp/runc.cpp` and its per-engine layouts (a prefix
+//! and a suffix per runtime; systemd slices and services are the host; the `:cri-containerd:`
+//! form), and Tracee's `getContainerIdFromCgroup` (the components from the leaf up, the innermost
+//! id wins, 64 hex digits); Tetragon names a container from the leaf cgroup's name or, better, asks
+//! the CRI socket, which credwatch does not (the engine reads events only). Unlike Falco, the id is
+//! kept whole (64 digits; `docker ps` shows the first 12), and unlike both, a bare id under a pod
+//! is not given a runtime it might not be.
 //!
 //! The pod: `pod<uid>` (cgroupfs) or `kubepods[-<qos>]-pod<uid>.slice` (systemd, which turns
 //! the uid's `-` into `_`) above the container, at or under a component naming `kubepods`; the
@@ -84,7 +88,10 @@ fn parse(path: &str) -> Option<ContainerIdentity> {
         let (id, runtime) = named(part, at.checked_sub(1).map(|parent| parts[parent]))?;
         Some((at, id, runtime))
     })?;
-    let pod_uid = pod_uid(&parts[..at]);
+    // The `:cri-containerd:` form carries the pod's slice in the same component.
+    let mut above = parts[..at].to_vec();
+    above.extend(parts[at].split_once(':').map(|(slice, _)| slice));
+    let pod_uid = pod_uid(&above);
     // A bare id in a pod's cgroup: a CRI runtime with the cgroupfs driver.
     let runtime = runtime.or(pod_uid.as_ref().filter(|_| is_id(parts[at])).map(|_| "cri"));
     Some(ContainerIdentity { id: id.to_owned(), runtime, pod_uid })
@@ -97,6 +104,9 @@ fn named<'a>(part: &'a str, parent: Option<&str>) -> Option<(&'a str, Option<&'s
         let parent = parent?;
         let runtime = PARENTS.iter().find(|(name, _)| *name == parent).map(|(_, runtime)| *runtime);
         return Some((part, runtime));
+    }
+    if let Some((_, id)) = part.rsplit_once(":cri-containerd:") {
+        return is_id(id).then_some((id, Some("containerd")));
     }
     let bare = part.strip_suffix(".scope").unwrap_or(part);
     PREFIXES.iter().find_map(|(prefix, runtime)| {
@@ -195,6 +205,12 @@ mod tests {
                 Some(UID),
             ),
             (format!("/kubepods.slice/kubepods-pod{UID_}.slice/cri-containerd-{ID}.scope"), Some("containerd"), Some(UID)),
+            // Kubelet with the systemd driver, containerd with cgroupfs (k3s, rke2 set-ups).
+            (
+                format!("/system.slice/containerd.service/kubepods-burstable-pod{UID_}.slice:cri-containerd:{ID}"),
+                Some("containerd"),
+                Some(UID),
+            ),
             // A bare id under an unknown parent (`docker run --cgroup-parent /ci`): no runtime said.
             (format!("/ci/{ID}"), None, None),
         ];
@@ -263,6 +279,8 @@ mod tests {
             "//////".to_owned(),
             "/docker/".to_owned(),
             "docker-.scope".to_owned(),
+            format!("/system.slice/containerd.service/kubepods-pod{UID_}.slice:cri-containerd:{}", &ID[..63]),
+            ":cri-containerd:".to_owned(),
         ];
         for path in paths {
             assert_eq!(of(&path), None, "{path:?}");
