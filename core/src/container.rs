@@ -318,6 +318,8 @@ mod tests {
             "actions_job",
             "default",
             "g",
+            ":cri-containerd:",
+            ":",
         ];
         let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
         let mut next = |bound: usize| {
