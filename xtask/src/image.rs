@@ -35,10 +35,14 @@ const FILES: [(&str, &str, u32); 2] = [
 const DIRS: [(&str, u32); 4] =
     [("etc/credwatch/rules.d", 0o755), ("var/lib/credwatch", 0o755), ("var/log/credwatch", 0o755), ("tmp", 0o1777)];
 
-/// The engine's command line (`docker`, or what `CREDWATCH_DOCKER` names: a podman, a client
-/// elsewhere on the machine).
+/// The engine's client: `docker`, or what `CREDWATCH_DOCKER` names (a podman, a client elsewhere
+/// on the machine).
+fn client() -> String {
+    std::env::var("CREDWATCH_DOCKER").unwrap_or_else(|_| "docker".into())
+}
+
 pub fn docker() -> Command {
-    Command::new(std::env::var_os("CREDWATCH_DOCKER").unwrap_or_else(|| "docker".into()))
+    Command::new(client())
 }
 
 /// Fails with what to do when no engine answers: no client, or no daemon behind it.
@@ -47,7 +51,8 @@ pub fn check_engine() -> Result<String> {
     let output = match output {
         Ok(output) => output,
         Err(error) => bail!(
-            "no container engine: `docker` cannot be started ({error}); install one (Debian: apt-get install docker.io) or name its client in CREDWATCH_DOCKER"
+            "no container engine: `{}` cannot be started ({error}); install one (Debian: apt-get install docker.io) or name its client in CREDWATCH_DOCKER",
+            client()
         ),
     };
     let version = String::from_utf8_lossy(&output.stdout).trim().to_owned();
