@@ -42,8 +42,9 @@ const USAGE: &str = "usage: cargo xtask <command>
                          (DOCKER_HOST: which daemon; CREDWATCH_DOCKER: another client);
                          --no-build: of the static binary built already (the image test's way)
   test                   build, set up what the tests need, run the unit tests, fuzz each decoder
-                         for 25s, then (as root) the end-to-end tests, and the package installed,
-                         checked and purged with dpkg
+                         for 25s, then (as root) the static binary, the end-to-end tests (the
+                         container image's among them), and the package installed, checked and
+                         purged with dpkg
   bench [--quick] [--no-build] [--only syscalls,install,throughput,replay,memory,outputs,idle]
                          (root) build, then measure overhead, install workloads, event and replay
                          throughput, memory and start-up, side by side with the hook's floor,
@@ -251,9 +252,14 @@ fn build_requirement_wheels() -> Result<()> {
     )
 }
 
-/// Debian's busybox-static puts its binary here (the dynamic busybox package there too: the
-/// image test checks the one it finds is static).
-const STATIC_BUSYBOX: &str = "/bin/busybox";
+/// Whether Debian's busybox-static is installed: the dynamic busybox package puts a binary at
+/// the same path, useless in a container FROM scratch.
+fn busybox_static_installed() -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", "busybox-static"])
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("ok installed"))
+}
 
 /// Whether rsyslog has the module `name`: Debian puts them in /usr/lib/<triplet>/rsyslog.
 fn rsyslog_has_module(name: &str) -> bool {
@@ -303,7 +309,7 @@ fn test_prerequisites() -> Result<()> {
     if !rsyslog_has_module("imrelp") {
         missing.push("rsyslog-relp");
     }
-    if !Path::new(STATIC_BUSYBOX).is_file() {
+    if !busybox_static_installed() {
         missing.push("busybox-static");
     }
     if !missing.is_empty() {
