@@ -295,6 +295,8 @@ fn the_image_run_as_its_pod_catches_package_trees_on_the_host_and_in_another_con
         dockerd.run(&["image", "inspect", "--format", "{{.Id}}", "credwatch:latest"]),
         "credwatch:latest is not the image just built"
     );
+    // FROM scratch: the one layer of its one COPY.
+    assert_eq!(dockerd.run(&["image", "inspect", "--format", "{{len .RootFS.Layers}}", image]), "1");
     let packages = build_package_image(&sandbox, &dockerd);
 
     // The node's folders and the ConfigMap, in the sandbox; the rest of the mounts are the host's.
@@ -380,6 +382,9 @@ fn the_image_run_as_its_pod_catches_package_trees_on_the_host_and_in_another_con
     .unwrap_or_else(|| panic!("no alert for the host's package tree in {}:\n{}", alerts.display(), logs()));
     assert_eq!(on_host["rule"]["id"], "ssh-private-keys", "{on_host:#}");
     assert_eq!(on_host["package"]["lifecycle"], "postinstall", "{on_host:#}");
+    // The node's name, from the UTS namespace the pod shares with it on the host network.
+    let host_name = fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_eq!(on_host["host"]["name"], host_name.trim(), "{on_host:#}");
 
     // (b) The same inside another container: its own root and fake key, no network.
     dockerd.run(&[
@@ -411,7 +416,10 @@ fn the_image_run_as_its_pod_catches_package_trees_on_the_host_and_in_another_con
         ready["startup_ms"]
     );
 
-    // The container's identity, from the process's cgroup (issue 12, point 1).
+    // The node's machine-id (mounted read-only), and the container's identity from the
+    // process's cgroup (issue 12, point 1).
+    let machine_id = fs::read_to_string("/etc/machine-id").unwrap();
+    assert_eq!(on_host["host"]["id"], machine_id.trim(), "{on_host:#}");
     assert_eq!(in_container["container"]["id"], Value::String(id), "{in_container:#}");
     assert_eq!(in_container["container"]["runtime"], "docker", "{in_container:#}");
 
