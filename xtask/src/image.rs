@@ -47,19 +47,23 @@ pub fn docker() -> Command {
 
 /// Fails with what to do when no engine answers: no client, or no daemon behind it.
 pub fn check_engine() -> Result<String> {
-    let output = docker().args(["version", "--format", "{{.Server.Version}}"]).output();
+    engine_version(&client())
+}
+
+/// The engine's version, asked of `client`; the error says what to do when it does not answer.
+fn engine_version(client: &str) -> Result<String> {
+    let output = Command::new(client).args(["version", "--format", "{{.Server.Version}}"]).output();
     let output = match output {
         Ok(output) => output,
         Err(error) => bail!(
-            "no container engine: `{}` cannot be started ({error}); install one (Debian: apt-get install docker.io) or name its client in CREDWATCH_DOCKER",
-            client()
+            "no container engine: `{client}` cannot be started ({error}); install one (Debian: apt-get install docker.io) or name its client in CREDWATCH_DOCKER"
         ),
     };
     let version = String::from_utf8_lossy(&output.stdout).trim().to_owned();
     if !output.status.success() || version.is_empty() {
         let host = std::env::var("DOCKER_HOST").unwrap_or_else(|_| "the default socket".into());
         bail!(
-            "no container engine answers at {host}: start dockerd (or point DOCKER_HOST at a running one); `docker version` said: {}",
+            "no container engine answers at {host}: start dockerd (or point DOCKER_HOST at a running one); `{client} version` said: {}",
             String::from_utf8_lossy(&output.stderr).trim()
         );
     }
@@ -125,4 +129,41 @@ pub fn image() -> Result<()> {
     let bytes: u64 = String::from_utf8_lossy(&size.stdout).trim().parse().context("the image's size")?;
     println!("xtask: image {tag} (and {IMAGE}:latest): {:.1} MB", bytes as f64 / 1e6);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in client: a script that prints `stdout`, `stderr` and exits with `status`.
+    fn client(dir: &Path, stdout: &str, stderr: &str, status: i32) -> String {
+        let path = dir.join("docker");
+        fs::write(&path, format!("#!/bin/sh\necho '{stdout}'\necho '{stderr}' >&2\nexit {status}\n")).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+        path.to_string_lossy().into_owned()
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("xtask-image-{name}-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn no_client_and_no_daemon_are_errors_that_say_what_to_do() {
+        let missing = engine_version("/nonexistent/docker").unwrap_err().to_string();
+        assert!(missing.contains("`/nonexistent/docker` cannot be started"), "{missing}");
+        assert!(missing.contains("apt-get install docker.io"), "{missing}");
+
+        let dir = scratch("down");
+        let down = client(&dir, "", "Cannot connect to the Docker daemon. Is the docker daemon running?", 1);
+        let error = engine_version(&down).unwrap_err().to_string();
+        assert!(error.contains("no container engine answers"), "{error}");
+        assert!(error.contains("start dockerd"), "{error}");
+        assert!(error.contains("Is the docker daemon running?"), "{error}");
+
+        let up = client(&dir, "20.10.24", "", 0);
+        assert_eq!(engine_version(&up).unwrap(), "20.10.24");
+        fs::remove_dir_all(dir).unwrap();
+    }
 }
