@@ -13,7 +13,7 @@ use std::{
     process::{Child, Command, ExitCode, ExitStatus},
     sync::{
         atomic::{AtomicBool, Ordering},
-        Arc, Mutex,
+        Arc, Mutex, OnceLock,
     },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -153,6 +153,33 @@ impl Outputs<'_> {
 
 pub fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|name| name.trim().to_owned()).unwrap_or_default()
+}
+
+/// Where the machine id is: systemd's file, else D-Bus's copy (older or systemd-less systems).
+const MACHINE_ID_FILES: [&str; 2] = ["/etc/machine-id", "/var/lib/dbus/machine-id"];
+
+/// The machine id, `host.id` of alerts and `host_id` of traces; read once (a missing one is said
+/// once, not on every reload).
+pub fn host_id() -> Option<String> {
+    static ID: OnceLock<Option<String>> = OnceLock::new();
+    ID.get_or_init(|| {
+        let id = machine_id(&MACHINE_ID_FILES.map(Path::new));
+        if id.is_none() {
+            warn!("no machine id in {}: alerts carry no host.id", MACHINE_ID_FILES.join(" or "));
+        }
+        id
+    })
+    .clone()
+}
+
+/// The first of `files` that holds a machine id: 32 lowercase hex digits (machine-id(5)); an
+/// empty or `uninitialized` file (an image not yet booted) holds none.
+fn machine_id(files: &[&Path]) -> Option<String> {
+    files.iter().find_map(|file| {
+        let text = std::fs::read_to_string(file).ok()?;
+        let id = text.trim();
+        (id.len() == 32 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))).then(|| id.to_owned())
+    })
 }
 
 fn kernel_release() -> String {
@@ -595,7 +622,13 @@ fn rfc3339(time_ns: u64) -> String {
 }
 
 fn engine_options(outputs: &Outputs) -> EngineOptions {
-    EngineOptions { host_name: host_name(), watch_project: outputs.watch_project, ..EngineOptions::default() }
+    EngineOptions {
+        host_name: host_name(),
+        host_id: host_id(),
+        agent_version: Some(env!("CARGO_PKG_VERSION").to_owned()),
+        watch_project: outputs.watch_project,
+        ..EngineOptions::default()
+    }
 }
 
 fn open_trace(path: &Path, rules: &RuleSet, command: &[String]) -> Result<TraceWriter> {
@@ -606,6 +639,7 @@ fn open_trace(path: &Path, rules: &RuleSet, command: &[String]) -> Result<TraceW
         credwatch_trace: TRACE_SCHEMA,
         credwatch_version: env!("CARGO_PKG_VERSION").to_owned(),
         host: host_name(),
+        host_id: host_id(),
         kernel: kernel_release(),
         start_time,
         rules_digest: rules.digest(),
@@ -805,5 +839,20 @@ mod tests {
         assert_eq!(systemd.bound_wait(IDLE_POLL_INTERVAL), Duration::from_millis(500));
         assert_eq!(systemd.bound_wait(POLL_INTERVAL), POLL_INTERVAL);
         assert_eq!(Systemd::with_watchdog(None).bound_wait(IDLE_POLL_INTERVAL), IDLE_POLL_INTERVAL);
+    }
+
+    #[test]
+    fn the_machine_id_is_the_first_file_holding_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (etc, dbus, missing) = (dir.path().join("etc"), dir.path().join("dbus"), dir.path().join("none"));
+        let id = "0123456789abcdef0123456789abcdef";
+        std::fs::write(&dbus, format!("{id}\n")).unwrap();
+        for unset in ["", "uninitialized\n", "0123456789ABCDEF0123456789ABCDEF\n", "\u{1b}[2J"] {
+            std::fs::write(&etc, unset).unwrap();
+            assert_eq!(machine_id(&[&missing, &etc, &dbus]).as_deref(), Some(id), "{unset:?}");
+            assert_eq!(machine_id(&[&missing, &etc]), None, "{unset:?}");
+        }
+        std::fs::write(&etc, "fedcba9876543210fedcba9876543210\n").unwrap();
+        assert_eq!(machine_id(&[&etc, &dbus]).as_deref(), Some("fedcba9876543210fedcba9876543210"));
     }
 }

@@ -207,8 +207,15 @@ fn replay_file(
 ) -> Result<()> {
     let mut reader = import::open_group(group, options.from, &options.import)?;
     totals.consumed.lock().map_err(|_| anyhow::anyhow!("progress lock poisoned"))?.push(reader.consumed());
-    let host_name = reader.host().unwrap_or_default();
-    let mut engine = Engine::new(rules.clone(), EngineOptions { host_name, ..options.engine.clone() });
+    // The recording's identity, so that a replay's alerts are the live ones; another tool's
+    // trace was watched by no credwatch: this one names itself.
+    let engine_options = EngineOptions {
+        host_name: reader.host().unwrap_or_default(),
+        host_id: reader.host_id(),
+        agent_version: Some(reader.agent_version().unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_owned())),
+        ..options.engine.clone()
+    };
+    let mut engine = Engine::new(rules.clone(), engine_options);
     let (mut counted, mut output) = (Counted(&totals.events), sink);
     let mut sinks: Vec<&mut dyn Sink> = vec![&mut counted, &mut output];
     let mut outputs = dispatcher.map(SharedOutputs);

@@ -343,6 +343,7 @@ fn credwatch_traces_read_through_the_same_interface_compressed_or_not() {
         credwatch_trace: credwatch_core::trace::TRACE_SCHEMA,
         credwatch_version: "0.1.0".into(),
         host: "recorder".into(),
+        host_id: Some("0123456789abcdef0123456789abcdef".into()),
         kernel: "6.18".into(),
         start_time: "2026-11-29T00:00:00Z".into(),
         rules_digest: "00".into(),
@@ -356,6 +357,8 @@ fn credwatch_traces_read_through_the_same_interface_compressed_or_not() {
         writer.finish().unwrap();
         let mut source = import::open(&path, None, &options()).unwrap();
         assert_eq!((source.format(), source.host().as_deref()), (Format::Credwatch, Some("recorder")));
+        assert_eq!(source.host_id().as_deref(), Some("0123456789abcdef0123456789abcdef"));
+        assert_eq!(source.agent_version().as_deref(), Some("0.1.0"));
         assert_eq!(source.next_event().unwrap().unwrap().pid, 7);
         assert!(source.next_event().unwrap().is_none());
     }

@@ -38,6 +38,18 @@ pub struct Alert {
     pub destination: Option<AlertDestination>,
     pub package: AlertPackage,
     pub host: AlertHost,
+    /// The credwatch that raised it (a replay names the recording one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AlertAgent>,
+    /// The container the acting process ran in (see [`crate::container`]); absent on the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<AlertContainer>,
+    /// Under Kubernetes: the pod (ECS `orchestrator.*`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orchestrator: Option<AlertOrchestrator>,
+    /// The CI job that started the package tree, from the tree root's environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ci: Option<AlertCi>,
     pub user: AlertUser,
     pub credwatch: AlertCredwatch,
 }
@@ -45,7 +57,10 @@ pub struct Alert {
 impl Alert {
     /// A digest of what makes this alert the one it is: the host, the event's time, the
     /// process, the rule, what it acted on, and the repeat count or the sweep summary's mark
-    /// (two alerts differing only there are two alerts). Taken from the alert's own fields, not
+    /// (two alerts differing only there are two alerts). The identity fields (`host.id`,
+    /// `agent`, `container`, `orchestrator`, `ci`) are not in it: the pid, root and time already
+    /// tell alerts apart, and ids stay what they were before those fields existed. Taken from the
+    /// alert's own fields, not
     /// from the agent's state, so the same event gives the same id live, replayed, and after a
     /// restart. 128 bits of SHA-256, in hex.
     pub fn stable_id(&self) -> String {
@@ -160,9 +175,123 @@ pub struct AlertPackage {
     pub lifecycle: Option<String>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct AlertHost {
     pub name: String,
+    /// The machine id (`/etc/machine-id`), when the agent could read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AlertAgent {
+    /// credwatch's version.
+    pub version: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AlertContainer {
+    /// The full id (64 hex digits).
+    pub id: String,
+    /// `docker`, `containerd`, `cri-o`, `podman`, or `cri` for a Kubernetes container whose
+    /// cgroup does not say which CRI runtime (containerd or cri-dockerd); absent when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AlertOrchestrator {
+    /// `kubernetes`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub resource: AlertResource,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AlertResource {
+    /// `pod`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The pod's uid (a cgroup names no namespace or pod name).
+    pub id: String,
+}
+
+impl AlertContainer {
+    /// `container` and `orchestrator` of a process in `container`.
+    pub fn with_pod(container: &crate::container::ContainerIdentity) -> (AlertContainer, Option<AlertOrchestrator>) {
+        let pod = container.pod_uid.as_ref().map(|uid| AlertOrchestrator {
+            kind: "kubernetes".into(),
+            resource: AlertResource { kind: "pod".into(), id: uid.clone() },
+        });
+        (AlertContainer { id: container.id.clone(), runtime: container.runtime.map(str::to_owned) }, pod)
+    }
+}
+
+/// The CI job a package tree ran in. The same names for every provider; each field is there
+/// only when the provider sets its variable.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AlertCi {
+    /// `github` (GitHub Actions) or `gitlab` (GitLab CI).
+    pub provider: String,
+    /// `GITHUB_SERVER_URL`, `CI_SERVER_URL`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_url: Option<String>,
+    /// `GITHUB_REPOSITORY` (`owner/name`), `CI_PROJECT_PATH` (`group/project`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repository: Option<String>,
+    /// `GITHUB_WORKFLOW`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<String>,
+    /// `GITHUB_RUN_ID`, `CI_PIPELINE_ID`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    /// `GITHUB_RUN_ATTEMPT`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_attempt: Option<String>,
+    /// The job's name: `GITHUB_JOB` (its key in the workflow), `CI_JOB_NAME`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
+    /// `CI_JOB_ID` (GitHub sets no job id in the environment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<String>,
+    /// `RUNNER_NAME`, `CI_RUNNER_DESCRIPTION`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner: Option<String>,
+}
+
+impl AlertCi {
+    /// The job named by an environment, when it is a GitHub Actions (`GITHUB_ACTIONS=true`) or
+    /// GitLab CI (`GITLAB_CI=true`) job's.
+    pub fn from_env(env: &std::collections::BTreeMap<String, String>) -> Option<AlertCi> {
+        let get = |key: &str| env.get(key).filter(|value| !value.is_empty()).cloned();
+        if env.get("GITHUB_ACTIONS").is_some_and(|v| v == "true") {
+            Some(AlertCi {
+                provider: "github".into(),
+                server_url: get("GITHUB_SERVER_URL"),
+                repository: get("GITHUB_REPOSITORY"),
+                workflow: get("GITHUB_WORKFLOW"),
+                run_id: get("GITHUB_RUN_ID"),
+                run_attempt: get("GITHUB_RUN_ATTEMPT"),
+                job: get("GITHUB_JOB"),
+                job_id: None,
+                runner: get("RUNNER_NAME"),
+            })
+        } else if env.get("GITLAB_CI").is_some_and(|v| v == "true") {
+            Some(AlertCi {
+                provider: "gitlab".into(),
+                server_url: get("CI_SERVER_URL"),
+                repository: get("CI_PROJECT_PATH"),
+                workflow: None,
+                run_id: get("CI_PIPELINE_ID"),
+                run_attempt: None,
+                job: get("CI_JOB_NAME"),
+                job_id: get("CI_JOB_ID"),
+                runner: get("CI_RUNNER_DESCRIPTION"),
+            })
+        } else {
+            None
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -271,4 +400,73 @@ pub struct AlertSyscall {
     /// The result or `-errno`; absent when the process was killed before it returned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ret: Option<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::attribution_env;
+
+    /// Every variable `from_env` reads, through the sensor's filter (`ATTRIBUTION_ENV`).
+    fn through_sensor(vars: &[(&str, &str)]) -> Option<AlertCi> {
+        let block: Vec<u8> = vars.iter().flat_map(|(key, value)| format!("{key}={value}\0").into_bytes()).collect();
+        AlertCi::from_env(&attribution_env(&block))
+    }
+
+    #[test]
+    fn names_a_github_actions_job() {
+        let ci = through_sensor(&[
+            ("GITHUB_ACTIONS", "true"),
+            ("GITHUB_SERVER_URL", "https://github.com"),
+            ("GITHUB_REPOSITORY", "octo/app"),
+            ("GITHUB_WORKFLOW", "CI"),
+            ("GITHUB_RUN_ID", "1234567890"),
+            ("GITHUB_RUN_ATTEMPT", "2"),
+            ("GITHUB_JOB", "build"),
+            ("RUNNER_NAME", "GitHub Actions 7"),
+            ("GITHUB_TOKEN", "ghs_secret"),
+            ("CI_JOB_ID", "not GitLab's"),
+        ]);
+        let expected = AlertCi {
+            provider: "github".into(),
+            server_url: Some("https://github.com".into()),
+            repository: Some("octo/app".into()),
+            workflow: Some("CI".into()),
+            run_id: Some("1234567890".into()),
+            run_attempt: Some("2".into()),
+            job: Some("build".into()),
+            job_id: None,
+            runner: Some("GitHub Actions 7".into()),
+        };
+        assert_eq!(ci, Some(expected));
+    }
+
+    #[test]
+    fn names_a_gitlab_ci_job_and_absent_variables_are_absent() {
+        let ci = through_sensor(&[
+            ("GITLAB_CI", "true"),
+            ("CI_SERVER_URL", "https://gitlab.example"),
+            ("CI_PROJECT_PATH", "group/project"),
+            ("CI_PIPELINE_ID", "77"),
+            ("CI_JOB_NAME", "test"),
+            ("CI_JOB_ID", "991"),
+            ("CI_RUNNER_DESCRIPTION", "shared-runner-3"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (ci.provider.as_str(), ci.repository.as_deref(), ci.run_id.as_deref(), ci.job.as_deref()),
+            ("gitlab", Some("group/project"), Some("77"), Some("test"))
+        );
+        assert_eq!((ci.job_id.as_deref(), ci.runner.as_deref()), (Some("991"), Some("shared-runner-3")));
+        assert_eq!(ci.server_url.as_deref(), Some("https://gitlab.example"));
+        let json = serde_json::to_value(through_sensor(&[("GITLAB_CI", "true"), ("CI_JOB_NAME", "")])).unwrap();
+        assert_eq!(json, serde_json::json!({"provider": "gitlab"}));
+    }
+
+    #[test]
+    fn no_ci_without_the_providers_flag() {
+        assert_eq!(through_sensor(&[("GITHUB_REPOSITORY", "octo/app"), ("CI_JOB_ID", "3")]), None);
+        assert_eq!(through_sensor(&[("GITHUB_ACTIONS", "false")]), None);
+        assert_eq!(through_sensor(&[("GITLAB_CI", "1")]), None);
+    }
 }

@@ -22,6 +22,22 @@ pub const ATTRIBUTION_ENV: &[&str] = &[
     "CARGO_PRIMARY_PACKAGE",
     // The SSH agent's socket, a path: a connect to it is the agent being used.
     "SSH_AUTH_SOCK",
+    // The CI job (`ci.*` of alerts, from the tree root's): what `AlertCi::from_env` reads.
+    "GITHUB_ACTIONS",
+    "GITHUB_SERVER_URL",
+    "GITHUB_REPOSITORY",
+    "GITHUB_WORKFLOW",
+    "GITHUB_RUN_ID",
+    "GITHUB_RUN_ATTEMPT",
+    "GITHUB_JOB",
+    "RUNNER_NAME",
+    "GITLAB_CI",
+    "CI_SERVER_URL",
+    "CI_PROJECT_PATH",
+    "CI_PIPELINE_ID",
+    "CI_JOB_NAME",
+    "CI_JOB_ID",
+    "CI_RUNNER_DESCRIPTION",
 ];
 
 /// Keeps the `KEY=VALUE` entries of a NUL-separated environment block whose key is in

@@ -46,40 +46,28 @@ pub struct Place {
     pub host: String,
     /// `container.id`, as `<container.runtime>://<id>` when the runtime is given.
     pub container: Option<String>,
-    /// From `orchestrator.*`: `<namespace>/<resource.name>`, then ` (<resource.id>)`.
+    /// From `orchestrator.resource`: `pod <uid>`.
     pub pod: Option<String>,
     /// From `ci.*`: each field as `key=value`, in key order.
     pub ci_job: Option<String>,
 }
 
 impl Place {
-    /// Read from the alert's JSON: the identity fields are optional (older agents send none),
-    /// and read by name so that any agent's alert is understood.
-    fn of(host: &str, json: &Value) -> Place {
-        let text = |value: &Value| match value {
-            Value::String(s) if !s.is_empty() => Some(s.clone()),
-            Value::Number(n) => Some(n.to_string()),
-            _ => None,
-        };
-        let container = text(&json["container"]["id"]).map(|id| match text(&json["container"]["runtime"]) {
-            Some(runtime) => format!("{runtime}://{id}"),
-            None => id,
+    /// Read from the alert's identity fields, as the engine writes them; each is optional
+    /// (older agents send none, a host process has no container).
+    fn of(alert: &Alert) -> Place {
+        let container = alert.container.as_ref().map(|c| match &c.runtime {
+            Some(runtime) => format!("{runtime}://{}", c.id),
+            None => c.id.clone(),
         });
-        let orchestrator = &json["orchestrator"];
-        let resource = &orchestrator["resource"];
-        let name = match (text(&orchestrator["namespace"]), text(&resource["name"])) {
-            (Some(namespace), Some(name)) => Some(format!("{namespace}/{name}")),
-            (None, name) => name,
-            (namespace, None) => namespace,
-        };
-        let pod = match (name, text(&resource["id"])) {
-            (Some(name), Some(id)) => Some(format!("{name} ({id})")),
-            (name, id) => name.or(id),
-        };
+        // A cgroup names the pod's uid only, not its namespace or name.
+        let pod = alert.orchestrator.as_ref().map(|o| format!("{} {}", o.resource.kind, o.resource.id));
         let mut ci = Vec::new();
-        flatten("", &json["ci"], &mut ci);
+        if let Some(job) = &alert.ci {
+            flatten("", &serde_json::to_value(job).unwrap_or_default(), &mut ci);
+        }
         let ci_job = (!ci.is_empty()).then(|| ci.join(" "));
-        Place { host: host.to_owned(), container, pod, ci_job }
+        Place { host: alert.host.name.clone(), container, pod, ci_job }
     }
 }
 
@@ -250,7 +238,7 @@ impl FleetReport {
             self.repeats += 1;
             return Ok(Added::Repeat);
         }
-        self.add(&alert, Place::of(&alert.host.name, &value), at);
+        self.add(&alert, Place::of(&alert), at);
         Ok(Added::New)
     }
 
@@ -638,25 +626,37 @@ mod tests {
     #[test]
     fn names_the_container_pod_and_ci_job_when_the_alert_carries_them_and_escapes_them() {
         let line = &alerts("node-1", 0, ("evil", "1.0.0"))[0];
-        let mut value: Value = serde_json::from_str(line).unwrap();
-        value["container"] = serde_json::json!({"id": "abc123", "runtime": "containerd"});
-        value["orchestrator"] =
-            serde_json::json!({"namespace": "ci", "resource": {"name": "runner-\u{1b}[2J", "id": "uid-7"}});
-        value["ci"] = serde_json::json!({"provider": "github", "run_id": 42, "repository": "o/r"});
-        value["event"]["id"] = "other".into();
-        value["host"]["name"] = "node-\u{1b}]0;x\u{7}".into();
+        let mut alert: Alert = serde_json::from_str(line).unwrap();
+        let id = "ab".repeat(32);
+        let uid = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
+        let cgroup = format!("/kubepods/besteffort/pod{uid}/crio-{id}");
+        let container = crate::container::container_of(&[cgroup]).unwrap();
+        let (container, orchestrator) = crate::alert::AlertContainer::with_pod(&container);
+        (alert.container, alert.orchestrator) = (Some(container), orchestrator);
+        alert.ci = Some(crate::alert::AlertCi {
+            provider: "github".into(),
+            repository: Some("o/r".into()),
+            run_id: Some("42".into()),
+            job: Some("test-\u{1b}[2J".into()),
+            ..crate::alert::AlertCi::default()
+        });
+        alert.event.id = "other".into();
+        alert.host.name = "node-\u{1b}]0;x\u{7}".into();
         let mut report = FleetReport::default();
         report.add_json(line.as_bytes()).unwrap();
-        report.add_json(value.to_string().as_bytes()).unwrap();
+        report.add_json(serde_json::to_string(&alert).unwrap().as_bytes()).unwrap();
         let (_, package) = &report.packages["npm package evil@1.0.0"];
         let with: Vec<&Place> = package.places.keys().filter(|p| p.container.is_some()).collect();
         assert_eq!(with.len(), 1);
-        assert_eq!(with[0].container.as_deref(), Some("containerd://abc123"));
-        assert_eq!(with[0].pod.as_deref(), Some("ci/runner-\u{1b}[2J (uid-7)"));
-        assert_eq!(with[0].ci_job.as_deref(), Some("provider=github repository=o/r run_id=42"));
+        assert_eq!(with[0].container, Some(format!("cri-o://{id}")));
+        assert_eq!(with[0].pod, Some(format!("pod {uid}")));
+        assert_eq!(with[0].ci_job.as_deref(), Some("job=test-\u{1b}[2J provider=github repository=o/r run_id=42"));
         let text = report.to_text();
         assert!(text.contains("             node-1 | - | - | - |"), "{text}");
-        assert!(text.contains("| containerd://abc123 | ci/runner-\\u{1b}[2J (uid-7) | provider=github"), "{text}");
+        assert!(
+            text.contains(&format!("| cri-o://{id} | pod {uid} | job=test-\\u{{1b}}[2J provider=github")),
+            "{text}"
+        );
         for out in [text, report.to_markdown()] {
             assert!(!out.contains('\x1b') && !out.contains('\x07'), "raw control characters: {out}");
         }

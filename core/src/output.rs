@@ -147,6 +147,22 @@ pub fn render(alert: &Alert, colour: bool) -> String {
         let _ = writeln!(out, "  repeated {count} times so far");
     }
     let _ = writeln!(out, "  at       {}  uid {}  host {}", alert.timestamp, alert.user.id, escape(&alert.host.name));
+    if let Some(container) = &alert.container {
+        let runtime = container.runtime.as_deref().map(|r| format!("{r}://")).unwrap_or_default();
+        let pod = alert.orchestrator.as_ref().map(|o| format!("  pod {}", o.resource.id)).unwrap_or_default();
+        let _ = writeln!(out, "  in       container {}{}{}", escape(&runtime), escape(&container.id), escape(&pod));
+    }
+    if let Some(ci) = &alert.ci {
+        let mut job = ci.provider.clone();
+        for part in [&ci.repository, &ci.workflow, &ci.job].into_iter().flatten() {
+            job.push_str(" / ");
+            job.push_str(part);
+        }
+        if let Some(run) = &ci.run_id {
+            job.push_str(&format!("  run {run}"));
+        }
+        let _ = writeln!(out, "  ci       {}", escape(&job));
+    }
     out.push_str("  tree\n");
     for line in process_tree(alert) {
         let _ = writeln!(out, "           {line}");
@@ -316,7 +332,11 @@ mod tests {
                 version: Some("1.0.0".into()),
                 lifecycle: Some("postinstall".into()),
             },
-            host: AlertHost { name: "dev".into() },
+            host: AlertHost { name: "dev".into(), id: None },
+            agent: None,
+            container: None,
+            orchestrator: None,
+            ci: None,
             user: AlertUser { id: 1000 },
             credwatch: AlertCredwatch {
                 root_pid: 10,
@@ -406,6 +426,34 @@ mod tests {
         assert!(text.contains("└─ [20] sh -c 'node steal.js'\n"), "{text}");
         assert!(text.contains("   └─ [30] node steal\\u{1b}[2J.js\n"), "{text}");
         assert!(text.contains("rotate   the npm token in ~/.npmrc"), "{text}");
+        assert!(!text.contains('\x1b'), "raw escape reached the terminal: {text}");
+        assert!(!text.contains("  in  ") && !text.contains("  ci  "), "{text}");
+    }
+
+    #[test]
+    fn renders_the_container_pod_and_ci_job_escaped() {
+        let mut alert = alert();
+        alert.container = Some(crate::alert::AlertContainer { id: "ab".repeat(32), runtime: Some("cri-o".into()) });
+        alert.orchestrator = Some(crate::alert::AlertOrchestrator {
+            kind: "kubernetes".into(),
+            resource: crate::alert::AlertResource {
+                kind: "pod".into(),
+                id: "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d".into(),
+            },
+        });
+        alert.ci = Some(crate::alert::AlertCi {
+            provider: "github".into(),
+            repository: Some("octo/app".into()),
+            workflow: Some("CI\x1b[2J".into()),
+            job: Some("test".into()),
+            run_id: Some("42".into()),
+            ..crate::alert::AlertCi::default()
+        });
+        let text = render(&alert, false);
+        let container =
+            format!("  in       container cri-o://{}  pod 0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d\n", "ab".repeat(32));
+        assert!(text.contains(&container), "{text}");
+        assert!(text.contains("  ci       github / octo/app / CI\\u{1b}[2J / test  run 42\n"), "{text}");
         assert!(!text.contains('\x1b'), "raw escape reached the terminal: {text}");
     }
 }

@@ -536,6 +536,7 @@ mod tests {
             credwatch_trace: crate::trace::TRACE_SCHEMA,
             credwatch_version: "0".into(),
             host: "box".into(),
+            host_id: None,
             kernel: String::new(),
             start_time: String::new(),
             rules_digest: String::new(),

@@ -18,10 +18,11 @@ use crate::{
 
 /// The trace schema this build writes. 2 added the `rename` and `syscall` kinds and the
 /// `same_file_as` and `blocked` fields of `open`; 3 the `connect` and `dns_query` kinds; 4 the
-/// `agent_gap` kind.
-pub const TRACE_SCHEMA: u32 = 4;
+/// `agent_gap` kind; 5 identity: `host_id` in the header, `cgroups` and the CI variables on
+/// `exec`.
+pub const TRACE_SCHEMA: u32 = 5;
 /// Trace schemas this build reads: every schema is a subset of the next.
-pub const READABLE_SCHEMAS: std::ops::RangeInclusive<u32> = 1..=4;
+pub const READABLE_SCHEMAS: std::ops::RangeInclusive<u32> = 1..=5;
 
 /// The first line of a trace.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,6 +31,9 @@ pub struct TraceHeader {
     pub credwatch_trace: u32,
     pub credwatch_version: String,
     pub host: String,
+    /// The recording machine's id (`/etc/machine-id`), when it could be read (schema 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_id: Option<String>,
     /// Kernel release (`uname -r`) of the recording machine.
     pub kernel: String,
     /// RFC 3339 time the recording started.
@@ -181,6 +185,7 @@ mod tests {
             credwatch_trace: TRACE_SCHEMA,
             credwatch_version: "0.1.0".into(),
             host: "h".into(),
+            host_id: Some("0123456789abcdef0123456789abcdef".into()),
             kernel: "6.18".into(),
             start_time: "2026-11-29T00:00:00Z".into(),
             rules_digest: "00".into(),
@@ -216,6 +221,33 @@ mod tests {
             let pids: Vec<u32> = std::iter::from_fn(|| reader.next_event().unwrap()).map(|e| e.pid).collect();
             assert_eq!(pids, [1, 2, 3], "{name}");
         }
+    }
+
+    #[test]
+    fn schema_5_keeps_identity_and_schema_4_reads_without() {
+        use crate::event::Exec;
+        let exec = Event {
+            time_ns: 2,
+            pid: 9,
+            data: EventData::Exec(Exec {
+                cgroups: vec!["/memory/docker/x".into(), "/".into()],
+                env: [("GITHUB_RUN_ID".to_owned(), "42".to_owned())].into(),
+                ..Exec::default()
+            }),
+        };
+        let text = format!("{}\n{}\n", header_line(), serde_json::to_string(&exec).unwrap());
+        assert!(text.starts_with(r#"{"credwatch_trace":5,"#), "{text}");
+        let mut five = reader(&text).unwrap();
+        assert_eq!(five.header().host_id.as_deref(), Some("0123456789abcdef0123456789abcdef"));
+        assert_eq!(five.next_event().unwrap(), Some(exec));
+        // Written by a schema 4 credwatch: no host id, execs without cgroups.
+        let old = r#"{"credwatch_trace":4,"credwatch_version":"0.0.9","host":"h","kernel":"6.1","start_time":"2026-01-01T00:00:00Z","rules_digest":"00","scope":"machine"}
+{"time_ns":1,"pid":7,"kind":"exec","ppid":1,"filename":"/bin/sh","executable":"/bin/sh","args":["sh"],"cwd":"/","uid":0,"gid":0,"cgroup_id":5}
+"#;
+        let mut four = reader(old).unwrap();
+        assert_eq!((four.header().host_id.as_deref(), four.header().credwatch_version.as_str()), (None, "0.0.9"));
+        let Some(Event { data: EventData::Exec(exec), .. }) = four.next_event().unwrap() else { panic!("an exec") };
+        assert!(exec.cgroups.is_empty() && exec.env.is_empty());
     }
 
     #[test]

@@ -99,7 +99,11 @@ fn alert(n: usize) -> Alert {
             version: Some("1.0.0".into()),
             lifecycle: Some("postinstall".into()),
         },
-        host: AlertHost { name: "ci-runner-17".into() },
+        host: AlertHost { name: "ci-runner-17".into(), id: None },
+        agent: None,
+        container: None,
+        orchestrator: None,
+        ci: None,
         user: AlertUser { id: 1000 },
         credwatch: AlertCredwatch {
             root_pid: 4200,

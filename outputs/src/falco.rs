@@ -152,7 +152,27 @@ fn output_fields(id: &str, alert: &Alert) -> BTreeMap<&'static str, Value> {
             fields.insert("fd.rip.name", Value::from(domain.clone()));
         }
     }
+    if let Some(container) = &alert.container {
+        // Falco's `container.id` is the id's first 12 digits, `container.full_id` all of them.
+        fields.insert("container.id", Value::from(container.id.chars().take(12).collect::<String>()));
+        fields.insert("container.full_id", Value::from(container.id.clone()));
+        if let Some(runtime) = &container.runtime {
+            fields.insert("container.type", Value::from(runtime.clone()));
+        }
+    }
+    if let Some(pod) = &alert.orchestrator {
+        fields.insert("k8s.pod.uid", Value::from(pod.resource.id.clone()));
+    }
     let optional = |value: &Option<String>| value.clone().map_or(Value::Null, Value::from);
+    if let Some(ci) = &alert.ci {
+        fields.insert("credwatch.ci.provider", Value::from(ci.provider.clone()));
+        fields.insert("credwatch.ci.repository", optional(&ci.repository));
+        fields.insert("credwatch.ci.run_id", optional(&ci.run_id));
+        fields.insert("credwatch.ci.job", optional(&ci.job));
+    }
+    if let Some(host_id) = &alert.host.id {
+        fields.insert("credwatch.host.id", Value::from(host_id.clone()));
+    }
     fields.insert("credwatch.id", Value::from(id));
     fields.insert("credwatch.rule.id", Value::from(alert.rule.id.clone()));
     fields.insert("credwatch.rule.category", Value::from(alert.rule.category.clone()));
@@ -290,6 +310,36 @@ mod tests {
         assert_eq!(payload.output_fields["fd.rip.name"], "exfil.example");
         assert!(!payload.output_fields.contains_key("fd.name"));
         assert!(payload.output.contains(" connection=203.0.113.9:443 "), "{}", payload.output);
+    }
+
+    #[test]
+    fn the_container_pod_and_ci_job_have_falcos_names_where_falco_has_them() {
+        let fields = payload(&outgoing(&alert_json("high", "2026-12-01T16:00:00Z"))).unwrap().output_fields;
+        assert!(!fields.keys().any(|k| k.starts_with("container.") || k.starts_with("k8s.") || k.contains(".ci.")));
+        let mut json = alert_json("high", "2026-12-01T16:00:00Z");
+        let id = "3ad7b26ded6d8e7b23da7d48fe889434573036c27ae5a74837233de441c3601e";
+        json["host"]["id"] = "0123456789abcdef0123456789abcdef".into();
+        json["container"] = serde_json::json!({"id": id, "runtime": "cri-o"});
+        json["orchestrator"] = serde_json::json!({"type": "kubernetes", "resource": {"type": "pod", "id": "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"}});
+        json["ci"] = serde_json::json!({"provider": "gitlab", "repository": "g/p", "run_id": "7", "job": "test"});
+        let payload = payload(&outgoing(&json)).unwrap();
+        let read: SidekickPayload = serde_json::from_str(&serde_json::to_string(&payload).unwrap()).unwrap();
+        let fields = &read.output_fields;
+        assert_eq!(
+            (fields["container.id"].as_str(), fields["container.full_id"].as_str()),
+            (Some("3ad7b26ded6d"), Some(id))
+        );
+        assert_eq!(fields["container.type"], "cri-o");
+        assert_eq!(fields["k8s.pod.uid"], "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d");
+        assert_eq!(fields["credwatch.host.id"], "0123456789abcdef0123456789abcdef");
+        assert_eq!(
+            (fields["credwatch.ci.provider"].as_str(), fields["credwatch.ci.run_id"].as_str()),
+            (Some("gitlab"), Some("7"))
+        );
+        assert_eq!(
+            (fields["credwatch.ci.repository"].as_str(), fields["credwatch.ci.job"].as_str()),
+            (Some("g/p"), Some("test"))
+        );
     }
 
     #[test]

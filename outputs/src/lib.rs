@@ -55,7 +55,11 @@ mod tests {
             file: None,
             destination: None,
             package: AlertPackage::default(),
-            host: AlertHost { name: "box".into() },
+            host: AlertHost { name: "box".into(), id: None },
+            agent: None,
+            container: None,
+            orchestrator: None,
+            ci: None,
             user: AlertUser { id: 1000 },
             credwatch: AlertCredwatch::default(),
         }

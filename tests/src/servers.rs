@@ -393,3 +393,122 @@ impl Drop for HttpsReceiver {
         self.kill();
     }
 }
+
+/// Where dockerd 20.10 keeps its trust key whatever its flags say (its configuration folder):
+/// removed after the test when the test's daemon made it.
+const DOCKERD_TRUST_KEY: &str = "/etc/docker/key.json";
+
+/// A dockerd of the test's own (Debian's docker.io), apart from any other on the machine: its
+/// own data and exec roots (its containerd's too), pid file, configuration and socket in `dir`,
+/// no iptables rules and no bridge (its containers run with `--network=none` or on the host's
+/// network). Dropped (also when the test fails), its containers are removed and it stops; its
+/// folder is the caller's to remove.
+pub struct Dockerd {
+    dir: PathBuf,
+    socket: PathBuf,
+    child: Option<Child>,
+    made_trust_key: bool,
+}
+
+impl Dockerd {
+    pub fn start(dir: &Path) -> Dockerd {
+        fs::create_dir_all(dir).unwrap();
+        fs::write(dir.join("daemon.json"), "{}\n").unwrap();
+        let socket = dir.join("docker.sock");
+        let log = dir.join("dockerd.log");
+        let made_trust_key = !Path::new(DOCKERD_TRUST_KEY).exists();
+        let child = Command::new(program("dockerd", "docker.io"))
+            .arg("--config-file")
+            .arg(dir.join("daemon.json"))
+            .arg("--data-root")
+            .arg(dir.join("data"))
+            .arg("--exec-root")
+            .arg(dir.join("exec"))
+            .arg("--pidfile")
+            .arg(dir.join("dockerd.pid"))
+            .arg("--host")
+            .arg(format!("unix://{}", socket.display()))
+            .args(["--iptables=false", "--ip6tables=false", "--bridge=none", "--log-level=warn"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("starting dockerd");
+        let dockerd = Dockerd { dir: dir.to_owned(), socket, child: Some(child), made_trust_key };
+        wait_for("dockerd to answer", &log, || {
+            dockerd
+                .docker()
+                .args(["version", "--format", "{{.Server.Version}}"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        });
+        dockerd
+    }
+
+    /// `unix://SOCKET`: DOCKER_HOST for a client of this daemon.
+    pub fn host(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    /// The docker client, talking to this daemon only.
+    pub fn docker(&self) -> Command {
+        let mut command = Command::new(program("docker", "docker.io"));
+        command.env("DOCKER_HOST", self.host()).env("DOCKER_CONFIG", self.dir.join("client"));
+        command
+    }
+
+    /// `docker ARGS...`, which must succeed; its standard output, trimmed.
+    pub fn run(&self, args: &[&str]) -> String {
+        let output = self.docker().args(args).output().expect("starting docker");
+        assert!(
+            output.status.success(),
+            "docker {} failed ({}): {}\n--- dockerd ---\n{}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim(),
+            self.log()
+        );
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+
+    /// What dockerd logged.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("dockerd.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Dockerd {
+    fn drop(&mut self) {
+        let containers = self.docker().args(["ps", "--all", "--quiet"]).output();
+        if let Ok(containers) = containers {
+            let ids =
+                String::from_utf8_lossy(&containers.stdout).split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+            if !ids.is_empty() {
+                let _ = self.docker().args(["rm", "--force", "--volumes"]).args(&ids).output();
+            }
+        }
+        if let Some(mut child) = self.child.take() {
+            // SIGTERM: dockerd stops its containerd and unmounts its layers.
+            signal(&child, "-TERM");
+            let start = Instant::now();
+            while child.try_wait().ok().flatten().is_none() && start.elapsed() < Duration::from_secs(30) {
+                thread::sleep(Duration::from_millis(100));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // A daemon that had to be killed leaves its layers' and netns' mounts: gone too, so that
+        // the folder can be removed.
+        let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+        let prefix = format!("{}/", self.dir.display());
+        let mut left: Vec<&str> =
+            mounts.lines().filter_map(|line| line.split(' ').nth(1)).filter(|m| m.starts_with(&prefix)).collect();
+        left.reverse();
+        for mount in left {
+            let _ = Command::new("umount").args(["--lazy", mount]).status();
+        }
+        if self.made_trust_key {
+            let _ = fs::remove_file(DOCKERD_TRUST_KEY);
+        }
+    }
+}

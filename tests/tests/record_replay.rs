@@ -104,9 +104,21 @@ fn checked_in_traces_of_every_schema_replay() {
                 run.describe()
             );
         }
+        // Schema 5: recorded under GitHub-Actions-like variables; the identity is the recording's.
+        if trace.file_name().is_some_and(|name| name.to_string_lossy().starts_with("schema-5-")) {
+            assert!(
+                alerts.iter().all(|a| a["ci"]["run_id"] == "9876543210"
+                    && a["ci"]["job"] == "install"
+                    && a["host"]["id"] == "3d1219c7c4c5404aaa1f6d2a48adfda4"
+                    && a["agent"]["version"] == "0.1.0"),
+                "{}: alerts without the recording's identity\n{}",
+                trace.display(),
+                run.describe()
+            );
+        }
         seen += 1;
     }
-    assert!(seen >= 3, "expected a trace for schemas 1, 2 and 3 in {}", traces.display());
+    assert!(seen >= 4, "expected a trace for schemas 1, 2, 3 and 5 in {}", traces.display());
 }
 
 /// Bad lines stop a replay with the file and line named, or with `--keep-going` are skipped and

@@ -330,6 +330,7 @@ mod generator {
             credwatch_trace: TRACE_SCHEMA,
             credwatch_version: env!("CARGO_PKG_VERSION").to_owned(),
             host: "bench".into(),
+            host_id: None,
             kernel: "6.18".into(),
             start_time: "2026-11-29T00:00:00Z".into(),
             rules_digest: "0".repeat(64),

@@ -1,5 +1,5 @@
 //! `cargo xtask toolchain [--dry-run]`, `cargo xtask build [--static]`, `cargo xtask package [--test]`,
-//! `cargo xtask test`,
+//! `cargo xtask image`, `cargo xtask test`,
 //! `cargo xtask bench [--quick] [--no-build] [--only SECTION,...]`, `cargo xtask corpus [OPTIONS]`,
 //! `cargo xtask fuzz [--time SECS] [TARGET...]`.
 
@@ -14,6 +14,7 @@ mod bench_replay;
 mod bench_syscalls;
 mod corpus;
 mod fuzz;
+mod image;
 mod package;
 mod toolchain;
 
@@ -36,9 +37,14 @@ const USAGE: &str = "usage: cargo xtask <command>
   package [--test]       build --static, then target/credwatch_<version>_amd64.deb (the binary,
                          the systemd unit, the default configuration); --test (root): then
                          install it with dpkg, check it and purge it, as `test` does
+  image [--no-build]     build --static, then the container image credwatch:<version> (and
+                         :latest) FROM scratch (deploy/Dockerfile) with the machine's docker
+                         (DOCKER_HOST: which daemon; CREDWATCH_DOCKER: another client);
+                         --no-build: of the static binary built already (the image test's way)
   test                   build, set up what the tests need, run the unit tests, fuzz each decoder
-                         for 25s, then (as root) the end-to-end tests, and the package installed,
-                         checked and purged with dpkg
+                         for 25s, then (as root) the static binary, the end-to-end tests (the
+                         container image's among them), and the package installed, checked and
+                         purged with dpkg
   bench [--quick] [--no-build] [--only syscalls,install,throughput,replay,memory,outputs,idle]
                          (root) build, then measure overhead, install workloads, event and replay
                          throughput, memory and start-up, side by side with the hook's floor,
@@ -75,6 +81,8 @@ fn main() -> ExitCode {
             .and_then(|()| package::build_static())
             .and_then(|()| package::package())
             .and_then(|deb| package::test_package(&deb)),
+        ["image"] => build().and_then(|()| package::build_static()).and_then(|()| image::image()),
+        ["image", "--no-build"] => image::image(),
         ["test"] => test(),
         ["bench", options @ ..] => bench::bench(options),
         ["corpus", options @ ..] => corpus::corpus(options),
@@ -184,12 +192,14 @@ fn test() -> Result<()> {
     if !is_root() {
         bail!("the end-to-end tests load eBPF programs and need root: run `sudo -E cargo xtask test`");
     }
+    // The static binary is checked as it is built; the image test (tests/tests/image.rs) makes
+    // the container image of it with `xtask image --no-build` against its own dockerd.
+    package::build_static()?;
     run(
         "privileged end-to-end tests",
         cargo().args(["test", "-p", E2E_CRATE, "--", "--test-threads=1", "--show-output"]),
     )?;
-    // The static binary is checked as it is built, then the package made of it with the real dpkg.
-    package::build_static()?;
+    // Then the package made of it, with the real dpkg.
     let deb = package::package()?;
     package::test_package(&deb)
 }
@@ -242,6 +252,15 @@ fn build_requirement_wheels() -> Result<()> {
     )
 }
 
+/// Whether Debian's busybox-static is installed: the dynamic busybox package puts a binary at
+/// the same path, useless in a container FROM scratch.
+fn busybox_static_installed() -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", "busybox-static"])
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("ok installed"))
+}
+
 /// Whether rsyslog has the module `name`: Debian puts them in /usr/lib/<triplet>/rsyslog.
 fn rsyslog_has_module(name: &str) -> bool {
     let file = format!("{name}.so");
@@ -279,6 +298,9 @@ fn test_prerequisites() -> Result<()> {
         ("systemd-analyze", "systemd"),
         ("readelf", "binutils"),
         ("dpkg-deb", "dpkg"),
+        // The image's test: its own dockerd builds and runs the image, and another container
+        // (FROM scratch too: nothing is pulled) holds a static busybox.
+        ("dockerd", "docker.io"),
     ]
     .iter()
     .filter(|(program, _)| toolchain::find_in_path(program).is_none())
@@ -286,6 +308,9 @@ fn test_prerequisites() -> Result<()> {
     .collect();
     if !rsyslog_has_module("imrelp") {
         missing.push("rsyslog-relp");
+    }
+    if !busybox_static_installed() {
+        missing.push("busybox-static");
     }
     if !missing.is_empty() {
         if !is_root() || toolchain::find_in_path("apt-get").is_none() {
@@ -300,7 +325,7 @@ fn test_prerequisites() -> Result<()> {
     build_requirement_wheels()?;
     if importable("setuptools, wheel, uv") {
         println!(
-            "xtask: test prerequisites: node, npm, strace, auditd, rsyslogd with imrelp, nats-server, prometheus, systemd-analyze, readelf, dpkg-deb, python3 with setuptools, wheel and uv: present"
+            "xtask: test prerequisites: node, npm, strace, auditd, rsyslogd with imrelp, nats-server, prometheus, systemd-analyze, readelf, dpkg-deb, dockerd, busybox, python3 with setuptools, wheel and uv: present"
         );
         return Ok(());
     }

@@ -9,8 +9,8 @@ use time::{format_description::well_known::Rfc3339, OffsetDateTime};
 use super::{matching::Judgement, process::Tree, Engine, Id};
 use crate::{
     alert::{
-        Alert, AlertAncestor, AlertCredwatch, AlertEvent, AlertFile, AlertHost, AlertParent, AlertProcess, AlertRule,
-        AlertSweep, AlertUser,
+        Alert, AlertAgent, AlertAncestor, AlertCredwatch, AlertEvent, AlertFile, AlertHost, AlertParent, AlertProcess,
+        AlertRule, AlertSweep, AlertUser,
     },
     event::Event,
     rules::{Rule, RuleSet},
@@ -157,6 +157,10 @@ impl Engine {
             next = ancestor.parent;
         }
         ancestors.reverse();
+        let (container, orchestrator) = match p.container.as_deref() {
+            Some((container, pod)) => (Some(container.clone()), pod.clone()),
+            None => (None, None),
+        };
         Alert {
             timestamp: rfc3339(event.time_ns),
             event: AlertEvent {
@@ -184,7 +188,11 @@ impl Engine {
             file,
             destination: None,
             package: self.package(p),
-            host: AlertHost { name: self.options.host_name.clone() },
+            host: AlertHost { name: self.options.host_name.clone(), id: self.options.host_id.clone() },
+            agent: self.options.agent_version.clone().map(|version| AlertAgent { version }),
+            container,
+            orchestrator,
+            ci: p.ci.as_deref().cloned(),
             user: AlertUser { id: p.uid },
             credwatch: AlertCredwatch {
                 root_pid: p.root_pid,

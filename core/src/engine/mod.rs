@@ -45,6 +45,11 @@ use crate::{
 pub struct EngineOptions {
     /// `host.name` of the alerts.
     pub host_name: String,
+    /// `host.id` of the alerts (the machine id), when known.
+    pub host_id: Option<String>,
+    /// `agent.version` of the alerts: the credwatch that watched (a replay: the one that
+    /// recorded the trace).
+    pub agent_version: Option<String>,
     /// The project's own scripts and programs (`npm run dev`, `cargo test`) alert like package
     /// code (CI jobs that run untrusted pull requests' tests).
     pub watch_project: bool,

@@ -1,7 +1,10 @@
 //! The process table: who forked whom, what each process executed (and as which package), its
 //! tree and the tree's state, and the walks up a process's ancestry that the rules ask about.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    sync::Arc,
+};
 
 use super::{
     alerts::{sweep_summary, SweepState},
@@ -9,7 +12,8 @@ use super::{
     Engine, Id,
 };
 use crate::{
-    alert::{Alert, AlertPackage, Severity},
+    alert::{Alert, AlertCi, AlertContainer, AlertOrchestrator, AlertPackage, Severity},
+    container::container_of,
     event::{normalize_path, Event, Exec, Open},
     rules::manager::{basename, command_args, root_manager, script_arg, TEMP_DIRS},
 };
@@ -76,6 +80,10 @@ pub(super) struct Proc {
     pub(super) project: bool,
     /// Its latest attempts (time, path) to open a file a loader actor looks back for.
     pub(super) loader_opens: VecDeque<(u64, String)>,
+    /// Its container and pod, from the cgroups at its latest exec (a fork's until it executes).
+    pub(super) container: Option<Arc<(AlertContainer, Option<AlertOrchestrator>)>>,
+    /// The CI job, from the tree root's environment.
+    pub(super) ci: Option<Arc<AlertCi>>,
 }
 
 impl Proc {
@@ -105,6 +113,8 @@ impl Proc {
             started_by_project: None,
             project: false,
             loader_opens: VecDeque::new(),
+            container: None,
+            ci: None,
         }
     }
 
@@ -332,8 +342,13 @@ impl Engine {
         p.args = exec.args.clone();
         p.cwd = exec.cwd.clone();
         p.uid = exec.uid;
+        // No cgroups is "not known" (a source that has none), not the host: the fork's stay.
+        if !exec.cgroups.is_empty() {
+            p.container = container_of(&exec.cgroups).map(|c| Arc::new(AlertContainer::with_pod(&c)));
+        }
         if p.parent.is_none() {
             p.ppid = exec.ppid;
+            p.ci = AlertCi::from_env(&exec.env).map(Arc::new);
         }
         if let Some(home) = exec.env.get("HOME") {
             p.home = Some(home.clone());

@@ -1896,3 +1896,114 @@ fn a_reload_that_changes_the_managers_is_refused_and_changes_nothing() {
     run.open(101, "/home/alice/.npmrc");
     assert_eq!(run.one().package.name.as_deref(), Some("evil-pkg"));
 }
+
+/// An exec of `args` by `pid` in the cgroups `cgroups`.
+fn exec_in(run: &mut Run, pid: u32, ppid: u32, args: &[&str], env: &[(&str, &str)], cgroups: &[String]) {
+    let env = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+    run.send(
+        pid,
+        EventData::Exec(Exec {
+            ppid,
+            filename: args[0].into(),
+            executable: args[0].into(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            cwd: "/home/alice/app".into(),
+            uid: 1000,
+            gid: 1000,
+            cgroups: cgroups.to_vec(),
+            env,
+            ..Exec::default()
+        }),
+    );
+}
+
+const CONTAINER: &str = "9e1f2a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f7";
+const POD: &str = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
+
+const GITHUB: &[(&str, &str)] = &[
+    ("GITHUB_ACTIONS", "true"),
+    ("GITHUB_REPOSITORY", "octo/app"),
+    ("GITHUB_WORKFLOW", "CI"),
+    ("GITHUB_RUN_ID", "4242"),
+    ("GITHUB_JOB", "test"),
+    ("RUNNER_NAME", "runner-1"),
+];
+
+#[test]
+fn alerts_name_the_host_agent_container_pod_and_ci_job_and_forks_inherit_them() {
+    let mut run = Run::with(EngineOptions {
+        host_id: Some("4c4c4544004d3510804bb2c04f4e3632".into()),
+        agent_version: Some("0.1.0".into()),
+        ..EngineOptions::default()
+    });
+    let pod_cgroups = [
+        format!("/kubepods/besteffort/pod{POD}/{CONTAINER}"),
+        format!(
+            "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{CONTAINER}.scope",
+            POD.replace('-', "_")
+        ),
+    ];
+    exec_in(&mut run, 100, 1, &["npm", "install"], GITHUB, &pod_cgroups);
+    // The postinstall's shell has CI variables of its own: only the root's count.
+    run.fork(100, 101);
+    exec_in(
+        &mut run,
+        101,
+        100,
+        &["sh", "-c", "node x.js"],
+        &[("GITHUB_JOB", "other"), ("npm_package_name", "evil")],
+        &[],
+    );
+    // A fork that has not executed: its parent's container.
+    run.fork(101, 102).open(102, "/home/alice/.npmrc");
+    let alert = run.one();
+    assert_eq!(alert.host.id.as_deref(), Some("4c4c4544004d3510804bb2c04f4e3632"));
+    let json = serde_json::to_value(&alert).unwrap();
+    assert_eq!(json["agent"], serde_json::json!({"version": "0.1.0"}));
+    assert_eq!(json["container"], serde_json::json!({"id": CONTAINER, "runtime": "containerd"}));
+    assert_eq!(json["orchestrator"], serde_json::json!({"type": "kubernetes", "resource": {"type": "pod", "id": POD}}));
+    assert_eq!(
+        json["ci"],
+        serde_json::json!({"provider": "github", "repository": "octo/app", "workflow": "CI", "run_id": "4242",
+                           "job": "test", "runner": "runner-1"})
+    );
+    assert_eq!(serde_json::from_value::<Alert>(json).unwrap(), alert);
+}
+
+#[test]
+fn a_host_process_has_no_container_fields_and_an_exec_elsewhere_moves_it() {
+    let mut run = Run::new();
+    let host = ["/user.slice/user-1000.slice/session-2.scope".to_owned(), "/".to_owned()];
+    exec_in(&mut run, 100, 1, &["npm", "install"], &[], &host);
+    run.fork(100, 101);
+    exec_in(&mut run, 101, 100, &["node", "x.js"], POSTINSTALL, &host);
+    run.open(101, "/home/alice/.npmrc");
+    let json = serde_json::to_value(run.one()).unwrap();
+    for field in ["container", "orchestrator", "ci", "agent"] {
+        assert!(json.get(field).is_none(), "{field}: {json}");
+    }
+    assert_eq!(json["host"], serde_json::json!({"name": "box"}));
+    // It moved itself into a container's cgroup, then executed: the exec's cgroups tell.
+    exec_in(&mut run, 101, 100, &["node", "y.js"], POSTINSTALL, &[format!("/docker/{CONTAINER}")]);
+    run.open(101, "/home/alice/.ssh/id_rsa");
+    let alert = run.one();
+    assert_eq!(alert.container.map(|c| (c.id, c.runtime)), Some((CONTAINER.to_owned(), Some("docker".to_owned()))));
+    assert_eq!(alert.orchestrator, None);
+}
+
+#[test]
+fn identity_fields_leave_the_alert_id_as_it_was() {
+    let alert = || {
+        let mut run = Run::new();
+        exec_in(&mut run, 100, 1, &["npm", "install"], GITHUB, &[format!("/docker/{CONTAINER}")]);
+        run.fork(100, 101);
+        exec_in(&mut run, 101, 100, &["node", "x.js"], POSTINSTALL, &[]);
+        run.open(101, "/home/alice/.npmrc");
+        run.one()
+    };
+    let with = alert();
+    assert!(with.container.is_some() && with.ci.is_some());
+    let mut without = with.clone();
+    (without.container, without.ci, without.host.id) = (None, None, Some("other".into()));
+    assert_eq!(with.event.id, without.stable_id());
+}

@@ -107,6 +107,14 @@ pub trait EventSource: Send {
     fn host(&self) -> Option<String> {
         None
     }
+    /// `host.id` for alerts, when the format records it.
+    fn host_id(&self) -> Option<String> {
+        None
+    }
+    /// `agent.version` for alerts: the credwatch that recorded the input, when it was one.
+    fn agent_version(&self) -> Option<String> {
+        None
+    }
     /// Bytes of the input files read so far (compressed bytes for compressed files), shared so
     /// another thread can show progress.
     fn consumed(&self) -> Arc<AtomicU64>;
@@ -299,6 +307,12 @@ impl EventSource for CredwatchSource {
     }
     fn host(&self) -> Option<String> {
         Some(self.0.header().host.clone())
+    }
+    fn host_id(&self) -> Option<String> {
+        self.0.header().host_id.clone()
+    }
+    fn agent_version(&self) -> Option<String> {
+        Some(self.0.header().credwatch_version.clone())
     }
     fn consumed(&self) -> Arc<AtomicU64> {
         self.0.consumed()
