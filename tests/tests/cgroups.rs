@@ -131,8 +131,13 @@ fn exec_events_name_the_cgroups_of_a_process_that_exits_at_once() {
     let at_roots = execs_of(&trace, &["cat", &aws]);
     assert_eq!(at_roots.len(), 1, "{at_roots:?}\n{}", run.describe());
     assert_eq!(at_roots[0]["cgroups"], serde_json::json!(vec!["/"; hierarchies.len()]), "{:#}", at_roots[0]);
-    // Both cats were watched, as package code reading credentials.
-    for path in [&npmrc, &aws] {
-        run.expect_alert(path);
+    // Both cats were watched, as package code reading credentials, and the alerts name the
+    // container (and, from the kubelet path, the pod) from those paths.
+    let in_container = run.expect_alert(&npmrc);
+    assert_eq!(in_container["container"]["id"], container.as_str(), "{in_container:#}");
+    if hierarchies.iter().any(|(version, _)| version == "v2") {
+        assert_eq!(in_container["orchestrator"]["resource"]["id"], pod.replace('_', "-"), "{in_container:#}");
     }
+    let at_roots = run.expect_alert(&aws);
+    assert_eq!((&at_roots["container"], &at_roots["orchestrator"]), (&Value::Null, &Value::Null), "{at_roots:#}");
 }
