@@ -7,7 +7,7 @@ use std::mem::size_of;
 use credwatch_common::{
     kind, net_syscall, open_syscall, path_flag, record_flag, rename_syscall, tamper_syscall, ConnectEvent,
     DnsQueryEvent, EventHeader, ExecEvent, ExitEvent, ForkEvent, OpenEvent, RenameEvent, ResolvedPath, SyscallEvent,
-    MAX_CGROUP_PATH, MAX_EXEC_RECORD, MAX_OPEN_RECORD,
+    MAX_CGROUP_PATH, MAX_ENV, MAX_EXEC_RECORD, MAX_OPEN_RECORD,
 };
 use thiserror::Error;
 
@@ -289,10 +289,21 @@ fn exec(bytes: &[u8], header: &EventHeader) -> Result<Exec, DecodeError> {
         gid: event.header.gid,
         cgroup_id: event.header.cgroup_id,
         cgroups,
-        env: attribution_env(env),
+        env: attribution_env(whole_variables(env)),
         seeded: false,
         project: None,
     })
+}
+
+/// An environment the kernel cut at [`MAX_ENV`] ends inside its last variable: that one is left
+/// out, as if past the cut, rather than kept with a value cut short (a CI run id, a package
+/// version) that would name something else.
+fn whole_variables(env: &[u8]) -> &[u8] {
+    match env.iter().rposition(|&b| b == 0) {
+        Some(last_end) if env.len() >= MAX_ENV => &env[..last_end],
+        None if env.len() >= MAX_ENV => &[],
+        _ => env,
+    }
 }
 
 pub fn syscall_name(syscall: u32) -> &'static str {
@@ -616,6 +627,26 @@ mod tests {
         assert!(matches!(decode(&decoder, &bytes), Err(DecodeError::BadSize { kind: kind::EXEC, .. })));
         let short = exec_bytes(ExecEvent::default(), parts);
         assert!(matches!(decode(&decoder, &short[..short.len() - 1]), Err(DecodeError::BadSize { .. })));
+    }
+
+    #[test]
+    fn a_variable_cut_at_the_environment_limit_is_left_out() {
+        let decoder = Decoder::with_offset(0);
+        let env_of = |block: &[u8]| {
+            let parts: [&[u8]; 7] = [b"/bin/sh", b"sh\0", block, b"sh/bin/", b"/", b"", b""];
+            let EventData::Exec(exec) = decode(&decoder, &exec_bytes(ExecEvent::default(), parts)).unwrap().data else {
+                panic!()
+            };
+            exec.env
+        };
+        let filler = format!("FILLER={}\0", "x".repeat(MAX_ENV - 100));
+        let whole = format!("{filler}GITHUB_RUN_ID=9876543210\0");
+        assert_eq!(env_of(whole.as_bytes())["GITHUB_RUN_ID"], "9876543210");
+        // The kernel's copy stops at MAX_ENV, inside the run id's value (`98765000...`).
+        let cut = format!("{filler}GITHUB_RUN_ID=98765{}", "0".repeat(MAX_ENV));
+        assert!(!env_of(&cut.as_bytes()[..MAX_ENV]).contains_key("GITHUB_RUN_ID"));
+        // Below the limit the last variable is whole, with or without its NUL.
+        assert_eq!(env_of(b"HOME=/home/alice")["HOME"], "/home/alice");
     }
 
     const CONTAINER: &str = "2f1d8c0c5a0b7e1e9d4c3b2a19080706f5e4d3c2b1a09f8e7d6c5b4a39281706";
