@@ -204,6 +204,9 @@ pub struct AlertOrchestrator {
     /// `kubernetes`.
     #[serde(rename = "type")]
     pub kind: String,
+    /// The pod's namespace, where the trace states it (a cgroup does not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
     pub resource: AlertResource,
 }
 
@@ -212,8 +215,30 @@ pub struct AlertResource {
     /// `pod`.
     #[serde(rename = "type")]
     pub kind: String,
-    /// The pod's uid (a cgroup names no namespace or pod name).
-    pub id: String,
+    /// The pod's uid; absent where only its name is known (Tetragon's events name no uid).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The pod's name, where the trace states it (a cgroup names the uid only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl AlertOrchestrator {
+    /// The pod for people: `<namespace>/<name> (<uid>)` with what is known, the bare uid when
+    /// only the uid is (from a cgroup). Not escaped.
+    pub fn pod_label(&self) -> String {
+        let name = match (&self.namespace, &self.resource.name) {
+            (Some(namespace), Some(name)) => Some(format!("{namespace}/{name}")),
+            (None, Some(name)) => Some(name.clone()),
+            _ => None,
+        };
+        match (name, &self.resource.id) {
+            (Some(name), Some(uid)) => format!("{name} ({uid})"),
+            (Some(name), None) => name,
+            (None, Some(uid)) => uid.clone(),
+            (None, None) => String::new(),
+        }
+    }
 }
 
 impl AlertContainer {
@@ -221,9 +246,20 @@ impl AlertContainer {
     pub fn with_pod(container: &crate::container::ContainerIdentity) -> (AlertContainer, Option<AlertOrchestrator>) {
         let pod = container.pod_uid.as_ref().map(|uid| AlertOrchestrator {
             kind: "kubernetes".into(),
-            resource: AlertResource { kind: "pod".into(), id: uid.clone() },
+            namespace: None,
+            resource: AlertResource { kind: "pod".into(), id: Some(uid.clone()), name: None },
         });
         (AlertContainer { id: container.id.clone(), runtime: container.runtime.map(str::to_owned) }, pod)
+    }
+
+    /// `container` and `orchestrator` of a process in a container a foreign trace states.
+    pub fn stated(stated: &crate::event::StatedContainer) -> (AlertContainer, Option<AlertOrchestrator>) {
+        let pod = (stated.pod_uid.is_some() || stated.pod_name.is_some()).then(|| AlertOrchestrator {
+            kind: "kubernetes".into(),
+            namespace: stated.namespace.clone(),
+            resource: AlertResource { kind: "pod".into(), id: stated.pod_uid.clone(), name: stated.pod_name.clone() },
+        });
+        (AlertContainer { id: stated.id.clone(), runtime: stated.runtime.clone() }, pod)
     }
 }
 

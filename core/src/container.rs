@@ -33,6 +33,8 @@
 //! the uid's `-` into `_`) above the container, at or under a component naming `kubepods`; the
 //! uid must be a UUID.
 
+use crate::event::StatedContainer;
+
 /// A process's container, and its pod under Kubernetes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ContainerIdentity {
@@ -131,6 +133,49 @@ fn pod_uid(above: &[&str]) -> Option<String> {
         };
         is_uuid(&uid).then_some(uid)
     })
+}
+
+/// The container a foreign trace states: `id` as `<runtime>://<id>` (CRI's form: Tetragon's
+/// `pod.container.id`) or bare, with the pod's uid, name and namespace where given. The trace is
+/// untrusted: an id that is not 12 to 64 lowercase hex digits names no container (`None`), and a
+/// uid that is not a UUID, or a name or namespace that Kubernetes would not accept, is dropped.
+pub fn stated(
+    id: &str,
+    pod_uid: Option<&str>,
+    pod_name: Option<&str>,
+    namespace: Option<&str>,
+) -> Option<StatedContainer> {
+    let (runtime, id) = match id.split_once("://") {
+        // The CRI's scheme names; `cri-o` is CRI-O's, as in the cgroup table above.
+        Some((scheme, id)) => (["docker", "containerd", "cri-o"].into_iter().find(|r| *r == scheme), id),
+        None => (None, id),
+    };
+    let hex = id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    // Below 12 digits (`docker ps`'s short id) an id names nothing one could look up.
+    if !(12..=ID_LEN).contains(&id.len()) || !hex {
+        return None;
+    }
+    let pod_name = pod_name.filter(|name| is_dns_name(name, 253, true));
+    Some(StatedContainer {
+        id: id.to_owned(),
+        runtime: runtime.map(str::to_owned),
+        pod_uid: pod_uid.filter(|uid| is_uuid(uid)).map(str::to_owned),
+        // A namespace without its pod names nothing.
+        namespace: namespace.filter(|ns| pod_name.is_some() && is_dns_name(ns, 63, false)).map(str::to_owned),
+        pod_name: pod_name.map(str::to_owned),
+    })
+}
+
+/// A Kubernetes object name: a DNS subdomain (`dots`: pod names) or label (namespaces) of at
+/// most `max` bytes, lowercase letters, digits and `-`, starting and ending with one of the first two.
+fn is_dns_name(text: &str, max: usize, dots: bool) -> bool {
+    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let bytes = text.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= max
+        && bytes.iter().all(|&b| alnum(b) || b == b'-' || (dots && b == b'.'))
+        && alnum(bytes[0])
+        && alnum(bytes[bytes.len() - 1])
 }
 
 /// `8-4-4-4-12` lowercase hex digits.
@@ -351,5 +396,45 @@ mod tests {
         assert_eq!(of(&broken), Some((ID.to_owned(), Some("cri-o"), None)));
         let upper = format!("/kubepods.slice/kubepods-pod{}.slice/cri-containerd-{ID}.scope", UID_.to_uppercase());
         assert_eq!(of(&upper), Some((ID.to_owned(), Some("containerd"), None)));
+    }
+
+    #[test]
+    fn a_stated_container_keeps_well_formed_values_only() {
+        let full = stated(&format!("containerd://{ID}"), Some(UID), Some("build-7f9c4d-x2k8q"), Some("ci")).unwrap();
+        assert_eq!(
+            full,
+            StatedContainer {
+                id: ID.into(),
+                runtime: Some("containerd".into()),
+                pod_uid: Some(UID.into()),
+                pod_name: Some("build-7f9c4d-x2k8q".into()),
+                namespace: Some("ci".into()),
+            }
+        );
+        assert_eq!(stated(&format!("cri-o://{ID}"), None, None, None).unwrap().runtime.as_deref(), Some("cri-o"));
+        assert_eq!(stated(&format!("docker://{ID}"), None, None, None).unwrap().runtime.as_deref(), Some("docker"));
+        // A scheme it does not know: the id stands, with no runtime.
+        let other = stated(&format!("rkt://{ID}"), None, None, None).unwrap();
+        assert_eq!((other.id.as_str(), other.runtime), (ID, None));
+        // Tetragon's `docker`: the first 31 digits.
+        assert_eq!(stated(&ID[..31], None, None, None).unwrap().id, &ID[..31]);
+        // Ids that are none: too short, too long, not lowercase hex, escapes, empty (the host).
+        for id in [&ID[..11], &format!("{ID}0"), &ID.to_uppercase(), "\u{1b}[2J0123456789ab", "", "containerd://"] {
+            assert_eq!(stated(id, Some(UID), Some("p"), Some("ns")), None, "{id:?}");
+        }
+        // Odd names, namespaces and uids are dropped, the container kept.
+        let long = "a".repeat(254);
+        for (uid, name, namespace) in [
+            (Some("not-a-uuid"), Some("Build"), Some("ci")),
+            (Some(&UID.to_uppercase()[..]), Some("p\x1b[2J"), Some("ci")),
+            (None, Some(long.as_str()), Some("ci")),
+            (None, Some("-p"), Some("ci")),
+            (None, None, Some("ci")),
+        ] {
+            let found = stated(ID, uid, name, namespace).unwrap();
+            assert_eq!((found.pod_uid, found.pod_name, found.namespace), (None, None, None), "{uid:?} {name:?}");
+        }
+        let odd_namespace = stated(ID, None, Some("p.q-1"), Some(&"n".repeat(64))).unwrap();
+        assert_eq!((odd_namespace.pod_name.as_deref(), odd_namespace.namespace), (Some("p.q-1"), None));
     }
 }

@@ -137,6 +137,10 @@ pub struct Exec {
     /// gone within a millisecond still names its container.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cgroups: Vec<String>,
+    /// The container (and pod) a foreign trace states for the process (Tetragon's `pod`, Tracee's
+    /// `container` and `kubernetes`): used instead of what `cgroups` say. The sensor never fills it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stated_container: Option<StatedContainer>,
     /// Attribution variables only ([`ATTRIBUTION_ENV`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
@@ -148,6 +152,25 @@ pub struct Exec {
     /// attaches it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project: Option<Project>,
+}
+
+/// A container as a foreign trace names it; built by [`StatedContainer::new`], which keeps only
+/// well-formed values (the trace is untrusted input).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatedContainer {
+    /// Lowercase hex digits: the full 64, or the prefix the trace gives (Tetragon's `docker`).
+    pub id: String,
+    /// `docker`, `containerd` or `cri-o` (the names of [`crate::container`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
+    /// The Kubernetes pod's uid (a UUID).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_name: Option<String>,
+    /// The pod's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
 }
 
 /// A project named by its metadata (`PKG-INFO`, `pyproject.toml`'s `[project]`, `setup.cfg`'s

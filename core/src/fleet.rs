@@ -46,7 +46,8 @@ pub struct Place {
     pub host: String,
     /// `container.id`, as `<container.runtime>://<id>` when the runtime is given.
     pub container: Option<String>,
-    /// From `orchestrator.resource`: `pod <uid>`.
+    /// From `orchestrator`: `<namespace>/<name> (<uid>)` with what the alert says, `pod <uid>`
+    /// when it names the uid only (from a cgroup).
     pub pod: Option<String>,
     /// From `ci.*`: each field as `key=value`, in key order.
     pub ci_job: Option<String>,
@@ -60,8 +61,10 @@ impl Place {
             Some(runtime) => format!("{runtime}://{}", c.id),
             None => c.id.clone(),
         });
-        // A cgroup names the pod's uid only, not its namespace or name.
-        let pod = alert.orchestrator.as_ref().map(|o| format!("{} {}", o.resource.kind, o.resource.id));
+        let pod = alert.orchestrator.as_ref().map(|o| match o.resource.name {
+            Some(_) => o.pod_label(),
+            None => format!("{} {}", o.resource.kind, o.pod_label()),
+        });
         let mut ci = Vec::new();
         if let Some(job) = &alert.ci {
             flatten("", &serde_json::to_value(job).unwrap_or_default(), &mut ci);

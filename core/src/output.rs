@@ -149,7 +149,7 @@ pub fn render(alert: &Alert, colour: bool) -> String {
     let _ = writeln!(out, "  at       {}  uid {}  host {}", alert.timestamp, alert.user.id, escape(&alert.host.name));
     if let Some(container) = &alert.container {
         let runtime = container.runtime.as_deref().map(|r| format!("{r}://")).unwrap_or_default();
-        let pod = alert.orchestrator.as_ref().map(|o| format!("  pod {}", o.resource.id)).unwrap_or_default();
+        let pod = alert.orchestrator.as_ref().map(|o| format!("  pod {}", o.pod_label())).unwrap_or_default();
         let _ = writeln!(out, "  in       container {}{}{}", escape(&runtime), escape(&container.id), escape(&pod));
     }
     if let Some(ci) = &alert.ci {
@@ -436,9 +436,11 @@ mod tests {
         alert.container = Some(crate::alert::AlertContainer { id: "ab".repeat(32), runtime: Some("cri-o".into()) });
         alert.orchestrator = Some(crate::alert::AlertOrchestrator {
             kind: "kubernetes".into(),
+            namespace: None,
             resource: crate::alert::AlertResource {
                 kind: "pod".into(),
-                id: "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d".into(),
+                id: Some("0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d".into()),
+                name: None,
             },
         });
         alert.ci = Some(crate::alert::AlertCi {

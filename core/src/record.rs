@@ -289,6 +289,8 @@ fn exec(bytes: &[u8], header: &EventHeader) -> Result<Exec, DecodeError> {
         gid: event.header.gid,
         cgroup_id: event.header.cgroup_id,
         cgroups,
+        // Only a foreign trace states one; the kernel's are the cgroups.
+        stated_container: None,
         env: attribution_env(whole_variables(env)),
         seeded: false,
         project: None,

@@ -161,7 +161,13 @@ fn output_fields(id: &str, alert: &Alert) -> BTreeMap<&'static str, Value> {
         }
     }
     if let Some(pod) = &alert.orchestrator {
-        fields.insert("k8s.pod.uid", Value::from(pod.resource.id.clone()));
+        for (field, value) in
+            [("k8s.pod.uid", &pod.resource.id), ("k8s.pod.name", &pod.resource.name), ("k8s.ns.name", &pod.namespace)]
+        {
+            if let Some(value) = value {
+                fields.insert(field, Value::from(value.clone()));
+            }
+        }
     }
     let optional = |value: &Option<String>| value.clone().map_or(Value::Null, Value::from);
     if let Some(ci) = &alert.ci {

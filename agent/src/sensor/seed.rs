@@ -86,6 +86,7 @@ fn read_proc(process: &Process, dir: &Path, hierarchies: &Hierarchies) -> Option
             gid: status.as_ref().map_or(0, |status| status.rgid),
             cgroup_id: cgroup_id(&cgroups),
             cgroups: cgroup_paths(&cgroups, hierarchies),
+            stated_container: None,
             env: attribution_env(&fs::read(dir.join("environ")).unwrap_or_default()),
             seeded: true,
             project: None,

@@ -343,7 +343,9 @@ impl Engine {
         p.cwd = exec.cwd.clone();
         p.uid = exec.uid;
         // No cgroups is "not known" (a source that has none), not the host: the fork's stay.
-        if !exec.cgroups.is_empty() {
+        if let Some(stated) = &exec.stated_container {
+            p.container = Some(Arc::new(AlertContainer::stated(stated)));
+        } else if !exec.cgroups.is_empty() {
             p.container = container_of(&exec.cgroups).map(|c| Arc::new(AlertContainer::with_pod(&c)));
         }
         if p.parent.is_none() {

@@ -12,7 +12,10 @@ use super::{
     jsonl::{rfc3339_ns, Decoder, JsonLines},
     signal_number, Format, Known, Lines,
 };
-use crate::event::{Event, EventData, Exec, Exit, Open};
+use crate::{
+    container,
+    event::{Event, EventData, Exec, Exit, Open, StatedContainer},
+};
 
 /// The top-level keys of Tetragon events (one per line).
 pub(super) const EVENT_KEYS: &[&str] = &[
@@ -81,6 +84,7 @@ impl Decoder for Tetragon {
                         cwd: string(process, "cwd"),
                         uid: uint(process, "uid").unwrap_or(0),
                         seeded,
+                        stated_container: stated_container(process),
                         ..Exec::default()
                     }),
                 });
@@ -117,6 +121,14 @@ impl Decoder for Tetragon {
 pub(super) fn node_name(line: &[u8]) -> Option<String> {
     let value: Value = serde_json::from_slice(line).ok()?;
     value.get("node_name")?.as_str().map(str::to_owned)
+}
+
+/// The container and pod of `process`: `pod.container.id` (`containerd://<64 hex>`) when present
+/// and well-formed, else `docker`, the id's first 31 digits with no runtime.
+fn stated_container(process: &Value) -> Option<StatedContainer> {
+    let text = |path: &[&str]| path.iter().try_fold(process, |value, key| value.get(*key))?.as_str();
+    let with_id = |id: &str| container::stated(id, None, text(&["pod", "name"]), text(&["pod", "namespace"]));
+    text(&["pod", "container", "id"]).and_then(with_id).or_else(|| text(&["docker"]).and_then(with_id))
 }
 
 /// An `Open` from a hook with file arguments, for the hooks that mean an open or a read.
@@ -235,6 +247,36 @@ mod tests {
         let EventData::Open(open) = &events[4].data else { panic!() };
         assert_eq!((open.tid, open.abs_path.as_deref(), open.ret, open.flags), (12, Some("/home/alice/.npmrc"), 0, 0));
         assert_eq!(events[5].data, EventData::Exit(Exit { code: 9 }));
+    }
+
+    fn stated(line: &str) -> Option<crate::event::StatedContainer> {
+        let mut source = TetragonSource::new(Lines::from_bytes("t.json", line.as_bytes()), None);
+        let events: Vec<Event> = std::iter::from_fn(|| source.next_event().unwrap()).collect();
+        let EventData::Exec(exec) = &events.last().unwrap().data else { panic!("{events:?}") };
+        exec.stated_container.clone()
+    }
+
+    #[test]
+    fn takes_the_container_and_pod_a_pod_event_states() {
+        const ID: &str = "8d3c0f7b5e2a41c6b9f0e1d2c3b4a5968778695a4b3c2d1e0f9e8d7c6b5a4f3e";
+        // The shape of Tetragon's export in a Kubernetes pod: `docker` is the id's first 31
+        // digits, `pod.container.id` the whole id with the CRI's scheme.
+        let event = |container_id: &str, name: &str| {
+            format!(
+                r#"{{"process_exec":{{"process":{{"exec_id":"a","pid":10,"uid":0,"cwd":"/app","binary":"/usr/bin/npm","arguments":"ci","flags":"execve clone","docker":"{}","pod":{{"namespace":"ci","name":"{name}","container":{{"id":"{container_id}","name":"build","image":{{"id":"docker.io/library/node@sha256:ab","name":"docker.io/library/node:20"}},"start_time":"2024-04-14T02:17:58Z","pid":1}},"pod_labels":{{"app":"build"}},"workload":"build","workload_kind":"Deployment"}}}},"parent":{{"pid":1}}}},"node_name":"kind-worker","time":"2024-04-14T02:18:14Z"}}"#,
+                &ID[..31]
+            )
+        };
+        let full = stated(&event(&format!("containerd://{ID}"), "build-7f9c4d-x2k8q")).unwrap();
+        assert_eq!((full.id.as_str(), full.runtime.as_deref()), (ID, Some("containerd")));
+        assert_eq!((full.namespace.as_deref(), full.pod_name.as_deref()), (Some("ci"), Some("build-7f9c4d-x2k8q")));
+        assert_eq!(full.pod_uid, None, "Tetragon names no pod uid");
+        // A malformed full id: the 31 digits of `docker`, with no runtime; an odd name is dropped.
+        let short = stated(&event("containerd://xyz", "Build\\u001b[2J")).unwrap();
+        assert_eq!((short.id.as_str(), short.runtime, short.pod_name, short.namespace), (&ID[..31], None, None, None));
+        // On the host: neither field.
+        let host = r#"{"process_exec":{"process":{"pid":10,"binary":"/bin/sh"},"parent":{"pid":1}}}"#;
+        assert_eq!(stated(host), None);
     }
 
     #[test]

@@ -10,7 +10,10 @@ use super::{
     jsonl::{rfc3339_ns, Decoder, JsonLines},
     makedev, Format, Known, Lines,
 };
-use crate::event::{attribution_env, Event, EventData, Exec, Exit, Fork, Open};
+use crate::{
+    container,
+    event::{attribution_env, Event, EventData, Exec, Exit, Fork, Open, StatedContainer},
+};
 
 const AT_FDCWD: i32 = -100;
 
@@ -24,6 +27,7 @@ struct Common<'a> {
     uid: u32,
     ret: i64,
     args: Vec<(&'a str, &'a Value)>,
+    container: Option<StatedContainer>,
 }
 
 impl Common<'_> {
@@ -58,6 +62,28 @@ fn field<'a>(value: &'a Value, keys: &[&str]) -> Option<&'a Value> {
     keys.iter().find_map(|k| value.get(*k))
 }
 
+/// The string at `path` (object keys from `object`).
+fn text<'a>(object: &'a Map<String, Value>, path: &[&str]) -> Option<&'a str> {
+    let (first, rest) = path.split_first()?;
+    rest.iter().try_fold(object.get(*first)?, |value, key| value.get(*key))?.as_str()
+}
+
+/// The name of the exec event, the only one whose container is read.
+const EXEC: &str = "sched_process_exec";
+
+/// The container and pod of a legacy event: `container{id}` and `kubernetes{podName,
+/// podNamespace, podUID}`, or the older top-level `containerId`, `podName`, `podNamespace`,
+/// `podUID` (an empty id on the host).
+fn legacy_container(object: &Map<String, Value>) -> Option<StatedContainer> {
+    let either = |nested: &[&str], flat: &str| text(object, nested).or_else(|| text(object, &[flat]));
+    container::stated(
+        either(&["container", "id"], "containerId")?,
+        either(&["kubernetes", "podUID"], "podUID"),
+        either(&["kubernetes", "podName"], "podName"),
+        either(&["kubernetes", "podNamespace"], "podNamespace"),
+    )
+}
+
 fn legacy(object: &Map<String, Value>) -> Result<Common<'_>, String> {
     let get = |key: &str| object.get(key).and_then(number);
     let args = match object.get("args") {
@@ -76,6 +102,9 @@ fn legacy(object: &Map<String, Value>) -> Result<Common<'_>, String> {
         uid: get("userId").unwrap_or(0) as u32,
         ret: get("returnValue").unwrap_or(0),
         args,
+        container: (object.get("eventName").and_then(Value::as_str) == Some(EXEC))
+            .then(|| legacy_container(object))
+            .flatten(),
     })
 }
 
@@ -113,7 +142,19 @@ fn v1beta1(value: &Map<String, Value>) -> Result<Common<'_>, String> {
         .find(|(n, _)| matches!(*n, "returnValue" | "return_value"))
         .and_then(|(_, v)| number(v))
         .unwrap_or(0);
+    // `workload.container{id}`, `workload.k8s{pod{name, uid}, namespace{name}}`.
+    let container = text(value, &["workload", "container", "id"])
+        .filter(|_| value.get("name").and_then(Value::as_str) == Some(EXEC))
+        .and_then(|id| {
+            container::stated(
+                id,
+                text(value, &["workload", "k8s", "pod", "uid"]),
+                text(value, &["workload", "k8s", "pod", "name"]),
+                text(value, &["workload", "k8s", "namespace", "name"]),
+            )
+        });
     Ok(Common {
+        container,
         name: value.get("name").and_then(Value::as_str).unwrap_or(""),
         time,
         pid: pid as u32,
@@ -156,7 +197,7 @@ impl Decoder for Tracee {
             }
         };
         match e.name {
-            "sched_process_exec" => {
+            EXEC => {
                 announce(&mut self.known, out);
                 let executable = e.str("pathname").unwrap_or_default();
                 let env = e.strings("env").join("\0");
@@ -171,6 +212,7 @@ impl Decoder for Tracee {
                         cwd: e.str("cwd").unwrap_or_default(),
                         uid: e.uid,
                         env: attribution_env(env.as_bytes()),
+                        stated_container: e.container.clone(),
                         ..Exec::default()
                     }),
                 });
@@ -333,6 +375,50 @@ mod tests {
         assert_eq!((exec.args.len(), exec.uid, exec.ppid), (3, 1000, 1234));
         let EventData::Open(open) = &events[2].data else { panic!() };
         assert_eq!((open.abs_path.as_deref(), open.flags), (Some("/home/alice/.npmrc"), 32768));
+    }
+
+    #[test]
+    fn takes_the_container_and_pod_each_schema_states() {
+        const ID: &str = "8d3c0f7b5e2a41c6b9f0e1d2c3b4a5968778695a4b3c2d1e0f9e8d7c6b5a4f3e";
+        const UID: &str = "5f3e6c1a-2b7d-4c8e-9a0f-1b2c3d4e5f60";
+        let common = r#""timestamp":1,"processId":1,"threadId":1,"parentProcessId":0,"hostProcessId":300,"hostThreadId":300,"hostParentProcessId":299,"userId":0,"processName":"npm","hostName":"kind-worker","eventName":"sched_process_exec","argsNum":1,"returnValue":0,"args":[{"name":"pathname","type":"const char*","value":"/usr/bin/npm"}]"#;
+        let lines = [
+            // Newer legacy events: `container` and `kubernetes` objects.
+            format!(
+                r#"{{{common},"container":{{"id":"{ID}","name":"build","image":"docker.io/library/node:20","imageDigest":"sha256:ab"}},"kubernetes":{{"podName":"build-7f9c4d-x2k8q","podNamespace":"ci","podUID":"{UID}"}}}}"#
+            ),
+            // Older ones: top-level fields.
+            format!(
+                r#"{{{common},"containerId":"{ID}","containerImage":"node:20","containerName":"build","podName":"build-7f9c4d-x2k8q","podNamespace":"ci","podUID":"{UID}"}}"#
+            ),
+            // v1beta1: `workload.container` and `workload.k8s`.
+            format!(
+                r#"{{"timestamp":{{"seconds":"1","nanos":0}},"name":"sched_process_exec","workload":{{"process":{{"pid":{{"value":300}},"ancestors":[{{"host_pid":299}}]}},"container":{{"id":"{ID}","name":"build","image":{{"name":"docker.io/library/node:20"}},"started":true}},"k8s":{{"pod":{{"name":"build-7f9c4d-x2k8q","uid":"{UID}","labels":{{"app":"build"}}}},"namespace":{{"name":"ci"}}}}}},"data":[{{"name":"pathname","str":"/usr/bin/npm"}}]}}"#
+            ),
+        ];
+        for line in &lines {
+            let (events, errors) = events(&format!("{line}\n"));
+            assert!(errors.is_empty(), "{errors:?}");
+            let EventData::Exec(exec) = &events[1].data else { panic!("{events:?}") };
+            let stated = exec.stated_container.as_ref().unwrap_or_else(|| panic!("{line}"));
+            assert_eq!(
+                (stated.id.as_str(), stated.runtime.as_deref(), stated.pod_uid.as_deref()),
+                (ID, None, Some(UID)),
+                "{line}"
+            );
+            assert_eq!(
+                (stated.namespace.as_deref(), stated.pod_name.as_deref()),
+                (Some("ci"), Some("build-7f9c4d-x2k8q"))
+            );
+        }
+        // On the host: an empty id; an absurd one: no container either.
+        let host = format!(r#"{{{common},"containerId":"","podName":""}}"#);
+        let absurd = format!(r#"{{{common},"container":{{"id":"{}"}}}}"#, "a".repeat(100_000));
+        for line in [host, absurd] {
+            let (events, _) = events(&format!("{line}\n"));
+            let EventData::Exec(exec) = &events[1].data else { panic!("{events:?}") };
+            assert_eq!(exec.stated_container, None);
+        }
     }
 
     #[test]
