@@ -337,6 +337,43 @@ fn tracee_exports_alert_in_both_schemas() {
 }
 
 #[test]
+fn replays_of_pod_traces_name_the_container_and_pod() {
+    const ID: &str = "8d3c0f7b5e2a41c6b9f0e1d2c3b4a5968778695a4b3c2d1e0f9e8d7c6b5a4f3e";
+    const UID: &str = "5f3e6c1a-2b7d-4c8e-9a0f-1b2c3d4e5f60";
+    // Tetragon names the full id with its runtime, and no pod uid; Tracee the uid, no runtime.
+    let tetragon = (
+        serde_json::json!({"id": ID, "runtime": "containerd"}),
+        serde_json::json!({"type": "pod", "name": "build-7f9c4d-x2k8q"}),
+    );
+    let tracee =
+        (serde_json::json!({"id": ID}), serde_json::json!({"type": "pod", "id": UID, "name": "build-7f9c4d-x2k8q"}));
+    for (file, (container, resource)) in [
+        ("tetragon/k8s-pod.jsonl", tetragon),
+        ("tracee/k8s-pod-legacy.jsonl", tracee.clone()),
+        ("tracee/k8s-pod-v1beta1.jsonl", tracee),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_credwatch"))
+            .args(["replay", "--json"])
+            .arg(Path::new(FIXTURES).join(file))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(10), "{file}: {stderr}");
+        let alerts: Vec<serde_json::Value> =
+            String::from_utf8(out.stdout).unwrap().lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+        let npmrc = alerts
+            .iter()
+            .find(|a| a["rule"]["id"] == "npm-registry-token")
+            .unwrap_or_else(|| panic!("{file}: no npm-registry-token alert in {alerts:#?}"));
+        assert_eq!(npmrc["container"], container, "{file}");
+        let orchestrator = serde_json::json!({"type": "kubernetes", "namespace": "ci", "resource": resource});
+        assert_eq!(npmrc["orchestrator"], orchestrator, "{file}");
+        // Every alert of the pod's processes names it.
+        assert!(alerts.iter().all(|a| a["container"]["id"] == ID), "{file}: {alerts:#?}");
+    }
+}
+
+#[test]
 fn credwatch_traces_read_through_the_same_interface_compressed_or_not() {
     let dir = tempfile::tempdir().unwrap();
     let header = TraceHeader {

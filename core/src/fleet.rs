@@ -627,6 +627,32 @@ mod tests {
     }
 
     #[test]
+    fn names_a_pod_a_trace_stated_by_namespace_and_name_with_its_uid_when_known() {
+        let line = &alerts("node-1", 0, ("evil", "1.0.0"))[0];
+        let id = "ab".repeat(32);
+        let uid = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
+        let mut report = FleetReport::default();
+        // As the engine writes them for a Tracee trace (uid, name, namespace) and a Tetragon
+        // one (name and namespace only).
+        for (at, uid) in [(1, Some(uid)), (2, None)] {
+            let mut alert: Alert = serde_json::from_str(line).unwrap();
+            let stated = crate::container::stated(&id, uid, Some("build-7f9c4d-x2k8q"), Some("ci")).unwrap();
+            let (container, orchestrator) = crate::alert::AlertContainer::stated(&stated);
+            (alert.container, alert.orchestrator) = (Some(container), orchestrator);
+            alert.event.id = format!("stated-{at}");
+            report.add_json(serde_json::to_string(&alert).unwrap().as_bytes()).unwrap();
+        }
+        let (_, package) = &report.packages["npm package evil@1.0.0"];
+        let pods: Vec<Option<&str>> = package.places.keys().map(|p| p.pod.as_deref()).collect();
+        assert_eq!(pods, [Some("ci/build-7f9c4d-x2k8q"), Some(&*format!("ci/build-7f9c4d-x2k8q ({uid})"))]);
+        assert!(
+            report.to_text().contains(&format!("| {id} | ci/build-7f9c4d-x2k8q ({uid}) |")),
+            "{}",
+            report.to_text()
+        );
+    }
+
+    #[test]
     fn names_the_container_pod_and_ci_job_when_the_alert_carries_them_and_escapes_them() {
         let line = &alerts("node-1", 0, ("evil", "1.0.0"))[0];
         let mut alert: Alert = serde_json::from_str(line).unwrap();

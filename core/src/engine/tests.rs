@@ -1992,6 +1992,37 @@ fn a_host_process_has_no_container_fields_and_an_exec_elsewhere_moves_it() {
 }
 
 #[test]
+fn a_container_a_trace_states_wins_over_cgroups_and_forks_inherit_it() {
+    let mut run = Run::new();
+    let stated = crate::container::stated(&format!("cri-o://{CONTAINER}"), Some(POD), Some("build-1"), Some("ci"));
+    run.send(
+        100,
+        EventData::Exec(Exec {
+            ppid: 1,
+            filename: "npm".into(),
+            executable: "npm".into(),
+            args: vec!["npm".into(), "install".into()],
+            cwd: "/home/alice/app".into(),
+            uid: 1000,
+            // Another container's path: what the trace states is what counts.
+            cgroups: vec![format!("/docker/{}", "0".repeat(64))],
+            stated_container: stated,
+            ..Exec::default()
+        }),
+    );
+    run.fork(100, 101);
+    exec_in(&mut run, 101, 100, &["node", "x.js"], POSTINSTALL, &[]);
+    run.open(101, "/home/alice/.npmrc");
+    let json = serde_json::to_value(run.one()).unwrap();
+    assert_eq!(json["container"], serde_json::json!({"id": CONTAINER, "runtime": "cri-o"}));
+    assert_eq!(
+        json["orchestrator"],
+        serde_json::json!({"type": "kubernetes", "namespace": "ci",
+                           "resource": {"type": "pod", "id": POD, "name": "build-1"}})
+    );
+}
+
+#[test]
 fn identity_fields_leave_the_alert_id_as_it_was() {
     let alert = || {
         let mut run = Run::new();
