@@ -144,7 +144,7 @@ pub fn stated(
     pod_uid: Option<&str>,
     pod_name: Option<&str>,
     namespace: Option<&str>,
-) -> Option<StatedContainer> {
+) -> Option<Box<StatedContainer>> {
     let (runtime, id) = match id.split_once("://") {
         // The CRI's scheme names; `cri-o` is CRI-O's, as in the cgroup table above.
         Some((scheme, id)) => (["docker", "containerd", "cri-o"].into_iter().find(|r| *r == scheme), id),
@@ -156,14 +156,14 @@ pub fn stated(
         return None;
     }
     let pod_name = pod_name.filter(|name| is_dns_name(name, 253, true));
-    Some(StatedContainer {
+    Some(Box::new(StatedContainer {
         id: id.to_owned(),
         runtime: runtime.map(str::to_owned),
         pod_uid: pod_uid.filter(|uid| is_uuid(uid)).map(str::to_owned),
         // A namespace without its pod names nothing.
         namespace: namespace.filter(|ns| pod_name.is_some() && is_dns_name(ns, 63, false)).map(str::to_owned),
         pod_name: pod_name.map(str::to_owned),
-    })
+    }))
 }
 
 /// A Kubernetes object name: a DNS subdomain (`dots`: pod names) or label (namespaces) of at
@@ -402,7 +402,7 @@ mod tests {
     fn a_stated_container_keeps_well_formed_values_only() {
         let full = stated(&format!("containerd://{ID}"), Some(UID), Some("build-7f9c4d-x2k8q"), Some("ci")).unwrap();
         assert_eq!(
-            full,
+            *full,
             StatedContainer {
                 id: ID.into(),
                 runtime: Some("containerd".into()),

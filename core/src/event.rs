@@ -139,8 +139,9 @@ pub struct Exec {
     pub cgroups: Vec<String>,
     /// The container (and pod) a foreign trace states for the process (Tetragon's `pod`, Tracee's
     /// `container` and `kubernetes`): used instead of what `cgroups` say. The sensor never fills it.
+    /// Boxed: rare, and five strings would make every event larger.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stated_container: Option<StatedContainer>,
+    pub stated_container: Option<Box<StatedContainer>>,
     /// Attribution variables only ([`ATTRIBUTION_ENV`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
@@ -160,7 +161,7 @@ pub struct Exec {
 pub struct StatedContainer {
     /// Lowercase hex digits: the full 64, or the prefix the trace gives (Tetragon's `docker`).
     pub id: String,
-    /// `docker`, `containerd` or `cri-o` (the names of [`crate::container`]).
+    /// `docker`, `containerd` or `cri-o` (as the cgroup-derived ones are named).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
     /// The Kubernetes pod's uid (a UUID).

@@ -326,7 +326,8 @@ mod tests {
         let id = "3ad7b26ded6d8e7b23da7d48fe889434573036c27ae5a74837233de441c3601e";
         json["host"]["id"] = "0123456789abcdef0123456789abcdef".into();
         json["container"] = serde_json::json!({"id": id, "runtime": "cri-o"});
-        json["orchestrator"] = serde_json::json!({"type": "kubernetes", "resource": {"type": "pod", "id": "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"}});
+        json["orchestrator"] = serde_json::json!({"type": "kubernetes", "namespace": "ci",
+            "resource": {"type": "pod", "id": "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d", "name": "build-1"}});
         json["ci"] = serde_json::json!({"provider": "gitlab", "repository": "g/p", "run_id": "7", "job": "test"});
         let payload = payload(&outgoing(&json)).unwrap();
         let read: SidekickPayload = serde_json::from_str(&serde_json::to_string(&payload).unwrap()).unwrap();
@@ -337,6 +338,7 @@ mod tests {
         );
         assert_eq!(fields["container.type"], "cri-o");
         assert_eq!(fields["k8s.pod.uid"], "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d");
+        assert_eq!((fields["k8s.pod.name"].as_str(), fields["k8s.ns.name"].as_str()), (Some("build-1"), Some("ci")));
         assert_eq!(fields["credwatch.host.id"], "0123456789abcdef0123456789abcdef");
         assert_eq!(
             (fields["credwatch.ci.provider"].as_str(), fields["credwatch.ci.run_id"].as_str()),

@@ -125,7 +125,7 @@ pub(super) fn node_name(line: &[u8]) -> Option<String> {
 
 /// The container and pod of `process`: `pod.container.id` (`containerd://<64 hex>`) when present
 /// and well-formed, else `docker`, the id's first 31 digits with no runtime.
-fn stated_container(process: &Value) -> Option<StatedContainer> {
+fn stated_container(process: &Value) -> Option<Box<StatedContainer>> {
     let text = |path: &[&str]| path.iter().try_fold(process, |value, key| value.get(*key))?.as_str();
     let with_id = |id: &str| container::stated(id, None, text(&["pod", "name"]), text(&["pod", "namespace"]));
     text(&["pod", "container", "id"]).and_then(with_id).or_else(|| text(&["docker"]).and_then(with_id))
@@ -249,7 +249,7 @@ mod tests {
         assert_eq!(events[5].data, EventData::Exit(Exit { code: 9 }));
     }
 
-    fn stated(line: &str) -> Option<crate::event::StatedContainer> {
+    fn stated(line: &str) -> Option<Box<crate::event::StatedContainer>> {
         let mut source = TetragonSource::new(Lines::from_bytes("t.json", line.as_bytes()), None);
         let events: Vec<Event> = std::iter::from_fn(|| source.next_event().unwrap()).collect();
         let EventData::Exec(exec) = &events.last().unwrap().data else { panic!("{events:?}") };

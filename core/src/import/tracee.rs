@@ -27,7 +27,7 @@ struct Common<'a> {
     uid: u32,
     ret: i64,
     args: Vec<(&'a str, &'a Value)>,
-    container: Option<StatedContainer>,
+    container: Option<Box<StatedContainer>>,
 }
 
 impl Common<'_> {
@@ -74,7 +74,7 @@ const EXEC: &str = "sched_process_exec";
 /// The container and pod of a legacy event: `container{id}` and `kubernetes{podName,
 /// podNamespace, podUID}`, or the older top-level `containerId`, `podName`, `podNamespace`,
 /// `podUID` (an empty id on the host).
-fn legacy_container(object: &Map<String, Value>) -> Option<StatedContainer> {
+fn legacy_container(object: &Map<String, Value>) -> Option<Box<StatedContainer>> {
     let either = |nested: &[&str], flat: &str| text(object, nested).or_else(|| text(object, &[flat]));
     container::stated(
         either(&["container", "id"], "containerId")?,
