@@ -1,7 +1,7 @@
 //! `cargo xtask toolchain [--dry-run]`, `cargo xtask build [--static]`, `cargo xtask package [--test]`,
 //! `cargo xtask image`, `cargo xtask test`,
 //! `cargo xtask bench [--quick] [--no-build] [--only SECTION,...]`, `cargo xtask corpus [OPTIONS]`,
-//! `cargo xtask fuzz [--time SECS] [TARGET...]`.
+//! `cargo xtask fuzz [--time SECS] [TARGET...]`, `cargo xtask kernels [OPTIONS]`.
 
 mod bench;
 mod bench_events;
@@ -15,6 +15,7 @@ mod bench_syscalls;
 mod corpus;
 mod fuzz;
 mod image;
+mod kernels;
 mod package;
 mod toolchain;
 
@@ -87,6 +88,12 @@ fn main() -> ExitCode {
         ["bench", options @ ..] => bench::bench(options),
         ["corpus", options @ ..] => corpus::corpus(options),
         ["fuzz", options @ ..] => fuzz::fuzz(options),
+        ["kernels", options @ ..] => match kernels::kernels(options) {
+            Ok(0) => Ok(()),
+            // `--run`'s command failed: its status is ours.
+            Ok(status) => return ExitCode::from(u8::try_from(status).unwrap_or(1).max(1)),
+            Err(error) => Err(error),
+        },
         #[cfg(feature = "bench-trace")]
         ["bench-gen-trace", file, bytes] => {
             bytes.parse().context("trace size").and_then(|bytes| bench_replay::generate(Path::new(file), bytes))
@@ -98,7 +105,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "bench-outputs")]
         ["bench-receive-nats", url, stream, subjects] => bench_receive::nats(url, stream, subjects),
         _ => {
-            eprintln!("{USAGE}");
+            eprintln!("{USAGE}\n{}", kernels::USAGE);
             return ExitCode::from(2);
         }
     };
