@@ -6,6 +6,7 @@
 
 mod fetch;
 mod guest;
+mod matrix;
 
 use std::{env, path::PathBuf, process::Command, time::Duration};
 
@@ -86,6 +87,7 @@ struct Options {
     kernel: Option<String>,
     run: Option<String>,
     lsm: bool,
+    no_build: bool,
     env: Vec<(String, String)>,
     add: Vec<PathBuf>,
     timeout: Duration,
@@ -97,6 +99,7 @@ fn parse(args: &[&str]) -> Result<Options> {
         kernel: None,
         run: None,
         lsm: false,
+        no_build: false,
         env: Vec::new(),
         add: Vec::new(),
         timeout: Duration::from_secs(3600),
@@ -108,6 +111,7 @@ fn parse(args: &[&str]) -> Result<Options> {
         match *arg {
             "--list" => options.list = true,
             "--lsm" => options.lsm = true,
+            "--no-build" => options.no_build = true,
             "--kernel" => options.kernel = Some(value("--kernel")?),
             "--run" => options.run = Some(value("--run")?),
             "--env" => {
@@ -171,8 +175,12 @@ pub fn kernels(args: &[&str]) -> Result<i32> {
         );
         return Ok(outcome.status);
     }
-    if options.kernel.is_some() || options.lsm || !options.env.is_empty() || !options.add.is_empty() {
-        bail!("--kernel, --lsm, --env and --add go with --run");
+    if options.lsm || !options.env.is_empty() || !options.add.is_empty() {
+        bail!("--lsm, --env and --add go with --run");
     }
-    bail!("the full matrix is not written yet")
+    let only = options.kernel.as_deref().map(series).transpose()?;
+    if !options.no_build {
+        crate::build()?;
+    }
+    matrix::matrix(only).map(|()| 0)
 }
