@@ -88,6 +88,7 @@ struct Options {
     run: Option<String>,
     lsm: bool,
     no_build: bool,
+    full: bool,
     env: Vec<(String, String)>,
     add: Vec<PathBuf>,
     timeout: Duration,
@@ -100,6 +101,7 @@ fn parse(args: &[&str]) -> Result<Options> {
         run: None,
         lsm: false,
         no_build: false,
+        full: false,
         env: Vec::new(),
         add: Vec::new(),
         timeout: Duration::from_secs(3600),
@@ -112,6 +114,7 @@ fn parse(args: &[&str]) -> Result<Options> {
             "--list" => options.list = true,
             "--lsm" => options.lsm = true,
             "--no-build" => options.no_build = true,
+            "--full" => options.full = true,
             "--kernel" => options.kernel = Some(value("--kernel")?),
             "--run" => options.run = Some(value("--run")?),
             "--env" => {
@@ -128,6 +131,12 @@ fn parse(args: &[&str]) -> Result<Options> {
         }
     }
     Ok(options)
+}
+
+/// The whole matrix of the binaries built already (`cargo xtask test`'s step).
+pub fn matrix() -> Result<()> {
+    prerequisites()?;
+    matrix::matrix(None, false)
 }
 
 /// `cargo xtask kernels ...`; returns the exit status of `--run`'s command.
@@ -182,5 +191,5 @@ pub fn kernels(args: &[&str]) -> Result<i32> {
     if !options.no_build {
         crate::build()?;
     }
-    matrix::matrix(only).map(|()| 0)
+    matrix::matrix(only, options.full).map(|()| 0)
 }

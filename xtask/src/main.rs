@@ -44,8 +44,8 @@ const USAGE: &str = "usage: cargo xtask <command>
                          --no-build: of the static binary built already (the image test's way)
   test                   build, set up what the tests need, run the unit tests, fuzz each decoder
                          for 25s, then (as root) the static binary, the end-to-end tests (the
-                         container image's among them), and the package installed, checked and
-                         purged with dpkg
+                         container image's among them), the kernel matrix (`kernels`), and the
+                         package installed, checked and purged with dpkg
   bench [--quick] [--no-build] [--only syscalls,install,throughput,replay,memory,outputs,idle]
                          (root) build, then measure overhead, install workloads, event and replay
                          throughput, memory and start-up, side by side with the hook's floor,
@@ -206,6 +206,8 @@ fn test() -> Result<()> {
         "privileged end-to-end tests",
         cargo().args(["test", "-p", E2E_CRATE, "--", "--test-threads=1", "--show-output"]),
     )?;
+    // Then the same binaries on the other kernels fleets run, in qemu.
+    kernels::matrix()?;
     // Then the package made of it, with the real dpkg.
     let deb = package::package()?;
     package::test_package(&deb)

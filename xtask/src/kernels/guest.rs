@@ -290,13 +290,16 @@ fn mkfs(stage: &Path, image: &Path, label: &str) -> Result<()> {
     let inodes = files + files / 4 + 65536;
     let _ = fs::remove_file(image);
     let tmp = image.with_extension("tmp");
+    // Made here (sparse) so that mke2fs does not announce that it creates it.
+    fs::File::create(&tmp)
+        .and_then(|f| f.set_len(size_kib * 1024))
+        .with_context(|| format!("creating {}", tmp.display()))?;
     let status = Command::new("mke2fs")
         .args(["-q", "-F", "-t", "ext4", "-L", label, "-m", "0"])
         // orphan_file: 5.10 mounts such a filesystem read-only.
         .args(["-O", "^orphan_file", "-N", &inodes.to_string(), "-d"])
         .arg(stage)
         .arg(&tmp)
-        .arg(format!("{size_kib}k"))
         .status()
         .context("starting mke2fs")?;
     if !status.success() {
