@@ -375,8 +375,9 @@ fn run_disk(run: &Run, dir: &Path) -> Result<PathBuf> {
         ("TERM".into(), "dumb".into()),
         ("RUST_BACKTRACE".into(), "1".into()),
         ("CREDWATCH_E2E_SLOW".into(), SLOW_FACTOR.into()),
-        // The e2e Sandbox puts cargo's directory first on PATH; cargo sets it on the host.
-        ("CARGO".into(), "/root/.cargo/bin/cargo".into()),
+        // The e2e Sandbox puts cargo's directory first on PATH, as cargo sets it on the host: the
+        // toolchain's own cargo (in the base image), whose rustc needs no rustup HOME.
+        ("CARGO".into(), std::env::var("CARGO").unwrap_or_else(|_| "/root/.cargo/bin/cargo".into())),
         ("CREDWATCH_GUEST_KERNEL".into(), run.kernel.series.name.into()),
         ("CREDWATCH_GUEST_LSM".into(), if run.lsm { LSM_LIST.into() } else { String::new() }),
     ];

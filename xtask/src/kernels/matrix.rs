@@ -58,7 +58,6 @@ fn test_binaries(args: &[&str]) -> Result<Vec<(String, PathBuf)>> {
     let out = crate::cargo()
         .args(["test", "--no-run", "--message-format=json"])
         .args(args)
-        .env("CARGO_INCREMENTAL", "0")
         .output()
         .context("running cargo test --no-run")?;
     if !out.status.success() {
