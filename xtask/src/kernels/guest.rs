@@ -224,14 +224,44 @@ fn guest_path() -> String {
     path
 }
 
-/// The shared base image, built the first time (callers hold the [`CacheLock`]).
+/// What the base image was made of: when the host's packages, toolchains or python change, the
+/// image is made again (a test prerequisite installed later must reach the guests too).
+fn host_userland_stamp() -> String {
+    let modified = |path: &str| {
+        fs::metadata(path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs())
+    };
+    let mut toolchains: Vec<String> = fs::read_dir("/root/.rustup/toolchains")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    toolchains.sort();
+    format!(
+        "dpkg status {}\n/usr/local/bin {}\nrustup {} {}\npyenv {:?}\n",
+        modified("/var/lib/dpkg/status"),
+        modified("/usr/local/bin"),
+        modified("/root/.rustup/settings.toml"),
+        toolchains.join(" "),
+        pyenv_version()
+    )
+}
+
+/// The shared base image, built the first time and whenever the host's userland changed
+/// (callers hold the [`CacheLock`]).
 pub fn base_image(cache: &Path) -> Result<PathBuf> {
     let image = cache.join("base.ext4");
-    if image.is_file() {
+    let stamp_file = cache.join("base.stamp");
+    let stamp = host_userland_stamp();
+    if image.is_file() && fs::read_to_string(&stamp_file).is_ok_and(|s| s == stamp) {
         return Ok(image);
     }
     let start = Instant::now();
-    println!("kernels: building the base image of the host's userland (once, shared: {})", image.display());
+    println!("kernels: building the base image of the host's userland (shared: {})", image.display());
     let stage = cache.join("base-stage");
     let _ = fs::remove_dir_all(&stage);
     fs::create_dir_all(&stage)?;
@@ -274,6 +304,7 @@ pub fn base_image(cache: &Path) -> Result<PathBuf> {
     }
     mkfs(&stage, &image, "credwatch-base")?;
     fs::remove_dir_all(&stage)?;
+    fs::write(&stamp_file, stamp)?;
     println!("kernels: base image built in {:.0}s", start.elapsed().as_secs_f64());
     Ok(image)
 }
