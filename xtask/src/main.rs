@@ -1,7 +1,7 @@
 //! `cargo xtask toolchain [--dry-run]`, `cargo xtask build [--static]`, `cargo xtask package [--test]`,
 //! `cargo xtask image`, `cargo xtask test`,
 //! `cargo xtask bench [--quick] [--no-build] [--only SECTION,...]`, `cargo xtask corpus [OPTIONS]`,
-//! `cargo xtask fuzz [--time SECS] [TARGET...]`.
+//! `cargo xtask fuzz [--time SECS] [TARGET...]`, `cargo xtask kernels [OPTIONS]`.
 
 mod bench;
 mod bench_events;
@@ -15,6 +15,7 @@ mod bench_syscalls;
 mod corpus;
 mod fuzz;
 mod image;
+mod kernels;
 mod package;
 mod toolchain;
 
@@ -43,8 +44,8 @@ const USAGE: &str = "usage: cargo xtask <command>
                          --no-build: of the static binary built already (the image test's way)
   test                   build, set up what the tests need, run the unit tests, fuzz each decoder
                          for 25s, then (as root) the static binary, the end-to-end tests (the
-                         container image's among them), and the package installed, checked and
-                         purged with dpkg
+                         container image's among them), the kernel matrix (`kernels`), and the
+                         package installed, checked and purged with dpkg
   bench [--quick] [--no-build] [--only syscalls,install,throughput,replay,memory,outputs,idle]
                          (root) build, then measure overhead, install workloads, event and replay
                          throughput, memory and start-up, side by side with the hook's floor,
@@ -87,6 +88,12 @@ fn main() -> ExitCode {
         ["bench", options @ ..] => bench::bench(options),
         ["corpus", options @ ..] => corpus::corpus(options),
         ["fuzz", options @ ..] => fuzz::fuzz(options),
+        ["kernels", options @ ..] => match kernels::kernels(options) {
+            Ok(0) => Ok(()),
+            // `--run`'s command failed: its status is ours.
+            Ok(status) => return ExitCode::from(u8::try_from(status).unwrap_or(1).max(1)),
+            Err(error) => Err(error),
+        },
         #[cfg(feature = "bench-trace")]
         ["bench-gen-trace", file, bytes] => {
             bytes.parse().context("trace size").and_then(|bytes| bench_replay::generate(Path::new(file), bytes))
@@ -98,7 +105,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "bench-outputs")]
         ["bench-receive-nats", url, stream, subjects] => bench_receive::nats(url, stream, subjects),
         _ => {
-            eprintln!("{USAGE}");
+            eprintln!("{USAGE}\n{}", kernels::USAGE);
             return ExitCode::from(2);
         }
     };
@@ -199,6 +206,8 @@ fn test() -> Result<()> {
         "privileged end-to-end tests",
         cargo().args(["test", "-p", E2E_CRATE, "--", "--test-threads=1", "--show-output"]),
     )?;
+    // Then the same binaries on the other kernels fleets run, in qemu.
+    kernels::matrix()?;
     // Then the package made of it, with the real dpkg.
     let deb = package::package()?;
     package::test_package(&deb)

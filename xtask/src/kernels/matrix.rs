@@ -1,0 +1,503 @@
+//! The matrix: every kernel with and without `lsm=bpf`, each boot running `credwatch doctor`,
+//! the sensor tests per backend and (where the CI budget allows) the guest test targets; a
+//! table of kernel x lsm x backend x result in target/kernels/matrix.md.
+
+use std::{
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+use super::{
+    fetch::{self, Kernel},
+    guest,
+};
+
+pub const BACKENDS: [&str; 2] = ["tracepoint", "fentry"];
+
+/// The boots that also run the guest test targets (real npm and cargo, deny, both backends
+/// compared) unless `--full`. Measured under TCG on 2 cores: a boot takes ~15 s, the sensor
+/// tests 1-2 min per backend (each test verifies the whole sensor), the guest targets several
+/// more; CI has ~15 min for the whole matrix, so they run on the kernel the issue names.
+const GUEST_TESTS_ON: &[(&str, bool)] = &[("6.12", true)];
+
+/// Each step's time limit in the guest (a hung test fails its step, not the whole matrix).
+const STEP_TIMEOUT_SECS: u64 = 1200;
+
+/// A test binary built on the host to run in the guests.
+struct Binaries {
+    sensor: PathBuf,
+    /// guest_deny, guest_backends, guest_e2e, when the e2e crate has the `guest` feature.
+    guest: Vec<(String, PathBuf)>,
+}
+
+/// What one step of a boot gave.
+struct Step {
+    name: String,
+    status: Option<i32>,
+    secs: f64,
+    output: String,
+}
+
+struct Boot {
+    kernel: Kernel,
+    lsm: bool,
+    steps: Vec<Step>,
+    boot_secs: f64,
+    total_secs: f64,
+    /// The whole serial output, kept in target/kernels/logs.
+    log: PathBuf,
+}
+
+/// The test executables of `cargo test --no-run` for these arguments, by target name.
+fn test_binaries(args: &[&str]) -> Result<Vec<(String, PathBuf)>> {
+    let out = crate::cargo()
+        .args(["test", "--no-run", "--message-format=json"])
+        .args(args)
+        .output()
+        .context("running cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("cargo test --no-run {} failed:\n{}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    }
+    let mut binaries = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let (Some(name), Some(path)) =
+            (message.pointer("/target/name").and_then(|v| v.as_str()), message["executable"].as_str())
+        else {
+            continue;
+        };
+        binaries.push((name.to_owned(), PathBuf::from(path)));
+    }
+    Ok(binaries)
+}
+
+/// Whether the e2e crate declares the `guest` feature (the guest test targets).
+fn has_guest_tests() -> bool {
+    fs::read_to_string(crate::workspace().join("tests/Cargo.toml"))
+        .is_ok_and(|manifest| manifest.lines().any(|l| l.trim_start().starts_with("guest =")))
+}
+
+fn build_binaries() -> Result<Binaries> {
+    let sensor = test_binaries(&["-p", "credwatch", "--test", "sensor"])?
+        .into_iter()
+        .find(|(name, _)| name == "sensor")
+        .map(|(_, path)| path)
+        .context("cargo built no `sensor` test binary")?;
+    let guest = if has_guest_tests() {
+        test_binaries(&[
+            "-p",
+            crate::E2E_CRATE,
+            "--features",
+            "guest",
+            "--test",
+            "guest_deny",
+            "--test",
+            "guest_backends",
+            "--test",
+            "guest_e2e",
+        ])?
+    } else {
+        Vec::new()
+    };
+    Ok(Binaries { sensor, guest })
+}
+
+/// Whether the agent has a second backend to choose (`--sensor`), i.e. branch fentry is in.
+fn fentry_built() -> bool {
+    let binary = crate::workspace().join("target/release/credwatch");
+    Command::new(binary)
+        .args(["watch", "--help"])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("--sensor"))
+}
+
+/// The shell script one boot runs: each step between markers the host parses. Unless `full`,
+/// each backend's sensor tests run on one boot of each kernel, for CI's time: the tracepoint
+/// backend's on the default-LSM boot (it loads no LSM program, so `lsm=` cannot change its
+/// result), the fentry backend's on the `lsm=bpf` boot (where its LSM hooks load too); doctor
+/// on both says what loads on each.
+fn script(binaries: &Binaries, fentry: bool, guest_tests: bool, lsm: bool, full: bool) -> String {
+    let workspace = crate::workspace();
+    let rel = |p: &Path| p.strip_prefix(&workspace).unwrap_or(p).display().to_string();
+    let mut s = String::from(
+        "step() { name=$1; shift; echo \"@@step $name\"; t0=$(date +%s%N); \
+         timeout @TIMEOUT@ \"$@\" 2>&1; rc=$?; \
+         printf '\\n@@done %s %s %s\\n' $name $rc $(( ($(date +%s%N) - t0) / 1000000 )); }\n",
+    )
+    .replace("@TIMEOUT@", &STEP_TIMEOUT_SECS.to_string());
+    s.push_str("step lsm cat /sys/kernel/security/lsm\n");
+    s.push_str("step doctor target/release/credwatch doctor\n");
+    let backends: &[&str] = if fentry { &BACKENDS } else { &BACKENDS[..1] };
+    for backend in backends.iter().filter(|b| full || (**b == "tracepoint") != lsm) {
+        let _ = writeln!(
+            s,
+            "step sensor:{backend} env CREDWATCH_E2E_SENSOR={backend} {} --test-threads=1",
+            rel(&binaries.sensor)
+        );
+    }
+    if guest_tests {
+        for (name, path) in &binaries.guest {
+            let runs: Vec<&str> = match name.as_str() {
+                // LSM deny needs the fentry backend and bpf among the active LSMs.
+                "guest_deny" if fentry && lsm => vec!["fentry"],
+                "guest_deny" => vec![],
+                // It runs both backends itself.
+                "guest_backends" if fentry => vec!["fentry"],
+                "guest_backends" => vec![],
+                _ => backends.to_vec(),
+            };
+            for backend in runs {
+                let _ = writeln!(
+                    s,
+                    "step {name}:{backend} env CREDWATCH_E2E_SENSOR={backend} {} --test-threads=1",
+                    rel(path)
+                );
+            }
+        }
+    }
+    s
+}
+
+fn parse_steps(output: &str) -> Vec<Step> {
+    let mut steps: Vec<Step> = Vec::new();
+    let mut current: Option<Step> = None;
+    for line in output.lines() {
+        if let Some(name) = line.strip_prefix("@@step ") {
+            current = Some(Step { name: name.to_owned(), status: None, secs: 0.0, output: String::new() });
+        } else if let Some(rest) = line.strip_prefix("@@done ") {
+            let mut fields = rest.split_whitespace();
+            if let (Some(mut step), Some(_name)) = (current.take(), fields.next()) {
+                step.status = fields.next().and_then(|s| s.parse().ok());
+                step.secs = fields.next().and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0) / 1000.0;
+                steps.push(step);
+            }
+        } else if let Some(step) = current.as_mut() {
+            step.output.push_str(line);
+            step.output.push('\n');
+        }
+    }
+    // A step cut off by the guest's end (a crash, the timeout) has no status.
+    steps.extend(current);
+    steps
+}
+
+/// `17 passed; 0 failed` of libtest's summary lines, summed.
+fn counts(output: &str) -> Option<(u32, u32)> {
+    let mut found = None;
+    for line in output.lines().filter_map(|l| l.strip_prefix("test result: ")) {
+        let number = |word: &str| {
+            line.split(';')
+                .find_map(|part| part.trim().strip_suffix(word)?.split_whitespace().last()?.parse::<u32>().ok())
+        };
+        let (passed, failed) = found.unwrap_or((0, 0));
+        found = Some((passed + number(" passed").unwrap_or(0), failed + number(" failed").unwrap_or(0)));
+    }
+    found
+}
+
+/// The first panic message of a failed test run, on one line.
+fn first_failure(output: &str) -> String {
+    let mut lines = output.lines();
+    while let Some(line) = lines.next() {
+        if line.contains("panicked at") {
+            let message = lines.next().unwrap_or_default().trim();
+            let message: String = message.chars().take(240).collect();
+            return message.replace('|', "\\|");
+        }
+    }
+    output.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output").chars().take(160).collect()
+}
+
+/// A doctor line's value (`fentry backend:   does not load: why`).
+fn doctor_says<'a>(doctor: &'a str, prefix: &str) -> Option<&'a str> {
+    doctor.lines().find_map(|l| l.strip_prefix(prefix)).map(str::trim)
+}
+
+/// One cell: (passed, text).
+fn cell(boot: &Boot, backend: &str, fentry: bool) -> (bool, String) {
+    if backend == "fentry" && !fentry {
+        return (true, "not built yet (branch fentry)".into());
+    }
+    let doctor = boot.steps.iter().find(|s| s.name == "doctor");
+    let doctor_text = doctor.map(|s| s.output.as_str()).unwrap_or_default();
+    let mut parts = Vec::new();
+    let mut ok = true;
+    match doctor {
+        Some(step) if step.status == Some(0) => parts.push("doctor ok".to_owned()),
+        Some(step) => {
+            ok = false;
+            parts.push(format!("doctor failed: {}", first_failure(&step.output)));
+        }
+        None => {
+            ok = false;
+            parts.push("doctor did not run".into());
+        }
+    }
+    let suffix = format!(":{backend}");
+    if !boot.steps.iter().any(|s| s.name.ends_with(&suffix)) {
+        parts.push(format!("tests on the {} boot", if boot.lsm { "default-LSM" } else { "lsm=bpf" }));
+    }
+    let mut failures = Vec::new();
+    for step in boot.steps.iter().filter(|s| s.name.ends_with(&suffix)) {
+        let name = step.name.trim_end_matches(&suffix);
+        let tally = counts(&step.output).map(|(p, f)| format!(" {p}/{}", p + f)).unwrap_or_default();
+        match step.status {
+            Some(0) => parts.push(format!("{name}{tally} ({:.0}s)", step.secs)),
+            Some(124) => failures.push(format!("{name}: timed out after {STEP_TIMEOUT_SECS}s")),
+            _ => failures.push(format!("{name}{tally}: {}", first_failure(&step.output))),
+        }
+    }
+    // A backend the kernel cannot load is a result, not a failure: doctor says why.
+    if backend == "fentry" {
+        if let Some(why) = doctor_says(doctor_text, "fentry backend:").and_then(|v| v.strip_prefix("does not load")) {
+            return (true, format!("can't load{}", why.replace('|', "\\|")));
+        }
+    }
+    if failures.is_empty() {
+        return (ok, format!("{}: {}", if ok { "pass" } else { "FAIL" }, parts.join(", ")));
+    }
+    (false, format!("FAIL: {}; passed: {}", failures.join("; "), parts.join(", ")))
+}
+
+/// What the matrix runs: `full` runs everything on every boot; CI's default leaves out what
+/// cannot differ or what its time does not allow (see [`GUEST_TESTS_ON`], [`script`]).
+#[derive(Clone, Copy)]
+struct Plan {
+    fentry: bool,
+    full: bool,
+}
+
+fn boot_one(cache: &Path, kernel: &Kernel, lsm: bool, binaries: &Binaries, plan: Plan, logs: &Path) -> Result<Boot> {
+    let guest_tests = plan.full || GUEST_TESTS_ON.contains(&(kernel.series.name, lsm));
+    let command = script(binaries, plan.fentry, guest_tests, lsm, plan.full);
+    println!(
+        "kernels: {} {} ({}){}: {}",
+        kernel.series.name,
+        if lsm { "lsm=bpf" } else { "default LSMs" },
+        kernel.release,
+        if guest_tests { ", guest tests too" } else { "" },
+        command.lines().skip(1).filter_map(|l| l.split_whitespace().nth(1)).collect::<Vec<_>>().join(" ")
+    );
+    let outcome = guest::run(
+        cache,
+        &guest::Run {
+            kernel,
+            lsm,
+            command,
+            env: Vec::new(),
+            add: Vec::new(),
+            timeout: Duration::from_secs(STEP_TIMEOUT_SECS * 6),
+            echo: false,
+        },
+    )?;
+    let log = logs.join(format!("{}-{}.log", kernel.series.name, if lsm { "lsm" } else { "default" }));
+    fs::write(&log, &outcome.output)?;
+    let steps = parse_steps(&outcome.output);
+    for step in &steps {
+        println!(
+            "kernels:   {:<28} {:>6.1}s  {}",
+            step.name,
+            step.secs,
+            match step.status {
+                Some(0) => "ok".to_owned(),
+                Some(code) => format!("exit {code}"),
+                None => "cut off".to_owned(),
+            }
+        );
+    }
+    Ok(Boot {
+        kernel: kernel.clone(),
+        lsm,
+        steps,
+        boot_secs: outcome.boot.as_secs_f64(),
+        total_secs: outcome.total.as_secs_f64(),
+        log,
+    })
+}
+
+/// The host's own kernel for the tracepoint backend: the sensor tests here (the full e2e suite
+/// is `cargo xtask test`'s own step).
+fn host_row(binaries: &Binaries) -> Result<(bool, String, String)> {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_owned();
+    let start = Instant::now();
+    let out = Command::new(&binaries.sensor)
+        .arg("--test-threads=1")
+        .env("CREDWATCH_E2E_SENSOR", "tracepoint")
+        .current_dir(crate::workspace())
+        .output()
+        .context("running the sensor tests on the host")?;
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let tally = counts(&text).map(|(p, f)| format!(" {p}/{}", p + f)).unwrap_or_default();
+    let secs = start.elapsed().as_secs_f64();
+    if out.status.success() {
+        Ok((true, release, format!("pass: sensor{tally} ({secs:.0}s); the full e2e suite is `cargo xtask test`'s")))
+    } else {
+        Ok((false, release, format!("FAIL: sensor{tally}: {}", first_failure(&text))))
+    }
+}
+
+/// What the host's doctor says of the fentry backend (this host refuses fentry programs).
+fn host_fentry(fentry: bool) -> Result<String> {
+    if !fentry {
+        return Ok("not built yet (branch fentry)".into());
+    }
+    let out = Command::new(crate::workspace().join("target/release/credwatch"))
+        .arg("doctor")
+        .output()
+        .context("running credwatch doctor on the host")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(match doctor_says(&text, "fentry backend:") {
+        Some(line) if line.starts_with("does not load") => format!("can't load{}", &line["does not load".len()..]),
+        Some(line) => format!("doctor: {line} (not tested on the host)"),
+        None => "doctor says nothing of it".into(),
+    }
+    .replace('|', "\\|"))
+}
+
+/// Runs the matrix; fails (showing the failing guests' output) when a cell fails.
+pub fn matrix(only: Option<fetch::Series>, full: bool) -> Result<()> {
+    let start = Instant::now();
+    let cache = super::cache();
+    let out_dir = crate::workspace().join("target/kernels");
+    let logs = out_dir.join("logs");
+    fs::create_dir_all(&logs)?;
+    let binaries = build_binaries()?;
+    let fentry = fentry_built();
+    let plan = Plan { fentry, full };
+    let mut kernels = Vec::new();
+    for series in fetch::SERIES.into_iter().filter(|s| only.is_none_or(|o| o.name == s.name)) {
+        kernels.push(super::kernel(series)?);
+    }
+    let mut boots = Vec::new();
+    for kernel in &kernels {
+        for lsm in [false, true] {
+            boots.push(boot_one(&cache, kernel, lsm, &binaries, plan, &logs)?);
+        }
+    }
+    let (host_ok, host_release, host_text) = host_row(&binaries)?;
+    let host_fentry = host_fentry(fentry)?;
+
+    let mut table = String::from("| kernel | Debian package | boot | backend | result |\n|---|---|---|---|---|\n");
+    let _ = writeln!(table, "| {host_release} (host) | - | host | tracepoint | {host_text} |");
+    let _ = writeln!(table, "| {host_release} (host) | - | host | fentry | {host_fentry} |");
+    let mut failed = Vec::new();
+    for boot in &boots {
+        let lsms = boot.steps.iter().find(|s| s.name == "lsm").map(|s| s.output.trim().to_owned()).unwrap_or_default();
+        let bpf_active = lsms.split(',').any(|l| l == "bpf");
+        for backend in BACKENDS {
+            let (ok, text) = cell(boot, backend, fentry);
+            let _ = writeln!(
+                table,
+                "| {} ({}) | {} {} | {}{} | {backend} | {text} |",
+                boot.kernel.series.name,
+                boot.kernel.release,
+                boot.kernel.series.suite,
+                boot.kernel.version,
+                if boot.lsm { "lsm=bpf" } else { "default LSMs" },
+                if bpf_active { " (bpf LSM active)" } else { " (bpf LSM not active)" },
+            );
+            if !ok {
+                failed.push((boot, backend, text));
+            }
+        }
+    }
+    let mut report = String::from("# Kernel matrix\n\n");
+    let _ = writeln!(
+        report,
+        "`cargo xtask kernels`: Debian's cloud kernels in qemu (TCG, 2 vCPUs, 4 GB), each booted with its \
+         default LSMs and with `lsm={}`. Every boot runs `credwatch doctor` and the sensor tests \
+         (agent/tests/sensor.rs) per backend; the guest tests (guest_e2e, guest_backends, guest_deny) run on {}. \
+         Logs: target/kernels/logs/.\n",
+        guest::LSM_LIST,
+        GUEST_TESTS_ON
+            .iter()
+            .map(|(k, lsm)| format!("{k}{}", if *lsm { " with lsm=bpf" } else { "" }))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    report.push_str(&table);
+    report.push_str("\n## Times\n\n| kernel | boot | to the command | total | steps |\n|---|---|---|---|---|\n");
+    for boot in &boots {
+        let steps: Vec<String> = boot.steps.iter().map(|s| format!("{} {:.0}s", s.name, s.secs)).collect();
+        let _ = writeln!(
+            report,
+            "| {} | {} | {:.1}s | {:.0}s | {} |",
+            boot.kernel.series.name,
+            if boot.lsm { "lsm=bpf" } else { "default" },
+            boot.boot_secs,
+            boot.total_secs,
+            steps.join(", ")
+        );
+    }
+    let _ = writeln!(report, "\nWhole matrix: {:.1} min.", start.elapsed().as_secs_f64() / 60.0);
+    let path = out_dir.join("matrix.md");
+    fs::write(&path, &report)?;
+    println!("{report}\nkernels: written to {}", path.display());
+    if !host_ok {
+        bail!("the sensor tests failed on the host: {host_text}");
+    }
+    if !failed.is_empty() {
+        for (boot, backend, _) in &failed {
+            let suffix = format!(":{backend}");
+            for step in
+                boot.steps.iter().filter(|s| s.status != Some(0) && (s.name.ends_with(&suffix) || s.name == "doctor"))
+            {
+                eprintln!(
+                    "===== {} {} {}: output =====\n{}",
+                    boot.kernel.series.name,
+                    if boot.lsm { "lsm=bpf" } else { "default LSMs" },
+                    step.name,
+                    step.output
+                );
+            }
+            eprintln!("(the whole serial output: {})", boot.log.display());
+        }
+        bail!(
+            "{} cell(s) of the kernel matrix failed: {}",
+            failed.len(),
+            failed
+                .iter()
+                .map(|(b, backend, text)| format!(
+                    "{} {} {backend}: {text}",
+                    b.kernel.series.name,
+                    if b.lsm { "lsm=bpf" } else { "default" }
+                ))
+                .collect::<Vec<_>>()
+                .join("\n  ")
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_are_cut_at_their_markers_with_status_and_time() {
+        let output = "boot noise\n@@step doctor\nkernel release: 6.12\n@@done doctor 0 1500\n@@step sensor:tracepoint\nrunning 2 tests\n";
+        let steps = parse_steps(output);
+        assert_eq!(steps.len(), 2);
+        assert_eq!((steps[0].name.as_str(), steps[0].status, steps[0].secs), ("doctor", Some(0), 1.5));
+        assert_eq!(steps[0].output, "kernel release: 6.12\n");
+        assert_eq!((steps[1].name.as_str(), steps[1].status), ("sensor:tracepoint", None));
+    }
+
+    #[test]
+    fn libtest_summaries_are_summed() {
+        let output = "test result: ok. 3 passed; 0 failed; 0 ignored\n\ntest result: FAILED. 1 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.0s\n";
+        assert_eq!(counts(output), Some((4, 2)));
+        assert_eq!(counts("no tests here"), None);
+    }
+
+    #[test]
+    fn the_first_panic_message_is_the_failure() {
+        let output = "test a ... FAILED\nthread 'a' (197) panicked at agent/tests/sensor.rs:356:36:\ncalled `Result::unwrap()` on an `Err` value: EINVAL | x\nstack backtrace:\n";
+        assert_eq!(first_failure(output), "called `Result::unwrap()` on an `Err` value: EINVAL \\| x");
+    }
+}
