@@ -505,6 +505,41 @@ mod tests {
         assert_eq!((steps[1].name.as_str(), steps[1].status), ("sensor:tracepoint", None));
     }
 
+    fn steps_of(script: &str) -> Vec<&str> {
+        script.lines().filter_map(|l| l.strip_prefix("step ")?.split_whitespace().next()).collect()
+    }
+
+    #[test]
+    fn ci_runs_each_backend_once_per_kernel_and_the_guest_tests_where_told() {
+        let ws = crate::workspace();
+        let binaries = Binaries {
+            sensor: ws.join("target/debug/deps/sensor-1"),
+            guest: ["guest_deny", "guest_backends", "guest_e2e"]
+                .map(|n| (n.to_owned(), ws.join(format!("target/debug/deps/{n}-1"))))
+                .into(),
+        };
+        let lsm_boot = script(&binaries, true, true, true, false);
+        assert_eq!(
+            steps_of(&lsm_boot),
+            [
+                "lsm",
+                "doctor",
+                "sensor:fentry",
+                "guest_deny:fentry",
+                "guest_backends:fentry",
+                "guest_e2e:tracepoint",
+                "guest_e2e:fentry"
+            ]
+        );
+        assert!(lsm_boot.contains("env CREDWATCH_E2E_SENSOR=fentry target/debug/deps/sensor-1 --test-threads=1"));
+        assert_eq!(steps_of(&script(&binaries, true, false, false, false)), ["lsm", "doctor", "sensor:tracepoint"]);
+        // Before the fentry backend: no guest test needs it but guest_e2e.
+        assert_eq!(
+            steps_of(&script(&binaries, false, true, true, true)),
+            ["lsm", "doctor", "sensor:tracepoint", "guest_e2e:tracepoint"]
+        );
+    }
+
     #[test]
     fn libtest_summaries_are_summed() {
         let output = "test result: ok. 3 passed; 0 failed; 0 ignored\n\ntest result: FAILED. 1 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.0s\n";
