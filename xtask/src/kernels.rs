@@ -12,15 +12,18 @@ use std::{env, path::PathBuf, process::Command, time::Duration};
 
 use anyhow::{bail, Context, Result};
 
-pub const USAGE: &str =
-    "  kernels [--list] [--kernel 5.10|6.1|6.12|sid --run CMD [--lsm] [--env K=V]... [--add PATH]...
-          [--timeout SECS]]
-                         (root) the kernel matrix: Debian's cloud kernels booted in qemu, with and
-                         without lsm=bpf, running doctor, the sensor tests and the guest tests:
-                         target/kernels/matrix.md; --list: the kernels (downloaded once, into
-                         CREDWATCH_KERNEL_CACHE or target/kernels); --run: boot one, run CMD (sh)
-                         in the workspace with the host's userland, print its output, exit with
-                         its status (--add: more host paths on the guest's disk)";
+pub const USAGE: &str = "  kernels [--no-build] [--full] [--kernel K]
+                         (root) build, then the kernel matrix: Debian's cloud kernels 5.10, 6.1,
+                         6.12 and sid booted in qemu, with and without lsm=bpf, running doctor,
+                         the sensor tests and the guest tests: target/kernels/matrix.md (--kernel:
+                         that one only; --no-build: of the binaries built already; --full: every
+                         test on every boot, not CI's cut). Kernels and the base image are made
+                         once, in CREDWATCH_KERNEL_CACHE (default target/kernels)
+  kernels --list         the kernels, with their exact versions
+  kernels --kernel 5.10|6.1|6.12|sid [--lsm] [--env K=V]... [--add PATH]... [--timeout SECS] --run CMD
+                         (root) boot one (--lsm: with lsm=lockdown,capability,yama,bpf), run CMD
+                         (sh) in the workspace with the host's userland, print its output, exit
+                         with its status; files of target/ CMD names come along, --add: others";
 
 /// Debian packages the matrix runs: qemu, the image and initramfs makers, the kernels' module
 /// decompressors, busybox for the initramfs.

@@ -427,7 +427,10 @@ pub fn run(cache: &Path, run: &Run) -> Result<Outcome> {
         let _lock = CacheLock::take(cache)?;
         base_image(cache)?
     };
-    let dir = crate::workspace().join("target/kernels").join(format!("run-{}", std::process::id()));
+    // Unique per boot: the matrix boots several at once.
+    static BOOTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = BOOTS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let dir = crate::workspace().join("target/kernels").join(format!("run-{}-{n}", std::process::id()));
     fs::create_dir_all(&dir)?;
     let result = boot(&base, run, &dir);
     let _ = fs::remove_dir_all(&dir);
