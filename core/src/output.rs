@@ -96,7 +96,11 @@ pub fn render(alert: &Alert, colour: bool) -> String {
         let _ = write!(who, " ({})", escape(step));
     }
     let what = headline(alert);
-    let blocked = if alert.event.outcome == "blocked" { " [BLOCKED]" } else { "" };
+    let blocked = match alert.event.outcome.as_str() {
+        "blocked" => " [BLOCKED]",
+        "denied" => " [DENIED]",
+        _ => "",
+    };
 
     let mut out = String::new();
     let _ = writeln!(out, "{on}[{}]{off}{blocked} {who} {what}", alert.rule.severity.as_str().to_uppercase());
@@ -171,7 +175,7 @@ pub fn render(alert: &Alert, colour: bool) -> String {
     for item in &alert.credwatch.rotate {
         let _ = writeln!(out, "  rotate   {}", escape(item));
     }
-    if alert.event.outcome != "blocked" {
+    if !matches!(alert.event.outcome.as_str(), "blocked" | "denied") {
         let what = if alert.destination.is_some() { "connection" } else { "read" };
         let _ = writeln!(out, "  note     matched in {}; the {what} was not blocked", alert.credwatch.enforcement);
     }

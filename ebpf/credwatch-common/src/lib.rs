@@ -67,6 +67,9 @@ pub mod open_syscall {
     pub const CREAT: u32 = 4;
     /// No path: `dirfd` holds the mount fd; the file is known only from the new fd.
     pub const OPEN_BY_HANDLE_AT: u32 = 5;
+    /// An open that no hooked syscall made (io_uring's `IORING_OP_OPENAT`), seen by the BPF LSM
+    /// `file_open` hook: no given path, `flags` are the file's `f_flags`.
+    pub const FILE_OPEN: u32 = 6;
 }
 
 /// Which syscall a [`RenameEvent`] came from.
@@ -117,6 +120,10 @@ pub mod record_flag {
     pub const HELD: u32 = 32;
     /// A [`DnsQueryEvent`] sent on a socket that was connected to port 53 (no address given).
     pub const DNS_SOCKET: u32 = 64;
+    /// A BPF LSM hook refused the action with EPERM (`--enforce` with the fentry backend where
+    /// the BPF LSM is active): the process lives and the open or call failed before it did
+    /// anything.
+    pub const DENIED: u32 = 128;
 }
 
 /// Bits of [`CredInode::flags`].
