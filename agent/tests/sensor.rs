@@ -43,6 +43,12 @@ fn backend() -> Backend {
     }
 }
 
+/// How much slower than this machine the tests run (`CREDWATCH_E2E_SLOW`, set by the kernel
+/// matrix for its emulated guests): the factor of the waits that must outlast something.
+fn slow() -> u32 {
+    std::env::var("CREDWATCH_E2E_SLOW").ok().and_then(|factor| factor.parse().ok()).unwrap_or(1).max(1)
+}
+
 /// [`Sensor::start`] with the backend under test.
 fn start(managers: &[Manager], auto_roots: bool) -> Result<Sensor, SensorError> {
     Sensor::start(managers, auto_roots, SensorOptions { backend: backend(), enforce: false })
@@ -982,10 +988,11 @@ fn an_idle_poll_sleeps_until_a_record_or_the_waker() {
     let (waker, signals) = std::os::unix::net::UnixStream::pair().unwrap();
     sensor.wake_on(waker).unwrap();
     // The shell execs at once; `sleep` exits half a second later, when the sensor is asleep.
-    let mut child = spawn_marked(&mut sensor, "/bin/sh", &["-c", "sleep 0.5; exit 0"]);
+    let script = format!("sleep {}; exit 0", 0.5 * f64::from(slow()));
+    let mut child = spawn_marked(&mut sensor, "/bin/sh", &["-c", &script]);
     let root = child.id();
     let mut events = Vec::new();
-    let settle = Instant::now() + Duration::from_millis(200);
+    let settle = Instant::now() + Duration::from_millis(200) * slow();
     while Instant::now() < settle {
         sensor.poll(Duration::from_millis(50), &mut events).unwrap();
     }
@@ -994,7 +1001,7 @@ fn an_idle_poll_sleeps_until_a_record_or_the_waker() {
     let asleep = Instant::now();
     while exited(&events, sleeper).is_none() {
         sensor.poll(Duration::from_secs(30), &mut events).unwrap();
-        assert!(asleep.elapsed() < Duration::from_secs(5), "the record did not wake the poll: {events:#?}");
+        assert!(asleep.elapsed() < Duration::from_secs(5) * slow(), "the record did not wake the poll: {events:#?}");
     }
     assert!(child.wait().unwrap().success());
     collect(&mut sensor, &mut events, |events| exited(events, root).is_some());
@@ -1009,7 +1016,10 @@ fn an_idle_poll_sleeps_until_a_record_or_the_waker() {
     let mut more = Vec::new();
     sensor.poll(Duration::from_secs(30), &mut more).unwrap();
     let slept = asleep.elapsed();
-    assert!(slept >= Duration::from_millis(250) && slept < Duration::from_secs(5), "woken after {slept:?}: {more:#?}");
+    assert!(
+        slept >= Duration::from_millis(250) && slept < Duration::from_secs(5) * slow(),
+        "woken after {slept:?}: {more:#?}"
+    );
     assert!(more.is_empty(), "{more:#?}");
     drop(writer.join().unwrap());
 }
