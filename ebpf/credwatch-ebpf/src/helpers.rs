@@ -1,0 +1,193 @@
+//! Shared by the programs: kernel and user reads, the mark lookup, ring buffer records, and
+//! values laundered for the verifier.
+//!
+//! - Bulk records are submitted with the kernel's adaptive wakeup: only the first record after
+//!   the agent has read everything wakes it (the kernel compares the record's position with the
+//!   consumer's), so an idle agent sleeps until something happens, and while records flow it
+//!   reads them every 10 ms without a wakeup per record. It is also woken when more than
+//!   [`WAKEUP_WATERMARK`] bytes wait (looked at every [`WAKEUP_CHECK_EVERY`] records of a CPU).
+//!   Priority records wake it the same way.
+//! - The hot path avoids helper calls where it can: each costs more than its work here (calls
+//!   and returns go through the CPU's speculation mitigations). Hence one probe read for
+//!   neighbouring fields, short dentry names taken from the dentry's own read, ids and cgroups
+//!   only in exec records, and zeros stored one by one rather than through `memset`.
+
+use core::ptr::{addr_of_mut, read_volatile, write_volatile};
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_cgroup_id, bpf_get_current_uid_gid, bpf_ktime_get_boot_ns},
+    maps::ring_buf::RingBufEntry,
+};
+use credwatch_common::{lost_index, Config, EventHeader, Mark};
+
+use crate::maps::{CONFIG, EVENTS, LOST, MARKS, PRIORITY, WAKEUP_COUNTDOWN};
+
+/// Wake the reader when this much is waiting, although it has not caught up (while records flow
+/// it reads them on a short timer).
+const WAKEUP_WATERMARK: u64 = 1 << 20;
+/// Records per CPU between two looks at the bulk ring's fill level: 2 CPUs x 32 records of at
+/// most `MAX_EXEC_RECORD` bytes past the watermark still fit in the ring.
+const WAKEUP_CHECK_EVERY: u32 = 32;
+/// `bpf_ringbuf_submit` flags and `bpf_ringbuf_query` selector (uapi/linux/bpf.h). No flag
+/// (adaptive): wake the reader only when it had caught up (the record is the first unread one).
+const BPF_RB_ADAPTIVE_WAKEUP: u64 = 0;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+const BPF_RB_AVAIL_DATA: u64 = 0;
+
+/// Every fallible step returns the helper's error code (or -1), which the programs ignore.
+pub(crate) type Res<T> = Result<T, i64>;
+
+/// Reads a `T` at `base + offset` in kernel memory.
+#[inline(always)]
+pub(crate) fn read<T>(base: u64, offset: u32) -> Res<T> {
+    // SAFETY: bpf_probe_read_kernel checks the address; a bad pointer is an error, not a fault.
+    unsafe { aya_ebpf::helpers::bpf_probe_read_kernel((base + offset as u64) as *const T).map_err(|e| e as i64) }
+}
+
+#[inline(always)]
+pub(crate) fn current_mark(tgid: u32) -> Option<Mark> {
+    // SAFETY: the value is copied out at once.
+    unsafe { MARKS.get(&tgid).copied() }
+}
+
+#[inline(always)]
+pub(crate) fn config() -> Option<&'static Config> {
+    CONFIG.get(0)
+}
+
+#[inline(always)]
+pub(crate) fn count_lost(index: u32) {
+    if let Some(counter) = LOST.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot, and programs do not migrate while they run.
+        unsafe { *counter += 1 };
+    }
+}
+
+/// Reserves a record in `PRIORITY` or in the bulk `EVENTS`, counting a failure per buffer.
+#[inline(always)]
+pub(crate) fn reserve<T: 'static>(priority: bool) -> Option<RingBufEntry<T>> {
+    if priority {
+        let entry = PRIORITY.reserve::<T>(0);
+        if entry.is_none() {
+            count_lost(lost_index::PRIORITY);
+        }
+        return entry;
+    }
+    let entry = EVENTS.reserve::<T>(0);
+    if entry.is_none() {
+        count_lost(lost_index::EVENTS);
+    }
+    entry
+}
+
+#[inline(always)]
+pub(crate) fn submit<T>(entry: RingBufEntry<T>, priority: bool) {
+    if priority {
+        // Rare and urgent: the default (adaptive) wakeup.
+        entry.submit(0);
+        return;
+    }
+    entry.submit(events_wakeup());
+}
+
+/// Copies a variable-length record built in scratch memory into `PRIORITY` or `EVENTS`, with
+/// the same wakeup policy as [`submit`].
+#[inline(always)]
+pub(crate) fn output(record: &[u8], priority: bool) {
+    if priority {
+        if PRIORITY.output::<[u8]>(record, 0).is_err() {
+            count_lost(lost_index::PRIORITY);
+        }
+    } else if EVENTS.output::<[u8]>(record, events_wakeup()).is_err() {
+        count_lost(lost_index::EVENTS);
+    }
+}
+
+/// No wakeup per record: the adaptive one (flags 0) wakes the reader only for the first record
+/// after it caught up, which is what lets an idle agent sleep without a timer; userspace then
+/// batches on a 10 ms timer while records flow, and is woken early when the bulk buffer fills
+/// past the watermark. The fill level is looked at once every [`WAKEUP_CHECK_EVERY`] records
+/// of a CPU (the query is a helper call on every open).
+#[inline(always)]
+pub(crate) fn events_wakeup() -> u64 {
+    let Some(countdown) = WAKEUP_COUNTDOWN.get_ptr_mut(0) else { return BPF_RB_ADAPTIVE_WAKEUP };
+    // SAFETY: per-CPU slot, and programs do not migrate while they run.
+    unsafe {
+        if *countdown > 0 {
+            *countdown -= 1;
+            return BPF_RB_ADAPTIVE_WAKEUP;
+        }
+        *countdown = WAKEUP_CHECK_EVERY - 1;
+    }
+    if EVENTS.query(BPF_RB_AVAIL_DATA) > WAKEUP_WATERMARK {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_ADAPTIVE_WAKEUP
+    }
+}
+
+/// The header of every record; its ids and cgroup are left zero (see [`fill_identity`]).
+#[inline(always)]
+pub(crate) unsafe fn fill_header(header: *mut EventHeader, kind: u32, size: usize, pid_tgid: u64, mark: Mark) {
+    // SAFETY: header points into a record.
+    unsafe {
+        (*header).kind = kind;
+        (*header).size = size as u32;
+        (*header).boot_ns = bpf_ktime_get_boot_ns();
+        (*header).pid = (pid_tgid >> 32) as u32;
+        (*header).tid = pid_tgid as u32;
+        zero(addr_of_mut!((*header).uid));
+        zero(addr_of_mut!((*header).gid));
+        zero(addr_of_mut!((*header).cgroup_id));
+        (*header).mark = mark;
+    }
+}
+
+/// Stores a zero that LLVM cannot merge with its neighbours into a `memset` call: for BPF that
+/// is a subprogram copying byte by byte, dearer than the stores.
+#[inline(always)]
+pub(crate) unsafe fn zero<T: Default>(place: *mut T) {
+    // SAFETY: the caller's place is valid for writes.
+    unsafe { write_volatile(place, T::default()) }
+}
+
+/// The user, group and cgroup of an exec record. The agent keeps them per process; other
+/// records skip these helper calls, which would cost every open of a marked process ~60 ns.
+#[inline(always)]
+pub(crate) unsafe fn fill_identity(header: *mut EventHeader) {
+    let uid_gid = bpf_get_current_uid_gid();
+    // SAFETY: header points into a record.
+    unsafe {
+        (*header).uid = uid_gid as u32;
+        (*header).gid = (uid_gid >> 32) as u32;
+        (*header).cgroup_id = bpf_get_current_cgroup_id();
+    }
+}
+
+#[inline(always)]
+pub(crate) fn read_user<T>(at: u64) -> Res<T> {
+    // SAFETY: bpf_probe_read_user checks the address; a bad pointer is an error, not a fault.
+    unsafe { aya_ebpf::helpers::bpf_probe_read_user(at as *const T).map_err(|e| e as i64) }
+}
+
+/// Passes `value` through memory so that the verifier forgets which constant it was (see
+/// [`crate::path`]); callers bound it again before use.
+#[inline(always)]
+pub(crate) fn launder(slot: &mut u64, value: u64) -> u64 {
+    // SAFETY: slot is a valid, exclusive reference.
+    unsafe {
+        write_volatile(slot, value);
+        read_volatile(slot)
+    }
+}
+
+/// `value` laundered (see [`launder`]) and checked against `max`, for the verifier: offsets
+/// into a record stay provably inside it.
+#[inline(always)]
+pub(crate) fn bounded(slot: &mut u64, value: usize, max: usize) -> Res<usize> {
+    let value = launder(slot, value as u64) as usize;
+    if value > max {
+        return Err(-1);
+    }
+    Ok(value)
+}

@@ -1,0 +1,287 @@
+//! Process lineage: exec, fork and exit.
+//!
+//! - The exec tracepoint marks a root when [`crate::roots`] finds a package manager, and
+//!   reports every exec of a marked process (filename, argv, environment, executable, cwd,
+//!   cgroups: see [`crate::cgroup`]). The fork tracepoint copies the parent's mark to the child;
+//!   the exit tracepoint removes it. Lineage is fixed at fork time, so reparenting to init,
+//!   `setsid` and double forks change nothing.
+//! - A process is gone when the last thread of its group exits: `sched_process_exit` passes
+//!   `group_dead` since Linux 6.16; before, `do_exit()` has already decremented `signal->live`
+//!   when the tracepoint fires, so `live == 0` says the same (two last threads racing may both
+//!   see 0; only the one whose delete of the mark succeeds reports).
+
+use core::{
+    ffi::c_void,
+    mem::size_of,
+    ptr::{addr_of_mut, read_volatile},
+};
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_current_task,
+        generated::{bpf_probe_read_kernel_str, bpf_probe_read_user},
+    },
+    macros::raw_tracepoint,
+    programs::RawTracePointContext,
+};
+use credwatch_common::{
+    config_flag, kind, lost_index, mark_flag, path_flag, spare_flag, Config, ExecEvent, ExitEvent, ForkEvent,
+    KernelOffsets, Mark, MAX_ARGS, MAX_CGROUP_PATH, MAX_ENV, MAX_EXEC_RECORD, MAX_GIVEN_PATH, MAX_RESOLVED_PATH,
+    NO_CGROUP_SUBSYS, NO_MANAGER,
+};
+
+use crate::{
+    cgroup::{cgroup_node, cgroup_path},
+    file::exe_key,
+    helpers::{
+        bounded, config, count_lost, current_mark, fill_header, fill_identity, output, read, reserve, submit, Res,
+    },
+    maps::{EXEC_SCRATCH, MARKS, SPARED_EXES},
+    path::resolve_at,
+    roots::manager_root,
+};
+
+/// Where an exec record is built before it is copied into the ring buffer at its real length.
+#[repr(C)]
+pub(crate) struct ExecScratch {
+    event: ExecEvent,
+    /// Filename, argv, environment, executable, cwd, the two cgroups, each right after the one
+    /// before.
+    tail: [u8; MAX_GIVEN_PATH + MAX_ARGS + MAX_ENV + 2 * MAX_RESOLVED_PATH + 2 * MAX_CGROUP_PATH],
+    /// See [`crate::helpers::launder`].
+    slot: u64,
+}
+
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn sched_process_exec(ctx: RawTracePointContext) -> i32 {
+    // sched_process_exec(task, old_pid, bprm)
+    match try_sched_process_exec(ctx.arg(2)) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
+}
+
+/// Marks a manager's exec as a root, and reports the exec of a marked process; `bprm` is the
+/// exec's `struct linux_binprm`.
+pub(crate) fn try_sched_process_exec(bprm: u64) -> Res<()> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let mark = current_mark(tgid);
+    let Some(config) = config() else { return Ok(()) };
+    if tgid == config.agent_tgid {
+        return Ok(());
+    }
+    let off = &config.offsets;
+    let mark = match mark {
+        Some(mark) => mark,
+        None if config.flags & config_flag::AUTO_ROOTS != 0 => match manager_root(off, bprm)? {
+            Some(manager) => {
+                let mark = Mark { root_pid: tgid, depth: 0, manager, flags: 0 };
+                if MARKS.insert(&tgid, &mark, 0).is_err() {
+                    count_lost(lost_index::MARKS_FULL);
+                    return Ok(());
+                }
+                mark
+            }
+            None => return Ok(()),
+        },
+        None => return Ok(()),
+    };
+    let mark = actor_chain(off, tgid, mark);
+    let scratch = EXEC_SCRATCH.get_ptr_mut(0).ok_or(-1i64)?;
+    // SAFETY: per-CPU scratch owned by this program run. The header goes first (its size is set
+    // last), so that the mark is not held across the path walks (see report_open).
+    unsafe {
+        fill_header(addr_of_mut!((*scratch).event.header), kind::EXEC, 0, pid_tgid, mark);
+        fill_identity(addr_of_mut!((*scratch).event.header));
+        let size = fill_exec(config, bprm, scratch)?;
+        (*scratch).event.header.size = size as u32;
+        output(core::slice::from_raw_parts(scratch as *const u8, size), false);
+    }
+    Ok(())
+}
+
+/// Sets or clears [`mark_flag::ACTOR_CHAIN`] after an exec: the new program is a
+/// `VIA_MANAGER` actor and the parent was the manager root or in the chain.
+#[inline(never)]
+fn actor_chain(off: &KernelOffsets, tgid: u32, mark: Mark) -> Mark {
+    let in_chain = mark.flags & mark_flag::PARENT_IN_CHAIN != 0
+        && exe_key(off)
+            .ok()
+            // SAFETY: copied out at once.
+            .and_then(|key| unsafe { SPARED_EXES.get(&key).copied() })
+            .is_some_and(|spared| spared.flags & spare_flag::VIA_MANAGER != 0);
+    let flags = if in_chain { mark.flags | mark_flag::ACTOR_CHAIN } else { mark.flags & !mark_flag::ACTOR_CHAIN };
+    if flags == mark.flags {
+        return mark;
+    }
+    let mark = Mark { flags, ..mark };
+    // An update of an existing key cannot fail for want of room.
+    let _ = MARKS.insert(&tgid, &mark, 0);
+    mark
+}
+
+/// Fills the exec record in `scratch` (see [`ExecEvent`]), each part right after the one
+/// before, and returns its size.
+#[inline(always)]
+unsafe fn fill_exec(config: &Config, bprm: u64, scratch: *mut ExecScratch) -> Res<usize> {
+    let off = &config.offsets;
+    let task = unsafe { bpf_get_current_task() };
+    // SAFETY: scratch is this run's; every write into `tail` is at an offset bounded so that the
+    // part fits (filename < MAX_GIVEN_PATH, then MAX_ARGS, MAX_ENV, 2 x MAX_RESOLVED_PATH,
+    // 2 x MAX_CGROUP_PATH); kernel and user memory are read through probe helpers only.
+    unsafe {
+        let event = addr_of_mut!((*scratch).event);
+        let tail = addr_of_mut!((*scratch).tail) as *mut u8;
+        let slot = &mut (*scratch).slot;
+        let parent: u64 = read(task, off.task_struct_real_parent).unwrap_or(0);
+        (*event).ppid = read(parent, off.task_struct_tgid).unwrap_or(0);
+
+        let filename: u64 = read(bprm, off.linux_binprm_filename).unwrap_or(0);
+        let n = bpf_probe_read_kernel_str(tail as *mut c_void, MAX_GIVEN_PATH as u32, filename as *const c_void);
+        let mut at = if n > 0 { (n - 1) as usize & (MAX_GIVEN_PATH - 1) } else { 0 };
+        (*event).filename_len = at as u32;
+        (*event).args_len = 0;
+        (*event).env_len = 0;
+        (*event).executable_len = 0;
+        (*event).executable_flags = path_flag::UNRESOLVED;
+        let mm: u64 = read(task, off.task_struct_mm).unwrap_or(0);
+        if mm != 0 {
+            let start: u64 = read(mm, off.mm_struct_arg_start).unwrap_or(0);
+            let end: u64 = read(mm, off.mm_struct_arg_end).unwrap_or(0);
+            let mut len = end.saturating_sub(start);
+            if len > MAX_ARGS as u64 {
+                len = MAX_ARGS as u64;
+            }
+            if bpf_probe_read_user(tail.add(at) as *mut c_void, len as u32, start as *const c_void) == 0 {
+                (*event).args_len = len as u32;
+            }
+            at = bounded(slot, at + (*event).args_len as usize, MAX_GIVEN_PATH + MAX_ARGS)?;
+            let start: u64 = read(mm, off.mm_struct_env_start).unwrap_or(0);
+            let end: u64 = read(mm, off.mm_struct_env_end).unwrap_or(0);
+            let mut len = end.saturating_sub(start);
+            if len > MAX_ENV as u64 {
+                len = MAX_ENV as u64;
+            }
+            if bpf_probe_read_user(tail.add(at) as *mut c_void, len as u32, start as *const c_void) == 0 {
+                (*event).env_len = len as u32;
+            }
+            at = bounded(slot, at + (*event).env_len as usize, MAX_GIVEN_PATH + MAX_ARGS + MAX_ENV)?;
+            let exe: u64 = read(mm, off.mm_struct_exe_file).unwrap_or(0);
+            if exe != 0 {
+                resolve_at(
+                    off,
+                    exe + off.file_f_path as u64,
+                    tail.add(at),
+                    addr_of_mut!((*event).executable_len),
+                    addr_of_mut!((*event).executable_flags),
+                );
+            }
+            at = bounded(
+                slot,
+                at + read_volatile(addr_of_mut!((*event).executable_len)) as usize,
+                MAX_GIVEN_PATH + MAX_ARGS + MAX_ENV + MAX_RESOLVED_PATH,
+            )?;
+        }
+        // The same bound whether or not there was an mm, so that the verifier checks the cwd
+        // walk once, not once per way of getting here.
+        let at = bounded(slot, at, MAX_GIVEN_PATH + MAX_ARGS + MAX_ENV + MAX_RESOLVED_PATH)?;
+        let cwd_len = addr_of_mut!((*event).cwd_len);
+        let cwd_flags = addr_of_mut!((*event).cwd_flags);
+        let fs: u64 = read(task, off.task_struct_fs).unwrap_or(0);
+        resolve_at(off, fs + off.fs_struct_pwd as u64, tail.add(at), cwd_len, cwd_flags);
+        let paths = MAX_GIVEN_PATH + MAX_ARGS + MAX_ENV + 2 * MAX_RESOLVED_PATH;
+        let at = bounded(slot, at + read_volatile(cwd_len) as usize, paths)?;
+        let css_set: u64 = read(task, off.task_struct_cgroups).unwrap_or(0);
+        let (v1_len, v1_flags) = (addr_of_mut!((*event).cgroup_v1_len), addr_of_mut!((*event).cgroup_v1_flags));
+        let subsys = config.cgroup_subsys;
+        let v1 = if subsys != NO_CGROUP_SUBSYS { cgroup_node(off, css_set, subsys) } else { 0 };
+        cgroup_path(off, v1, tail.add(at), v1_len, v1_flags);
+        let at = bounded(slot, at + read_volatile(v1_len) as usize, paths + MAX_CGROUP_PATH)?;
+        let (v2_len, v2_flags) = (addr_of_mut!((*event).cgroup_v2_len), addr_of_mut!((*event).cgroup_v2_flags));
+        let v2 = if config.cgroup_v2 != 0 { cgroup_node(off, css_set, NO_CGROUP_SUBSYS) } else { 0 };
+        cgroup_path(off, v2, tail.add(at), v2_len, v2_flags);
+        bounded(slot, size_of::<ExecEvent>() + at + read_volatile(v2_len) as usize, MAX_EXEC_RECORD)
+    }
+}
+
+#[raw_tracepoint(tracepoint = "sched_process_fork")]
+pub fn sched_process_fork(ctx: RawTracePointContext) -> i32 {
+    // sched_process_fork(parent, child)
+    match try_sched_process_fork(ctx.arg(1)) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
+}
+
+/// Marks the child (the `struct task_struct` at `child`) of a marked process.
+pub(crate) fn try_sched_process_fork(child: u64) -> Res<()> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let Some(mark) = current_mark(tgid) else { return Ok(()) };
+    let Some(config) = config() else { return Ok(()) };
+    let child_tgid: u32 = read(child, config.offsets.task_struct_tgid)?;
+    if child_tgid == tgid {
+        // A new thread, not a new process.
+        return Ok(());
+    }
+    let manager_root = mark.depth == 0 && mark.manager != NO_MANAGER;
+    let parent_in_chain =
+        if manager_root || mark.flags & mark_flag::ACTOR_CHAIN != 0 { mark_flag::PARENT_IN_CHAIN } else { 0 };
+    let flags = (mark.flags & !mark_flag::PARENT_IN_CHAIN) | parent_in_chain;
+    let child_mark = Mark { root_pid: mark.root_pid, depth: mark.depth + 1, manager: mark.manager, flags };
+    if MARKS.insert(&child_tgid, &child_mark, 0).is_err() {
+        count_lost(lost_index::MARKS_FULL);
+    }
+    let Some(mut entry) = reserve::<ForkEvent>(false) else { return Ok(()) };
+    let event = entry.as_mut_ptr();
+    // SAFETY: event points to a reserved record of the right size.
+    unsafe {
+        fill_header(addr_of_mut!((*event).header), kind::FORK, size_of::<ForkEvent>(), pid_tgid, mark);
+        (*event).child_pid = child_tgid;
+        (*event).child_depth = child_mark.depth;
+    }
+    submit(entry, false);
+    Ok(())
+}
+
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn sched_process_exit(ctx: RawTracePointContext) -> i32 {
+    match try_sched_process_exit(&ctx) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
+}
+
+/// Unmarks a marked process when its last thread exits, and reports its exit.
+fn try_sched_process_exit(ctx: &RawTracePointContext) -> Res<()> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let Some(mark) = current_mark(tgid) else { return Ok(()) };
+    let Some(config) = config() else { return Ok(()) };
+    let off = &config.offsets;
+    let task: u64 = ctx.arg(0);
+    // The process is gone when its last thread exits: the tracepoint says so since 6.16;
+    // before, signal->live was already decremented by do_exit() when the tracepoint fires.
+    let group_dead = if off.exit_has_group_dead != 0 {
+        ctx.arg::<u64>(1) & 0xff != 0
+    } else {
+        let signal: u64 = read(task, off.task_struct_signal)?;
+        read::<i32>(signal, off.signal_struct_live)? == 0
+    };
+    // Only the exit that removes the mark reports, so racing last threads report once.
+    if !group_dead || MARKS.remove(&tgid).is_err() {
+        return Ok(());
+    }
+    let exit_code: u32 = read(task, off.task_struct_exit_code)?;
+    let Some(mut entry) = reserve::<ExitEvent>(false) else { return Ok(()) };
+    let event = entry.as_mut_ptr();
+    // SAFETY: event points to a reserved record of the right size.
+    unsafe {
+        fill_header(addr_of_mut!((*event).header), kind::EXIT, size_of::<ExitEvent>(), pid_tgid, mark);
+        (*event).exit_code = exit_code;
+        (*event)._pad = 0;
+    }
+    submit(entry, false);
+    Ok(())
+}

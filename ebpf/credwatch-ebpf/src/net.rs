@@ -1,0 +1,229 @@
+//! Network egress.
+//!
+//! - `connect` of a marked process is reported at entry with the socket address as given (a
+//!   failed attempt is an attempt). Sends (`sendto`, `sendmsg`, `sendmmsg`) are reported only
+//!   when they go to port 53, by address or on a socket connected there: their payload is a DNS
+//!   query, parsed in userspace. `write` on such a socket is not hooked (every process's writes
+//!   would pay the lookup); glibc's resolver and c-ares use the send calls.
+//! - Holding a connect (`--enforce`): when the tree has opened a credential inode, a connect to
+//!   an IP address (not port 53) by package code (depth > 0) sends SIGSTOP to the process at
+//!   the connect's entry. The handshake may complete, but the process stops before it returns
+//!   to user space, so nothing is sent until the agent, having judged the destination, sends
+//!   SIGKILL or SIGCONT.
+
+use core::{ffi::c_void, mem::size_of, ptr::addr_of_mut};
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_pid_tgid,
+        generated::{bpf_probe_read_kernel, bpf_probe_read_user},
+    },
+    macros::tracepoint,
+    programs::TracePointContext,
+};
+use credwatch_common::{
+    config_flag, kind, net_syscall, record_flag, syscall_family, ConnectEvent, DnsQueryEvent, DnsSocket, KernelOffsets,
+    Mark, DNS_SOCKADDR, MAX_DNS_PAYLOAD, MAX_SOCKADDR,
+};
+
+use crate::{
+    enforce::{spared, stop_current},
+    file::fd_file,
+    helpers::{config, current_mark, fill_header, read, read_user, reserve, submit, Res},
+    maps::{DNS_SOCKETS, TAINTED},
+    syscall::{enter_args, hooked_syscall},
+};
+
+const AF_INET: u16 = 2;
+const AF_INET6: u16 = 10;
+const DNS_PORT: u16 = 53;
+
+/// Every `sys_enter_*` of the net family (connect, sendto, sendmsg, sendmmsg).
+#[tracepoint]
+pub fn net_enter(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
+    let (nr, args) = enter_args(&ctx);
+    handle_net_enter(pid_tgid, mark, nr, &args);
+    0
+}
+
+/// The entry of net-family syscall `nr` with arguments `args`, by a marked process.
+#[inline(always)]
+pub(crate) fn handle_net_enter(pid_tgid: u64, mark: Mark, nr: u32, args: &[u64; 6]) {
+    if let Some(syscall) = hooked_syscall(nr, syscall_family::NET) {
+        let _ = try_net_enter(args, syscall, pid_tgid, mark);
+    }
+}
+
+#[inline(always)]
+fn try_net_enter(arg: &[u64; 6], syscall: u32, pid_tgid: u64, mark: Mark) -> Res<()> {
+    let fd = arg[0] as i32;
+    match syscall {
+        // connect(fd, addr, addrlen)
+        net_syscall::CONNECT => report_connect(pid_tgid, mark, fd, arg[1], arg[2]),
+        // sendto(fd, buf, len, flags, addr, addrlen)
+        net_syscall::SENDTO => report_dns(pid_tgid, mark, syscall, fd, (arg[1], arg[2]), (arg[4], arg[5])),
+        // sendmsg(fd, msghdr, flags), sendmmsg(fd, mmsghdr, vlen, flags): an mmsghdr starts with
+        // its msghdr, and only the first message is looked at (glibc sends its A and AAAA
+        // queries for one name together).
+        _ => {
+            // msg_name, msg_namelen, msg_iov, msg_iovlen
+            let header: [u64; 4] = read_user(arg[1])?;
+            if header[3] == 0 {
+                return Ok(());
+            }
+            let [base, len]: [u64; 2] = read_user(header[2])?;
+            report_dns(pid_tgid, mark, syscall, fd, (base, len), (header[0], header[1] & 0xffff_ffff))
+        }
+    }
+}
+
+/// The family and port (host order) at the start of a socket address.
+#[inline(always)]
+fn family_port(head: [u8; 4]) -> (u16, u16) {
+    (u16::from_ne_bytes([head[0], head[1]]), u16::from_be_bytes([head[2], head[3]]))
+}
+
+#[inline(always)]
+fn report_connect(pid_tgid: u64, mark: Mark, fd: i32, addr: u64, addr_len: u64) -> Res<()> {
+    let config = config().ok_or(-1i64)?;
+    // Connects are rare next to opens, and the agent must see a held one at once.
+    let Some(mut entry) = reserve::<ConnectEvent>(true) else { return Ok(()) };
+    let event = entry.as_mut_ptr();
+    let want = if addr == 0 { 0 } else { addr_len.min(MAX_SOCKADDR as u64) as u32 };
+    // SAFETY: event points to a reserved record of the right size; user memory through probe
+    // helpers only, at most MAX_SOCKADDR bytes into `addr`.
+    let copied = unsafe {
+        if want > 0
+            && want <= MAX_SOCKADDR as u32
+            && bpf_probe_read_user(addr_of_mut!((*event).addr) as *mut c_void, want, addr as *const c_void) == 0
+        {
+            want
+        } else {
+            0
+        }
+    };
+    let (family, port) = if copied >= 4 {
+        // SAFETY: as above; the first 4 bytes were copied.
+        family_port(unsafe { [(*event).addr[0], (*event).addr[1], (*event).addr[2], (*event).addr[3]] })
+    } else {
+        (0, 0)
+    };
+    // SAFETY: kernel reads through probe helpers only.
+    let sock_type = unsafe { socket_type(&config.offsets, fd) }.unwrap_or(0);
+    let key = (pid_tgid & 0xffff_ffff_0000_0000) | (fd as u32 as u64);
+    let inet = family == AF_INET || family == AF_INET6;
+    let mut record_flags = 0;
+    if inet && port == DNS_PORT {
+        let mut socket = DnsSocket { addr_len: copied.min(DNS_SOCKADDR as u32), addr: [0; DNS_SOCKADDR] };
+        // SAFETY: both buffers hold at least DNS_SOCKADDR bytes.
+        unsafe {
+            bpf_probe_read_kernel(
+                socket.addr.as_mut_ptr() as *mut c_void,
+                DNS_SOCKADDR as u32,
+                addr_of_mut!((*event).addr) as *const c_void,
+            );
+        }
+        let _ = DNS_SOCKETS.insert(&key, &socket, 0);
+    } else {
+        // The fd number may have been a DNS socket once (closes are not hooked).
+        let _ = DNS_SOCKETS.remove(&key);
+        if inet
+            && mark.depth > 0
+            && config.flags & config_flag::ENFORCE != 0
+            // SAFETY: copied out at once.
+            && unsafe { TAINTED.get(&mark.root_pid) }.is_some()
+            && !spared(config, mark)
+            && stop_current()
+        {
+            record_flags = record_flag::HELD;
+        }
+    }
+    // SAFETY: event points to a reserved record of the right size.
+    unsafe {
+        fill_header(addr_of_mut!((*event).header), kind::CONNECT, size_of::<ConnectEvent>(), pid_tgid, mark);
+        (*event).syscall = net_syscall::CONNECT;
+        (*event).fd = fd;
+        (*event).record_flags = record_flags;
+        (*event).addr_len = addr_len as u32;
+        (*event).copied = copied;
+        (*event).sock_type = sock_type;
+    }
+    submit(entry, true);
+    Ok(())
+}
+
+/// The type of the socket behind `fd` (`file->private_data` is its `struct socket`).
+#[inline(always)]
+unsafe fn socket_type(off: &KernelOffsets, fd: i32) -> Res<u32> {
+    if fd < 0 {
+        return Err(-1);
+    }
+    // SAFETY: kernel reads through probe helpers only.
+    let file = unsafe { fd_file(off, fd as u64) }?;
+    let socket: u64 = read(file, off.file_private_data)?;
+    if socket == 0 {
+        return Err(-1);
+    }
+    Ok(read::<u16>(socket, off.socket_type)? as u32)
+}
+
+/// Reports a send as a DNS query when it goes to port 53: by the address given, or on a
+/// socket connected there.
+#[inline(always)]
+fn report_dns(
+    pid_tgid: u64,
+    mark: Mark,
+    syscall: u32,
+    fd: i32,
+    (buf, len): (u64, u64),
+    (addr, addr_len): (u64, u64),
+) -> Res<()> {
+    let mut socket = DnsSocket { addr_len: 0, addr: [0; DNS_SOCKADDR] };
+    let mut record_flags = 0;
+    if addr != 0 && addr_len >= 4 {
+        let (family, port) = family_port(read_user(addr)?);
+        if !(family == AF_INET || family == AF_INET6) || port != DNS_PORT {
+            return Ok(());
+        }
+        let want = addr_len.min(DNS_SOCKADDR as u64) as u32;
+        // SAFETY: at most DNS_SOCKADDR bytes into the local buffer.
+        if want <= DNS_SOCKADDR as u32
+            && unsafe { bpf_probe_read_user(socket.addr.as_mut_ptr() as *mut c_void, want, addr as *const c_void) } == 0
+        {
+            socket.addr_len = want;
+        }
+    } else {
+        let key = (pid_tgid & 0xffff_ffff_0000_0000) | (fd as u32 as u64);
+        // SAFETY: copied out at once.
+        socket = unsafe { DNS_SOCKETS.get(&key).copied() }.ok_or(-1i64)?;
+        record_flags = record_flag::DNS_SOCKET;
+    }
+    let Some(mut entry) = reserve::<DnsQueryEvent>(false) else { return Ok(()) };
+    let event = entry.as_mut_ptr();
+    let want = len.min(MAX_DNS_PAYLOAD as u64) as u32;
+    // SAFETY: event points to a reserved record of the right size; at most MAX_DNS_PAYLOAD
+    // bytes of user memory into `payload`.
+    unsafe {
+        let copied = if want > 0
+            && want <= MAX_DNS_PAYLOAD as u32
+            && bpf_probe_read_user(addr_of_mut!((*event).payload) as *mut c_void, want, buf as *const c_void) == 0
+        {
+            want
+        } else {
+            0
+        };
+        fill_header(addr_of_mut!((*event).header), kind::DNS_QUERY, size_of::<DnsQueryEvent>(), pid_tgid, mark);
+        (*event).syscall = syscall;
+        (*event).fd = fd;
+        (*event).record_flags = record_flags;
+        (*event).addr_len = socket.addr_len;
+        (*event).sent_len = len as u32;
+        (*event).copied = copied;
+        (*event).addr = socket.addr;
+        (*event)._pad = 0;
+    }
+    submit(entry, false);
+    Ok(())
+}

@@ -1,0 +1,279 @@
+//! File opens: `open`, `openat`, `openat2`, `creat` and `open_by_handle_at`.
+//!
+//! - At entry, what the process gave (dirfd, flags, mode, where the path string is) is kept in
+//!   the thread's slot of `OPEN_SLOTS`. At exit, for a successful open, the opened `struct file`
+//!   is taken from the returned fd and its path walked (see [`crate::path`]): that path already
+//!   accounts for symlinks, `..`, dirfds, `/proc/self/root` and bind mounts.
+//! - Credential inodes: at the exit of every open of a marked process, the opened file's
+//!   (s_dev, i_ino) is looked up in `CRED_INODES` (one more lookup, marked processes only).
+//!   A hit goes to `PRIORITY`, and under `--enforce` a `KILL` inode kills the process. The
+//!   open has completed by then (an `O_TRUNC` has truncated), but nothing was read.
+
+use core::{
+    ffi::c_void,
+    mem::size_of,
+    ptr::{addr_of_mut, read_volatile, write_volatile},
+};
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_probe_read_user_str},
+    macros::tracepoint,
+    programs::TracePointContext,
+};
+use credwatch_common::{
+    config_flag, cred_flag, kind, open_syscall, path_flag, record_flag, syscall_family, Mark, OpenEvent,
+    MAX_GIVEN_PATH, MAX_OPEN_RECORD, MAX_RESOLVED_PATH,
+};
+
+use crate::{
+    enforce::{kill_current, spared},
+    file::{fd_file, inode_key, opened_file},
+    helpers::{config, current_mark, fill_header, launder, output, read, zero, Res},
+    maps::{CRED_INODES, OPEN_SCRATCH, OPEN_SLOTS, OPEN_SLOT_COUNT, PENDING_OPENS, TAINTED},
+    path::{resolve_into, Location},
+    syscall::{enter_args, exit_result, hooked_syscall, openat_args, AT_FDCWD},
+};
+
+/// `creat(path, mode)` is `open(path, O_CREAT | O_WRONLY | O_TRUNC, mode)`.
+const CREAT_FLAGS: u64 = 0o100 | 0o1 | 0o1000;
+
+/// What an open's entry saw, for its exit. The path itself is read at exit: by then the
+/// syscall has faulted its page in (BPF cannot), and a small entry keeps the entry cheap.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct PendingOpen {
+    syscall: u32,
+    dirfd: i32,
+    flags: u64,
+    mode: u64,
+    given_ptr: u64,
+}
+
+/// A slot of `OPEN_SLOTS`: the pending open of thread `tid` (0: free).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct OpenSlot {
+    tid: u32,
+    _pad: u32,
+    open: PendingOpen,
+}
+
+/// Where an open record is built before it is copied into a ring buffer at its real length.
+#[repr(C)]
+pub(crate) struct OpenScratch {
+    event: OpenEvent,
+    /// The given path, then the resolved path.
+    tail: [u8; MAX_GIVEN_PATH + MAX_RESOLVED_PATH],
+    /// See [`crate::helpers::launder`].
+    slot: u64,
+}
+
+/// `sys_enter_openat` and `sys_enter_openat2`, the opens nearly everything makes: their records
+/// have four arguments, all loaded directly (see [`openat_args`]).
+#[tracepoint]
+pub fn openat_enter(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if current_mark((pid_tgid >> 32) as u32).is_none() {
+        return 0;
+    }
+    let (nr, args) = openat_args(&ctx);
+    handle_open_enter(pid_tgid, nr, &args);
+    0
+}
+
+/// The other `sys_enter_*` of the open family (`open`, `creat`, `open_by_handle_at`).
+#[tracepoint]
+pub fn open_enter(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if current_mark((pid_tgid >> 32) as u32).is_none() {
+        return 0;
+    }
+    let (nr, args) = enter_args(&ctx);
+    handle_open_enter(pid_tgid, nr, &args);
+    0
+}
+
+/// The entry of open-family syscall `nr` with arguments `args`, by a marked process: keeps what
+/// its exit needs.
+#[inline(always)]
+pub(crate) fn handle_open_enter(pid_tgid: u64, nr: u32, args: &[u64; 6]) {
+    let Some(syscall) = hooked_syscall(nr, syscall_family::OPEN) else { return };
+    let (dirfd, given_ptr, flags, mode) = match syscall {
+        open_syscall::OPENAT | open_syscall::OPENAT2 => {
+            let (flags, mode) = if syscall == open_syscall::OPENAT2 {
+                // openat2(dfd, filename, struct open_how *how, usize): how = {flags, mode, resolve}.
+                // SAFETY: user memory through the probe helper.
+                unsafe {
+                    (
+                        bpf_probe_read_user(args[2] as *const u64).unwrap_or(0),
+                        bpf_probe_read_user((args[2] + 8) as *const u64).unwrap_or(0),
+                    )
+                }
+            } else {
+                (args[2], args[3])
+            };
+            (args[0] as i32, args[1], flags, mode)
+        }
+        open_syscall::OPEN => (AT_FDCWD, args[0], args[1], args[2]),
+        // open_by_handle_at(mount_fd, struct file_handle *, flags): no path at all.
+        open_syscall::OPEN_BY_HANDLE_AT => (args[0] as i32, 0, args[2], 0),
+        _ => (AT_FDCWD, args[0], CREAT_FLAGS, args[1]),
+    };
+    let pending = PendingOpen { syscall, dirfd, flags, mode, given_ptr };
+    let _ = save_open(pid_tgid as u32, &pending);
+}
+
+/// Keeps what an open's entry saw for its exit: in the thread's slot, or in `PENDING_OPENS`
+/// when another thread holds the slot.
+#[inline(always)]
+fn save_open(tid: u32, pending: &PendingOpen) -> Res<()> {
+    if let Some(slot) = OPEN_SLOTS.get_ptr_mut(tid & (OPEN_SLOT_COUNT - 1)) {
+        // SAFETY: a map value. Two threads whose ids share a slot entering at the same instant
+        // can both find it free; the one overwritten is then reported by its file at exit
+        // (NO_ENTRY), like any open whose entry was missed.
+        unsafe {
+            if (*slot).tid == 0 || (*slot).tid == tid {
+                (*slot).open = *pending;
+                (*slot).tid = tid;
+                return Ok(());
+            }
+        }
+    }
+    PENDING_OPENS.insert(&tid, pending, 0).map_err(|e| e as i64)
+}
+
+/// What the open's entry saved, from the thread's slot or else `PENDING_OPENS`; both are
+/// freed.
+#[inline(always)]
+fn take_pending_open(tid: u32) -> Option<PendingOpen> {
+    if let Some(slot) = OPEN_SLOTS.get_ptr_mut(tid & (OPEN_SLOT_COUNT - 1)) {
+        // SAFETY: a map value; see save_open.
+        unsafe {
+            if (*slot).tid == tid {
+                (*slot).tid = 0;
+                return Some((*slot).open);
+            }
+        }
+    }
+    // SAFETY: copied out at once.
+    let pending = unsafe { PENDING_OPENS.get(&tid).copied() }?;
+    let _ = PENDING_OPENS.remove(&tid);
+    Some(pending)
+}
+
+/// Every `sys_exit_*` of the open family.
+#[tracepoint]
+pub fn open_exit(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
+    let (nr, ret) = exit_result(&ctx);
+    handle_open_exit(pid_tgid, mark, nr, ret);
+    0
+}
+
+/// The exit of open-family syscall `nr` with result `ret`, by a marked process: reports the
+/// open with what its entry saw and the path of the file it opened.
+#[inline(always)]
+pub(crate) fn handle_open_exit(pid_tgid: u64, mark: Mark, nr: u32, ret: i64) {
+    let pending = take_pending_open(pid_tgid as u32);
+    let _ = report_open(pid_tgid, mark, pending, nr, ret);
+}
+
+#[inline(always)]
+fn report_open(pid_tgid: u64, mark: Mark, pending: Option<PendingOpen>, nr: u32, ret: i64) -> Res<()> {
+    let config = config().ok_or(-1i64)?;
+    let off = &config.offsets;
+    // SAFETY: kernel reads through probe helpers only.
+    let file = if ret >= 0 { unsafe { fd_file(off, ret as u64) }.unwrap_or(0) } else { 0 };
+    // Without its entry, an open is still reported when it opened something: by its file.
+    let (pending, no_entry) = match pending {
+        Some(pending) => (pending, 0),
+        None if file != 0 => {
+            let syscall = hooked_syscall(nr, syscall_family::OPEN).ok_or(-1i64)?;
+            let flags: u32 = read(file, off.file_f_flags)?;
+            let pending = PendingOpen { syscall, dirfd: AT_FDCWD, flags: flags as u64, mode: 0, given_ptr: 0 };
+            (pending, record_flag::NO_ENTRY)
+        }
+        None => return Ok(()),
+    };
+    let scratch = OPEN_SCRATCH.get_ptr_mut(0).ok_or(-1i64)?;
+    let event = unsafe { addr_of_mut!((*scratch).event) };
+    let mut record_flags = no_entry;
+    let mut at = Location { vfsmount: 0, dentry: 0 };
+    // SAFETY: a local (see zero).
+    unsafe {
+        zero(addr_of_mut!(at.vfsmount));
+        zero(addr_of_mut!(at.dentry));
+    }
+    // SAFETY: per-CPU scratch owned by this program run; kernel memory read through probe
+    // helpers only. Everything known before the path walk goes into the record now and is read
+    // back after it: values left in registers across the walk would make the verifier check it
+    // once per combination of them.
+    unsafe {
+        (*event).syscall = pending.syscall;
+        (*event).dirfd = pending.dirfd;
+        (*event).flags = pending.flags;
+        (*event).mode = pending.mode;
+        (*event).ret = ret;
+        zero(addr_of_mut!((*event).dev));
+        zero(addr_of_mut!((*event).ino));
+        zero(addr_of_mut!((*event).cred_index));
+        zero(addr_of_mut!((*event)._pad));
+        if let Ok(opened) = opened_file(off, file) {
+            at = opened.at;
+            if let Ok(key) = inode_key(off, opened.inode) {
+                (*event).dev = key.dev;
+                (*event).ino = key.ino;
+                // SAFETY: copied out at once.
+                if let Some(cred) = CRED_INODES.get(&key).copied() {
+                    record_flags |= record_flag::CRED_INODE;
+                    (*event).cred_index = cred.index;
+                    // The tree's later connects are held for the agent's verdict.
+                    if config.flags & config_flag::ENFORCE != 0 {
+                        let _ = TAINTED.insert(&mark.root_pid, &1, 0);
+                    }
+                    // Killed before the syscall returns to user space: the fd exists, but the
+                    // process never runs again to read it.
+                    if config.flags & config_flag::ENFORCE != 0
+                        && cred.flags & cred_flag::KILL != 0
+                        && !spared(config, mark)
+                        && kill_current()
+                    {
+                        record_flags |= record_flag::BLOCKED;
+                    }
+                }
+            }
+        }
+        write_volatile(addr_of_mut!((*event).record_flags), record_flags);
+    }
+    // SAFETY: as above; user memory through probe helpers only; every write stays inside
+    // `tail` (given <= MAX_GIVEN_PATH - 1 bytes, then at most MAX_RESOLVED_PATH).
+    unsafe {
+        let tail = addr_of_mut!((*scratch).tail) as *mut u8;
+        // Read now rather than at entry: the syscall has faulted the string's page in. A
+        // thread racing to rewrite it can change what is reported as given, not the resolved
+        // path of what was opened.
+        let n = bpf_probe_read_user_str(tail as *mut c_void, MAX_GIVEN_PATH as u32, pending.given_ptr as *const c_void);
+        let given_len = if n > 0 { (n - 1) as usize & (MAX_GIVEN_PATH - 1) } else { 0 };
+        write_volatile(addr_of_mut!((*event).given_len), given_len as u32);
+        let path_len = addr_of_mut!((*event).path_len);
+        let path_flags = addr_of_mut!((*event).path_flags);
+        if at.dentry != 0 {
+            resolve_into(off, &at, tail.add(given_len), path_len, path_flags);
+        } else {
+            write_volatile(path_len, 0);
+            write_volatile(path_flags, path_flag::UNRESOLVED);
+        }
+        let given_len = read_volatile(addr_of_mut!((*event).given_len)) as usize;
+        let size = size_of::<OpenEvent>() + given_len + read_volatile(path_len) as usize;
+        let size = launder(&mut (*scratch).slot, size as u64) as usize;
+        if size > MAX_OPEN_RECORD {
+            return Err(-1);
+        }
+        fill_header(addr_of_mut!((*event).header), kind::OPEN, size, pid_tgid, mark);
+        let record_flags = read_volatile(addr_of_mut!((*event).record_flags));
+        let priority = record_flags & (record_flag::CRED_INODE | record_flag::BLOCKED) != 0;
+        output(core::slice::from_raw_parts(scratch as *const u8, size), priority);
+    }
+    Ok(())
+}
