@@ -117,18 +117,19 @@ pub fn bpf_lsm_active() -> Result<bool, String> {
 /// entry kept.
 const PROBE: &str = "fexit_tamper";
 
-/// One tracing program to load for each of its targets.
+/// One tracing program to load for each of its targets, or a tracepoint program to load
+/// (attached later, by name) alongside them.
 pub(super) struct Work {
     pub program: &'static str,
-    /// Kernel functions (fentry, fexit) or the LSM hook.
+    /// Kernel functions (fentry, fexit) or the LSM hook; none for a tracepoint program.
     pub targets: Vec<String>,
 }
 
 /// A link of a tracing program, named for its pin (`fentry___x64_sys_openat`, `lsm_bpf`).
 pub(super) type NamedLink = (String, FdLink);
 
-/// Loads and attaches each program of `work` once per target, on one thread per core; stops at
-/// the first failure, whose links are then dropped (detached).
+/// Loads and attaches each program of `work` once per target (a tracepoint program: loads it),
+/// on one thread per core; stops at the first failure, whose links are then dropped (detached).
 pub(super) fn load_tracing(ebpf: &mut Ebpf, work: Vec<Work>, btf: &AyaBtf) -> Result<Vec<NamedLink>, SensorError> {
     let mut by_name: std::collections::HashMap<&str, &mut Program> = ebpf.programs_mut().collect();
     let mut queue = Vec::with_capacity(work.len());
@@ -162,6 +163,13 @@ pub(super) fn load_tracing(ebpf: &mut Ebpf, work: Vec<Work>, btf: &AyaBtf) -> Re
                         let Some((item, program)) = queue.lock().unwrap_or_else(|e| e.into_inner()).next() else {
                             return Ok(links);
                         };
+                        if item.targets.is_empty() {
+                            let name = item.program;
+                            if let Err(source) = load_tracepoint(program) {
+                                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                                return Err(SensorError::Program { name, source });
+                            }
+                        }
                         for target in &item.targets {
                             match attach_one(program, target, btf) {
                                 Ok(link) => links.push(link),
@@ -189,6 +197,15 @@ pub(super) fn load_tracing(ebpf: &mut Ebpf, work: Vec<Work>, btf: &AyaBtf) -> Re
             None => Ok(all),
         }
     })
+}
+
+/// Loads a tracepoint or raw tracepoint program (attached by the caller).
+fn load_tracepoint(program: &mut Program) -> Result<(), ProgramError> {
+    match program {
+        Program::TracePoint(program) => program.load(),
+        Program::RawTracePoint(program) => program.load(),
+        _ => Err(ProgramError::UnexpectedProgramType),
+    }
 }
 
 /// Loads `program` for `target`, attaches it and keeps the link; unloads the program, so that

@@ -503,7 +503,10 @@ fn load_programs(ebpf: &mut Ebpf, wanted: &[&'static str]) -> Result<(), SensorE
     let mut queue = Vec::with_capacity(wanted.len());
     for &name in wanted {
         let program = by_name.remove(name).ok_or(SensorError::Missing { what: "program", name })?;
-        queue.push((name, program));
+        // Loaded already, beside the fentry backend's programs.
+        if program.fd().is_err() {
+            queue.push((name, program));
+        }
     }
     let queue = std::sync::Mutex::new(queue.into_iter());
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
@@ -862,6 +865,7 @@ impl Sensor {
 
         let has_tracepoint =
             |category: &str, name: &str| Path::new(TRACEFS).join("events").join(category).join(name).is_dir();
+        let uring = has_tracepoint("io_uring", URING_PROGRAM);
         // fentry first: where it does not load, `auto` falls back to the tracepoints.
         let mut fallback = None;
         let mut tracing_links = Vec::new();
@@ -880,7 +884,13 @@ impl Sensor {
                         .filter(|hook| btf.has_function(&syscall_function(hook.name)))
                         .collect();
                     let lsm_active = options.enforce && backend::bpf_lsm_active().unwrap_or(false);
-                    let (work, lsm_syscalls) = fentry_work(&hooks, lsm_active);
+                    let (mut work, lsm_syscalls) = fentry_work(&hooks, lsm_active);
+                    // The raw tracepoints (and io_uring's) both backends run load meanwhile,
+                    // on the same threads: exec's (two path walks) right after the open exit.
+                    let plain = RAW_TRACEPOINTS.iter().chain(uring.then_some(&URING_PROGRAM));
+                    for (at, &program) in plain.enumerate() {
+                        work.insert((at + 1).min(work.len()), backend::Work { program, targets: Vec::new() });
+                    }
                     backend::load_tracing(&mut ebpf, work, &aya_btf)
                         .map(|links| (hooks, links, lsm_syscalls))
                         .map_err(|e| e.to_string())
@@ -908,7 +918,6 @@ impl Sensor {
         } else {
             Vec::new()
         };
-        let uring = has_tracepoint("io_uring", URING_PROGRAM);
         let mut wanted: Vec<&'static str> = RAW_TRACEPOINTS.to_vec();
         for hook in &hooks {
             let (enter, exit) = hook_programs(hook);
