@@ -462,4 +462,20 @@ mod tests {
         assert!(text.contains("  ci       github / octo/app / CI\\u{1b}[2J / test  run 42\n"), "{text}");
         assert!(!text.contains('\x1b'), "raw escape reached the terminal: {text}");
     }
+
+    #[test]
+    fn a_blocked_or_denied_alert_says_so_and_no_note() {
+        for (outcome, tag) in [("blocked", "[BLOCKED]"), ("denied", "[DENIED]")] {
+            let mut alert = alert();
+            alert.event.outcome = outcome.into();
+            let text = render(&alert, false);
+            assert!(text.lines().next().unwrap().contains(tag), "{text}");
+            assert!(!text.contains("was not blocked"), "{text}");
+        }
+        let text = render(&alert(), false);
+        assert!(
+            !text.contains("[BLOCKED]") && !text.contains("[DENIED]") && text.contains("was not blocked"),
+            "{text}"
+        );
+    }
 }
