@@ -598,9 +598,10 @@ pub fn stop_outputs(dispatcher: Dispatcher) {
 /// Which kernel programs run, and how `--enforce` blocks with them.
 fn say_which_sensor(sensor: &Sensor, enforce: bool) {
     let backend = sensor.backend().to_string();
+    // Expected where fentry cannot load (lockdown, this kind of kernel): said once, not warned.
     if let Some(why) = sensor.fallback() {
         let why = escape(why).into_owned();
-        warn!(sensor = backend, "the fentry backend does not load here ({why}): the tracepoint backend runs");
+        info!(sensor = backend, "the fentry backend does not load here ({why}): the tracepoint backend runs");
     }
     let deny = if sensor.lsm() { "lsm" } else { "kill" };
     if enforce {
