@@ -68,6 +68,31 @@ pub struct Config {
     pub spool_dir: Option<PathBuf>,
     /// Serve Prometheus metrics on this address, at `/metrics` (`--metrics-listen`).
     pub metrics_listen: Option<SocketAddr>,
+    /// The kernel programs: `fentry` where they load, else `tracepoint` (`auto`), or one
+    /// forced (`--sensor`).
+    pub sensor: SensorChoice,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum SensorChoice {
+    /// fentry/fexit (and BPF LSM deny under `--enforce`) where they load, else tracepoints.
+    #[default]
+    Auto,
+    /// Syscall tracepoints: load everywhere, but slow every process's syscalls a little.
+    Tracepoint,
+    /// fentry/fexit on the syscall functions; an error where they do not load.
+    Fentry,
+}
+
+impl SensorChoice {
+    pub fn backend(self) -> credwatch::sensor::Backend {
+        match self {
+            SensorChoice::Auto => credwatch::sensor::Backend::Auto,
+            SensorChoice::Tracepoint => credwatch::sensor::Backend::Tracepoint,
+            SensorChoice::Fentry => credwatch::sensor::Backend::Fentry,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -117,6 +142,10 @@ impl Config {
         if self.pin_dir() != new.pin_dir() {
             // The kernel side is pinned there.
             changed.push("pin_dir");
+        }
+        // The programs are loaded.
+        if self.sensor != new.sensor {
+            changed.push("sensor");
         }
         changed
     }
@@ -631,7 +660,12 @@ mod tests {
         let (_dir, path) = file(&format!(
             "json: true\nlinger: 2.5\nalerts: /from/file\nwatch_project: true\nrules: {rules_dir}\nlog_level: debug\n"
         ));
-        let env = [("CREDWATCH_ALERTS", "/from/env"), ("CREDWATCH_LINGER", "4"), ("CREDWATCH_ENFORCE", "true")];
+        let env = [
+            ("CREDWATCH_ALERTS", "/from/env"),
+            ("CREDWATCH_LINGER", "4"),
+            ("CREDWATCH_ENFORCE", "true"),
+            ("CREDWATCH_SENSOR", "fentry"),
+        ];
         let layers = Layers::with_env(
             Some(path.clone()),
             &env,
@@ -654,6 +688,7 @@ mod tests {
                 outputs: Vec::new(),
                 spool_dir: None,
                 metrics_listen: None,
+                sensor: SensorChoice::Fentry,
             }
         );
         assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
@@ -669,6 +704,7 @@ mod tests {
                 ("log_format", "--log-format".to_owned()),
                 ("log_level", line(6, 12)),
                 ("rules", line(5, 8)),
+                ("sensor", "environment variable CREDWATCH_SENSOR".to_owned()),
                 ("watch_project", line(4, 16)),
             ]
         );
@@ -794,6 +830,7 @@ mod tests {
             ],
             spool_dir: Some("/var/spool/credwatch".into()),
             metrics_listen: Some("127.0.0.1:9464".parse().unwrap()),
+            sensor: SensorChoice::Tracepoint,
         };
         for config in [config, Config::default()] {
             let text = config.to_yaml().unwrap();
@@ -879,8 +916,12 @@ mod tests {
             outputs: vec![OutputConfig::to("file:/a".parse().unwrap())],
             spool_dir: Some("/s".into()),
             metrics_listen: Some("127.0.0.1:9464".parse().unwrap()),
+            sensor: SensorChoice::Fentry,
             ..Config::default()
         };
-        assert_eq!(old.restart_only_changes(&new), ["trace", "log_format", "outputs", "spool_dir", "metrics_listen"]);
+        assert_eq!(
+            old.restart_only_changes(&new),
+            ["trace", "log_format", "outputs", "spool_dir", "metrics_listen", "sensor"]
+        );
     }
 }

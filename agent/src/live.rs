@@ -23,7 +23,7 @@ use credwatch::sensor::{
     credentials::system_homes,
     lost_source,
     pins::{Gap, Started},
-    Protection, Sensor, SensorError,
+    Backend, Protection, Sensor, SensorError, SensorOptions,
 };
 use credwatch_core::{
     alert::Alert,
@@ -132,6 +132,8 @@ pub struct Outputs<'a> {
     pub metrics_listen: Option<SocketAddr>,
     /// Machine-wide modes: where the kernel side is pinned, to outlive the agent.
     pub pin_dir: &'a Path,
+    /// `--sensor`: which kernel programs.
+    pub sensor: Backend,
 }
 
 impl Outputs<'_> {
@@ -147,6 +149,7 @@ impl Outputs<'_> {
             spool_dir: config.spool_dir.as_deref(),
             metrics_listen: config.metrics_listen,
             pin_dir: config.pin_dir(),
+            sensor: config.sensor.backend(),
         }
     }
 }
@@ -395,14 +398,16 @@ impl Session {
             }
             None => None,
         };
+        let options = SensorOptions { backend: outputs.sensor, enforce: outputs.enforce };
         let mut sensor = if command.is_empty() {
             let (sensor, started) =
-                Sensor::start_pinned(rules.managers(), outputs.pin_dir).context("starting the eBPF sensor")?;
+                Sensor::start_pinned(rules.managers(), outputs.pin_dir, options).context("starting the eBPF sensor")?;
             say_how_started(outputs.pin_dir, &started);
             sensor
         } else {
-            Sensor::start(rules.managers(), false).context("starting the eBPF sensor")?
+            Sensor::start(rules.managers(), false, options).context("starting the eBPF sensor")?
         };
+        say_which_sensor(&sensor, outputs.enforce);
         sensor
             .protect(Protection { rules: rules.clone(), homes: system_homes(), enforce: outputs.enforce })
             .context("registering credential files with the kernel")?;
@@ -590,6 +595,22 @@ pub fn stop_outputs(dispatcher: Dispatcher) {
 }
 
 /// One line on how the pinned kernel side was found.
+/// Which kernel programs run, and how `--enforce` blocks with them.
+fn say_which_sensor(sensor: &Sensor, enforce: bool) {
+    let backend = sensor.backend().to_string();
+    // Expected where fentry cannot load (lockdown, this kind of kernel): said once, not warned.
+    if let Some(why) = sensor.fallback() {
+        let why = escape(why).into_owned();
+        info!(sensor = backend, "the fentry backend does not load here ({why}): the tracepoint backend runs");
+    }
+    let deny = if sensor.lsm() { "lsm" } else { "kill" };
+    if enforce {
+        info!(sensor = backend, enforce = deny, "sensor: {backend} backend; --enforce blocks by {deny}");
+    } else {
+        info!(sensor = backend, "sensor: {backend} backend");
+    }
+}
+
 fn say_how_started(dir: &Path, started: &Started) {
     let dir = escape(&dir.display().to_string()).into_owned();
     match started {

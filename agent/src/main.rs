@@ -16,7 +16,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
-use config::{Config, Layers, LogFormat, LogLevel};
+use config::{Config, Layers, LogFormat, LogLevel, SensorChoice};
 use credwatch::sensor;
 use credwatch_core::{engine::EngineOptions, output::escape, rules::RuleSet, samples};
 use credwatch_outputs::{Destination, OutputConfig};
@@ -82,6 +82,10 @@ struct ConfigArgs {
     /// The least severe log records written.
     #[arg(long, value_enum, value_name = "LEVEL")]
     log_level: Option<LogLevel>,
+    /// The kernel programs [default: auto]: fentry where they load (cheaper; with the BPF LSM
+    /// active, `--enforce` refuses with EPERM rather than kills), else tracepoints.
+    #[arg(long, value_enum, value_name = "BACKEND")]
+    sensor: Option<SensorChoice>,
 }
 
 #[derive(Args)]
@@ -485,6 +489,9 @@ fn configure(args: &ConfigArgs, mut flags: Map<String, Value>) -> Result<(Config
     }
     if let Some(level) = args.log_level {
         flags.insert("log_level".into(), serde_json::to_value(level)?);
+    }
+    if let Some(sensor) = args.sensor {
+        flags.insert("sensor".into(), serde_json::to_value(sensor)?);
     }
     let layers = Layers::new(args.config.clone(), flags);
     match layers.load() {

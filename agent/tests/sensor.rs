@@ -18,7 +18,7 @@ use aya::{
 use credwatch::sensor::{
     doctor, lost_source,
     pins::{self, AgentState, Started, Stopped},
-    Protection, Sensor,
+    Backend, Protection, Sensor, SensorError, SensorOptions,
 };
 use credwatch_common::{CredInode, InodeKey};
 use credwatch_core::{
@@ -31,6 +31,33 @@ use credwatch_core::{
 
 /// The tests share kernel tracepoints; one sensor at a time keeps their event streams apart.
 static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The backend under test: `CREDWATCH_E2E_SENSOR` (`tracepoint` or `fentry`; the kernel
+/// matrix runs these tests once per backend that loads), else `auto`.
+fn backend() -> Backend {
+    match std::env::var("CREDWATCH_E2E_SENSOR").as_deref() {
+        Ok("tracepoint") => Backend::Tracepoint,
+        Ok("fentry") => Backend::Fentry,
+        Ok("") | Err(_) => Backend::Auto,
+        Ok(other) => panic!("CREDWATCH_E2E_SENSOR={other}: not tracepoint or fentry"),
+    }
+}
+
+/// How much slower than this machine the tests run (`CREDWATCH_E2E_SLOW`, set by the kernel
+/// matrix for its emulated guests): the factor of the waits that must outlast something.
+fn slow() -> u32 {
+    std::env::var("CREDWATCH_E2E_SLOW").ok().and_then(|factor| factor.parse().ok()).unwrap_or(1).max(1)
+}
+
+/// [`Sensor::start`] with the backend under test.
+fn start(managers: &[Manager], auto_roots: bool) -> Result<Sensor, SensorError> {
+    Sensor::start(managers, auto_roots, SensorOptions { backend: backend(), enforce: false })
+}
+
+/// [`Sensor::start_pinned`] with the backend under test.
+fn start_pinned(managers: &[Manager], dir: &Path) -> Result<(Sensor, Started), SensorError> {
+    Sensor::start_pinned(managers, dir, SensorOptions { backend: backend(), enforce: false })
+}
 
 const PYTHON: &str = "/usr/bin/python3";
 
@@ -136,7 +163,7 @@ fn forks_of(events: &[Event], pid: u32) -> Vec<u32> {
 fn marked_tree_opens_resolve_to_absolute_paths_and_lineage_survives_setsid() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let fx = fixture();
-    let mut sensor = Sensor::start(&[], false).expect("sensor starts (run as root)");
+    let mut sensor = start(&[], false).expect("sensor starts (run as root)");
 
     // The child waits on its stdin until it is marked, then becomes python.
     let mut child = Command::new("/bin/sh")
@@ -271,7 +298,7 @@ fn exec_of_a_manager_or_interpreter_module_or_script_makes_a_root() {
             ..Manager::default()
         },
     ];
-    let mut sensor = Sensor::start(&managers, true).unwrap();
+    let mut sensor = start(&managers, true).unwrap();
 
     let manager = fake_manager(&fx.root, "fakemgr");
     let status =
@@ -333,7 +360,7 @@ fn seed_marks_trees_that_were_already_running() {
         std::thread::sleep(Duration::from_millis(10));
     };
     let managers = vec![Manager { name: "seed".into(), execs: vec!["seedmgr".into()], ..Manager::default() }];
-    let mut sensor = Sensor::start(&managers, false).unwrap();
+    let mut sensor = start(&managers, false).unwrap();
     let seeded = sensor.seed(&managers).unwrap();
     let pids: Vec<u32> = seeded.iter().map(|e| e.pid).collect();
     assert_eq!(pids, [root, child], "parents first, nothing else: {seeded:#?}");
@@ -353,7 +380,7 @@ fn seed_marks_trees_that_were_already_running() {
 fn doctor_finds_what_this_kernel_offers() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // Starting a sensor mounts tracefs when the machine booted without it.
-    drop(Sensor::start(&[], false).unwrap());
+    drop(start(&[], false).unwrap());
     let report = doctor();
     assert!(report.btf);
     assert_eq!(report.offsets, Ok(()));
@@ -361,9 +388,46 @@ fn doctor_finds_what_this_kernel_offers() {
     let loads = |name: &str| report.programs.iter().any(|(n, probe)| *n == name && *probe == Ok(true));
     assert!(loads("tracepoint") && loads("raw_tracepoint"), "{report}");
     assert_eq!(report.ring_buffer, Ok(true));
-    assert_eq!(report.sensor, Some("tracepoints"), "{report}");
+    // What `auto` picks is what really loads: fentry where its program verifies.
+    let picked = if report.fentry.is_ok() { "fentry" } else { "tracepoints" };
+    assert_eq!(report.sensor, Some(picked), "{report}");
+    if backend() == Backend::Fentry {
+        assert_eq!(report.fentry, Ok(()), "{report}");
+    }
     let text = report.to_string();
-    assert!(text.contains(&report.kernel_release) && text.contains("sensor:           tracepoints"), "{text}");
+    assert!(text.contains(&report.kernel_release) && text.contains(&format!("sensor:           {picked}")), "{text}");
+    assert!(text.contains("fentry backend:") && text.contains("BPF LSM active:"), "{text}");
+}
+
+/// `--sensor fentry` where fentry programs do not load (this CI host: EPERM) is an error that
+/// says why, and `auto` then runs the tracepoints, saying why; where they load, both run fentry.
+#[test]
+fn auto_picks_fentry_where_it_loads_and_falls_back_to_tracepoints() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let options = |backend| SensorOptions { backend, enforce: false };
+    let auto = Sensor::start(&[], false, options(Backend::Auto)).unwrap();
+    let (auto_backend, fallback) = (auto.backend(), auto.fallback().map(str::to_owned));
+    drop(auto);
+    let forced = Sensor::start(&[], false, options(Backend::Fentry));
+    match forced {
+        Ok(sensor) => {
+            assert_eq!(sensor.backend(), Backend::Fentry);
+            assert_eq!((auto_backend, fallback), (Backend::Fentry, None));
+        }
+        Err(error) => {
+            // The first program loaded alone is the probe: the same error each time.
+            let error = error.to_string();
+            assert!(
+                error.starts_with("the fentry backend cannot run here: program `fexit_tamper` on __x64_sys_"),
+                "{error}"
+            );
+            assert_eq!(auto_backend, Backend::Tracepoint);
+            let why = fallback.expect("auto says why it fell back");
+            assert!(error.ends_with(&why), "{error} / {why}");
+        }
+    }
+    let tracepoint = Sensor::start(&[], false, options(Backend::Tracepoint)).unwrap();
+    assert_eq!((tracepoint.backend(), tracepoint.lsm(), tracepoint.fallback()), (Backend::Tracepoint, false, None));
 }
 
 /// Rules for a throwaway home: `~/.ssh/**` is a `kill` rule, `~/.npmrc` an alert rule.
@@ -441,7 +505,8 @@ fn home() -> Home {
 }
 
 fn protected_sensor(h: &Home, enforce: bool) -> Sensor {
-    let mut sensor = Sensor::start(&[], false).expect("sensor starts (run as root)");
+    let options = SensorOptions { backend: backend(), enforce };
+    let mut sensor = Sensor::start(&[], false, options).expect("sensor starts (run as root)");
     sensor.protect(Protection { rules: h.rules.clone(), homes: vec![h.home.clone()], enforce }).unwrap();
     assert_eq!(sensor.stats().credential_files, 3, "id_rsa, id_ed25519, .npmrc");
     sensor
@@ -598,7 +663,7 @@ target.wait()
 #[test]
 fn tamper_syscalls_of_marked_processes_are_reported() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut sensor = Sensor::start(&[], false).unwrap();
+    let mut sensor = start(&[], false).unwrap();
     let agent = std::process::id();
     let args = [libc::SYS_bpf.to_string(), libc::SYS_io_uring_setup.to_string(), agent.to_string()];
     let mut child = python_marked(&mut sensor, TAMPER_HELPER, &[&args[0], &args[1], &args[2]]);
@@ -648,9 +713,10 @@ open(sys.argv[2], "w").write("survived\n")
 "#;
 
 /// Runs the copy payload and the bpf payload, with or without `--enforce`.
-fn run_payloads(enforce: bool) -> (Home, Vec<Event>, [std::process::ExitStatus; 2]) {
+fn run_payloads(enforce: bool) -> (Home, Vec<Event>, [std::process::ExitStatus; 2], bool) {
     let h = home();
     let mut sensor = protected_sensor(&h, enforce);
+    let lsm = sensor.lsm();
     let key = path(&h.home.join(".ssh/id_rsa"));
     let copy = path(&h.work.join("copy"));
     let survived = path(&h.work.join("survived"));
@@ -662,15 +728,18 @@ fn run_payloads(enforce: bool) -> (Home, Vec<Event>, [std::process::ExitStatus; 
         exited(events, copier_pid).is_some() && exited(events, bpf_pid).is_some()
     });
     let statuses = [copier.wait().unwrap(), bpf.wait().unwrap()];
-    (h, events, statuses)
+    (h, events, statuses, lsm)
 }
 
 #[test]
 fn enforce_kills_before_the_secret_is_read_and_blocks_tamper_syscalls() {
     use std::os::unix::process::ExitStatusExt as _;
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let (h, events, [copier, bpf]) = run_payloads(true);
+    let (h, events, [copier, bpf], lsm) = run_payloads(true);
     let key = path(&h.home.join(".ssh/id_rsa"));
+    if lsm {
+        return refused_by_the_lsm(&h, &events, [copier, bpf]);
+    }
     assert_eq!(copier.signal(), Some(libc::SIGKILL), "the copier is killed");
     let copied = fs::read_to_string(h.work.join("copy")).unwrap();
     assert_eq!(copied, "started\n", "the payload ran, but the secret never reached it");
@@ -685,10 +754,29 @@ fn enforce_kills_before_the_secret_is_read_and_blocks_tamper_syscalls() {
     assert!(blocked.blocked && blocked.ret.is_none(), "{blocked:?}");
 }
 
+/// `--enforce` with the BPF LSM hooks (the fentry backend where `bpf` is an active LSM): the
+/// open of the key and the bpf() call fail with EPERM, and both payloads live.
+fn refused_by_the_lsm(h: &Home, events: &[Event], [copier, bpf]: [std::process::ExitStatus; 2]) {
+    use std::os::unix::process::ExitStatusExt as _;
+    let key = path(&h.home.join(".ssh/id_rsa"));
+    // Python's PermissionError ends the copier with status 1, not a signal.
+    assert_eq!((copier.signal(), copier.code()), (None, Some(1)), "the copier lives");
+    assert_eq!(fs::read_to_string(h.work.join("copy")).unwrap(), "started\n");
+    let open = opens(events).map(|(_, o)| o).find(|o| o.path == key).expect("the refused open is reported");
+    assert!(open.denied && !open.blocked && open.ret == -i64::from(libc::EPERM), "{open:?}");
+    assert_eq!((open.abs_path.as_deref(), open.same_file_as.as_deref()), (Some(key.as_str()), Some(key.as_str())));
+
+    assert!(bpf.success(), "the bpf() caller lives");
+    assert!(h.work.join("survived").exists());
+    let calls = syscalls(events);
+    let (_, denied) = calls.iter().find(|(_, s)| s.name == "bpf").expect("bpf reported");
+    assert!(denied.denied && !denied.blocked && denied.ret == Some(-i64::from(libc::EPERM)), "{denied:?}");
+}
+
 #[test]
 fn without_enforce_the_same_payloads_survive() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let (h, events, [copier, bpf]) = run_payloads(false);
+    let (h, events, [copier, bpf], _) = run_payloads(false);
     let key = path(&h.home.join(".ssh/id_rsa"));
     assert!(copier.success() && bpf.success());
     assert!(fs::read_to_string(h.work.join("copy")).unwrap().contains(SECRET));
@@ -752,7 +840,7 @@ fn io_uring_openat_is_reported_by_its_opcode() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let h = home();
     let binary = compile(&h.work, "uring", URING_OPEN);
-    let mut sensor = Sensor::start(&[], false).unwrap();
+    let mut sensor = start(&[], false).unwrap();
     let key = path(&h.home.join(".ssh/id_rsa"));
     let mut child = spawn_marked(&mut sensor, binary.to_str().unwrap(), &[&key]);
     let root = child.id();
@@ -830,7 +918,7 @@ fn enforce_spares_a_kill_rules_actor_only_in_a_chain_from_the_manager() {
     fs::write(rules_dir.join("test.yaml"), spared).unwrap();
     let rules = RuleSet::load_dir(&rules_dir).unwrap();
     let managers = vec![Manager { name: "fake".into(), execs: vec!["sparemgr".into()], ..Manager::default() }];
-    let mut sensor = Sensor::start(&managers, true).unwrap();
+    let mut sensor = start(&managers, true).unwrap();
     sensor.protect(Protection { rules, homes: vec![h.home.clone()], enforce: true }).unwrap();
 
     let manager = fake_manager(&h.work, "sparemgr");
@@ -877,7 +965,7 @@ fn detach_all_programs() -> usize {
 #[test]
 fn detached_programs_are_noticed() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut sensor = Sensor::start(&[], false).unwrap();
+    let mut sensor = start(&[], false).unwrap();
     // A first canary comes back: nothing is reported.
     let mut events = Vec::new();
     let quiet_until = Instant::now() + Duration::from_secs(8);
@@ -896,14 +984,15 @@ fn detached_programs_are_noticed() {
 #[test]
 fn an_idle_poll_sleeps_until_a_record_or_the_waker() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut sensor = Sensor::start(&[], false).unwrap();
+    let mut sensor = start(&[], false).unwrap();
     let (waker, signals) = std::os::unix::net::UnixStream::pair().unwrap();
     sensor.wake_on(waker).unwrap();
     // The shell execs at once; `sleep` exits half a second later, when the sensor is asleep.
-    let mut child = spawn_marked(&mut sensor, "/bin/sh", &["-c", "sleep 0.5; exit 0"]);
+    let script = format!("sleep {}; exit 0", 0.5 * f64::from(slow()));
+    let mut child = spawn_marked(&mut sensor, "/bin/sh", &["-c", &script]);
     let root = child.id();
     let mut events = Vec::new();
-    let settle = Instant::now() + Duration::from_millis(200);
+    let settle = Instant::now() + Duration::from_millis(200) * slow();
     while Instant::now() < settle {
         sensor.poll(Duration::from_millis(50), &mut events).unwrap();
     }
@@ -912,7 +1001,7 @@ fn an_idle_poll_sleeps_until_a_record_or_the_waker() {
     let asleep = Instant::now();
     while exited(&events, sleeper).is_none() {
         sensor.poll(Duration::from_secs(30), &mut events).unwrap();
-        assert!(asleep.elapsed() < Duration::from_secs(5), "the record did not wake the poll: {events:#?}");
+        assert!(asleep.elapsed() < Duration::from_secs(5) * slow(), "the record did not wake the poll: {events:#?}");
     }
     assert!(child.wait().unwrap().success());
     collect(&mut sensor, &mut events, |events| exited(events, root).is_some());
@@ -927,7 +1016,10 @@ fn an_idle_poll_sleeps_until_a_record_or_the_waker() {
     let mut more = Vec::new();
     sensor.poll(Duration::from_secs(30), &mut more).unwrap();
     let slept = asleep.elapsed();
-    assert!(slept >= Duration::from_millis(250) && slept < Duration::from_secs(5), "woken after {slept:?}: {more:#?}");
+    assert!(
+        slept >= Duration::from_millis(250) && slept < Duration::from_secs(5) * slow(),
+        "woken after {slept:?}: {more:#?}"
+    );
     assert!(more.is_empty(), "{more:#?}");
     drop(writer.join().unwrap());
 }
@@ -969,7 +1061,7 @@ fn an_open_in_flight_when_the_process_is_marked_is_reported_by_its_file() {
     let fifo_c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: a valid NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(fifo_c.as_ptr(), 0o600) }, 0);
-    let mut sensor = Sensor::start(&[], false).expect("sensor starts (run as root)");
+    let mut sensor = start(&[], false).expect("sensor starts (run as root)");
     // A reader's open of a FIFO blocks in the kernel until a writer comes.
     let mut child = Command::new("cat").arg(&fifo).stdout(Stdio::null()).spawn().unwrap();
     let pid = child.id();
@@ -1033,7 +1125,7 @@ fn a_pinned_set_is_adopted_by_the_same_build_and_replaced_when_from_another() {
     let dir = pin_dir.0.clone();
     let managers = RuleSet::defaults().unwrap().managers().to_vec();
 
-    let (sensor, started) = Sensor::start_pinned(&managers, &dir).unwrap();
+    let (sensor, started) = start_pinned(&managers, &dir).unwrap();
     assert_eq!(started, Started::Fresh);
     let first = pinned_link_ids(&dir);
     assert!(first.len() >= 3, "{first:?}");
@@ -1041,7 +1133,7 @@ fn a_pinned_set_is_adopted_by_the_same_build_and_replaced_when_from_another() {
     // Left attached: the links outlive the agent.
     assert!(first.iter().all(|id| attached_link_ids().contains(id)));
 
-    let (sensor, started) = Sensor::start_pinned(&managers, &dir).unwrap();
+    let (sensor, started) = start_pinned(&managers, &dir).unwrap();
     let Started::Adopted(gap) = started else { panic!("not adopted: {started:?}") };
     assert!(gap.clean_stop && gap.until_ns >= gap.since_ns, "{gap:?}");
     assert_eq!(pinned_link_ids(&dir), first, "adopting must not re-attach");
@@ -1057,7 +1149,7 @@ fn a_pinned_set_is_adopted_by_the_same_build_and_replaced_when_from_another() {
     map.set(0, AgentState { object_id: [0xab; 32], ..state }, 0).unwrap();
     drop(map);
 
-    let (sensor, started) = Sensor::start_pinned(&managers, &dir).unwrap();
+    let (sensor, started) = start_pinned(&managers, &dir).unwrap();
     let Started::Replaced(why) = started else { panic!("not replaced: {started:?}") };
     assert!(why.contains("another build"), "{why}");
     let second = pinned_link_ids(&dir);
@@ -1078,7 +1170,7 @@ fn a_pinned_set_is_adopted_by_the_same_build_and_replaced_when_from_another() {
     Array::<MapData, u64>::create(1, 0).unwrap().pin(foreign.join("someone_elses")).unwrap();
     let refused = pins::stop(&foreign).unwrap_err().to_string();
     assert!(refused.contains("not a credwatch set"), "{refused}");
-    let refused = Sensor::start_pinned(&managers, &foreign).err().expect("refused").to_string();
+    let refused = start_pinned(&managers, &foreign).err().expect("refused").to_string();
     assert!(refused.contains("not a credwatch set"), "{refused}");
     assert!(foreign.join("someone_elses").exists());
     fs::remove_dir_all(&foreign).unwrap();
@@ -1107,7 +1199,7 @@ fn credential_indexes_survive_a_reload_and_an_adoption() {
     fs::write(earlier.join(".npmrc"), "//registry.npmjs.org/:_authToken=fake\n").unwrap();
     let npmrc = h.home.join(".npmrc");
 
-    let (mut sensor, _) = Sensor::start_pinned(&[], &dir).unwrap();
+    let (mut sensor, _) = start_pinned(&[], &dir).unwrap();
     sensor.protect(Protection { rules: h.rules.clone(), homes: vec![h.home.clone()], enforce: false }).unwrap();
     let first = pinned_cred_index(&dir, &npmrc);
     let both = vec![earlier.clone(), h.home.clone()];
@@ -1117,7 +1209,7 @@ fn credential_indexes_survive_a_reload_and_an_adoption() {
     assert_ne!(earlier_index, first);
     sensor.finish().unwrap();
 
-    let (mut sensor, started) = Sensor::start_pinned(&[], &dir).unwrap();
+    let (mut sensor, started) = start_pinned(&[], &dir).unwrap();
     assert!(matches!(started, Started::Adopted(_)), "{started:?}");
     sensor
         .protect(Protection { rules: h.rules.clone(), homes: both.into_iter().rev().collect(), enforce: false })

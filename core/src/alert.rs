@@ -108,7 +108,8 @@ pub struct AlertEvent {
     pub kind: String,
     /// What triggered the rule: `open`, `exec`, `rename`, `link`, `symlink` or `syscall`.
     pub action: String,
-    /// `alerted`, or `blocked` when the kernel killed the process before the syscall ran.
+    /// `alerted`, `blocked` when the kernel killed the process before the syscall ran, or
+    /// `denied` when a BPF LSM hook refused it with EPERM and the process lives.
     pub outcome: String,
 }
 
@@ -342,8 +343,8 @@ pub struct AlertCredwatch {
     pub root_pid: u32,
     /// What to rotate or check now, for a person to act on.
     pub rotate: Vec<String>,
-    /// Whether this match could have been blocked in the kernel (`kernel`) or only alerted on
-    /// (`userspace`).
+    /// Whether this match could have been blocked in the kernel (`kernel`: a kill; `lsm`: a
+    /// BPF LSM refusal; `kernel-hold`: a held connect) or only alerted on (`userspace`).
     pub enforcement: String,
     /// On a repeat of an identical alert (same rule, tree and file or command): how many
     /// times it has happened. Repeats are reported at the 10th, 100th, 1000th, ... time only.

@@ -228,6 +228,17 @@ pub struct Open {
     /// The kernel killed the process before the open returned (`--enforce`): nothing was read.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub blocked: bool,
+    /// The kernel refused the open with EPERM (`--enforce` with the BPF LSM): the process lives,
+    /// the file was not opened (trace schema 6).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub denied: bool,
+}
+
+impl Open {
+    /// The kernel stopped it (killed the process, or refused the open).
+    pub fn stopped(&self) -> bool {
+        self.blocked || self.denied
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -264,6 +275,17 @@ pub struct Syscall {
     /// The kernel killed the process at syscall entry (`--enforce`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub blocked: bool,
+    /// The kernel refused the call with EPERM (`--enforce` with the BPF LSM): the process lives
+    /// (trace schema 6).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub denied: bool,
+}
+
+impl Syscall {
+    /// The kernel stopped it (killed the process, or refused the call).
+    pub fn stopped(&self) -> bool {
+        self.blocked || self.denied
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -96,7 +96,11 @@ pub fn render(alert: &Alert, colour: bool) -> String {
         let _ = write!(who, " ({})", escape(step));
     }
     let what = headline(alert);
-    let blocked = if alert.event.outcome == "blocked" { " [BLOCKED]" } else { "" };
+    let blocked = match alert.event.outcome.as_str() {
+        "blocked" => " [BLOCKED]",
+        "denied" => " [DENIED]",
+        _ => "",
+    };
 
     let mut out = String::new();
     let _ = writeln!(out, "{on}[{}]{off}{blocked} {who} {what}", alert.rule.severity.as_str().to_uppercase());
@@ -171,7 +175,7 @@ pub fn render(alert: &Alert, colour: bool) -> String {
     for item in &alert.credwatch.rotate {
         let _ = writeln!(out, "  rotate   {}", escape(item));
     }
-    if alert.event.outcome != "blocked" {
+    if !matches!(alert.event.outcome.as_str(), "blocked" | "denied") {
         let what = if alert.destination.is_some() { "connection" } else { "read" };
         let _ = writeln!(out, "  note     matched in {}; the {what} was not blocked", alert.credwatch.enforcement);
     }
@@ -457,5 +461,21 @@ mod tests {
         assert!(text.contains(&container), "{text}");
         assert!(text.contains("  ci       github / octo/app / CI\\u{1b}[2J / test  run 42\n"), "{text}");
         assert!(!text.contains('\x1b'), "raw escape reached the terminal: {text}");
+    }
+
+    #[test]
+    fn a_blocked_or_denied_alert_says_so_and_no_note() {
+        for (outcome, tag) in [("blocked", "[BLOCKED]"), ("denied", "[DENIED]")] {
+            let mut alert = alert();
+            alert.event.outcome = outcome.into();
+            let text = render(&alert, false);
+            assert!(text.lines().next().unwrap().contains(tag), "{text}");
+            assert!(!text.contains("was not blocked"), "{text}");
+        }
+        let text = render(&alert(), false);
+        assert!(
+            !text.contains("[BLOCKED]") && !text.contains("[DENIED]") && text.contains("was not blocked"),
+            "{text}"
+        );
     }
 }

@@ -315,6 +315,7 @@ pub fn syscall_name(syscall: u32) -> &'static str {
         open_syscall::OPENAT2 => "openat2",
         open_syscall::CREAT => "creat",
         open_syscall::OPEN_BY_HANDLE_AT => "open_by_handle_at",
+        open_syscall::FILE_OPEN => "file_open",
         _ => "unknown",
     }
 }
@@ -325,11 +326,15 @@ fn open(bytes: &[u8], header: &EventHeader, cred_path: &dyn Fn(u32) -> Option<St
     let (event, tail) = variable::<OpenEvent>(bytes, header, MAX_OPEN_RECORD)?;
     let [given, resolved] =
         split_parts(tail, [event.given_len, event.path_len], kind::OPEN, header, size_of::<OpenEvent>())?;
-    let (abs_path, truncated) = if event.ret >= 0 { absolute_path(resolved, event.path_flags) } else { (None, false) };
+    // A denied open failed, but the LSM hook saw the file it refused and resolved its path.
+    let denied = event.record_flags & record_flag::DENIED != 0;
+    let opened = event.ret >= 0 || denied;
+    let (abs_path, truncated) = if opened { absolute_path(resolved, event.path_flags) } else { (None, false) };
     let cred = event.record_flags & record_flag::CRED_INODE != 0;
     Ok(Open {
         same_file_as: if cred { cred_path(event.cred_index) } else { None },
         blocked: event.record_flags & record_flag::BLOCKED != 0,
+        denied,
         tid: event.header.tid,
         syscall: syscall_name(event.syscall).to_owned(),
         dirfd: event.dirfd,
@@ -339,8 +344,8 @@ fn open(bytes: &[u8], header: &EventHeader, cred_path: &dyn Fn(u32) -> Option<St
         abs_path,
         truncated,
         ret: event.ret,
-        dev: if event.ret >= 0 { user_dev(event.dev) } else { 0 },
-        ino: if event.ret >= 0 { event.ino } else { 0 },
+        dev: if opened { user_dev(event.dev) } else { 0 },
+        ino: if opened { event.ino } else { 0 },
     })
 }
 
@@ -438,6 +443,7 @@ fn syscall(event: &SyscallEvent) -> Syscall {
         operation,
         ret: (event.record_flags & record_flag::HAS_RET != 0).then_some(event.ret),
         blocked: event.record_flags & record_flag::BLOCKED != 0,
+        denied: event.record_flags & record_flag::DENIED != 0,
     }
 }
 
@@ -791,6 +797,24 @@ mod tests {
         record.event.syscall = open_syscall::OPEN_BY_HANDLE_AT;
         let EventData::Open(open) = decode(&decoder, &record.bytes()).unwrap().data else { panic!() };
         assert_eq!(open.syscall, "open_by_handle_at");
+        assert!(!open.denied);
+        record.event.syscall = open_syscall::FILE_OPEN;
+        let EventData::Open(open) = decode(&decoder, &record.bytes()).unwrap().data else { panic!() };
+        assert_eq!(open.syscall, "file_open");
+    }
+
+    #[test]
+    fn a_denied_open_failed_and_names_the_file_it_refused() {
+        let decoder = Decoder::with_offset(0);
+        let mut record = OpenRecord::new(-1);
+        record.event.record_flags = record_flag::CRED_INODE | record_flag::DENIED;
+        let EventData::Open(open) = decode(&decoder, &record.bytes()).unwrap().data else { panic!() };
+        assert!(open.denied && !open.blocked);
+        assert_eq!((open.ret, open.abs_path.as_deref(), open.ino), (-1, Some("/home/alice/.ssh/id_rsa"), 1234));
+        // An open that failed on its own resolved nothing.
+        record.event.record_flags = 0;
+        let EventData::Open(open) = decode(&decoder, &record.bytes()).unwrap().data else { panic!() };
+        assert_eq!((open.denied, open.abs_path, open.ino), (false, None, 0));
     }
 
     fn rename_record(syscall: u32, old: &[u8], new: &[u8]) -> Box<RenameEvent> {
@@ -861,13 +885,17 @@ mod tests {
                 operation: Some("PTRACE_ATTACH".into()),
                 ret: Some(-1),
                 blocked: false,
+                denied: false,
             }
         );
         let bpf = decoded(record(tamper_syscall::BPF, record_flag::BLOCKED, 0, 5, 0));
         assert_eq!(
-            (bpf.operation.as_deref(), bpf.ret, bpf.target_pid, bpf.blocked),
-            (Some("BPF_PROG_LOAD"), None, None, true)
+            (bpf.operation.as_deref(), bpf.ret, bpf.target_pid, bpf.blocked, bpf.denied),
+            (Some("BPF_PROG_LOAD"), None, None, true, false)
         );
+        // Refused by the LSM hook: the process lives and the call returned EPERM.
+        let bpf = decoded(record(tamper_syscall::BPF, record_flag::DENIED | record_flag::HAS_RET, 0, 5, -1));
+        assert_eq!((bpf.ret, bpf.blocked, bpf.denied), (Some(-1), false, true));
         let kill = decoded(record(tamper_syscall::KILL, record_flag::HAS_TARGET, 1, 15, 0));
         assert_eq!(kill.operation.as_deref(), Some("SIGTERM"));
         let uring = decoded(record(tamper_syscall::IO_URING_SUBMIT_REQ, 0, 0, 18, 0));

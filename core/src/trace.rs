@@ -19,10 +19,10 @@ use crate::{
 /// The trace schema this build writes. 2 added the `rename` and `syscall` kinds and the
 /// `same_file_as` and `blocked` fields of `open`; 3 the `connect` and `dns_query` kinds; 4 the
 /// `agent_gap` kind; 5 identity: `host_id` in the header, `cgroups` and the CI variables on
-/// `exec`.
-pub const TRACE_SCHEMA: u32 = 5;
+/// `exec`; 6 the `denied` field of `open` and `syscall` (a BPF LSM refusal).
+pub const TRACE_SCHEMA: u32 = 6;
 /// Trace schemas this build reads: every schema is a subset of the next.
-pub const READABLE_SCHEMAS: std::ops::RangeInclusive<u32> = 1..=5;
+pub const READABLE_SCHEMAS: std::ops::RangeInclusive<u32> = 1..=6;
 
 /// The first line of a trace.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -236,7 +236,7 @@ mod tests {
             }),
         };
         let text = format!("{}\n{}\n", header_line(), serde_json::to_string(&exec).unwrap());
-        assert!(text.starts_with(r#"{"credwatch_trace":5,"#), "{text}");
+        assert!(text.starts_with(&format!(r#"{{"credwatch_trace":{TRACE_SCHEMA},"#)), "{text}");
         let mut five = reader(&text).unwrap();
         assert_eq!(five.header().host_id.as_deref(), Some("0123456789abcdef0123456789abcdef"));
         assert_eq!(five.next_event().unwrap(), Some(exec));

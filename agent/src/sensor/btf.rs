@@ -19,6 +19,7 @@ const KIND_TYPEDEF: u32 = 8;
 const KIND_VOLATILE: u32 = 9;
 const KIND_CONST: u32 = 10;
 const KIND_RESTRICT: u32 = 11;
+const KIND_FUNC: u32 = 12;
 const KIND_FUNC_PROTO: u32 = 13;
 const KIND_VAR: u32 = 14;
 const KIND_DATASEC: u32 = 15;
@@ -95,6 +96,8 @@ pub struct Btf {
     /// two vectors: 7.0 ms).
     enums: Vec<(u32, u32)>,
     enumerators: Vec<(u32, i64)>,
+    /// Name offsets of the functions (the fentry backend's attach targets).
+    functions: Vec<u32>,
     strings: Vec<u8>,
 }
 
@@ -148,6 +151,7 @@ impl Btf {
             typedefs: HashMap::new(),
             enums: Vec::new(),
             enumerators: Vec::new(),
+            functions: Vec::new(),
             strings: strings.to_vec(),
         };
         let mut at = 0;
@@ -202,6 +206,10 @@ impl Btf {
                         btf.enums.push((name_off, id));
                     }
                     Type::Enum { first, count: vlen as u32 }
+                }
+                KIND_FUNC => {
+                    btf.functions.push(name_off);
+                    Type::Other
                 }
                 _ => {
                     at += match kind {
@@ -271,6 +279,11 @@ impl Btf {
             .find(|(name_off, _)| self.name_is(*name_off, name))
             .map(|&(_, value)| value)
             .ok_or_else(|| BtfError::NoEnumerator { enumeration: enumeration.to_owned(), name: name.to_owned() })
+    }
+
+    /// Whether the kernel has a function `name` (one an fentry program can attach to).
+    pub fn has_function(&self, name: &str) -> bool {
+        self.functions.iter().any(|&name_off| self.name_is(name_off, name))
     }
 
     /// Number of parameters of the function prototype behind typedef `name` (the raw
@@ -409,5 +422,11 @@ mod tests {
         assert_eq!(offsets.path_dentry, offsets.path_mnt + 8);
         assert_ne!(offsets.task_struct_tgid, 0);
         assert_eq!(offsets.kernfs_node_name, offsets.kernfs_node_parent + 8);
+        // The fentry backend's syscall functions and the registers they take.
+        let mut offsets = offsets;
+        super::super::offsets::syscall_regs(&btf, &mut offsets).unwrap();
+        assert_eq!((offsets.pt_regs_di - offsets.pt_regs_si, offsets.pt_regs_orig_ax - offsets.pt_regs_di), (8, 8));
+        assert!(btf.has_function("__x64_sys_openat") && btf.has_function("__x64_sys_renameat2"));
+        assert!(!btf.has_function("__x64_sys_no_such_call"));
     }
 }

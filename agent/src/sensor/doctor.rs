@@ -4,11 +4,18 @@ use std::{fmt, fs, path::Path};
 
 use aya::{
     maps::MapType,
-    programs::{LsmAttachType, ProgramType},
+    programs::{FExit, Lsm, LsmAttachType, ProgramType},
     sys::{is_map_supported, is_program_supported},
+    Btf as AyaBtf, EbpfLoader,
 };
 
-use super::{btf::Btf, cgroups::Hierarchies, offsets::kernel_offsets, TRACEFS};
+use super::{
+    backend::{bpf_lsm_active, syscall_function},
+    btf::Btf,
+    cgroups::Hierarchies,
+    offsets::{kernel_offsets, syscall_regs},
+    syscall_hooks, OBJECT, TRACEFS,
+};
 
 /// One probed feature: `Ok(true)` loads, `Ok(false)` does not, `Err` the probe itself failed.
 pub type Probe = Result<bool, String>;
@@ -29,13 +36,22 @@ pub struct DoctorReport {
     /// Program types and whether they load here.
     pub programs: Vec<(&'static str, Probe)>,
     pub ring_buffer: Probe,
-    /// The sensor the agent will use (`None`: no live sensor can run).
+    /// The fentry backend: its program really loaded (verified) on a syscall function, or why
+    /// not.
+    pub fentry: Result<(), String>,
+    /// Syscall functions the fentry backend hooks that this kernel lacks (those are not hooked).
+    pub missing_functions: Vec<String>,
+    /// `bpf` is an active LSM (with the fentry backend, `--enforce` refuses), or why unknown.
+    pub bpf_lsm: Result<bool, String>,
+    /// A BPF LSM program really loaded, or why not.
+    pub lsm_program: Result<(), String>,
+    /// The sensor `--sensor auto` picks (`None`: no live sensor can run).
     pub sensor: Option<&'static str>,
     pub reason: String,
 }
 
 /// An error with its causes (`bpf_prog_load failed: Operation not permitted`).
-fn chain(error: &dyn std::error::Error) -> String {
+pub(super) fn chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
@@ -105,22 +121,39 @@ pub fn doctor() -> DoctorReport {
     ];
     let ring_buffer = is_map_supported(MapType::RingBuf).map_err(|e| chain(&e));
     let loads = |name: &str| programs.iter().any(|(n, probe)| *n == name && matches!(probe, Ok(true)));
+    let (fentry, missing_functions, lsm_program) = probe_fentry();
+    let bpf_lsm = bpf_lsm_active();
     let (sensor, reason) = if !btf {
         (None, "no kernel BTF, so the kernel struct offsets cannot be resolved".to_owned())
     } else if let Err(error) = &offsets {
         (None, format!("kernel BTF lacks what the programs need: {error}"))
-    } else if !(loads("tracepoint") && loads("raw_tracepoint")) {
-        (None, "tracepoint and raw_tracepoint programs do not both load".to_owned())
+    } else if !loads("raw_tracepoint") {
+        (None, "raw_tracepoint programs (exec, fork, exit) do not load".to_owned())
     } else if !matches!(ring_buffer, Ok(true)) {
         (None, "BPF ring buffers are not supported".to_owned())
+    } else if fentry.is_ok() {
+        let deny = match (&bpf_lsm, &lsm_program) {
+            (Ok(true), Ok(())) => "the BPF LSM is active: `--enforce` refuses with EPERM".to_owned(),
+            (Ok(true), Err(why)) => {
+                format!("the BPF LSM is active but its programs do not load ({why}): `--enforce` kills")
+            }
+            (Ok(false), _) => "`bpf` is not an active LSM (boot with lsm=...,bpf to refuse): `--enforce` kills".into(),
+            (Err(why), _) => format!("the active LSMs are unknown ({why}): `--enforce` kills"),
+        };
+        let reason = format!(
+            "fentry/fexit programs load on the syscall functions, so no syscall tracepoint slows other \
+             processes; {deny}"
+        );
+        (Some("fentry"), reason)
+    } else if loads("tracepoint") {
+        let why = fentry.as_ref().err().map_or("", String::as_str);
+        let reason = format!(
+            "the fentry backend does not load ({why}); tracepoint programs load, the ring buffer works and every \
+             offset resolves from BTF"
+        );
+        (Some("tracepoints"), reason)
     } else {
-        (
-            Some("tracepoints"),
-            "tracepoint and raw_tracepoint programs load, the ring buffer works and every offset resolves \
-             from BTF; tracepoints are the only backend built so far (an fentry/LSM backend would be cheaper \
-             where those load)"
-                .to_owned(),
-        )
+        (None, "neither fentry nor tracepoint programs load".to_owned())
     };
     DoctorReport {
         kernel_release: kernel_release(),
@@ -131,9 +164,50 @@ pub fn doctor() -> DoctorReport {
         cgroups,
         programs,
         ring_buffer,
+        fentry,
+        missing_functions,
+        bpf_lsm,
+        lsm_program,
         sensor,
         reason,
     }
+}
+
+/// The fentry backend, probed by real loads (the kernel verifies them as at start-up; loading
+/// attaches nothing): its cheapest program, the tamper exit, on `bpf`'s syscall function, and
+/// a BPF LSM program on its hook. Also the syscall functions this kernel lacks.
+fn probe_fentry() -> (Result<(), String>, Vec<String>, Result<(), String>) {
+    let btf = match Btf::from_sys_fs() {
+        Ok(btf) => btf,
+        Err(e) => return (Err(e.to_string()), Vec::new(), Err(e.to_string())),
+    };
+    let missing =
+        syscall_hooks().into_iter().map(|hook| syscall_function(hook.name)).filter(|f| !btf.has_function(f)).collect();
+    let regs = kernel_offsets(&btf).and_then(|mut offsets| syscall_regs(&btf, &mut offsets));
+    if let Err(e) = regs {
+        let why = format!("struct pt_regs: {e}");
+        return (Err(why.clone()), missing, Err(why));
+    }
+    let loaded = AyaBtf::from_sys_fs()
+        .map_err(|e| chain(&e))
+        .and_then(|aya_btf| Ok((aya_btf, EbpfLoader::new().btf(None).load(OBJECT).map_err(|e| chain(&e))?)));
+    let (aya_btf, mut ebpf) = match loaded {
+        Ok(loaded) => loaded,
+        Err(why) => return (Err(why.clone()), missing, Err(why)),
+    };
+    let fentry = (|| {
+        let program: &mut FExit = ebpf.program_mut("fexit_tamper").ok_or("no program fexit_tamper")?.try_into()?;
+        program.load(&syscall_function("bpf"), &aya_btf)?;
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })()
+    .map_err(|e| e.to_string());
+    let lsm = (|| {
+        let program: &mut Lsm = ebpf.program_mut("lsm_bpf").ok_or("no program lsm_bpf")?.try_into()?;
+        program.load("bpf", &aya_btf)?;
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })()
+    .map_err(|e| e.to_string());
+    (fentry, missing, lsm)
 }
 
 fn yes_no(probe: &Probe) -> String {
@@ -167,6 +241,21 @@ impl fmt::Display for DoctorReport {
             writeln!(f, "loads {name:<23} {}", yes_no(probe))?;
         }
         writeln!(f, "ring buffer:      {}", yes_no(&self.ring_buffer))?;
+        match &self.fentry {
+            Ok(()) => writeln!(f, "fentry backend:   loads")?,
+            Err(why) => writeln!(f, "fentry backend:   does not load: {why}")?,
+        }
+        if !self.missing_functions.is_empty() {
+            writeln!(f, "not hooked:       {} (not in this kernel)", self.missing_functions.join(", "))?;
+        }
+        match &self.bpf_lsm {
+            Ok(active) => writeln!(f, "BPF LSM active:   {}", if *active { "yes" } else { "no" })?,
+            Err(why) => writeln!(f, "BPF LSM active:   unknown: {why}")?,
+        }
+        match &self.lsm_program {
+            Ok(()) => writeln!(f, "lsm program:      loads")?,
+            Err(why) => writeln!(f, "lsm program:      does not load: {why}")?,
+        }
         match self.sensor {
             Some(sensor) => writeln!(f, "sensor:           {sensor}: {}", self.reason),
             None => writeln!(f, "sensor:           none: {}", self.reason),

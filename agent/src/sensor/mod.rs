@@ -1,6 +1,7 @@
 //! The live sensor: loads the kernel programs (tracepoints), fills their maps and turns their
 //! ring buffer records into [`Event`]s. It holds no detection logic.
 
+mod backend;
 pub mod btf;
 mod canary;
 pub mod cgroups;
@@ -24,7 +25,7 @@ use std::{
 use aya::{
     maps::{Array, HashMap, IterableMap, Map, MapData, MapError, PerCpuArray, RingBuf},
     programs::{links::FdLink, Program, ProgramError, RawTracePoint, TracePoint},
-    Ebpf, EbpfError, EbpfLoader,
+    Btf as AyaBtf, Ebpf, EbpfError, EbpfLoader,
 };
 use credwatch_common::{
     config_flag, lost_index, manager_flag, mark_flag, net_syscall, open_syscall, rename_syscall, syscall_family,
@@ -33,7 +34,10 @@ use credwatch_common::{
 };
 use thiserror::Error;
 
-pub use self::doctor::{doctor, DoctorReport};
+pub use self::{
+    backend::{bpf_lsm_active, syscall_function, Backend, SensorOptions},
+    doctor::{doctor, DoctorReport},
+};
 use self::{
     btf::BtfError,
     canary::{Canary, Verdict, CANARY_INTERVAL},
@@ -90,6 +94,49 @@ fn hook_programs(hook: &SyscallHook) -> (&'static str, Option<&'static str>) {
         syscall_family::NET => ("net_enter", None),
         _ => ("tamper_enter", Some("tamper_exit")),
     }
+}
+
+/// Fills `SYSCALLS`: which family and syscall each hooked syscall number is.
+fn fill_syscalls(ebpf: &mut Ebpf, hooks: &[SyscallHook]) -> Result<(), SensorError> {
+    // Borrowed, not taken: a taken map is closed when dropped, and programs loaded after would
+    // refer to a closed fd.
+    let name = "SYSCALLS";
+    let map = ebpf.map_mut(name).ok_or(SensorError::Missing { what: "map", name })?;
+    let mut syscall_map: Array<_, HookedSyscall> = Array::try_from(map).map_err(map_err(name))?;
+    for hook in hooks {
+        let value = HookedSyscall { family: hook.family, syscall: hook.syscall };
+        syscall_map.set(hook.number as u32, value, 0).map_err(map_err("SYSCALLS"))?;
+    }
+    Ok(())
+}
+
+/// The fentry backend's programs, each with its targets, the costliest to verify first (the
+/// open exit walks a path); with `lsm`, the BPF LSM hooks too. Also the `Config::lsm_syscalls`
+/// they refuse.
+fn fentry_work(hooks: &[SyscallHook], lsm: bool) -> (Vec<backend::Work>, u32) {
+    let mut work: Vec<backend::Work> = Vec::new();
+    let mut add = |program: &'static str, target: String| match work.iter_mut().find(|w| w.program == program) {
+        Some(item) => item.targets.push(target),
+        None => work.push(backend::Work { program, targets: vec![target] }),
+    };
+    for hook in hooks {
+        let (enter, exit) = backend::family_programs(hook.family);
+        add(enter, syscall_function(hook.name));
+        if let Some(exit) = exit {
+            add(exit, syscall_function(hook.name));
+        }
+    }
+    let mut lsm_syscalls = 0;
+    if lsm {
+        for &(program, hook, refuses) in backend::LSM_HOOKS {
+            add(program, hook.to_owned());
+            lsm_syscalls |= refuses;
+        }
+    }
+    work.sort_by_key(|item| {
+        std::cmp::Reverse(if item.program == "fexit_open" { usize::MAX } else { item.targets.len() })
+    });
+    (work, lsm_syscalls)
 }
 
 fn syscall_hooks() -> Vec<SyscallHook> {
@@ -188,6 +235,11 @@ pub enum SensorError {
     /// Load errors carry the verifier log in their message.
     #[error("program `{name}`: {source}")]
     Program { name: &'static str, source: ProgramError },
+    /// Load errors carry the verifier log in their message.
+    #[error("program `{name}` on {target}: {source}")]
+    Tracing { name: &'static str, target: String, source: ProgramError },
+    #[error("the fentry backend cannot run here: {0}")]
+    Fentry(String),
     #[error("attaching program `{name}` to tracepoint {category}:{tracepoint}: {source}")]
     Attach { name: &'static str, category: &'static str, tracepoint: String, source: Box<ProgramError> },
     #[error("manager `{manager}`: {what} `{value}` is longer than the kernel key ({max} bytes)")]
@@ -309,8 +361,16 @@ pub struct Sensor {
     pins: Option<Pins>,
     /// Adopted from pins: the gap, until [`Sensor::seed`] reports it.
     gap: Option<Gap>,
-    /// Programs attached, one per tracepoint (the links).
+    /// Programs attached, one per tracepoint, syscall function or LSM hook (the links).
     programs_attached: u64,
+    /// The links of the fentry backend's tracing programs (without pins), held: dropping them
+    /// detaches the programs.
+    _links: Vec<FdLink>,
+    backend: Backend,
+    /// BPF LSM hooks are attached: `--enforce` refuses rather than kills.
+    lsm: bool,
+    /// With `--sensor auto`: why the fentry backend did not load.
+    fallback: Option<String>,
     /// The cgroup hierarchies the exec records name (seeded processes get the same from
     /// `/proc`).
     hierarchies: cgroups::Hierarchies,
@@ -443,7 +503,10 @@ fn load_programs(ebpf: &mut Ebpf, wanted: &[&'static str]) -> Result<(), SensorE
     let mut queue = Vec::with_capacity(wanted.len());
     for &name in wanted {
         let program = by_name.remove(name).ok_or(SensorError::Missing { what: "program", name })?;
-        queue.push((name, program));
+        // Loaded already, beside the fentry backend's programs.
+        if program.fd().is_err() {
+            queue.push((name, program));
+        }
     }
     let queue = std::sync::Mutex::new(queue.into_iter());
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
@@ -573,15 +636,34 @@ impl Sensor {
     /// Loads and attaches the kernel programs. With `auto_roots`, an exec of one of `managers`
     /// makes a package root (`watch`); without, only [`Sensor::mark_root`] and [`Sensor::seed`]
     /// do (`run`). They are detached when the sensor stops.
-    pub fn start(managers: &[Manager], auto_roots: bool) -> Result<Sensor, SensorError> {
-        Sensor::load(managers, auto_roots, None)
+    pub fn start(managers: &[Manager], auto_roots: bool, options: SensorOptions) -> Result<Sensor, SensorError> {
+        Sensor::load(managers, auto_roots, None, options)
+    }
+
+    /// The backend running (never `Auto`).
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Whether BPF LSM hooks refuse under `--enforce` (else it kills).
+    pub fn lsm(&self) -> bool {
+        self.lsm
+    }
+
+    /// With `--sensor auto` on a kernel where fentry did not load: why.
+    pub fn fallback(&self) -> Option<&str> {
+        self.fallback.as_deref()
     }
 
     /// Like [`Sensor::start`] with `auto_roots` (`watch`), with a kernel side that outlives
     /// the agent, pinned in `dir` (see [`pins`]): a set of this build pinned there is adopted
     /// (programs never detached, what waited in the ring buffers read next), any other set is
     /// replaced. [`Sensor::finish`] leaves the set pinned; [`pins::stop`] detaches it.
-    pub fn start_pinned(managers: &[Manager], dir: &Path) -> Result<(Sensor, Started), SensorError> {
+    pub fn start_pinned(
+        managers: &[Manager],
+        dir: &Path,
+        options: SensorOptions,
+    ) -> Result<(Sensor, Started), SensorError> {
         pins::ensure_bpffs()?;
         pins::remove_abandoned(dir)?;
         let mut replaced = None;
@@ -592,7 +674,13 @@ impl Sensor {
                     if let Some(pid) = pins::running_agent(&state) {
                         return Err(SensorError::AlreadyRunning { pid, dir: dir.display().to_string() });
                     }
-                    if state.object_id == pins::object_id() {
+                    let (pinned, _) = backend::pinned_backend(dir);
+                    if state.object_id != pins::object_id() {
+                        replaced = Some("it was loaded from another build of the eBPF programs".to_owned());
+                    } else if options.backend != Backend::Auto && options.backend != pinned {
+                        replaced =
+                            Some(format!("it runs the {pinned} backend, not the {} one asked for", options.backend));
+                    } else {
                         match Sensor::adopt(managers, dir, state) {
                             Ok(sensor) => {
                                 let started = sensor.gap.map_or(Started::Fresh, Started::Adopted);
@@ -600,8 +688,6 @@ impl Sensor {
                             }
                             Err(error) => replaced = Some(format!("adopting it failed: {error}")),
                         }
-                    } else {
-                        replaced = Some("it was loaded from another build of the eBPF programs".to_owned());
                     }
                 }
                 Err(why) => replaced = Some(why),
@@ -610,7 +696,7 @@ impl Sensor {
         // Built aside and moved into place whole; the set it replaces runs until then.
         let building = pins::building_dir(dir);
         pins::create_dir(&building)?;
-        let result = Sensor::load(managers, true, Some(&building)).and_then(|mut sensor| {
+        let result = Sensor::load(managers, true, Some(&building), options).and_then(|mut sensor| {
             if replaced.is_some() {
                 pins::remove(dir)?;
             }
@@ -667,6 +753,7 @@ impl Sensor {
         let [lost, priority_lost, marks_full] = previous.lost_seen;
         let decoder = Decoder::new();
         let programs_attached = pins::link_count(dir)?;
+        let (backend, lsm) = backend::pinned_backend(dir);
         Ok(Sensor {
             _ebpf: None,
             marks: pins::open_map(dir, "MARKS", Map::HashMap)?,
@@ -696,13 +783,22 @@ impl Sensor {
                 previous_pid: previous.agent_tgid,
             }),
             programs_attached,
+            _links: Vec::new(),
+            backend,
+            lsm,
+            fallback: None,
             hierarchies,
         })
     }
 
     /// Loads and attaches the programs; with `pin_to`, pins the maps the agent reads and the
     /// links there (a set being built), so that the programs stay attached without the agent.
-    fn load(managers: &[Manager], auto_roots: bool, pin_to: Option<&Path>) -> Result<Sensor, SensorError> {
+    fn load(
+        managers: &[Manager],
+        auto_roots: bool,
+        pin_to: Option<&Path>,
+        options: SensorOptions,
+    ) -> Result<Sensor, SensorError> {
         ensure_tracefs()?;
         raise_memlock()?;
         let keys = manager_keys(managers)?;
@@ -711,13 +807,22 @@ impl Sensor {
         // aya's loader parses the kernel BTF whatever it is told (the programs carry no CO-RE
         // relocations: offsets come through CONFIG), and so does the offset resolver: both at
         // once, on two threads, since start-up time is what `credwatch run` adds to a command.
-        let ((offsets, cgroup_subsys), mut ebpf) = std::thread::scope(|scope| {
+        // The fentry backend's loads need aya's own parse of the BTF (their attach targets).
+        let want_fentry = options.backend != Backend::Tracepoint;
+        let ((mut offsets, cgroup_subsys, btf), mut ebpf, aya_btf) = std::thread::scope(|scope| {
             let loader = scope.spawn(|| EbpfLoader::new().btf(None).load(OBJECT));
+            let aya_btf = want_fentry.then(|| scope.spawn(AyaBtf::from_sys_fs));
             let offsets = btf::Btf::from_sys_fs()
-                .and_then(|btf| Ok((offsets::kernel_offsets(&btf)?, hierarchies.subsys_index(&btf)?)));
+                .and_then(|btf| Ok((offsets::kernel_offsets(&btf)?, hierarchies.subsys_index(&btf)?, btf)));
             let ebpf = loader.join().map_err(|_| SensorError::LoaderPanicked)?;
-            Ok::<_, SensorError>((offsets?, ebpf?))
+            let aya_btf = aya_btf
+                .map(|thread| thread.join().map_err(|_| SensorError::LoaderPanicked))
+                .transpose()?
+                .map(|parsed| parsed.map_err(|e| e.to_string()));
+            Ok::<_, SensorError>((offsets?, ebpf?, aya_btf))
         })?;
+        // Without the registers' layout the fentry programs cannot read a syscall's arguments.
+        let regs = want_fentry.then(|| offsets::syscall_regs(&btf, &mut offsets).map_err(|e| e.to_string()));
         if let Some(dir) = pin_to {
             for &name in pins::PINNED_MAPS {
                 let map = ebpf.map(name).ok_or(SensorError::Missing { what: "map", name })?;
@@ -726,7 +831,7 @@ impl Sensor {
             }
         }
 
-        let config = Config {
+        let mut config = Config {
             offsets,
             flags: if auto_roots { config_flag::AUTO_ROOTS } else { 0 },
             agent_tgid: std::process::id(),
@@ -735,6 +840,7 @@ impl Sensor {
             spare_root_managers: 0,
             cgroup_subsys,
             cgroup_v2: u32::from(hierarchies.v2.is_some()),
+            lsm_syscalls: 0,
         };
         let mut config_map: Array<MapData, Config> = take_typed(&mut ebpf, "CONFIG")?;
         config_map.set(0, config, 0).map_err(map_err("CONFIG"))?;
@@ -759,16 +865,59 @@ impl Sensor {
 
         let has_tracepoint =
             |category: &str, name: &str| Path::new(TRACEFS).join("events").join(category).join(name).is_dir();
-        let hooks: Vec<SyscallHook> = syscall_hooks()
-            .into_iter()
-            .filter(|hook| hook.required || has_tracepoint("syscalls", &format!("sys_enter_{}", hook.name)))
-            .collect();
-        let mut syscall_map: Array<_, HookedSyscall> = take_typed(&mut ebpf, "SYSCALLS")?;
-        for hook in &hooks {
-            let value = HookedSyscall { family: hook.family, syscall: hook.syscall };
-            syscall_map.set(hook.number as u32, value, 0).map_err(map_err("SYSCALLS"))?;
-        }
         let uring = has_tracepoint("io_uring", URING_PROGRAM);
+        // fentry first: where it does not load, `auto` falls back to the tracepoints.
+        let mut fallback = None;
+        let mut tracing_links = Vec::new();
+        let mut lsm = false;
+        let mut backend = Backend::Tracepoint;
+        if options.backend != Backend::Tracepoint {
+            let attempt = regs
+                .unwrap_or(Err(String::new()))
+                .map_err(|e| format!("struct pt_regs: {e}"))
+                .and_then(|()| aya_btf.unwrap_or(Err(String::new())).map_err(|e| format!("kernel BTF: {e}")))
+                .and_then(|aya_btf| {
+                    // A syscall whose function this kernel lacks (a module syscall without
+                    // modules) is not hooked; `doctor` names them.
+                    let hooks: Vec<SyscallHook> = syscall_hooks()
+                        .into_iter()
+                        .filter(|hook| btf.has_function(&syscall_function(hook.name)))
+                        .collect();
+                    let lsm_active = options.enforce && backend::bpf_lsm_active().unwrap_or(false);
+                    let (mut work, lsm_syscalls) = fentry_work(&hooks, lsm_active);
+                    // The raw tracepoints (and io_uring's) both backends run load meanwhile,
+                    // on the same threads: exec's (two path walks) right after the open exit.
+                    let plain = RAW_TRACEPOINTS.iter().chain(uring.then_some(&URING_PROGRAM));
+                    for (at, &program) in plain.enumerate() {
+                        work.insert((at + 1).min(work.len()), backend::Work { program, targets: Vec::new() });
+                    }
+                    backend::load_tracing(&mut ebpf, work, &aya_btf)
+                        .map(|links| (hooks, links, lsm_syscalls))
+                        .map_err(|e| e.to_string())
+                });
+            match attempt {
+                Ok((hooks, links, lsm_syscalls)) => {
+                    fill_syscalls(&mut ebpf, &hooks)?;
+                    tracing_links = links;
+                    lsm = lsm_syscalls != 0;
+                    config.lsm_syscalls = lsm_syscalls;
+                    config_map.set(0, config, 0).map_err(map_err("CONFIG"))?;
+                    backend = Backend::Fentry;
+                }
+                Err(why) if options.backend == Backend::Auto => fallback = Some(why),
+                Err(why) => return Err(SensorError::Fentry(why)),
+            }
+        }
+        let hooks: Vec<SyscallHook> = if backend == Backend::Tracepoint {
+            let hooks: Vec<SyscallHook> = syscall_hooks()
+                .into_iter()
+                .filter(|hook| hook.required || has_tracepoint("syscalls", &format!("sys_enter_{}", hook.name)))
+                .collect();
+            fill_syscalls(&mut ebpf, &hooks)?;
+            hooks
+        } else {
+            Vec::new()
+        };
         let mut wanted: Vec<&'static str> = RAW_TRACEPOINTS.to_vec();
         for hook in &hooks {
             let (enter, exit) = hook_programs(hook);
@@ -786,7 +935,7 @@ impl Sensor {
             COSTLIEST_TO_VERIFY.iter().position(|costly| costly == name).unwrap_or(COSTLIEST_TO_VERIFY.len())
         });
         load_programs(&mut ebpf, &wanted)?;
-        let mut programs_attached = 0;
+        let mut programs_attached = tracing_links.len() as u64;
         // A pinned link keeps its program attached once this process has closed it.
         let pin_link = |name: &'static str, tracepoint: &str, link: Result<FdLink, _>| -> Result<(), SensorError> {
             let Some(dir) = pin_to else { return Ok(()) };
@@ -795,6 +944,16 @@ impl Sensor {
             link.pin(&path).map_err(|source| SensorError::Pin { path, source })?;
             Ok(())
         };
+        let mut links = Vec::new();
+        for (name, link) in tracing_links {
+            match pin_to {
+                Some(dir) => {
+                    let path = dir.join(format!("link_{name}"));
+                    link.pin(&path).map_err(|source| SensorError::Pin { path, source })?;
+                }
+                None => links.push(link),
+            }
+        }
         for &name in RAW_TRACEPOINTS {
             let program: &mut RawTracePoint = ebpf
                 .program_mut(name)
@@ -858,6 +1017,10 @@ impl Sensor {
             pins,
             gap: None,
             programs_attached,
+            _links: links,
+            backend,
+            lsm,
+            fallback,
             hierarchies,
         })
     }

@@ -1,7 +1,7 @@
 //! The kernel struct offsets the programs need, resolved from BTF (see
 //! [`credwatch_common::KernelOffsets`]).
 
-use credwatch_common::{KernelOffsets, FILE_WINDOW};
+use credwatch_common::{KernelOffsets, FILE_WINDOW, PT_REGS_WINDOW};
 
 use super::btf::{Btf, BtfError};
 
@@ -60,9 +60,46 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         // Renamed when it became RCU-protected (Linux 6.15).
         kernfs_node_parent: m("kernfs_node", "__parent").or_else(|_| m("kernfs_node", "parent"))?,
         kernfs_node_name: m("kernfs_node", "name")?,
+        // Only the fentry backend reads them (see `syscall_regs`).
+        ..KernelOffsets::default()
     };
     check_layout(&offsets)?;
     Ok(offsets)
+}
+
+/// Fills the `struct pt_regs` members the fentry backend's syscall hooks read their arguments
+/// and syscall number from (x86_64: `__x64_sys_*` take the registers saved at syscall entry).
+pub fn syscall_regs(btf: &Btf, offsets: &mut KernelOffsets) -> Result<(), BtfError> {
+    let m = |member: &str| btf.member_offset("pt_regs", member);
+    offsets.pt_regs_r10 = m("r10")?;
+    offsets.pt_regs_r9 = m("r9")?;
+    offsets.pt_regs_r8 = m("r8")?;
+    offsets.pt_regs_dx = m("dx")?;
+    offsets.pt_regs_si = m("si")?;
+    offsets.pt_regs_di = m("di")?;
+    offsets.pt_regs_orig_ax = m("orig_ax")?;
+    check_regs(offsets)
+}
+
+/// The hooks read the argument registers and `orig_ax` with one read of [`PT_REGS_WINDOW`]
+/// words from `r10`, and pick each by its word index.
+fn check_regs(offsets: &KernelOffsets) -> Result<(), BtfError> {
+    let start = offsets.pt_regs_r10;
+    let members = [
+        offsets.pt_regs_r9,
+        offsets.pt_regs_r8,
+        offsets.pt_regs_dx,
+        offsets.pt_regs_si,
+        offsets.pt_regs_di,
+        offsets.pt_regs_orig_ax,
+    ];
+    let inside = |at: u32| at >= start && (at - start).is_multiple_of(8) && (at - start) / 8 < PT_REGS_WINDOW as u32;
+    if !members.into_iter().all(inside) {
+        return Err(BtfError::Layout(
+            "struct pt_regs: the argument registers and orig_ax are not within PT_REGS_WINDOW words from r10",
+        ));
+    }
+    Ok(())
 }
 
 /// The programs read neighbouring members in one read where the layout has put them side by
@@ -157,6 +194,29 @@ mod tests {
         ];
         for offsets in broken {
             assert!(matches!(check_layout(&offsets), Err(BtfError::Layout(_))), "{offsets:?}");
+        }
+    }
+
+    #[test]
+    fn the_syscall_registers_must_be_one_read_from_r10() {
+        // x86_64 since 4.17: r10, r9, r8, ax, cx, dx, si, di, orig_ax.
+        let x86 = KernelOffsets {
+            pt_regs_r10: 56,
+            pt_regs_r9: 64,
+            pt_regs_r8: 72,
+            pt_regs_dx: 96,
+            pt_regs_si: 104,
+            pt_regs_di: 112,
+            pt_regs_orig_ax: 120,
+            ..KernelOffsets::default()
+        };
+        assert!(check_regs(&x86).is_ok());
+        for broken in [
+            KernelOffsets { pt_regs_orig_ax: 128, ..x86 },
+            KernelOffsets { pt_regs_di: 48, ..x86 },
+            KernelOffsets { pt_regs_si: 100, ..x86 },
+        ] {
+            assert!(matches!(check_regs(&broken), Err(BtfError::Layout(_))), "{broken:?}");
         }
     }
 }

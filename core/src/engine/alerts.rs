@@ -58,8 +58,8 @@ impl Engine {
         }
         let rules = &self.rules;
         let rule = &rules.rules()[index];
-        let blocked = alert.event.outcome == "blocked";
-        // What was blocked is always told on its own.
+        let blocked = matches!(alert.event.outcome.as_str(), "blocked" | "denied");
+        // What was blocked or denied is always told on its own.
         let sweep =
             rules.sweep().filter(|sweep| rule.is_credential() && !blocked && alert.rule.severity >= sweep.min_severity);
         let tree = self.trees.entry(root).or_default();
@@ -142,7 +142,7 @@ impl Engine {
         rule: &Rule,
         judgement: Judgement,
         action: &str,
-        blocked: bool,
+        stop: Stop,
         file: Option<AlertFile>,
     ) -> Alert {
         let p = &self.procs[&id];
@@ -168,7 +168,7 @@ impl Engine {
                 id: String::new(),
                 kind: "alert".into(),
                 action: action.into(),
-                outcome: if blocked { "blocked" } else { "alerted" }.into(),
+                outcome: stop.outcome().into(),
             },
             rule: AlertRule {
                 id: rule.id.clone(),
@@ -198,10 +198,47 @@ impl Engine {
                 root_pid: p.root_pid,
                 rotate: rule.rotate.clone(),
                 // Only the kernel blocks; a match here is after the fact.
-                enforcement: if blocked { "kernel" } else { "userspace" }.into(),
+                enforcement: stop.enforcement().into(),
                 why: judgement.why,
                 ..AlertCredwatch::default()
             },
+        }
+    }
+}
+
+/// What the kernel did to the action an alert is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Stop {
+    /// Nothing: it happened.
+    None,
+    /// The process was killed (`bpf_send_signal`): the alert's outcome is `blocked`.
+    Killed,
+    /// A BPF LSM hook refused it with EPERM and the process lives: `denied`.
+    Denied,
+}
+
+impl Stop {
+    pub(super) fn of(blocked: bool, denied: bool) -> Stop {
+        match (blocked, denied) {
+            (_, true) => Stop::Denied,
+            (true, false) => Stop::Killed,
+            _ => Stop::None,
+        }
+    }
+
+    fn outcome(self) -> &'static str {
+        match self {
+            Stop::None => "alerted",
+            Stop::Killed => "blocked",
+            Stop::Denied => "denied",
+        }
+    }
+
+    fn enforcement(self) -> &'static str {
+        match self {
+            Stop::None => "userspace",
+            Stop::Killed => "kernel",
+            Stop::Denied => "lsm",
         }
     }
 }

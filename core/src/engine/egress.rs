@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::{matching::Judgement, process::Proc, Engine, Id};
+use super::{alerts::Stop, matching::Judgement, process::Proc, Engine, Id};
 use crate::{
     alert::{Alert, AlertDestination},
     event::{Connect, DnsQuery, Event},
@@ -179,7 +179,8 @@ impl Engine {
         // Blocked: the kernel held the process at the connect, and the agent kills it on this
         // verdict (see the README); nothing it would send after the connect leaves.
         let blocked = connect.held && rule.action == crate::rules::schema::Action::Kill;
-        let mut alert = self.alert(event, id, rule, judgement, "connect", blocked, None);
+        let stop = if blocked { Stop::Killed } else { Stop::None };
+        let mut alert = self.alert(event, id, rule, judgement, "connect", stop, None);
         if blocked {
             alert.credwatch.enforcement = "kernel-hold".into();
         }

@@ -2,6 +2,7 @@
 //! the severity each hit alerts at (or none, when an actor of the rule may do it).
 
 use super::{
+    alerts::Stop,
     process::{absolute, learn_from_open, resolved_path, Proc},
     Engine, Id,
 };
@@ -64,7 +65,7 @@ impl Engine {
                 continue;
             }
             let Some(judgement) = self.severity(p, rule, None) else { continue };
-            let mut alert = self.alert(event, id, rule, judgement, "exec", false, None);
+            let mut alert = self.alert(event, id, rule, judgement, "exec", Stop::None, None);
             alert.credwatch.written_file = written;
             hits.push((index, alert));
         }
@@ -99,7 +100,7 @@ impl Engine {
         let Some(id) = self.live(event.pid) else { return Vec::new() };
         self.learn_home(id, open);
         // The kernel blocks without knowing what is the project's: a kill is never silent.
-        if self.quiet(id) && !open.blocked {
+        if self.quiet(id) && !open.stopped() {
             return Vec::new();
         }
         let p = &self.procs[&id];
@@ -115,7 +116,7 @@ impl Engine {
         // A failed open read nothing; probing for files that do not exist is what every
         // config loader does. A blocked one failed because the kernel stopped it: that is
         // the alert.
-        if open.ret < 0 && !open.blocked {
+        if open.ret < 0 && !open.stopped() {
             return Vec::new();
         }
         let p = self.procs.get_mut(&id).expect("live");
@@ -137,12 +138,12 @@ impl Engine {
         // Files the outermost manager writes are the packages it installs; a nested one may be
         // package code (`bun payload.js`).
         let (root, is_manager) = (p.tree, p.manager_self.is_some_and(|own| own.outermost));
-        if writes && !is_manager && !open.blocked {
+        if writes && !is_manager && !open.stopped() {
             self.remember_written(root, &path);
         }
         let p = &self.procs[&id];
         let mut hits: Vec<(usize, Judgement, Option<&str>)> = self
-            .target_hits(p, &path, (event.pid, open.tid), accesses, open.blocked, Some(event.time_ns))
+            .target_hits(p, &path, (event.pid, open.tid), accesses, open.stopped(), Some(event.time_ns))
             .into_iter()
             .map(|(i, s)| (i, s, None))
             .collect();
@@ -150,7 +151,7 @@ impl Engine {
         // credential file it is.
         if let Some(original) = open.same_file_as.as_deref().filter(|original| *original != path) {
             for (index, severity) in
-                self.target_hits(p, original, (event.pid, open.tid), accesses, open.blocked, Some(event.time_ns))
+                self.target_hits(p, original, (event.pid, open.tid), accesses, open.stopped(), Some(event.time_ns))
             {
                 if !hits.iter().any(|(i, ..)| *i == index) {
                     hits.push((index, severity, Some(original)));
@@ -173,7 +174,7 @@ impl Engine {
                 same_file_as: original.map(str::to_owned),
                 ..AlertFile::default()
             };
-            let alert = self.alert(event, id, rule, severity, "open", open.blocked, Some(file));
+            let alert = self.alert(event, id, rule, severity, "open", Stop::of(open.blocked, open.denied), Some(file));
             let subject = original.unwrap_or(&path).to_owned();
             alerts.extend(self.deliver(root, index, subject, alert, event.time_ns));
         }
@@ -199,7 +200,9 @@ impl Engine {
             .filter_map(|index| {
                 let rule = &self.rules.rules()[index];
                 let RuleKind::Target(access) = rule.kind else { return None };
-                if !accesses.contains(&access)
+                // The kernel stops any open of a `kill` target, whatever its access: a kill or
+                // a refusal is never silent.
+                if !(blocked || accesses.contains(&access))
                     || !rule.matches_path(path, home)
                     || !self.conditions_hold(&rule.conditions, p, other)
                 {
@@ -245,7 +248,7 @@ impl Engine {
             hits.push((
                 index,
                 new.clone(),
-                self.alert(event, id, &self.rules.rules()[index], severity, action, false, Some(file)),
+                self.alert(event, id, &self.rules.rules()[index], severity, action, Stop::None, Some(file)),
             ));
         }
         for (index, severity) in self.target_hits(p, &old, (event.pid, rename.tid), &[Access::Read], false, None) {
@@ -258,7 +261,7 @@ impl Engine {
             hits.push((
                 index,
                 old.clone(),
-                self.alert(event, id, &self.rules.rules()[index], severity, action, false, Some(file)),
+                self.alert(event, id, &self.rules.rules()[index], severity, action, Stop::None, Some(file)),
             ));
         }
         if !is_manager {
@@ -271,7 +274,7 @@ impl Engine {
 
     pub(super) fn syscall(&mut self, event: &Event, syscall: &Syscall) -> Vec<Alert> {
         let Some(id) = self.live(event.pid) else { return Vec::new() };
-        if self.quiet(id) && !syscall.blocked {
+        if self.quiet(id) && !syscall.stopped() {
             return Vec::new();
         }
         let p = &self.procs[&id];
@@ -292,8 +295,9 @@ impl Engine {
             if !self.conditions_hold(&rule.conditions, p, other) {
                 continue;
             }
-            let Some(judgement) = self.verdict(p, rule, syscall.blocked, None) else { continue };
-            let mut alert = self.alert(event, id, rule, judgement, "syscall", syscall.blocked, None);
+            let Some(judgement) = self.verdict(p, rule, syscall.stopped(), None) else { continue };
+            let mut alert =
+                self.alert(event, id, rule, judgement, "syscall", Stop::of(syscall.blocked, syscall.denied), None);
             alert.credwatch.syscall = Some(AlertSyscall {
                 name: syscall.name.clone(),
                 operation: syscall.operation.clone(),

@@ -633,6 +633,7 @@ fn syscall(run: &mut Run, pid: u32, name: &str, operation: Option<&str>, target:
             operation: operation.map(str::to_owned),
             ret: (!blocked).then_some(0),
             blocked,
+            denied: false,
         }),
     );
 }
@@ -981,6 +982,83 @@ fn blocked_events_say_so() {
     let alert = run.one();
     assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("npm-registry-token", Severity::High));
     assert_eq!(alert.event.outcome, "blocked");
+}
+
+/// An open a BPF LSM hook refused (`--enforce` with the fentry backend): it failed with EPERM,
+/// the process lives, and the kernel named the file it refused.
+fn denied_key_open(pid: u32) -> EventData {
+    EventData::Open(Open {
+        tid: pid,
+        syscall: "openat".into(),
+        dirfd: AT_FDCWD,
+        flags: write_flags(),
+        path: "../.ssh/id_rsa".into(),
+        abs_path: Some("/home/alice/.ssh/id_rsa".into()),
+        ret: -1,
+        same_file_as: Some("/home/alice/.ssh/id_rsa".into()),
+        denied: true,
+        ..Open::default()
+    })
+}
+
+#[test]
+fn denied_events_say_so() {
+    let mut run = npm_tree();
+    run.send(102, denied_key_open(102));
+    let alert = run.one();
+    assert_eq!((alert.event.action.as_str(), alert.event.outcome.as_str()), ("open", "denied"));
+    assert_eq!(alert.credwatch.enforcement, "lsm");
+    assert_eq!(alert.file.unwrap().path, "/home/alice/.ssh/id_rsa");
+    // The same refusal again is told again: nothing denied is folded or counted away.
+    run.send(102, denied_key_open(102));
+    assert_eq!(run.one().event.outcome, "denied");
+
+    run.send(
+        102,
+        EventData::Syscall(Syscall {
+            tid: 102,
+            name: "bpf".into(),
+            operation: Some("BPF_PROG_LOAD".into()),
+            ret: Some(-1),
+            denied: true,
+            ..Syscall::default()
+        }),
+    );
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.event.outcome.as_str()), ("bpf-by-package", "denied"));
+    assert_eq!(alert.credwatch.enforcement, "lsm");
+    assert_eq!(alert.credwatch.syscall.as_ref().unwrap().ret, Some(-1));
+}
+
+#[test]
+fn a_recorded_denial_replays_to_the_same_alert() {
+    let events = |run: &mut Run| {
+        run.send(102, denied_key_open(102));
+    };
+    let mut live = npm_tree();
+    events(&mut live);
+    let live_alerts = live.take();
+    assert_eq!(live_alerts.last().map(|a| a.event.outcome.as_str()), Some("denied"));
+
+    // Recorded: every event the live engine saw, through a trace file and back.
+    let mut recorded = npm_tree();
+    let mut seen = Vec::new();
+    let time = recorded.time_ns;
+    seen.push(Event { time_ns: time + 1_000, pid: 102, data: denied_key_open(102) });
+    let header = r#"{"credwatch_trace":6,"credwatch_version":"0.1.0","host":"h","kernel":"6.12","start_time":"2026-01-01T00:00:00Z","rules_digest":"00","scope":"machine"}"#;
+    let mut text = format!("{header}\n");
+    for event in &seen {
+        text.push_str(&serde_json::to_string(event).unwrap());
+        text.push('\n');
+    }
+    assert!(text.contains(r#""denied":true"#), "{text}");
+    let mut reader =
+        crate::trace::TraceReader::new("t.jsonl".into(), Box::new(std::io::Cursor::new(text.into_bytes()))).unwrap();
+    while let Some(event) = reader.next_event().unwrap() {
+        let alerts = recorded.engine.handle(&event);
+        recorded.alerts.extend(alerts);
+    }
+    assert_eq!(recorded.take(), live_alerts);
 }
 
 #[test]

@@ -267,6 +267,7 @@ impl AuditdSource {
                     data: EventData::Open(Open {
                         same_file_as: None,
                         blocked: false,
+                        denied: false,
                         tid: pid,
                         syscall: name.clone(),
                         dirfd,
@@ -346,6 +347,7 @@ impl AuditdSource {
                         operation,
                         ret: exit,
                         blocked: false,
+                        denied: false,
                     }),
                 });
             }

@@ -513,6 +513,7 @@ impl StraceSource {
                         operation,
                         ret,
                         blocked: false,
+                        denied: false,
                     }),
                 });
             }

@@ -284,6 +284,7 @@ impl Decoder for Tracee {
                     data: EventData::Open(Open {
                         same_file_as: None,
                         blocked: false,
+                        denied: false,
                         tid: e.tid,
                         syscall: e.name.to_owned(),
                         dirfd,

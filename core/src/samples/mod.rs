@@ -99,6 +99,7 @@ fn open_event(open: &OpenStep) -> Open {
     Open {
         same_file_as: open.same_file_as.clone(),
         blocked: open.blocked,
+        denied: false,
         tid: open.pid,
         syscall: open.syscall.clone().unwrap_or_else(|| "openat".into()),
         dirfd: -100,
@@ -154,6 +155,7 @@ fn syscall_event(syscall: &SyscallStep) -> Syscall {
         operation: syscall.operation.clone(),
         ret: syscall.ret,
         blocked: syscall.blocked,
+        denied: false,
     }
 }
 

@@ -67,6 +67,9 @@ pub mod open_syscall {
     pub const CREAT: u32 = 4;
     /// No path: `dirfd` holds the mount fd; the file is known only from the new fd.
     pub const OPEN_BY_HANDLE_AT: u32 = 5;
+    /// An open that no hooked syscall made (io_uring's `IORING_OP_OPENAT`), seen by the BPF LSM
+    /// `file_open` hook: no given path, `flags` are the file's `f_flags`.
+    pub const FILE_OPEN: u32 = 6;
 }
 
 /// Which syscall a [`RenameEvent`] came from.
@@ -117,6 +120,10 @@ pub mod record_flag {
     pub const HELD: u32 = 32;
     /// A [`DnsQueryEvent`] sent on a socket that was connected to port 53 (no address given).
     pub const DNS_SOCKET: u32 = 64;
+    /// A BPF LSM hook refused the action with EPERM (`--enforce` with the fentry backend where
+    /// the BPF LSM is active): the process lives and the open or call failed before it did
+    /// anything.
+    pub const DENIED: u32 = 128;
 }
 
 /// Bits of [`CredInode::flags`].
@@ -264,7 +271,22 @@ pub struct KernelOffsets {
     pub cgroup_kn: u32,
     pub kernfs_node_parent: u32,
     pub kernfs_node_name: u32,
+    /// x86_64 `struct pt_regs` members a syscall function (`__x64_sys_*`, the fentry backend's
+    /// hooks) gets its arguments from: di, si, dx, r10, r8, r9 are arguments 0 to 5, `orig_ax`
+    /// the syscall number. They lie within [`PT_REGS_WINDOW`] words from `r10` (the agent
+    /// checks), so one read has them all.
+    pub pt_regs_r10: u32,
+    pub pt_regs_r9: u32,
+    pub pt_regs_r8: u32,
+    pub pt_regs_dx: u32,
+    pub pt_regs_si: u32,
+    pub pt_regs_di: u32,
+    pub pt_regs_orig_ax: u32,
 }
+
+/// Words of a `struct pt_regs` read at once from `r10`, which must hold the six argument
+/// registers and `orig_ax` (the agent checks).
+pub const PT_REGS_WINDOW: usize = 9;
 
 /// Words of a `struct file` read at once from the lower of `f_inode` and `f_path`, which must
 /// both lie within them (the agent checks).
@@ -293,6 +315,10 @@ pub struct Config {
     pub cgroup_subsys: u32,
     /// 1: exec records carry the process's cgroup in the unified (v2) hierarchy (mounted).
     pub cgroup_v2: u32,
+    /// Bit `1 << n` for each [`tamper_syscall`] `n` that an attached BPF LSM hook refuses (the
+    /// fentry backend where the BPF LSM is active): with [`config_flag::ENFORCE`] such a call
+    /// of [`Config::block_syscalls`] is refused with EPERM instead of killed.
+    pub lsm_syscalls: u32,
 }
 
 /// Key of the `CRED_INODES` map: a credential file as the kernel names it.
@@ -662,8 +688,8 @@ mod tests {
 
     #[test]
     fn config_has_no_padding() {
-        assert_eq!(size_of::<KernelOffsets>(), 49 * 4);
-        assert_eq!(size_of::<Config>(), size_of::<KernelOffsets>() + 28);
+        assert_eq!(size_of::<KernelOffsets>(), 56 * 4);
+        assert_eq!(size_of::<Config>(), size_of::<KernelOffsets>() + 32);
         assert_eq!(size_of::<SparedExe>(), 8);
         assert_eq!(size_of::<ManagerValue>(), 8);
         assert_eq!(size_of::<InodeKey>(), 16);

@@ -3,8 +3,8 @@
 //! Blocking is `bpf_send_signal(SIGKILL)`: the signal is delivered when the syscall returns to
 //! user space, so the syscall itself completes. For an open that is enough (the fd exists but
 //! the process never runs again to read it); for a tamper syscall (bpf, a module load, a signal
-//! to the agent) its effect happens anyway: only LSM or `bpf_override_return`, neither loadable
-//! here, could refuse it.
+//! to the agent) its effect happens anyway. Where the BPF LSM is active, the fentry backend
+//! refuses instead (see [`crate::lsm`]), with the same decision ([`spared`]).
 
 use aya_ebpf::helpers::{bpf_get_current_pid_tgid, generated::bpf_send_signal};
 use credwatch_common::{mark_flag, spare_flag, Config, Mark, NO_MANAGER};

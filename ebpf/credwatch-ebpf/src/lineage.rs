@@ -23,6 +23,7 @@ use aya_ebpf::{
     },
     macros::raw_tracepoint,
     programs::RawTracePointContext,
+    EbpfContext,
 };
 use credwatch_common::{
     config_flag, kind, lost_index, mark_flag, path_flag, spare_flag, Config, ExecEvent, ExitEvent, ForkEvent,
@@ -264,7 +265,9 @@ fn try_sched_process_exit(ctx: &RawTracePointContext) -> Res<()> {
     // The process is gone when its last thread exits: the tracepoint says so since 6.16;
     // before, signal->live was already decremented by do_exit() when the tracepoint fires.
     let group_dead = if off.exit_has_group_dead != 0 {
-        ctx.arg::<u64>(1) & 0xff != 0
+        // Read with a helper, not loaded: a raw tracepoint program that loads past its
+        // tracepoint's arguments (one before 6.16) is refused at attach, whatever the branch.
+        read::<u64>(ctx.as_ptr() as u64, 8)? & 0xff != 0
     } else {
         let signal: u64 = read(task, off.task_struct_signal)?;
         read::<i32>(signal, off.signal_struct_live)? == 0

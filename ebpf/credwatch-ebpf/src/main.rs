@@ -8,7 +8,9 @@
 //!   exec, [`cgroup`] walks its cgroups), [`open`], [`rename`], [`tamper`], [`uring`] and
 //!   [`net`]. The syscall families' logic takes the syscall number and its arguments (and, at
 //!   exit, its result) as plain integers; the tracepoint programs read them from their record
-//!   ([`syscall`]), so that other hooks can call the same functions.
+//!   ([`syscall`]), so that other hooks can call the same functions: the fentry backend's
+//!   fentry/fexit programs on the syscall functions ([`fentry`]), and its BPF LSM hooks that
+//!   refuse under `--enforce` ([`lsm`]).
 //! - Shared: [`maps`] (every map and its limits), [`helpers`] (ring buffers, marks, probe
 //!   reads, per-CPU scratch), [`path`] (the dentry walk), [`file`] (fds, files, inodes),
 //!   [`enforce`] (`--enforce`).
@@ -20,9 +22,11 @@
 
 mod cgroup;
 mod enforce;
+mod fentry;
 mod file;
 mod helpers;
 mod lineage;
+mod lsm;
 mod maps;
 mod net;
 mod open;

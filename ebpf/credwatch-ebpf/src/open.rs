@@ -21,13 +21,13 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use credwatch_common::{
-    config_flag, cred_flag, kind, open_syscall, path_flag, record_flag, syscall_family, Mark, OpenEvent,
-    MAX_GIVEN_PATH, MAX_OPEN_RECORD, MAX_RESOLVED_PATH,
+    config_flag, cred_flag, kind, open_syscall, path_flag, record_flag, syscall_family, Config, KernelOffsets, Mark,
+    OpenEvent, MAX_GIVEN_PATH, MAX_OPEN_RECORD, MAX_RESOLVED_PATH,
 };
 
 use crate::{
     enforce::{kill_current, spared},
-    file::{fd_file, inode_key, opened_file},
+    file::{fd_file, file_key, inode_key, opened_file},
     helpers::{config, current_mark, fill_header, launder, output, read, zero, Res},
     maps::{CRED_INODES, OPEN_SCRATCH, OPEN_SLOTS, OPEN_SLOT_COUNT, PENDING_OPENS, TAINTED},
     path::{resolve_into, Location},
@@ -36,6 +36,8 @@ use crate::{
 
 /// `creat(path, mode)` is `open(path, O_CREAT | O_WRONLY | O_TRUNC, mode)`.
 const CREAT_FLAGS: u64 = 0o100 | 0o1 | 0o1000;
+/// The result of a refused open: `-EPERM`.
+const EPERM: i64 = 1;
 
 /// What an open's entry saw, for its exit. The path itself is read at exit: by then the
 /// syscall has faulted its page in (BPF cannot), and a small entry keeps the entry cheap.
@@ -190,15 +192,66 @@ fn report_open(pid_tgid: u64, mark: Mark, pending: Option<PendingOpen>, nr: u32,
         Some(pending) => (pending, 0),
         None if file != 0 => {
             let syscall = hooked_syscall(nr, syscall_family::OPEN).ok_or(-1i64)?;
-            let flags: u32 = read(file, off.file_f_flags)?;
-            let pending = PendingOpen { syscall, dirfd: AT_FDCWD, flags: flags as u64, mode: 0, given_ptr: 0 };
-            (pending, record_flag::NO_ENTRY)
+            (unseen_open(off, file, syscall)?, record_flag::NO_ENTRY)
         }
         None => return Ok(()),
     };
+    emit_open(config, pid_tgid, mark, pending, file, ret, no_entry)
+}
+
+/// What an open whose entry was not seen is known by: its file's flags.
+#[inline(always)]
+fn unseen_open(off: &KernelOffsets, file: u64, syscall: u32) -> Res<PendingOpen> {
+    let flags: u32 = read(file, off.file_f_flags)?;
+    Ok(PendingOpen { syscall, dirfd: AT_FDCWD, flags: flags as u64, mode: 0, given_ptr: 0 })
+}
+
+/// The BPF LSM `file_open` hook's decision (see [`crate::lsm`]), for a marked process opening
+/// `file`: under `--enforce`, a `KILL` credential inode that [`spared`] does not spare is
+/// refused (true), and reported as [`record_flag::DENIED`] with what the open's entry saw, or,
+/// for an open that no hooked syscall made (io_uring's `IORING_OP_OPENAT`), by the file's
+/// flags. The open's exit then finds no entry and a failed open, and reports nothing more.
+#[inline(always)]
+pub(crate) fn deny_open(pid_tgid: u64, mark: Mark, file: u64) -> bool {
+    let Some(config) = config() else { return false };
+    if config.flags & config_flag::ENFORCE == 0 {
+        return false;
+    }
+    let off = &config.offsets;
+    let Ok(key) = file_key(off, file) else { return false };
+    // SAFETY: copied out at once.
+    let Some(cred) = (unsafe { CRED_INODES.get(&key).copied() }) else { return false };
+    if cred.flags & cred_flag::KILL == 0 || spared(config, mark) {
+        return false;
+    }
+    let (pending, no_entry) = match take_pending_open(pid_tgid as u32) {
+        Some(pending) => (pending, 0),
+        None => match unseen_open(off, file, open_syscall::FILE_OPEN) {
+            Ok(pending) => (pending, record_flag::NO_ENTRY),
+            Err(_) => return true,
+        },
+    };
+    let _ = emit_open(config, pid_tgid, mark, pending, file, -EPERM, no_entry | record_flag::DENIED);
+    true
+}
+
+/// Builds and sends the record of an open of `file` (0: none) with result `ret`, what its
+/// entry saw in `pending` and `record_flags` (NO_ENTRY, DENIED) so far; kills the process
+/// under `--enforce` when it opened a `KILL` credential inode (but for a denied open).
+#[inline(always)]
+fn emit_open(
+    config: &Config,
+    pid_tgid: u64,
+    mark: Mark,
+    pending: PendingOpen,
+    file: u64,
+    ret: i64,
+    record_flags: u32,
+) -> Res<()> {
+    let off = &config.offsets;
     let scratch = OPEN_SCRATCH.get_ptr_mut(0).ok_or(-1i64)?;
     let event = unsafe { addr_of_mut!((*scratch).event) };
-    let mut record_flags = no_entry;
+    let mut record_flags = record_flags;
     let mut at = Location { vfsmount: 0, dentry: 0 };
     // SAFETY: a local (see zero).
     unsafe {
@@ -235,6 +288,7 @@ fn report_open(pid_tgid: u64, mark: Mark, pending: Option<PendingOpen>, nr: u32,
                     // Killed before the syscall returns to user space: the fd exists, but the
                     // process never runs again to read it.
                     if config.flags & config_flag::ENFORCE != 0
+                        && record_flags & record_flag::DENIED == 0
                         && cred.flags & cred_flag::KILL != 0
                         && !spared(config, mark)
                         && kill_current()
@@ -272,7 +326,7 @@ fn report_open(pid_tgid: u64, mark: Mark, pending: Option<PendingOpen>, nr: u32,
         }
         fill_header(addr_of_mut!((*event).header), kind::OPEN, size, pid_tgid, mark);
         let record_flags = read_volatile(addr_of_mut!((*event).record_flags));
-        let priority = record_flags & (record_flag::CRED_INODE | record_flag::BLOCKED) != 0;
+        let priority = record_flags & (record_flag::CRED_INODE | record_flag::BLOCKED | record_flag::DENIED) != 0;
         output(core::slice::from_raw_parts(scratch as *const u8, size), priority);
     }
     Ok(())

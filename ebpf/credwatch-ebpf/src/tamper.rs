@@ -20,6 +20,10 @@ use crate::{
     syscall::{enter_args, exit_result, hooked_syscall},
 };
 
+/// A [`PendingSyscall`] flag, never in a record: the entry left the refusal of this call to a
+/// BPF LSM hook ([`deny_syscall`]), which turns it into [`record_flag::DENIED`].
+const LSM_DENY: u32 = 1 << 31;
+
 /// What a tamper syscall's entry saw, for its exit.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -101,10 +105,20 @@ fn save_tamper(arg: &[u64; 6], syscall: u32, pid_tgid: u64, mark: Mark) -> Res<(
     };
     let mut record_flags = if has_target { record_flag::HAS_TARGET } else { 0 };
     let blockable = syscall < 32 && config.block_syscalls & (1 << syscall) != 0;
-    if blockable && config.flags & config_flag::ENFORCE != 0 && !spared(config, mark) && kill_current() {
-        record_flags |= record_flag::BLOCKED;
-        emit_syscall(pid_tgid, mark, syscall, record_flags, target, operation, 0, true);
-        return Ok(());
+    if blockable && config.flags & config_flag::ENFORCE != 0 && !spared(config, mark) {
+        // A BPF LSM hook refuses it (see `crate::lsm`), and the process lives; kill(-1)
+        // signals every process, of which the hook would refuse only the agent.
+        let signal = matches!(
+            syscall,
+            tamper_syscall::KILL | tamper_syscall::TKILL | tamper_syscall::TGKILL | tamper_syscall::PIDFD_SEND_SIGNAL
+        );
+        if config.lsm_syscalls & (1 << syscall) != 0 && (has_target || !signal) {
+            record_flags |= LSM_DENY;
+        } else if kill_current() {
+            record_flags |= record_flag::BLOCKED;
+            emit_syscall(pid_tgid, mark, syscall, record_flags, target, operation, 0, true);
+            return Ok(());
+        }
     }
     let pending = PendingSyscall { syscall, record_flags, target_pid: target, _pad: 0, operation };
     PENDING_SYSCALLS.insert(&(pid_tgid as u32), &pending, 0).map_err(|e| e as i64)
@@ -164,14 +178,30 @@ pub(crate) fn handle_tamper_exit(pid_tgid: u64, mark: Mark, ret: i64) {
     // SAFETY: copied out at once.
     let Some(pending) = (unsafe { PENDING_SYSCALLS.get(&tid).copied() }) else { return };
     let _ = PENDING_SYSCALLS.remove(&tid);
-    emit_syscall(
-        pid_tgid,
-        mark,
-        pending.syscall,
-        pending.record_flags | record_flag::HAS_RET,
-        pending.target_pid,
-        pending.operation,
-        ret,
-        true,
-    );
+    let mut record_flags = pending.record_flags | record_flag::HAS_RET;
+    if record_flags & LSM_DENY != 0 {
+        // The hook that was to refuse it did not run (the call failed before, or took a path
+        // without it): killed, as without the LSM, though its effect happened.
+        record_flags &= !LSM_DENY;
+        if kill_current() {
+            record_flags |= record_flag::BLOCKED;
+        }
+    }
+    emit_syscall(pid_tgid, mark, pending.syscall, record_flags, pending.target_pid, pending.operation, ret, true);
+}
+
+/// A BPF LSM hook's decision (see [`crate::lsm`]) for the current thread, inside a tamper
+/// syscall: refused (true) when its entry left the refusal to the hook, which the exit then
+/// reports as [`record_flag::DENIED`].
+#[inline(always)]
+pub(crate) fn deny_syscall(pid_tgid: u64) -> bool {
+    let Some(pending) = PENDING_SYSCALLS.get_ptr_mut(&(pid_tgid as u32)) else { return false };
+    // SAFETY: a map value, of this thread's syscall.
+    unsafe {
+        if (*pending).record_flags & LSM_DENY == 0 {
+            return false;
+        }
+        (*pending).record_flags = ((*pending).record_flags & !LSM_DENY) | record_flag::DENIED;
+    }
+    true
 }
