@@ -6,6 +6,7 @@ mod canary;
 pub mod cgroups;
 pub mod credentials;
 mod doctor;
+pub mod kernel_log;
 pub mod offsets;
 pub mod pins;
 mod project;
@@ -712,7 +713,11 @@ impl Sensor {
         // relocations: offsets come through CONFIG), and so does the offset resolver: both at
         // once, on two threads, since start-up time is what `credwatch run` adds to a command.
         let ((offsets, cgroup_subsys), mut ebpf) = std::thread::scope(|scope| {
-            let loader = scope.spawn(|| EbpfLoader::new().btf(None).load(OBJECT));
+            let loader = scope.spawn(|| {
+                // The verifier takes the level as a constant and drops the log calls above it.
+                let level = kernel_log::level_byte();
+                EbpfLoader::new().btf(None).override_global(aya_log::LEVEL, &level, true).load(OBJECT)
+            });
             let offsets = btf::Btf::from_sys_fs()
                 .and_then(|btf| Ok((offsets::kernel_offsets(&btf)?, hierarchies.subsys_index(&btf)?)));
             let ebpf = loader.join().map_err(|_| SensorError::LoaderPanicked)?;
@@ -786,6 +791,7 @@ impl Sensor {
             COSTLIEST_TO_VERIFY.iter().position(|costly| costly == name).unwrap_or(COSTLIEST_TO_VERIFY.len())
         });
         load_programs(&mut ebpf, &wanted)?;
+        kernel_log::start_reader(&mut ebpf);
         let mut programs_attached = 0;
         // A pinned link keeps its program attached once this process has closed it.
         let pin_link = |name: &'static str, tracepoint: &str, link: Result<FdLink, _>| -> Result<(), SensorError> {
