@@ -60,6 +60,8 @@ pub struct Config {
     pub log_format: LogFormat,
     /// The least severe log records written.
     pub log_level: LogLevel,
+    /// The kernel programs' own diagnostics in the log, from this level up (`--kernel-log`).
+    pub kernel_log: KernelLog,
     /// Where alerts go besides the terminal and `alerts` (`--to DEST`, each a `to:` here with
     /// its filters and knobs): see credwatch-outputs' `OutputConfig`.
     pub outputs: Vec<OutputConfig>,
@@ -116,6 +118,32 @@ pub enum LogLevel {
     Trace,
 }
 
+/// Which of the kernel programs' diagnostics reach the log. Set at load: off, the programs
+/// carry no log code the verifier keeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum KernelLog {
+    #[default]
+    Off,
+    Error,
+    Warn,
+    Info,
+    Debug,
+}
+
+impl KernelLog {
+    pub fn level(self) -> Option<credwatch::sensor::kernel_log::Level> {
+        use credwatch::sensor::kernel_log::Level;
+        match self {
+            KernelLog::Off => None,
+            KernelLog::Error => Some(Level::Error),
+            KernelLog::Warn => Some(Level::Warn),
+            KernelLog::Info => Some(Level::Info),
+            KernelLog::Debug => Some(Level::Debug),
+        }
+    }
+}
+
 impl Config {
     /// The keys whose new value a running agent cannot take (`SIGHUP`): what it would take is a
     /// restart.
@@ -127,6 +155,10 @@ impl Config {
         }
         if self.log_format != new.log_format {
             changed.push("log_format");
+        }
+        // The level is a constant of the loaded programs.
+        if self.kernel_log != new.kernel_log {
+            changed.push("kernel_log");
         }
         // The outputs' tasks, queues and spools are running; a `SIGHUP` reopens their files.
         if self.outputs != new.outputs {
@@ -685,6 +717,7 @@ mod tests {
                 pin_dir: None,
                 log_format: LogFormat::Json,
                 log_level: LogLevel::Debug,
+                kernel_log: KernelLog::Off,
                 outputs: Vec::new(),
                 spool_dir: None,
                 metrics_listen: None,
@@ -818,6 +851,7 @@ mod tests {
             pin_dir: Some("/sys/fs/bpf/credwatch-site".into()),
             log_format: LogFormat::Json,
             log_level: LogLevel::Warn,
+            kernel_log: KernelLog::Warn,
             outputs: vec![
                 OutputConfig {
                     min_severity: Some(credwatch_core::alert::Severity::High),

@@ -16,7 +16,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
-use config::{Config, Layers, LogFormat, LogLevel, SensorChoice};
+use config::{Config, KernelLog, Layers, LogFormat, LogLevel, SensorChoice};
 use credwatch::sensor;
 use credwatch_core::{engine::EngineOptions, output::escape, rules::RuleSet, samples};
 use credwatch_outputs::{Destination, OutputConfig};
@@ -86,6 +86,10 @@ struct ConfigArgs {
     /// active, `--enforce` refuses with EPERM rather than kills), else tracepoints.
     #[arg(long, value_enum, value_name = "BACKEND")]
     sensor: Option<SensorChoice>,
+    /// The kernel programs' own diagnostics (a failed read, a walk cut short, a full map), from
+    /// this level up, in the log as `kernel: ...` lines [default: off]
+    #[arg(long, value_enum, value_name = "LEVEL")]
+    kernel_log: Option<KernelLog>,
 }
 
 #[derive(Args)]
@@ -493,10 +497,14 @@ fn configure(args: &ConfigArgs, mut flags: Map<String, Value>) -> Result<(Config
     if let Some(sensor) = args.sensor {
         flags.insert("sensor".into(), serde_json::to_value(sensor)?);
     }
+    if let Some(level) = args.kernel_log {
+        flags.insert("kernel_log".into(), serde_json::to_value(level)?);
+    }
     let layers = Layers::new(args.config.clone(), flags);
     match layers.load() {
         Ok(loaded) => {
             log::init(loaded.config.log_format, loaded.config.log_level);
+            credwatch::sensor::kernel_log::set_level(loaded.config.kernel_log.level());
             for warning in &loaded.warnings {
                 tracing::warn!("{}", escape(warning));
             }

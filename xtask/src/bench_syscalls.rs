@@ -22,13 +22,24 @@ enum Config {
     Floor,
     Watch,
     Marked,
+    /// As `Marked`, with the kernel log on at its most verbose level (`--kernel-log debug`):
+    /// against `Marked` (off), what the log calls cost when the verifier keeps them.
+    MarkedKernelLog,
     Bpftrace,
     Auditd,
     Strace,
 }
 
-const CONFIGS: &[Config] =
-    &[Config::Nothing, Config::Floor, Config::Watch, Config::Marked, Config::Bpftrace, Config::Auditd, Config::Strace];
+const CONFIGS: &[Config] = &[
+    Config::Nothing,
+    Config::Floor,
+    Config::Watch,
+    Config::Marked,
+    Config::MarkedKernelLog,
+    Config::Bpftrace,
+    Config::Auditd,
+    Config::Strace,
+];
 
 impl Config {
     fn label(self) -> &'static str {
@@ -37,6 +48,7 @@ impl Config {
             Config::Floor => "(b) empty programs on credwatch's hooks",
             Config::Watch => "(c) credwatch watch, loop not marked",
             Config::Marked => "(d) credwatch run -- loop (marked)",
+            Config::MarkedKernelLog => "(d2) credwatch run --kernel-log debug -- loop (marked)",
             Config::Bpftrace => "(e) bpftrace, tree filter + path match",
             Config::Auditd => "(f) auditd, watch rules on credentials",
             Config::Strace => "(g) strace -f",
@@ -49,6 +61,7 @@ impl Config {
             Config::Floor => "b_floor",
             Config::Watch => "c_watch_unmarked",
             Config::Marked => "d_run_marked",
+            Config::MarkedKernelLog => "d2_run_marked_kernel_log_debug",
             Config::Bpftrace => "e_bpftrace",
             Config::Auditd => "f_auditd",
             Config::Strace => "g_strace",
@@ -441,6 +454,13 @@ pub fn run(ctx: &mut Ctx) -> Result<Section> {
         "(d): the agent received {} events and counted {} lost over its runs (the loop does not wait for the agent), using {:.1} s of CPU over {:.1} s.",
         marked_load.events, marked_load.lost, marked_load.cpu_s, marked_load.wall_s
     ));
+    let (d, d2) = (position(Config::Marked), position(Config::MarkedKernelLog));
+    let kernel_log_ratio = column(d2, open_cpu) / column(d, open_cpu);
+    section.notes.push(format!(
+        "(d2) against (d): a marked open with the kernel log at `debug` costs {} times one with it off (the default), in the same run. Off, the verifier drops the log calls (the level is a read-only global set before load); at `debug` it keeps them, and a marked open that goes well takes their level tests only.",
+        fmt(kernel_log_ratio, 3)
+    ));
+    figures.insert("d2_over_d_open_cpu".into(), nan_null(kernel_log_ratio));
     section.notes.push("(e) marks roots by manager exec and children by fork, and matches the path as given against the credential paths (bpftrace cannot resolve paths on tracepoints); (f) is `auditctl -w FILE -p r` on each fake credential file, with auditd running.".into());
     figures.insert("hooks".into(), json!(hooks));
     figures.insert(
@@ -538,9 +558,13 @@ fn measure(
             _ => sizes.getppid,
         };
         let mut command = match config {
-            Config::Marked => {
+            Config::Marked | Config::MarkedKernelLog => {
                 let mut command = Command::new(&ctx.credwatch);
-                command.arg("run").arg("--").arg(&looper).env("HOME", &ctx.home);
+                command.arg("run");
+                if config == Config::MarkedKernelLog {
+                    command.args(["--kernel-log", "debug"]);
+                }
+                command.arg("--").arg(&looper).env("HOME", &ctx.home);
                 command
             }
             Config::Strace => {

@@ -190,7 +190,12 @@ fn probe_fentry() -> (Result<(), String>, Vec<String>, Result<(), String>) {
     }
     let loaded = AyaBtf::from_sys_fs()
         .map_err(|e| chain(&e))
-        .and_then(|aya_btf| Ok((aya_btf, EbpfLoader::new().btf(None).load(OBJECT).map_err(|e| chain(&e))?)));
+        // The programs as the sensor loads them: aya-log's default level would keep every log call.
+        .and_then(|aya_btf| {
+            let level = super::kernel_log::level_byte();
+            let loader = EbpfLoader::new().btf(None).override_global(aya_log::LEVEL, &level, true).load(OBJECT);
+            Ok((aya_btf, loader.map_err(|e| chain(&e))?))
+        });
     let (aya_btf, mut ebpf) = match loaded {
         Ok(loaded) => loaded,
         Err(why) => return (Err(why.clone()), missing, Err(why)),

@@ -7,6 +7,7 @@ mod canary;
 pub mod cgroups;
 pub mod credentials;
 mod doctor;
+pub mod kernel_log;
 pub mod offsets;
 pub mod pins;
 mod project;
@@ -810,7 +811,11 @@ impl Sensor {
         // The fentry backend's loads need aya's own parse of the BTF (their attach targets).
         let want_fentry = options.backend != Backend::Tracepoint;
         let ((mut offsets, cgroup_subsys, btf), mut ebpf, aya_btf) = std::thread::scope(|scope| {
-            let loader = scope.spawn(|| EbpfLoader::new().btf(None).load(OBJECT));
+            let loader = scope.spawn(|| {
+                // The verifier takes the level as a constant and drops the log calls above it.
+                let level = kernel_log::level_byte();
+                EbpfLoader::new().btf(None).override_global(aya_log::LEVEL, &level, true).load(OBJECT)
+            });
             let aya_btf = want_fentry.then(|| scope.spawn(AyaBtf::from_sys_fs));
             let offsets = btf::Btf::from_sys_fs()
                 .and_then(|btf| Ok((offsets::kernel_offsets(&btf)?, hierarchies.subsys_index(&btf)?, btf)));
@@ -935,6 +940,7 @@ impl Sensor {
             COSTLIEST_TO_VERIFY.iter().position(|costly| costly == name).unwrap_or(COSTLIEST_TO_VERIFY.len())
         });
         load_programs(&mut ebpf, &wanted)?;
+        kernel_log::start_reader(&mut ebpf);
         let mut programs_attached = tracing_links.len() as u64;
         // A pinned link keeps its program attached once this process has closed it.
         let pin_link = |name: &'static str, tracepoint: &str, link: Result<FdLink, _>| -> Result<(), SensorError> {

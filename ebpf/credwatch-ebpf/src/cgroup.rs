@@ -11,6 +11,7 @@ use core::{
 };
 
 use aya_ebpf::helpers::generated::bpf_probe_read_kernel_str;
+use aya_log_ebpf::warn;
 use credwatch_common::{
     path_flag, KernelOffsets, MAX_CGROUP_DEPTH, MAX_CGROUP_NAME, MAX_CGROUP_PATH, NO_CGROUP_SUBSYS,
 };
@@ -54,9 +55,26 @@ pub(crate) unsafe fn cgroup_path(off: &KernelOffsets, node: u64, data: *mut u8, 
             Ok(result) => result,
             Err(_) => {
                 write_volatile(len, 0);
+                // No node to start from is no error (no such hierarchy).
+                if node != 0 {
+                    warn!(
+                        &(),
+                        "cgroup walk failed: a kernfs node read failed or a name was empty (kernfs_node.parent at {})",
+                        off.kernfs_node_parent
+                    );
+                }
                 path_flag::UNRESOLVED
             }
         };
+        if result == path_flag::TRUNCATED {
+            warn!(
+                &(),
+                "cgroup walk cut short after {} bytes: over MAX_CGROUP_DEPTH ({}) levels or MAX_CGROUP_PATH ({}) bytes",
+                read_volatile(len),
+                MAX_CGROUP_DEPTH,
+                MAX_CGROUP_PATH
+            );
+        }
         write_volatile(flags, result);
     }
 }

@@ -12,12 +12,16 @@
 //!   neighbouring fields, short dentry names taken from the dentry's own read, ids and cgroups
 //!   only in exec records, and zeros stored one by one rather than through `memset`.
 
-use core::ptr::{addr_of_mut, read_volatile, write_volatile};
+use core::{
+    mem::size_of,
+    ptr::{addr_of_mut, read_volatile, write_volatile},
+};
 
 use aya_ebpf::{
     helpers::{bpf_get_current_cgroup_id, bpf_get_current_uid_gid, bpf_ktime_get_boot_ns},
     maps::ring_buf::RingBufEntry,
 };
+use aya_log_ebpf::warn;
 use credwatch_common::{lost_index, Config, EventHeader, Mark};
 
 use crate::maps::{CONFIG, EVENTS, LOST, MARKS, PRIORITY, WAKEUP_COUNTDOWN};
@@ -70,12 +74,14 @@ pub(crate) fn reserve<T: 'static>(priority: bool) -> Option<RingBufEntry<T>> {
         let entry = PRIORITY.reserve::<T>(0);
         if entry.is_none() {
             count_lost(lost_index::PRIORITY);
+            warn!(&(), "ring buffer PRIORITY full: a {}-byte record dropped", size_of::<T>());
         }
         return entry;
     }
     let entry = EVENTS.reserve::<T>(0);
     if entry.is_none() {
         count_lost(lost_index::EVENTS);
+        warn!(&(), "ring buffer EVENTS full: a {}-byte record dropped", size_of::<T>());
     }
     entry
 }
@@ -97,9 +103,11 @@ pub(crate) fn output(record: &[u8], priority: bool) {
     if priority {
         if PRIORITY.output::<[u8]>(record, 0).is_err() {
             count_lost(lost_index::PRIORITY);
+            warn!(&(), "ring buffer PRIORITY full: a {}-byte record dropped", record.len());
         }
     } else if EVENTS.output::<[u8]>(record, events_wakeup()).is_err() {
         count_lost(lost_index::EVENTS);
+        warn!(&(), "ring buffer EVENTS full: a {}-byte record dropped", record.len());
     }
 }
 

@@ -25,6 +25,7 @@ use aya_ebpf::{
     programs::RawTracePointContext,
     EbpfContext,
 };
+use aya_log_ebpf::{debug, warn};
 use credwatch_common::{
     config_flag, kind, lost_index, mark_flag, path_flag, spare_flag, Config, ExecEvent, ExitEvent, ForkEvent,
     KernelOffsets, Mark, MAX_ARGS, MAX_CGROUP_PATH, MAX_ENV, MAX_EXEC_RECORD, MAX_GIVEN_PATH, MAX_RESOLVED_PATH,
@@ -37,7 +38,7 @@ use crate::{
     helpers::{
         bounded, config, count_lost, current_mark, fill_header, fill_identity, output, read, reserve, submit, Res,
     },
-    maps::{EXEC_SCRATCH, MARKS, SPARED_EXES},
+    maps::{EXEC_SCRATCH, MARKS, MAX_MARKS, SPARED_EXES},
     path::resolve_at,
     roots::manager_root,
 };
@@ -80,8 +81,13 @@ pub(crate) fn try_sched_process_exec(bprm: u64) -> Res<()> {
                 let mark = Mark { root_pid: tgid, depth: 0, manager, flags: 0 };
                 if MARKS.insert(&tgid, &mark, 0).is_err() {
                     count_lost(lost_index::MARKS_FULL);
+                    warn!(
+                        &(),
+                        "MARKS full ({} entries): root pid {} of manager {} not marked", MAX_MARKS, tgid, manager
+                    );
                     return Ok(());
                 }
+                debug!(&(), "pid {} marked as a root of manager {}", tgid, manager);
                 mark
             }
             None => return Ok(()),
@@ -221,7 +227,13 @@ pub(crate) fn try_sched_process_fork(child: u64) -> Res<()> {
     let tgid = (pid_tgid >> 32) as u32;
     let Some(mark) = current_mark(tgid) else { return Ok(()) };
     let Some(config) = config() else { return Ok(()) };
-    let child_tgid: u32 = read(child, config.offsets.task_struct_tgid)?;
+    let Ok(child_tgid) = read::<u32>(child, config.offsets.task_struct_tgid) else {
+        warn!(
+            &(),
+            "fork: reading the child's tgid failed (task_struct.tgid at offset {})", config.offsets.task_struct_tgid
+        );
+        return Err(-1);
+    };
     if child_tgid == tgid {
         // A new thread, not a new process.
         return Ok(());
@@ -233,6 +245,7 @@ pub(crate) fn try_sched_process_fork(child: u64) -> Res<()> {
     let child_mark = Mark { root_pid: mark.root_pid, depth: mark.depth + 1, manager: mark.manager, flags };
     if MARKS.insert(&child_tgid, &child_mark, 0).is_err() {
         count_lost(lost_index::MARKS_FULL);
+        warn!(&(), "MARKS full ({} entries): child pid {} of pid {} not marked", MAX_MARKS, child_tgid, tgid);
     }
     let Some(mut entry) = reserve::<ForkEvent>(false) else { return Ok(()) };
     let event = entry.as_mut_ptr();
@@ -269,8 +282,18 @@ fn try_sched_process_exit(ctx: &RawTracePointContext) -> Res<()> {
         // tracepoint's arguments (one before 6.16) is refused at attach, whatever the branch.
         read::<u64>(ctx.as_ptr() as u64, 8)? & 0xff != 0
     } else {
-        let signal: u64 = read(task, off.task_struct_signal)?;
-        read::<i32>(signal, off.signal_struct_live)? == 0
+        let live =
+            read::<u64>(task, off.task_struct_signal).and_then(|signal| read::<i32>(signal, off.signal_struct_live));
+        let Ok(live) = live else {
+            warn!(
+                &(),
+                "exit: reading signal->live failed (task_struct.signal at {}, signal_struct.live at {})",
+                off.task_struct_signal,
+                off.signal_struct_live
+            );
+            return Err(-1);
+        };
+        live == 0
     };
     // Only the exit that removes the mark reports, so racing last threads report once.
     if !group_dead || MARKS.remove(&tgid).is_err() {

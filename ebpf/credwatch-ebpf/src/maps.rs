@@ -17,7 +17,7 @@ use crate::{
 };
 
 /// Processes that can be marked at once; a full map is counted in `LOST[MARKS_FULL]`.
-const MAX_MARKS: u32 = 65536;
+pub(crate) const MAX_MARKS: u32 = 65536;
 const MAX_MANAGERS: u32 = 256;
 /// Entries of `SYSCALLS`, indexed by syscall number: above every number of x86_64 and arm64.
 const SYSCALL_TABLE: u32 = 1024;
@@ -25,7 +25,7 @@ const SYSCALL_TABLE: u32 = 1024;
 pub(crate) const OPEN_SLOT_COUNT: u32 = 16384;
 /// Threads with an open syscall in flight whose slot another thread holds (LRU: a lost exit
 /// only ages out).
-const MAX_PENDING_OPENS: u32 = 16384;
+pub(crate) const MAX_PENDING_OPENS: u32 = 16384;
 /// Open records are variable-length (about 160 bytes for a short path): 4 MiB holds some 25,000,
 /// a poll interval's worth at 400k opens/s, and the agent is woken at a quarter full. A larger
 /// buffer costs the agent resident memory (it maps the data twice).
@@ -36,8 +36,8 @@ const PRIORITY_BYTES: u32 = 512 << 10;
 const MAX_CRED_INODES: u32 = 16384;
 const MAX_SPARED_EXES: u32 = 256;
 /// Threads with a rename-family syscall in flight (each entry is a whole record, ~9 KiB).
-const MAX_PENDING_RENAMES: u32 = 256;
-const MAX_PENDING_SYSCALLS: u32 = 4096;
+pub(crate) const MAX_PENDING_RENAMES: u32 = 256;
+pub(crate) const MAX_PENDING_SYSCALLS: u32 = 4096;
 /// Sockets connected to port 53 remembered at once (LRU).
 const MAX_DNS_SOCKETS: u32 = 4096;
 /// Trees remembered as having opened a credential inode (LRU).

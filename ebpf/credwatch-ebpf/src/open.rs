@@ -20,6 +20,7 @@ use aya_ebpf::{
     macros::tracepoint,
     programs::TracePointContext,
 };
+use aya_log_ebpf::warn;
 use credwatch_common::{
     config_flag, cred_flag, kind, open_syscall, path_flag, record_flag, syscall_family, Config, KernelOffsets, Mark,
     OpenEvent, MAX_GIVEN_PATH, MAX_OPEN_RECORD, MAX_RESOLVED_PATH,
@@ -29,7 +30,7 @@ use crate::{
     enforce::{kill_current, spared},
     file::{fd_file, file_key, inode_key, opened_file},
     helpers::{config, current_mark, fill_header, launder, output, read, zero, Res},
-    maps::{CRED_INODES, OPEN_SCRATCH, OPEN_SLOTS, OPEN_SLOT_COUNT, PENDING_OPENS, TAINTED},
+    maps::{CRED_INODES, MAX_PENDING_OPENS, OPEN_SCRATCH, OPEN_SLOTS, OPEN_SLOT_COUNT, PENDING_OPENS, TAINTED},
     path::{resolve_into, Location},
     syscall::{enter_args, exit_result, hooked_syscall, openat_args, AT_FDCWD},
 };
@@ -141,7 +142,10 @@ fn save_open(tid: u32, pending: &PendingOpen) -> Res<()> {
             }
         }
     }
-    PENDING_OPENS.insert(&tid, pending, 0).map_err(|e| e as i64)
+    PENDING_OPENS.insert(&tid, pending, 0).map_err(|e| {
+        warn!(&(), "PENDING_OPENS full ({} entries): the entry of an open by tid {} is lost", MAX_PENDING_OPENS, tid);
+        e as i64
+    })
 }
 
 /// What the open's entry saved, from the thread's slot or else `PENDING_OPENS`; both are
@@ -187,6 +191,16 @@ fn report_open(pid_tgid: u64, mark: Mark, pending: Option<PendingOpen>, nr: u32,
     let off = &config.offsets;
     // SAFETY: kernel reads through probe helpers only.
     let file = if ret >= 0 { unsafe { fd_file(off, ret as u64) }.unwrap_or(0) } else { 0 };
+    if ret >= 0 && file == 0 {
+        warn!(
+            &(),
+            "open: fd {} has no file: task->files->fdt->fd[] read failed (task_struct.files at {}, files_struct.fdt at {}, fdtable.max_fds at {})",
+            ret,
+            off.task_struct_files,
+            off.files_struct_fdt,
+            off.fdtable_max_fds
+        );
+    }
     // Without its entry, an open is still reported when it opened something: by its file.
     let (pending, no_entry) = match pending {
         Some(pending) => (pending, 0),

@@ -9,6 +9,7 @@ use core::{
 };
 
 use aya_ebpf::helpers::{bpf_get_current_task, generated::bpf_probe_read_kernel};
+use aya_log_ebpf::warn;
 use credwatch_common::{path_flag, KernelOffsets, ResolvedPath, MAX_PATH_COMPONENTS, MAX_RESOLVED_PATH};
 
 use crate::{
@@ -88,9 +89,25 @@ pub(crate) unsafe fn resolve_into(off: &KernelOffsets, at: &Location, data: *mut
             Ok(result) => result,
             Err(_) => {
                 write_volatile(len, 0);
+                warn!(
+                    &(),
+                    "path walk failed: a dentry or mount read failed, or a name was empty or too long (dentry.d_parent at {}, mount.mnt_parent at {}, mount.mnt at {})",
+                    off.dentry_d_parent,
+                    off.mount_mnt_parent,
+                    off.mount_mnt
+                );
                 path_flag::UNRESOLVED
             }
         };
+        if result == path_flag::TRUNCATED {
+            warn!(
+                &(),
+                "path walk cut short after {} bytes: over MAX_PATH_COMPONENTS ({}) components or MAX_RESOLVED_PATH ({}) bytes",
+                read_volatile(len),
+                MAX_PATH_COMPONENTS,
+                MAX_RESOLVED_PATH
+            );
+        }
         write_volatile(flags, result);
     }
 }

@@ -12,11 +12,12 @@ use aya_ebpf::{
     macros::tracepoint,
     programs::TracePointContext,
 };
+use aya_log_ebpf::warn;
 use credwatch_common::{kind, rename_syscall, syscall_family, Mark, RenameEvent, MAX_GIVEN_PATH};
 
 use crate::{
     helpers::{config, current_mark, fill_header, reserve, submit, Res},
-    maps::{PENDING_RENAMES, RENAME_SCRATCH},
+    maps::{MAX_PENDING_RENAMES, PENDING_RENAMES, RENAME_SCRATCH},
     path::{resolve_dir, unresolved},
     syscall::{enter_args, exit_result, hooked_syscall, AT_FDCWD},
 };
@@ -88,7 +89,10 @@ fn save_rename(arg: &[u64; 6], syscall: u32, tid: u32) -> Res<()> {
         } else {
             resolve_dir(off, new_dirfd, addr_of_mut!((*scratch).new_dir));
         }
-        PENDING_RENAMES.insert(&tid, &*scratch, 0).map_err(|e| e as i64)
+        PENDING_RENAMES.insert(&tid, &*scratch, 0).map_err(|e| {
+            warn!(&(), "PENDING_RENAMES full ({} entries): a rename by tid {} is lost", MAX_PENDING_RENAMES, tid);
+            e as i64
+        })
     }
 }
 

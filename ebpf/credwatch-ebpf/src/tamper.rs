@@ -8,6 +8,7 @@
 use core::{mem::size_of, ptr::addr_of_mut};
 
 use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
+use aya_log_ebpf::warn;
 use credwatch_common::{
     config_flag, kind, record_flag, syscall_family, tamper_syscall, KernelOffsets, Mark, SyscallEvent,
 };
@@ -16,7 +17,7 @@ use crate::{
     enforce::{kill_current, spared},
     file::fd_file,
     helpers::{config, current_mark, fill_header, read, reserve, submit, Res},
-    maps::PENDING_SYSCALLS,
+    maps::{MAX_PENDING_SYSCALLS, PENDING_SYSCALLS},
     syscall::{enter_args, exit_result, hooked_syscall},
 };
 
@@ -121,7 +122,16 @@ fn save_tamper(arg: &[u64; 6], syscall: u32, pid_tgid: u64, mark: Mark) -> Res<(
         }
     }
     let pending = PendingSyscall { syscall, record_flags, target_pid: target, _pad: 0, operation };
-    PENDING_SYSCALLS.insert(&(pid_tgid as u32), &pending, 0).map_err(|e| e as i64)
+    PENDING_SYSCALLS.insert(&(pid_tgid as u32), &pending, 0).map_err(|e| {
+        warn!(
+            &(),
+            "PENDING_SYSCALLS full ({} entries): syscall {} by tid {} is lost",
+            MAX_PENDING_SYSCALLS,
+            syscall,
+            pid_tgid as u32
+        );
+        e as i64
+    })
 }
 
 /// The pid (in the initial namespace) of a pidfd: file->private_data is its `struct pid`.
