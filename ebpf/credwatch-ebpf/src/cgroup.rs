@@ -16,7 +16,7 @@ use credwatch_common::{
     path_flag, KernelOffsets, MAX_CGROUP_DEPTH, MAX_CGROUP_NAME, MAX_CGROUP_PATH, NO_CGROUP_SUBSYS,
 };
 
-use crate::helpers::{read, Res};
+use crate::helpers::{checked, read, Res};
 
 /// Controllers a `css_set` has room for (`CGROUP_SUBSYS_COUNT` is 14 to 16 on the supported
 /// kernels): a bound on the index the agent passes.
@@ -97,6 +97,7 @@ unsafe fn walk_cgroup(off: &KernelOffsets, mut node: u64, data: *mut u8, len_slo
         if len > MAX_CGROUP_PATH - MAX_CGROUP_NAME {
             return Ok(path_flag::TRUNCATED);
         }
+        let len = checked(len);
         // Names carry no length: a string read, at most MAX_CGROUP_NAME bytes with its NUL.
         // SAFETY: len <= MAX_CGROUP_PATH - MAX_CGROUP_NAME, so the name fits.
         let n = unsafe {

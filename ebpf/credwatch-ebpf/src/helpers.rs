@@ -197,5 +197,21 @@ pub(crate) fn bounded(slot: &mut u64, value: usize, max: usize) -> Res<usize> {
     if value > max {
         return Err(-1);
     }
-    Ok(value)
+    Ok(checked(value))
+}
+
+/// `value`, just checked by the caller, passed through a stack slot, so that what is used after
+/// the check is a copy made after it. LLVM spills a value where it is loaded when it needs the
+/// register, then reloads that unchecked copy for the access; the 6.12+ verifiers carry the
+/// check over to the copy, the 5.10 and 6.1 ones do not and refuse the access ("unbounded
+/// memory access"). Every verifier keeps a register's bounds through a store to the stack and
+/// the load back.
+#[inline(always)]
+pub(crate) fn checked(value: usize) -> usize {
+    let mut slot = 0;
+    // SAFETY: a local.
+    unsafe {
+        write_volatile(&mut slot, value);
+        read_volatile(&slot)
+    }
 }

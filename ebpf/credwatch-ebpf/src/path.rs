@@ -14,7 +14,7 @@ use credwatch_common::{path_flag, KernelOffsets, ResolvedPath, MAX_PATH_COMPONEN
 
 use crate::{
     file::fd_file,
-    helpers::{read, Res},
+    helpers::{checked, read, Res},
     syscall::AT_FDCWD,
 };
 
@@ -154,6 +154,7 @@ unsafe fn walk(off: &KernelOffsets, at: Location, data: *mut u8, len_slot: *mut 
         if len > MAX_RESOLVED_PATH - NAME_SPACE {
             return Ok(path_flag::TRUNCATED);
         }
+        let len = checked(len);
         if name_len == 0 || name_len >= NAME_SPACE {
             return Err(-1);
         }
