@@ -70,6 +70,7 @@ except OSError as e:
     assert_eq!(fs::read_to_string(key(&sandbox)).unwrap(), original_key(), "the key lost its bytes");
     let alert = run.expect_alert(&key(&sandbox));
     assert_eq!(alert["event"]["outcome"], "denied", "{alert:#}");
+    assert_eq!(alert["credwatch"]["enforcement"], "lsm", "{alert:#}");
     assert_eq!(alert["rule"]["id"], "ssh-private-keys", "{alert:#}");
     assert_eq!(alert["package"]["name"], "truncator", "{alert:#}");
 }
@@ -91,6 +92,7 @@ fn an_io_uring_open_of_a_key_is_refused_and_alerted_with_its_path() {
     assert!(!fs::read_to_string(&loot).unwrap_or_default().contains(SECRET), "the payload got the key");
     let alert = run.expect_alert(&key(&sandbox));
     assert_eq!(alert["event"]["outcome"], "denied", "{alert:#}");
+    assert_eq!(alert["credwatch"]["enforcement"], "lsm", "{alert:#}");
     assert_eq!(alert["rule"]["id"], "ssh-private-keys", "{alert:#}");
     assert_eq!(alert["package"]["name"], "uring", "{alert:#}");
 }
@@ -111,6 +113,7 @@ fn a_bpf_call_from_package_code_is_refused() {
     assert_eq!(written(&sandbox, "status"), "0", "the caller did not live on\n{}", run.describe());
     let alert = expect(&run, "bpf()", |a| a["rule"]["id"] == "bpf-by-package");
     assert_eq!(alert["event"]["outcome"], "denied", "{alert:#}");
+    assert_eq!(alert["credwatch"]["enforcement"], "lsm", "{alert:#}");
     assert_eq!(alert["credwatch"]["syscall"]["name"], "bpf", "{alert:#}");
     assert_eq!(alert["package"]["name"], "bpf-caller", "{alert:#}");
 }
@@ -140,6 +143,7 @@ fn a_signal_to_the_agent_from_package_code_is_refused_and_the_agent_lives() {
     assert!(written(&sandbox, "stderr").contains("not permitted"), "{}", run.describe());
     let alert = expect(&run, "the signal", |a| a["rule"]["id"] == "signal-to-agent");
     assert_eq!(alert["event"]["outcome"], "denied", "{alert:#}");
+    assert_eq!(alert["credwatch"]["enforcement"], "lsm", "{alert:#}");
     assert_eq!(alert["credwatch"]["syscall"]["target_pid"], agent, "{alert:#}");
     assert_eq!(alert["credwatch"]["syscall"]["operation"], "SIGKILL", "{alert:#}");
     assert_eq!(alert["package"]["name"], "signaller", "{alert:#}");
