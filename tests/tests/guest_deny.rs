@@ -9,7 +9,7 @@ use std::{fs, net::TcpListener, thread, time::Duration};
 use credwatch_e2e::{
     fixtures,
     scenarios::{bpf_lsm_active, fake_npm, SECRET},
-    Run, Sandbox, EXIT_ALERT, FAKE_CREDENTIALS,
+    Run, Sandbox, Sleeper, EXIT_ALERT, FAKE_CREDENTIALS,
 };
 use serde_json::Value;
 
@@ -116,6 +116,29 @@ fn a_bpf_call_from_package_code_is_refused() {
     assert_eq!(alert["credwatch"]["enforcement"], "lsm", "{alert:#}");
     assert_eq!(alert["credwatch"]["syscall"]["name"], "bpf", "{alert:#}");
     assert_eq!(alert["package"]["name"], "bpf-caller", "{alert:#}");
+}
+
+/// PTRACE_ATTACH from package code to a process outside the tree fails with EPERM; the
+/// tracer lives (it prints the error and exits 1) and the victim was never stopped.
+#[test]
+fn a_ptrace_attach_from_package_code_is_refused() {
+    let sandbox = deny_sandbox();
+    let victim = Sleeper::start(&sandbox);
+    let syscalls = fixtures().join("evasion/syscalls.py");
+    let script = r#"python3 "$1" ptrace "$2" 2> "$3"; echo $? > "$4""#;
+    let args =
+        [syscalls.to_str().unwrap(), &victim.pid(), &work_file(&sandbox, "stderr"), &work_file(&sandbox, "status")];
+    let run = fake_npm(&sandbox, &["--enforce"], "tracer", script, &args);
+
+    run.assert_exit(EXIT_ALERT);
+    assert_eq!(written(&sandbox, "stderr"), "ptrace: Operation not permitted", "{}", run.describe());
+    assert_eq!(written(&sandbox, "status"), "1", "the tracer did not live on\n{}", run.describe());
+    let alert = expect(&run, "ptrace", |a| a["rule"]["id"] == "ptrace-attach");
+    assert_eq!(alert["event"]["outcome"], "denied", "{alert:#}");
+    assert_eq!(alert["credwatch"]["enforcement"], "lsm", "{alert:#}");
+    assert_eq!(alert["credwatch"]["syscall"]["operation"], "PTRACE_ATTACH", "{alert:#}");
+    assert_eq!(alert["credwatch"]["syscall"]["target_pid"].to_string(), victim.pid(), "{alert:#}");
+    assert_eq!(alert["package"]["name"], "tracer", "{alert:#}");
 }
 
 /// SIGKILL to the agent from package code fails with EPERM: the agent lives to the end of
