@@ -234,6 +234,7 @@ fn the_manager_and_its_git_and_ssh_for_a_git_dependency_are_spared() {
     }
     let refused = package.first().unwrap_or_else(|| panic!("no alert for package code's ssh\n{}", run.describe()));
     assert_eq!(refused["event"]["outcome"], "denied", "{refused:#}");
-    let git = expect(&run, "git's read", |a| by(a, "/git"));
-    assert_ne!(git["event"]["outcome"], "denied", "{git:#}");
+    // git's own read is the hash above; an alert for it, if any, is not a refusal either (it
+    // is usually a repeat of the ssh's, counted and not printed).
+    assert!(!alerts.iter().any(|a| by(a, "/git") && a["event"]["outcome"] == "denied"), "{}", run.describe());
 }
