@@ -4,6 +4,7 @@
 //!
 //! The tests need root (they load eBPF programs) and the release binary: `cargo xtask test`.
 
+pub mod scenarios;
 pub mod servers;
 
 use std::{
@@ -23,6 +24,30 @@ use tempfile::TempDir;
 pub const EXIT_ALERT: i32 = 10;
 /// No fixture takes this long; a hung run is killed and reported instead of stalling CI.
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// `d` times the slowdown factor `CREDWATCH_E2E_SLOW` (an integer, 1 when unset): the kernel
+/// matrix runs the tests in qemu guests without KVM, 5-20 times slower, and sets it. Every
+/// timeout of the tests goes through here; no assertion depends on a sleep.
+pub fn slow(d: Duration) -> Duration {
+    static FACTOR: OnceLock<u32> = OnceLock::new();
+    let factor = *FACTOR.get_or_init(|| match std::env::var("CREDWATCH_E2E_SLOW") {
+        Err(_) => 1,
+        Ok(text) => text
+            .trim()
+            .parse()
+            .ok()
+            .filter(|n| *n >= 1)
+            .unwrap_or_else(|| panic!("CREDWATCH_E2E_SLOW={text:?}: expected an integer factor >= 1")),
+    });
+    d * factor
+}
+
+/// The sensor backend every `watch`, `run` and `record` of a [`Sandbox`] uses: the value of
+/// `CREDWATCH_E2E_SENSOR` (`tracepoint` or `fentry`, set by the kernel matrix in its guests),
+/// else none (credwatch picks).
+pub fn sensor_from_env() -> Option<String> {
+    std::env::var("CREDWATCH_E2E_SENSOR").ok().filter(|s| !s.is_empty())
+}
 
 /// Fake credentials, relative to the fake HOME. None of them is real.
 pub const FAKE_CREDENTIALS: &[(&str, &str)] = &[
@@ -119,13 +144,21 @@ fn tool_dirs() -> &'static [PathBuf] {
 /// A throwaway HOME with fake credentials, a work directory, and the alerts file.
 pub struct Sandbox {
     dir: TempDir,
+    /// `--sensor` of its credwatch commands (see [`sensor_from_env`]).
+    sensor: Option<String>,
 }
 
 impl Sandbox {
     pub fn new() -> Sandbox {
+        Sandbox::with_sensor(sensor_from_env())
+    }
+
+    /// A sandbox whose `watch`, `run` and `record` use the sensor backend `sensor` (None:
+    /// credwatch picks), whatever `CREDWATCH_E2E_SENSOR` says.
+    pub fn with_sensor(sensor: Option<String>) -> Sandbox {
         require_root();
         let dir = tempfile::Builder::new().prefix("credwatch-e2e-").tempdir().expect("creating a temp dir");
-        let sandbox = Sandbox { dir };
+        let sandbox = Sandbox { dir, sensor };
         for (relative, text) in FAKE_CREDENTIALS {
             let path = sandbox.home().join(relative);
             fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -137,6 +170,22 @@ impl Sandbox {
 
     pub fn home(&self) -> PathBuf {
         self.dir.path().join("home")
+    }
+
+    /// The sensor backend its credwatch commands ask for, if any.
+    pub fn sensor(&self) -> Option<&str> {
+        self.sensor.as_deref()
+    }
+
+    /// `credwatch SUBCOMMAND` in the sandbox's environment, with `--sensor` when the sandbox
+    /// has one and the subcommand starts the sensor.
+    pub fn credwatch(&self, subcommand: &str) -> Command {
+        let mut command = self.command(credwatch_binary());
+        command.arg(subcommand);
+        if let (Some(sensor), "watch" | "run" | "record") = (&self.sensor, subcommand) {
+            command.args(["--sensor", sensor]);
+        }
+        command
     }
 
     /// Scratch space for projects, tarballs, build outputs and reports.
@@ -257,8 +306,8 @@ impl Sandbox {
     /// `credwatch run --json --alerts FILE OPTIONS... -- CMD...` in `cwd`, with extra
     /// environment variables, waiting for it to finish.
     pub fn run_with(&self, cwd: &Path, options: &[&str], cmd: &[&str], env: &[(&str, &str)]) -> Run {
-        let mut command = self.command(credwatch_binary());
-        command.arg("run").arg("--json").arg("--alerts").arg(self.alerts_file()).args(options).arg("--").args(cmd);
+        let mut command = self.credwatch("run");
+        command.arg("--json").arg("--alerts").arg(self.alerts_file()).args(options).arg("--").args(cmd);
         command.current_dir(cwd).envs(env.iter().copied());
         self.wait(self.spawn(command))
     }
@@ -269,8 +318,8 @@ impl Sandbox {
     }
 
     fn spawn_run_with_env(&self, cwd: &Path, cmd: &[&str], env: &[(&str, &str)]) -> Child {
-        let mut command = self.command(credwatch_binary());
-        command.arg("run").arg("--json").arg("--alerts").arg(self.alerts_file()).arg("--").args(cmd);
+        let mut command = self.credwatch("run");
+        command.arg("--json").arg("--alerts").arg(self.alerts_file()).arg("--").args(cmd);
         command.current_dir(cwd).envs(env.iter().copied());
         self.spawn(command)
     }
@@ -284,14 +333,15 @@ impl Sandbox {
         command.spawn().expect("starting credwatch")
     }
 
-    /// Waits for a child started by [`Sandbox::spawn`], killing it past [`RUN_TIMEOUT`].
+    /// Waits for a child started by [`Sandbox::spawn`], killing it past [`RUN_TIMEOUT`] (times
+    /// [`slow`]).
     pub fn wait(&self, mut child: Child) -> Run {
         let start = Instant::now();
         let status = loop {
             if let Some(status) = child.try_wait().unwrap() {
                 break Some(status);
             }
-            if start.elapsed() > RUN_TIMEOUT {
+            if start.elapsed() > slow(RUN_TIMEOUT) {
                 let group = format!("-{}", child.id());
                 let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
                 let _ = child.wait();
@@ -319,14 +369,16 @@ impl Sandbox {
         parse_alerts(&fs::read_to_string(self.alerts_file()).unwrap_or_default())
     }
 
-    /// Polls until an alert for `path` is in the alerts file; None after `timeout`.
+    /// Polls until an alert for `path` is in the alerts file; None after `timeout` (times [`slow`]).
     pub fn wait_for_alert(&self, path: &str, timeout: Duration) -> Option<Value> {
         self.wait_for(|a| a["file"]["path"] == path, timeout)
     }
 
-    /// Polls until an alert that `wanted` accepts is in the alerts file; None after `timeout`.
+    /// Polls until an alert that `wanted` accepts is in the alerts file; None after `timeout`
+    /// (times [`slow`]).
     pub fn wait_for(&self, wanted: impl Fn(&Value) -> bool, timeout: Duration) -> Option<Value> {
         let start = Instant::now();
+        let timeout = slow(timeout);
         while start.elapsed() < timeout {
             if let Some(alert) = self.alerts_now().into_iter().find(|a| wanted(a)) {
                 return Some(alert);
@@ -483,9 +535,9 @@ impl Sandbox {
             list.display(),
             release.display()
         );
-        let mut command = self.command(credwatch_binary());
+        let mut command = self.credwatch("run");
         command
-            .args(["run", "--json", "--alerts"])
+            .args(["--json", "--alerts"])
             .arg(self.alerts_file())
             .args(options)
             .arg("--")
@@ -522,8 +574,13 @@ impl Sandbox {
     /// says it is watching. Mind that whatever the test itself starts is in the tree of the
     /// `cargo` running it.
     pub fn watch(&self) -> Watch<'_> {
-        let mut command = self.command(credwatch_binary());
-        command.args(["watch", "--json", "--output"]).arg(self.alerts_file()).arg("--pin-dir").arg(self.pin_dir());
+        self.watch_with(&[])
+    }
+
+    /// [`Sandbox::watch`] with more options (`--enforce`, ...).
+    pub fn watch_with(&self, options: &[&str]) -> Watch<'_> {
+        let mut command = self.credwatch("watch");
+        command.args(["--json", "--output"]).arg(self.alerts_file()).arg("--pin-dir").arg(self.pin_dir()).args(options);
         let child = self.spawn(command);
         let mut watch = Watch { sandbox: self, child: Some(child), started: Instant::now() };
         while !self.collect(None, Duration::ZERO).stderr.contains("watching") {
@@ -533,7 +590,7 @@ impl Sandbox {
                     self.collect(Some(status), watch.started.elapsed()).describe()
                 );
             }
-            assert!(watch.started.elapsed() < RUN_TIMEOUT, "credwatch watch never said it was watching");
+            assert!(watch.started.elapsed() < slow(RUN_TIMEOUT), "credwatch watch never said it was watching");
             thread::sleep(Duration::from_millis(20));
         }
         watch

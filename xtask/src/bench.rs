@@ -22,12 +22,13 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
 use crate::{
-    bench_events, bench_idle, bench_install, bench_outputs, bench_replay, bench_syscalls, toolchain::find_in_path,
+    bench_events, bench_idle, bench_install, bench_kernels, bench_outputs, bench_replay, bench_syscalls,
+    toolchain::find_in_path,
 };
 
 /// Set in the detached bench (see [`detach`]): where it writes its exit status.
 const DETACHED_ENV: &str = "CREDWATCH_BENCH_STATUS";
-pub const SECTIONS: &[&str] = &["syscalls", "install", "throughput", "replay", "memory", "outputs", "idle"];
+pub const SECTIONS: &[&str] = &["syscalls", "install", "throughput", "replay", "memory", "outputs", "idle", "kernels"];
 /// Peers installed from Debian when missing (set-up, before anything is measured); rsyslogd and
 /// nats-server are the outputs' receivers.
 const APT_PEERS: &[(&str, &str)] = &[
@@ -277,6 +278,7 @@ fn run_bench(options: &Options) -> Result<()> {
             "replay" => bench_replay::run(&mut ctx),
             "outputs" => bench_outputs::run(&mut ctx),
             "idle" => bench_idle::run(&mut ctx),
+            "kernels" => bench_kernels::run(&mut ctx),
             _ => bench_events::memory_and_start_up(&mut ctx),
         };
         match result {

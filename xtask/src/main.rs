@@ -7,6 +7,7 @@ mod bench;
 mod bench_events;
 mod bench_idle;
 mod bench_install;
+mod bench_kernels;
 mod bench_outputs;
 #[cfg(feature = "bench-outputs")]
 mod bench_receive;
@@ -44,13 +45,14 @@ const USAGE: &str = "usage: cargo xtask <command>
                          --no-build: of the static binary built already (the image test's way)
   test                   build, set up what the tests need, run the unit tests, fuzz each decoder
                          for 25s, then (as root) the static binary, the end-to-end tests (the
-                         container image's among them), the kernel matrix (`kernels`), and the
-                         package installed, checked and purged with dpkg
-  bench [--quick] [--no-build] [--only syscalls,install,throughput,replay,memory,outputs,idle]
+                         container image's among them), and the package installed, checked and
+                         purged with dpkg
+  bench [--quick] [--no-build] [--only syscalls,install,throughput,replay,memory,outputs,idle,kernels]
                          (root) build, then measure overhead, install workloads, event and replay
                          throughput, memory and start-up, side by side with the hook's floor,
                          bpftrace, auditd and strace, the outputs' delivery to real local
-                         receivers, and the idle agent: target/bench/bench.md and bench.json
+                         receivers, the idle agent, and both sensor backends in the 6.12 qemu
+                         guest with lsm=bpf (`kernels`): target/bench/bench.md and bench.json
   corpus [--only npm,pip,uv,cargo] [--jobs N] [--list FILE] [--binary PATH] [--timeout SECS]
                          (root, network) install each package of xtask/corpus/packages.txt from its
                          registry under `credwatch run`, with a throwaway HOME of fake credentials:
