@@ -29,7 +29,7 @@ use credwatch_common::{
 use crate::{
     enforce::{spared, stop_current},
     file::fd_file,
-    helpers::{config, current_mark, fill_header, read, read_user, reserve, submit, Res},
+    helpers::{checked, config, current_mark, fill_header, read, read_user, reserve, submit, Res},
     maps::{DNS_SOCKETS, TAINTED},
     syscall::{enter_args, hooked_syscall},
 };
@@ -91,19 +91,10 @@ fn report_connect(pid_tgid: u64, mark: Mark, fd: i32, addr: u64, addr_len: u64) 
     // Connects are rare next to opens, and the agent must see a held one at once.
     let Some(mut entry) = reserve::<ConnectEvent>(true) else { return Ok(()) };
     let event = entry.as_mut_ptr();
-    let want = if addr == 0 { 0 } else { addr_len.min(MAX_SOCKADDR as u64) as u32 };
-    // SAFETY: event points to a reserved record of the right size; user memory through probe
-    // helpers only, at most MAX_SOCKADDR bytes into `addr`.
-    let copied = unsafe {
-        if want > 0
-            && want <= MAX_SOCKADDR as u32
-            && bpf_probe_read_user(addr_of_mut!((*event).addr) as *mut c_void, want, addr as *const c_void) == 0
-        {
-            want
-        } else {
-            0
-        }
-    };
+    let want = if addr == 0 { 0 } else { addr_len };
+    // SAFETY: event points to a reserved record of the right size; at most MAX_SOCKADDR bytes
+    // into `addr`.
+    let copied = unsafe { copy_user(addr_of_mut!((*event).addr) as *mut c_void, MAX_SOCKADDR, addr, want) };
     let (family, port) = if copied >= 4 {
         // SAFETY: as above; the first 4 bytes were copied.
         family_port(unsafe { [(*event).addr[0], (*event).addr[1], (*event).addr[2], (*event).addr[3]] })
@@ -187,13 +178,8 @@ fn report_dns(
         if !(family == AF_INET || family == AF_INET6) || port != DNS_PORT {
             return Ok(());
         }
-        let want = addr_len.min(DNS_SOCKADDR as u64) as u32;
         // SAFETY: at most DNS_SOCKADDR bytes into the local buffer.
-        if want <= DNS_SOCKADDR as u32
-            && unsafe { bpf_probe_read_user(socket.addr.as_mut_ptr() as *mut c_void, want, addr as *const c_void) } == 0
-        {
-            socket.addr_len = want;
-        }
+        socket.addr_len = unsafe { copy_user(socket.addr.as_mut_ptr() as *mut c_void, DNS_SOCKADDR, addr, addr_len) };
     } else {
         let key = (pid_tgid & 0xffff_ffff_0000_0000) | (fd as u32 as u64);
         // SAFETY: copied out at once.
@@ -202,18 +188,10 @@ fn report_dns(
     }
     let Some(mut entry) = reserve::<DnsQueryEvent>(false) else { return Ok(()) };
     let event = entry.as_mut_ptr();
-    let want = len.min(MAX_DNS_PAYLOAD as u64) as u32;
     // SAFETY: event points to a reserved record of the right size; at most MAX_DNS_PAYLOAD
     // bytes of user memory into `payload`.
     unsafe {
-        let copied = if want > 0
-            && want <= MAX_DNS_PAYLOAD as u32
-            && bpf_probe_read_user(addr_of_mut!((*event).payload) as *mut c_void, want, buf as *const c_void) == 0
-        {
-            want
-        } else {
-            0
-        };
+        let copied = copy_user(addr_of_mut!((*event).payload) as *mut c_void, MAX_DNS_PAYLOAD, buf, len);
         fill_header(addr_of_mut!((*event).header), kind::DNS_QUERY, size_of::<DnsQueryEvent>(), pid_tgid, mark);
         (*event).syscall = syscall;
         (*event).fd = fd;
@@ -226,4 +204,25 @@ fn report_dns(
     }
     submit(entry, false);
     Ok(())
+}
+
+/// Copies the first `len` bytes, at most `room`, of user memory at `from` to `to`; returns how
+/// many, 0 when `len` is 0 or the read fails. The size is checked after it passed through
+/// [`checked`]: LLVM spills it before a check and hands the helper the unchecked reload, which
+/// the 5.10 and 6.1 verifiers refuse ("R2 min value is negative").
+///
+/// # Safety
+/// `to` points to at least `room` writable bytes.
+#[inline(always)]
+unsafe fn copy_user(to: *mut c_void, room: usize, from: u64, len: u64) -> u32 {
+    let size = checked(len.min(room as u64) as usize) as u32;
+    if size == 0 || size > room as u32 {
+        return 0;
+    }
+    // SAFETY: the caller's `to` has `room` bytes; user memory through the probe helper.
+    if unsafe { bpf_probe_read_user(to, size, from as *const c_void) } == 0 {
+        size
+    } else {
+        0
+    }
 }
