@@ -97,17 +97,8 @@ const LSM_LIST: &str = "/sys/kernel/security/lsm";
 /// when it is not), or why that is unknown. BPF LSM programs load without it, but never run.
 pub fn bpf_lsm_active() -> Result<bool, String> {
     if !Path::new(LSM_LIST).exists() {
-        // As root, mounting securityfs is harmless; failing leaves the error below.
-        // SAFETY: mount(2) with valid NUL-terminated strings and no data.
-        unsafe {
-            libc::mount(
-                c"securityfs".as_ptr(),
-                c"/sys/kernel/security".as_ptr(),
-                c"securityfs".as_ptr(),
-                0,
-                std::ptr::null(),
-            );
-        }
+        // Failing leaves the error below.
+        super::doctor::mount_securityfs();
     }
     let list = fs::read_to_string(LSM_LIST).map_err(|e| format!("reading {LSM_LIST}: {e}"))?;
     Ok(list.trim().split(',').any(|lsm| lsm == "bpf"))
