@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use credwatch_e2e::{assert_field, Run, Sandbox, EXIT_ALERT};
+use credwatch_e2e::{assert_field, scenarios, Run, Sandbox, EXIT_ALERT};
 use serde_json::Value;
 
 fn report(sandbox: &Sandbox, name: &str, run: &Run) -> Value {
@@ -67,17 +67,7 @@ fn npm_postinstall_reading_npmrc_is_reported_within_a_second() {
 #[test]
 fn daemonised_preinstall_reading_ssh_key_after_npm_exits_is_reported() {
     let sandbox = Sandbox::new();
-    let tarball = sandbox.npm_pack("npm/evil-preinstall");
-    let project = sandbox.npm_project();
-    let report_path = sandbox.work().join("preinstall-report.json");
-    let run = sandbox.run_with_env(
-        &project,
-        &["npm", "install", tarball.to_str().unwrap()],
-        &[("CREDWATCH_E2E_REPORT", report_path.to_str().unwrap())],
-    );
-
-    // run lingers until the daemon has exited, so its report is there when run returns.
-    let payload = report(&sandbox, "preinstall-report.json", &run);
+    let (run, payload) = scenarios::npm_daemon_reads_key_after_npm_exits(&sandbox, &[]);
     assert_eq!(payload["npm_gone_before_read"], true, "the payload read before npm exited: {payload}");
     assert_eq!(payload["new_session"], true, "the payload did not leave npm's session: {payload}");
     run.assert_exit(EXIT_ALERT);
