@@ -1,5 +1,5 @@
 //! The scenarios the guest test targets share (`guest_backends` runs each on both sensor
-//! backends and compares, `guest_e2e` asserts what each must report, `guest_deny` refuses):
+//! backends, checks what each reported and compares them, `guest_deny` refuses):
 //! each runs one payload as package code under `credwatch run OPTIONS` in a [`Sandbox`] and
 //! returns the run and what the payload itself saw.
 

@@ -78,7 +78,7 @@ fn stage() -> Result<PathBuf> {
         fs::remove_dir_all(&context).with_context(|| format!("removing {}", context.display()))?;
     }
     if !static_binary().is_file() {
-        bail!("{} is missing: `cargo xtask build --static` builds it", static_binary().display());
+        bail!("{} is missing: `cargo xtask build` builds it", static_binary().display());
     }
     let rootfs = context.join("rootfs");
     let binary = rootfs.join("usr/bin/credwatch");
@@ -105,7 +105,7 @@ fn stage() -> Result<PathBuf> {
     Ok(context)
 }
 
-/// `cargo xtask image` (after `build --static`): the image built and tagged; its size printed.
+/// `cargo xtask image` (after `build`): the image built and tagged; its size printed.
 pub fn image() -> Result<()> {
     let engine = check_engine()?;
     println!("xtask: container engine: docker {engine}");

@@ -1,4 +1,4 @@
-//! `cargo xtask toolchain [--dry-run]`, `cargo xtask build [--static]`, `cargo xtask package [--test]`,
+//! `cargo xtask toolchain [--dry-run]`, `cargo xtask build`, `cargo xtask package [--test]`,
 //! `cargo xtask image`, `cargo xtask test`,
 //! `cargo xtask bench [--quick] [--no-build] [--only SECTION,...]`, `cargo xtask corpus [OPTIONS]`,
 //! `cargo xtask fuzz [--time SECS] [TARGET...]`, `cargo xtask kernels [OPTIONS]`.
@@ -33,16 +33,16 @@ use toolchain::Route;
 
 const USAGE: &str = "usage: cargo xtask <command>
   toolchain [--dry-run]  check the eBPF toolchain and set it up when missing (--dry-run: only say how)
-  build [--static]       toolchain, then the eBPF object and target/release/credwatch (--static:
-                         target/x86_64-unknown-linux-gnu/release/credwatch, linked statically:
-                         no glibc version required)
-  package [--test]       build --static, then target/credwatch_<version>_amd64.deb (the binary,
+  build                  toolchain, then the eBPF object and the agent, linked statically (no glibc
+                         version required): target/x86_64-unknown-linux-gnu/release/credwatch,
+                         copied to target/release/credwatch
+  package [--test]       build, then target/credwatch_<version>_amd64.deb (the binary,
                          the systemd unit, the default configuration); --test (root): then
                          install it with dpkg, check it and purge it, as `test` does
-  image [--no-build]     build --static, then the container image credwatch:<version> (and
+  image [--no-build]     build, then the container image credwatch:<version> (and
                          :latest) FROM scratch (deploy/Dockerfile) with the machine's docker
                          (DOCKER_HOST: which daemon; CREDWATCH_DOCKER: another client);
-                         --no-build: of the static binary built already (the image test's way)
+                         --no-build: of the binary built already (the image test's way)
   test                   build, set up what the tests need, run the unit tests, fuzz each decoder
                          for 25s, then (as root) the static binary, the end-to-end tests (the
                          container image's among them), and the package installed, checked and
@@ -78,13 +78,9 @@ fn main() -> ExitCode {
         ["toolchain"] => toolchain::ensure(false).map(drop),
         ["toolchain", "--dry-run"] => toolchain::ensure(true).map(drop),
         ["build"] => build(),
-        ["build", "--static"] => build().and_then(|()| package::build_static()),
-        ["package"] => build().and_then(|()| package::build_static()).and_then(|()| package::package()).map(drop),
-        ["package", "--test"] => build()
-            .and_then(|()| package::build_static())
-            .and_then(|()| package::package())
-            .and_then(|deb| package::test_package(&deb)),
-        ["image"] => build().and_then(|()| package::build_static()).and_then(|()| image::image()),
+        ["package"] => build().and_then(|()| package::package()).map(drop),
+        ["package", "--test"] => build().and_then(|()| package::package()).and_then(|deb| package::test_package(&deb)),
+        ["image"] => build().and_then(|()| image::image()),
         ["image", "--no-build"] => image::image(),
         ["test"] => test(),
         ["bench", options @ ..] => bench::bench(options),
@@ -176,7 +172,7 @@ fn build() -> Result<()> {
     };
     ebpf.env("CARGO_TARGET_BPFEL_UNKNOWN_NONE_RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf");
     run("build the eBPF object (target/bpf/bpfel-unknown-none/release/credwatch)", &mut ebpf)?;
-    run("build the agent (target/release/credwatch)", cargo().args(["build", "--release", "-p", "credwatch"]))
+    package::build_static()
 }
 
 fn test() -> Result<()> {
@@ -201,9 +197,9 @@ fn test() -> Result<()> {
     if !is_root() {
         bail!("the end-to-end tests load eBPF programs and need root: run `sudo -E cargo xtask test`");
     }
-    // The static binary is checked as it is built; the image test (tests/tests/image.rs) makes
-    // the container image of it with `xtask image --no-build` against its own dockerd.
-    package::build_static()?;
+    // The binary the tests run is the one that ships; the image test (tests/tests/image.rs)
+    // makes the container image of it with `xtask image --no-build` against its own dockerd.
+    package::check_static(&package::static_binary())?;
     run(
         "privileged end-to-end tests",
         cargo().args(["test", "-p", E2E_CRATE, "--", "--test-threads=1", "--show-output"]),

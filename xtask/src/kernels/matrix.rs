@@ -19,19 +19,12 @@ use super::{
 
 pub const BACKENDS: [&str; 2] = ["tracepoint", "fentry"];
 
-/// The boots that also run the guest test targets (real npm and cargo, deny, both backends
-/// compared) unless `--full`. Measured under TCG on 2 cores: a boot takes ~15 s, the sensor
-/// tests 1-2 min per backend (each test verifies the whole sensor), the guest targets several
-/// more; CI has ~15 min for the whole matrix, so they run on the kernel the issue names.
-const GUEST_TESTS_ON: &[(&str, bool)] = &[("6.12", true)];
-
-/// CI's cut (`cargo xtask test`): the 6.12 kernel only, both boots, and of the guest targets
-/// the LSM deny tests. Measured in the 6.12 guest with lsm=bpf (TCG, 2 cores): the fentry
-/// backend's sensor tests 279 s, guest_deny 68 s, guest_backends ~10 min, guest_e2e some
-/// minutes per backend: CI's 60 minutes leave the matrix about 15. The rest is `cargo xtask
-/// kernels` (every kernel, every target), run by hand; the README's table says which ran where.
-pub const CI_KERNEL: &str = "6.12";
-pub const CI_GUEST_TARGETS: &[&str] = &["guest_deny"];
+/// The boot that also runs the guest test targets (real npm and cargo on both backends
+/// compared, the LSM deny tests) unless `--full`: the kernel and boot the issue names. Measured
+/// under TCG on 2 cores: a boot takes ~15 s, the sensor tests 3-5 min per backend (each test
+/// verifies the whole sensor), the guest targets ~12 min more; CI's 60 minutes leave the
+/// matrix about 25.
+const GUEST_TESTS_ON: (&str, bool) = ("6.12", true);
 
 /// Each step's time limit in the guest (a hung test fails its step, not the whole matrix).
 const STEP_TIMEOUT_SECS: u64 = 1200;
@@ -39,7 +32,7 @@ const STEP_TIMEOUT_SECS: u64 = 1200;
 /// A test binary built on the host to run in the guests.
 struct Binaries {
     sensor: PathBuf,
-    /// guest_deny, guest_backends, guest_e2e, when the e2e crate has the `guest` feature.
+    /// guest_deny and guest_backends, the e2e crate's `guest` feature.
     guest: Vec<(String, PathBuf)>,
 }
 
@@ -84,44 +77,23 @@ fn test_binaries(args: &[&str]) -> Result<Vec<(String, PathBuf)>> {
     Ok(binaries)
 }
 
-/// Whether the e2e crate declares the `guest` feature (the guest test targets).
-fn has_guest_tests() -> bool {
-    fs::read_to_string(crate::workspace().join("tests/Cargo.toml"))
-        .is_ok_and(|manifest| manifest.lines().any(|l| l.trim_start().starts_with("guest =")))
-}
-
 fn build_binaries() -> Result<Binaries> {
     let sensor = test_binaries(&["-p", "credwatch", "--test", "sensor"])?
         .into_iter()
         .find(|(name, _)| name == "sensor")
         .map(|(_, path)| path)
         .context("cargo built no `sensor` test binary")?;
-    let guest = if has_guest_tests() {
-        test_binaries(&[
-            "-p",
-            crate::E2E_CRATE,
-            "--features",
-            "guest",
-            "--test",
-            "guest_deny",
-            "--test",
-            "guest_backends",
-            "--test",
-            "guest_e2e",
-        ])?
-    } else {
-        Vec::new()
-    };
+    let guest = test_binaries(&[
+        "-p",
+        crate::E2E_CRATE,
+        "--features",
+        "guest",
+        "--test",
+        "guest_deny",
+        "--test",
+        "guest_backends",
+    ])?;
     Ok(Binaries { sensor, guest })
-}
-
-/// Whether the agent has a second backend to choose (`--sensor`), i.e. branch fentry is in.
-fn fentry_built() -> bool {
-    let binary = crate::workspace().join("target/release/credwatch");
-    Command::new(binary)
-        .args(["watch", "--help"])
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("--sensor"))
 }
 
 /// The shell script one boot runs: each step between markers the host parses. Unless `full`,
@@ -129,8 +101,7 @@ fn fentry_built() -> bool {
 /// backend's on the default-LSM boot (it loads no LSM program, so `lsm=` cannot change its
 /// result), the fentry backend's on the `lsm=bpf` boot (where its LSM hooks load too); doctor
 /// on both says what loads on each.
-fn script(binaries: &Binaries, plan: Plan, guest_tests: bool, lsm: bool) -> String {
-    let Plan { fentry, full, guest_targets } = plan;
+fn script(binaries: &Binaries, full: bool, guest_tests: bool, lsm: bool) -> String {
     let workspace = crate::workspace();
     let rel = |p: &Path| p.strip_prefix(&workspace).unwrap_or(p).display().to_string();
     let mut s = String::from(
@@ -141,8 +112,7 @@ fn script(binaries: &Binaries, plan: Plan, guest_tests: bool, lsm: bool) -> Stri
     .replace("@TIMEOUT@", &STEP_TIMEOUT_SECS.to_string());
     s.push_str("step lsm cat /sys/kernel/security/lsm\n");
     s.push_str("step doctor target/release/credwatch doctor\n");
-    let backends: &[&str] = if fentry { &BACKENDS } else { &BACKENDS[..1] };
-    for backend in backends.iter().filter(|b| full || (**b == "tracepoint") != lsm) {
+    for backend in BACKENDS.iter().filter(|b| full || (**b == "tracepoint") != lsm) {
         let _ = writeln!(
             s,
             "step sensor:{backend} env CREDWATCH_E2E_SENSOR={backend} {} --test-threads=1",
@@ -150,25 +120,13 @@ fn script(binaries: &Binaries, plan: Plan, guest_tests: bool, lsm: bool) -> Stri
         );
     }
     if guest_tests {
-        for (name, path) in
-            binaries.guest.iter().filter(|(name, _)| guest_targets.is_none_or(|t| t.contains(&name.as_str())))
-        {
-            let runs: Vec<&str> = match name.as_str() {
-                // LSM deny needs the fentry backend and bpf among the active LSMs.
-                "guest_deny" if fentry && lsm => vec!["fentry"],
-                "guest_deny" => vec![],
-                // It runs both backends itself.
-                "guest_backends" if fentry => vec!["fentry"],
-                "guest_backends" => vec![],
-                _ => backends.to_vec(),
-            };
-            for backend in runs {
-                let _ = writeln!(
-                    s,
-                    "step {name}:{backend} env CREDWATCH_E2E_SENSOR={backend} {} --test-threads=1",
-                    rel(path)
-                );
+        for (name, path) in &binaries.guest {
+            // LSM deny needs bpf among the active LSMs; guest_backends runs both backends
+            // itself, and is counted as the fentry backend's.
+            if name == "guest_deny" && !lsm {
+                continue;
             }
+            let _ = writeln!(s, "step {name}:fentry env CREDWATCH_E2E_SENSOR=fentry {} --test-threads=1", rel(path));
         }
     }
     s
@@ -230,10 +188,7 @@ fn doctor_says<'a>(doctor: &'a str, prefix: &str) -> Option<&'a str> {
 }
 
 /// One cell: (passed, text).
-fn cell(boot: &Boot, backend: &str, fentry: bool) -> (bool, String) {
-    if backend == "fentry" && !fentry {
-        return (true, "not built yet (branch fentry)".into());
-    }
+fn cell(boot: &Boot, backend: &str) -> (bool, String) {
     let doctor = boot.steps.iter().find(|s| s.name == "doctor");
     let doctor_text = doctor.map(|s| s.output.as_str()).unwrap_or_default();
     let mut parts = Vec::new();
@@ -275,19 +230,14 @@ fn cell(boot: &Boot, backend: &str, fentry: bool) -> (bool, String) {
     (false, format!("FAIL: {}; passed: {}", failures.join("; "), parts.join(", ")))
 }
 
-/// What the matrix runs: `full` runs everything on every boot; CI's default leaves out what
-/// cannot differ or what its time does not allow (see [`GUEST_TESTS_ON`], [`script`]).
-#[derive(Clone, Copy)]
-struct Plan {
-    fentry: bool,
-    full: bool,
-    /// The guest targets to run where guest tests run; `None`: all.
-    guest_targets: Option<&'static [&'static str]>,
+/// Whether a boot runs the guest test targets: all do with `--full`, else [`GUEST_TESTS_ON`].
+fn guest_tests_on(kernel: &Kernel, lsm: bool, full: bool) -> bool {
+    full || GUEST_TESTS_ON == (kernel.series.name, lsm)
 }
 
-fn boot_one(cache: &Path, kernel: &Kernel, lsm: bool, binaries: &Binaries, plan: Plan, logs: &Path) -> Result<Boot> {
-    let guest_tests = plan.full || GUEST_TESTS_ON.contains(&(kernel.series.name, lsm));
-    let command = script(binaries, plan, guest_tests, lsm);
+fn boot_one(cache: &Path, kernel: &Kernel, lsm: bool, binaries: &Binaries, full: bool, logs: &Path) -> Result<Boot> {
+    let guest_tests = guest_tests_on(kernel, lsm, full);
+    let command = script(binaries, full, guest_tests, lsm);
     println!(
         "kernels: {} {} ({}){}: {}",
         kernel.series.name,
@@ -354,10 +304,21 @@ fn boot_all<J: Sync>(jobs: &[J], boot: impl Fn(&J) -> Result<Boot> + Sync) -> Re
     results.into_iter().map(|r| r.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every job ran")).collect()
 }
 
+/// Whether the matrix runs the sensor tests on the host: `cargo xtask test` ran them already
+/// (its host unit tests, then the whole e2e suite), so that its matrix only says so.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Host {
+    Test,
+    TestedAlready,
+}
+
 /// The host's own kernel for the tracepoint backend: the sensor tests here (the full e2e suite
 /// is `cargo xtask test`'s own step).
-fn host_row(binaries: &Binaries) -> Result<(bool, String, String)> {
+fn host_row(binaries: &Binaries, host: Host) -> Result<(bool, String, String)> {
     let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_owned();
+    if host == Host::TestedAlready {
+        return Ok((true, release, "pass: the sensor tests and the whole e2e suite, `cargo xtask test`'s steps before".into()));
+    }
     let start = Instant::now();
     let out = Command::new(&binaries.sensor)
         .arg("--test-threads=1")
@@ -376,10 +337,7 @@ fn host_row(binaries: &Binaries) -> Result<(bool, String, String)> {
 }
 
 /// What the host's doctor says of the fentry backend (this host refuses fentry programs).
-fn host_fentry(fentry: bool) -> Result<String> {
-    if !fentry {
-        return Ok("not built yet (branch fentry)".into());
-    }
+fn host_fentry() -> Result<String> {
     let out = Command::new(crate::workspace().join("target/release/credwatch"))
         .arg("doctor")
         .output()
@@ -394,23 +352,24 @@ fn host_fentry(fentry: bool) -> Result<String> {
 }
 
 /// Runs the matrix; fails (showing the failing guests' output) when a cell fails.
-pub fn matrix(only: Option<fetch::Series>, full: bool, guest_targets: Option<&'static [&'static str]>) -> Result<()> {
+pub fn matrix(only: Option<fetch::Series>, full: bool, host: Host) -> Result<()> {
     let start = Instant::now();
     let cache = super::cache();
     let out_dir = crate::workspace().join("target/kernels");
     let logs = out_dir.join("logs");
     fs::create_dir_all(&logs)?;
     let binaries = build_binaries()?;
-    let fentry = fentry_built();
-    let plan = Plan { fentry, full, guest_targets };
     let mut kernels = Vec::new();
     for series in fetch::SERIES.into_iter().filter(|s| only.is_none_or(|o| o.name == s.name)) {
         kernels.push(super::kernel(series)?);
     }
-    let jobs: Vec<(&Kernel, bool)> = kernels.iter().flat_map(|k| [(k, false), (k, true)]).collect();
-    let boots = boot_all(&jobs, |&(kernel, lsm)| boot_one(&cache, kernel, lsm, &binaries, plan, &logs))?;
-    let (host_ok, host_release, host_text) = host_row(&binaries)?;
-    let host_fentry = host_fentry(fentry)?;
+    let mut jobs: Vec<(&Kernel, bool)> = kernels.iter().flat_map(|k| [(k, false), (k, true)]).collect();
+    // The longest boot first, so that the other lane takes the short ones meanwhile.
+    jobs.sort_by_key(|&(kernel, lsm)| !guest_tests_on(kernel, lsm, full));
+    let mut boots = boot_all(&jobs, |&(kernel, lsm)| boot_one(&cache, kernel, lsm, &binaries, full, &logs))?;
+    boots.sort_by_key(|boot| (fetch::SERIES.iter().position(|s| s.name == boot.kernel.series.name), boot.lsm));
+    let (host_ok, host_release, host_text) = host_row(&binaries, host)?;
+    let host_fentry = host_fentry()?;
 
     let mut table = String::from("| kernel | Debian package | boot | backend | result |\n|---|---|---|---|---|\n");
     let _ = writeln!(table, "| {host_release} (host) | - | host | tracepoint | {host_text} |");
@@ -420,7 +379,7 @@ pub fn matrix(only: Option<fetch::Series>, full: bool, guest_targets: Option<&'s
         let lsms = boot.steps.iter().find(|s| s.name == "lsm").map(|s| s.output.trim().to_owned()).unwrap_or_default();
         let bpf_active = lsms.split(',').any(|l| l == "bpf");
         for backend in BACKENDS {
-            let (ok, text) = cell(boot, backend, fentry);
+            let (ok, text) = cell(boot, backend);
             let _ = writeln!(
                 table,
                 "| {} ({}) | {} {} | {}{} | {backend} | {text} |",
@@ -441,14 +400,11 @@ pub fn matrix(only: Option<fetch::Series>, full: bool, guest_targets: Option<&'s
         report,
         "`cargo xtask kernels`: Debian's cloud kernels in qemu (TCG, 2 vCPUs, 4 GB), each booted with its \
          default LSMs and with `lsm={}`. Every boot runs `credwatch doctor` and the sensor tests \
-         (agent/tests/sensor.rs) per backend; the guest tests (guest_e2e, guest_backends, guest_deny) run on {}. \
+         (agent/tests/sensor.rs) per backend; the guest tests (guest_backends, guest_deny) run on {}{}. \
          Logs: target/kernels/logs/.\n",
         guest::LSM_LIST,
-        GUEST_TESTS_ON
-            .iter()
-            .map(|(k, lsm)| format!("{k}{}", if *lsm { " with lsm=bpf" } else { "" }))
-            .collect::<Vec<_>>()
-            .join(", ")
+        if full { "every boot" } else { GUEST_TESTS_ON.0 },
+        if !full && GUEST_TESTS_ON.1 { " with lsm=bpf" } else { "" },
     );
     report.push_str(&table);
     report.push_str("\n## Times\n\n| kernel | boot | to the command | total | steps |\n|---|---|---|---|---|\n");
@@ -523,41 +479,22 @@ mod tests {
     }
 
     #[test]
-    fn ci_runs_each_backend_once_per_kernel_and_the_guest_tests_where_told() {
+    fn each_backend_runs_once_per_kernel_and_the_guest_tests_where_told() {
         let ws = crate::workspace();
         let binaries = Binaries {
             sensor: ws.join("target/debug/deps/sensor-1"),
-            guest: ["guest_deny", "guest_backends", "guest_e2e"]
+            guest: ["guest_deny", "guest_backends"]
                 .map(|n| (n.to_owned(), ws.join(format!("target/debug/deps/{n}-1"))))
                 .into(),
         };
-        let all = Plan { fentry: true, full: false, guest_targets: None };
-        let lsm_boot = script(&binaries, all, true, true);
-        assert_eq!(
-            steps_of(&lsm_boot),
-            [
-                "lsm",
-                "doctor",
-                "sensor:fentry",
-                "guest_deny:fentry",
-                "guest_backends:fentry",
-                "guest_e2e:tracepoint",
-                "guest_e2e:fentry"
-            ]
-        );
+        let lsm_boot = script(&binaries, false, true, true);
+        assert_eq!(steps_of(&lsm_boot), ["lsm", "doctor", "sensor:fentry", "guest_deny:fentry", "guest_backends:fentry"]);
         assert!(lsm_boot.contains("env CREDWATCH_E2E_SENSOR=fentry target/debug/deps/sensor-1 --test-threads=1"));
-        assert_eq!(steps_of(&script(&binaries, all, false, false)), ["lsm", "doctor", "sensor:tracepoint"]);
-        // CI's cut: of the guest targets, the deny tests.
-        let ci = Plan { guest_targets: Some(CI_GUEST_TARGETS), ..all };
+        assert_eq!(steps_of(&script(&binaries, false, false, false)), ["lsm", "doctor", "sensor:tracepoint"]);
+        // --full: both backends on every boot; the deny tests need bpf among the active LSMs.
         assert_eq!(
-            steps_of(&script(&binaries, ci, true, true)),
-            ["lsm", "doctor", "sensor:fentry", "guest_deny:fentry"]
-        );
-        // Before the fentry backend: no guest test needs it but guest_e2e.
-        let before_fentry = Plan { fentry: false, full: true, guest_targets: None };
-        assert_eq!(
-            steps_of(&script(&binaries, before_fentry, true, true)),
-            ["lsm", "doctor", "sensor:tracepoint", "guest_e2e:tracepoint"]
+            steps_of(&script(&binaries, true, true, false)),
+            ["lsm", "doctor", "sensor:tracepoint", "sensor:fentry", "guest_backends:fentry"]
         );
     }
 
