@@ -898,6 +898,7 @@ fn io_uring_openat_is_reported_by_its_opcode() {
     let h = home();
     let binary = compile(&h.work, "uring", URING_OPEN);
     let mut sensor = start(&[], false).unwrap();
+    let setup_watched = watches(&sensor, "io_uring_setup");
     let key = path(&h.home.join(".ssh/id_rsa"));
     let mut child = spawn_marked(&mut sensor, binary.to_str().unwrap(), &[&key]);
     let root = child.id();
@@ -905,7 +906,8 @@ fn io_uring_openat_is_reported_by_its_opcode() {
     collect(&mut sensor, &mut events, |events| exited(events, root).is_some());
     assert!(child.wait().unwrap().success(), "the io_uring open worked");
     let calls = syscalls(&events);
-    assert!(calls.iter().any(|(pid, s)| *pid == root && s.name == "io_uring_setup"), "{calls:#?}");
+    let setup = calls.iter().any(|(pid, s)| *pid == root && s.name == "io_uring_setup");
+    assert_eq!(setup, setup_watched, "{calls:#?}");
     assert!(
         calls.iter().any(|(pid, s)| *pid == root
             && s.name == "io_uring_submit_req"
