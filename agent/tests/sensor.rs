@@ -33,17 +33,6 @@ use credwatch_core::{
 /// The tests share kernel tracepoints; one sensor at a time keeps their event streams apart.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// Whether `sensor` watches `syscall`: all but those the fentry backend leaves out on 5.10,
-/// whose BTF does not type their functions' argument (it says so, see `Sensor::unwatched`).
-fn watches(sensor: &Sensor, syscall: &str) -> bool {
-    let unwatched = sensor.unwatched();
-    let left_out = unwatched.iter().any(|u| u.syscall == syscall);
-    if left_out {
-        assert!(backend() == Backend::Fentry && kernel() < KernelVersion::new(5, 11, 0), "{unwatched:?}");
-    }
-    !left_out
-}
-
 /// The running kernel's version.
 fn kernel() -> KernelVersion {
     KernelVersion::current().unwrap()
@@ -642,22 +631,14 @@ fn credential_inodes_catch_hardlinks_renamed_keys_and_handles_and_renames_are_ab
     let moved = open_of(&events, root, &path(&h.work.join("moved")));
     assert_eq!(moved.same_file_as.as_deref(), Some(ed25519.as_str()), "renamed key");
 
-    let by_handle = opens(&events).map(|(_, open)| open).find(|open| open.syscall == "open_by_handle_at");
-    // 5.10's BTF does not type open_by_handle_at's argument: the fentry backend leaves it out
-    // there, and says so.
-    let left_out = sensor.unwatched().iter().find(|u| u.syscall == "open_by_handle_at");
-    if backend() == Backend::Fentry && kernel() < KernelVersion::new(5, 11, 0) {
-        let left_out = left_out.expect("the fentry backend says it does not watch open_by_handle_at");
-        assert!(left_out.why.contains("only declares"), "{left_out:?}");
-        assert!(by_handle.is_none(), "{by_handle:?}");
-    } else {
-        assert_eq!(left_out, None);
-        let by_handle = by_handle.expect("open_by_handle_at is reported");
-        let npmrc = path(&h.home.join(".npmrc"));
-        assert_eq!(by_handle.abs_path.as_deref(), Some(npmrc.as_str()));
-        assert_eq!(by_handle.same_file_as.as_deref(), Some(npmrc.as_str()));
-        assert!(by_handle.ret >= 0);
-    }
+    let by_handle = opens(&events)
+        .map(|(_, open)| open)
+        .find(|open| open.syscall == "open_by_handle_at")
+        .expect("open_by_handle_at is reported");
+    let npmrc = path(&h.home.join(".npmrc"));
+    assert_eq!(by_handle.abs_path.as_deref(), Some(npmrc.as_str()));
+    assert_eq!(by_handle.same_file_as.as_deref(), Some(npmrc.as_str()));
+    assert!(by_handle.ret >= 0);
 
     let renames = renames(&events);
     let link = renames.iter().find(|r| r.syscall.starts_with("link")).expect("link reported");
@@ -700,9 +681,6 @@ fn tamper_syscalls_of_marked_processes_are_reported() {
     let mut sensor = start(&[], false).unwrap();
     let agent = std::process::id();
     let args = [libc::SYS_bpf.to_string(), libc::SYS_io_uring_setup.to_string(), agent.to_string()];
-    let watched = |syscall: &str| watches(&sensor, syscall);
-    let (readv_watched, bpf_watched, uring_watched) =
-        (watched("process_vm_readv"), watched("bpf"), watched("io_uring_setup"));
     let mut child = python_marked(&mut sensor, TAMPER_HELPER, &[&args[0], &args[1], &args[2]]);
     let root = child.id();
     let mut events = Vec::new();
@@ -721,21 +699,11 @@ fn tamper_syscalls_of_marked_processes_are_reported() {
     assert_eq!(attach.ret, Some(0));
     assert!(target.contains(&attach.target_pid.unwrap()), "{attach:?} not one of {target:?}");
     find("ptrace", Some("PTRACE_DETACH"));
-    let reported = |name: &str| calls.iter().any(|(pid, s)| *pid == root && s.name == name);
-    if readv_watched {
-        let readv = find("process_vm_readv", None);
-        assert_eq!(readv.target_pid, attach.target_pid);
-    }
-    if bpf_watched {
-        let bpf = find("bpf", Some("BPF_PROG_LOAD"));
-        assert!(bpf.ret.unwrap() < 0 && !bpf.blocked);
-    }
-    if uring_watched {
-        assert!(find("io_uring_setup", None).ret.unwrap() >= 0);
-    }
-    // What the backend left out is not reported.
-    let expected = [("process_vm_readv", readv_watched), ("bpf", bpf_watched), ("io_uring_setup", uring_watched)];
-    assert!(expected.iter().all(|&(name, watched)| reported(name) == watched), "{calls:#?}");
+    let readv = find("process_vm_readv", None);
+    assert_eq!(readv.target_pid, attach.target_pid);
+    let bpf = find("bpf", Some("BPF_PROG_LOAD"));
+    assert!(bpf.ret.unwrap() < 0 && !bpf.blocked);
+    assert!(find("io_uring_setup", None).ret.unwrap() >= 0);
     let signal = find("kill", Some("0"));
     assert_eq!((signal.target_pid, signal.ret), (Some(agent), Some(0)));
     // kill(sleep, SIGKILL) is not aimed at the agent: not reported.
@@ -760,11 +728,10 @@ open(sys.argv[2], "w").write("survived\n")
 "#;
 
 /// Runs the copy payload and the bpf payload, with or without `--enforce`.
-/// Also whether the sensor ran the LSM hooks, and whether it watched bpf().
-fn run_payloads(enforce: bool) -> (Home, Vec<Event>, [std::process::ExitStatus; 2], bool, bool) {
+fn run_payloads(enforce: bool) -> (Home, Vec<Event>, [std::process::ExitStatus; 2], bool) {
     let h = home();
     let mut sensor = protected_sensor(&h, enforce);
-    let (lsm, bpf_watched) = (sensor.lsm(), watches(&sensor, "bpf"));
+    let lsm = sensor.lsm();
     let key = path(&h.home.join(".ssh/id_rsa"));
     let copy = path(&h.work.join("copy"));
     let survived = path(&h.work.join("survived"));
@@ -776,17 +743,17 @@ fn run_payloads(enforce: bool) -> (Home, Vec<Event>, [std::process::ExitStatus; 
         exited(events, copier_pid).is_some() && exited(events, bpf_pid).is_some()
     });
     let statuses = [copier.wait().unwrap(), bpf.wait().unwrap()];
-    (h, events, statuses, lsm, bpf_watched)
+    (h, events, statuses, lsm)
 }
 
 #[test]
 fn enforce_kills_before_the_secret_is_read_and_blocks_tamper_syscalls() {
     use std::os::unix::process::ExitStatusExt as _;
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let (h, events, [copier, bpf], lsm, bpf_watched) = run_payloads(true);
+    let (h, events, [copier, bpf], lsm) = run_payloads(true);
     let key = path(&h.home.join(".ssh/id_rsa"));
     if lsm {
-        return refused_by_the_lsm(&h, &events, [copier, bpf], bpf_watched);
+        return refused_by_the_lsm(&h, &events, [copier, bpf]);
     }
     assert_eq!(copier.signal(), Some(libc::SIGKILL), "the copier is killed");
     let copied = fs::read_to_string(h.work.join("copy")).unwrap();
@@ -795,10 +762,6 @@ fn enforce_kills_before_the_secret_is_read_and_blocks_tamper_syscalls() {
     assert!(open.blocked && open.ret >= 0, "{open:?}");
     assert_eq!(open.same_file_as.as_deref(), Some(key.as_str()));
 
-    if !bpf_watched {
-        assert!(bpf.success() && syscalls(&events).iter().all(|(_, s)| s.name != "bpf"));
-        return;
-    }
     assert_eq!(bpf.signal(), Some(libc::SIGKILL), "the bpf() caller is killed");
     assert!(!h.work.join("survived").exists());
     let calls = syscalls(&events);
@@ -808,8 +771,7 @@ fn enforce_kills_before_the_secret_is_read_and_blocks_tamper_syscalls() {
 
 /// `--enforce` with the BPF LSM hooks (the fentry backend where `bpf` is an active LSM): the
 /// open of the key and the bpf() call fail with EPERM, and both payloads live.
-/// A bpf() the backend does not watch is neither refused nor reported.
-fn refused_by_the_lsm(h: &Home, events: &[Event], [copier, bpf]: [std::process::ExitStatus; 2], bpf_watched: bool) {
+fn refused_by_the_lsm(h: &Home, events: &[Event], [copier, bpf]: [std::process::ExitStatus; 2]) {
     use std::os::unix::process::ExitStatusExt as _;
     let key = path(&h.home.join(".ssh/id_rsa"));
     // Python's PermissionError ends the copier with status 1, not a signal.
@@ -822,10 +784,6 @@ fn refused_by_the_lsm(h: &Home, events: &[Event], [copier, bpf]: [std::process::
     assert!(bpf.success(), "the bpf() caller lives");
     assert!(h.work.join("survived").exists());
     let calls = syscalls(events);
-    if !bpf_watched {
-        assert!(calls.iter().all(|(_, s)| s.name != "bpf"), "{calls:#?}");
-        return;
-    }
     let (_, denied) = calls.iter().find(|(_, s)| s.name == "bpf").expect("bpf reported");
     assert!(denied.denied && !denied.blocked && denied.ret == Some(-i64::from(libc::EPERM)), "{denied:?}");
 }
@@ -833,7 +791,7 @@ fn refused_by_the_lsm(h: &Home, events: &[Event], [copier, bpf]: [std::process::
 #[test]
 fn without_enforce_the_same_payloads_survive() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let (h, events, [copier, bpf], _, _) = run_payloads(false);
+    let (h, events, [copier, bpf], _) = run_payloads(false);
     let key = path(&h.home.join(".ssh/id_rsa"));
     assert!(copier.success() && bpf.success());
     assert!(fs::read_to_string(h.work.join("copy")).unwrap().contains(SECRET));
@@ -898,7 +856,6 @@ fn io_uring_openat_is_reported_by_its_opcode() {
     let h = home();
     let binary = compile(&h.work, "uring", URING_OPEN);
     let mut sensor = start(&[], false).unwrap();
-    let setup_watched = watches(&sensor, "io_uring_setup");
     let key = path(&h.home.join(".ssh/id_rsa"));
     let mut child = spawn_marked(&mut sensor, binary.to_str().unwrap(), &[&key]);
     let root = child.id();
@@ -906,8 +863,7 @@ fn io_uring_openat_is_reported_by_its_opcode() {
     collect(&mut sensor, &mut events, |events| exited(events, root).is_some());
     assert!(child.wait().unwrap().success(), "the io_uring open worked");
     let calls = syscalls(&events);
-    let setup = calls.iter().any(|(pid, s)| *pid == root && s.name == "io_uring_setup");
-    assert_eq!(setup, setup_watched, "{calls:#?}");
+    assert!(calls.iter().any(|(pid, s)| *pid == root && s.name == "io_uring_setup"), "{calls:#?}");
     assert!(
         calls.iter().any(|(pid, s)| *pid == root
             && s.name == "io_uring_submit_req"

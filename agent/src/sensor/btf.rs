@@ -15,7 +15,6 @@ const KIND_ARRAY: u32 = 3;
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
 const KIND_ENUM: u32 = 6;
-const KIND_FWD: u32 = 7;
 const KIND_TYPEDEF: u32 = 8;
 const KIND_VOLATILE: u32 = 9;
 const KIND_CONST: u32 = 10;
@@ -75,11 +74,7 @@ enum Type {
     },
     FuncProto {
         params: u32,
-        /// The first parameter's type (0: none).
-        first_param: u32,
     },
-    /// A struct or union only declared (`struct pt_regs;`), whose members BTF does not know.
-    Fwd,
     /// Its enumerators: `Btf::enumerators[first..first + count]`.
     Enum {
         first: u32,
@@ -101,8 +96,8 @@ pub struct Btf {
     /// two vectors: 7.0 ms).
     enums: Vec<(u32, u32)>,
     enumerators: Vec<(u32, i64)>,
-    /// Name offsets and prototype ids of the functions (the fentry backend's attach targets).
-    functions: Vec<(u32, u32)>,
+    /// Name offsets of the functions (the fentry backend's attach targets).
+    functions: Vec<u32>,
     strings: Vec<u8>,
 }
 
@@ -195,10 +190,8 @@ impl Btf {
                 }
                 KIND_PTR => Type::Ptr { type_id: size_or_type },
                 KIND_FUNC_PROTO => {
-                    // Each parameter is (name offset, type id).
-                    let first_param = if vlen > 0 { u32_at(type_data, at + 4)? } else { 0 };
                     at += 8 * vlen;
-                    Type::FuncProto { params: vlen as u32, first_param }
+                    Type::FuncProto { params: vlen as u32 }
                 }
                 KIND_ENUM => {
                     let first = btf.enumerators.len() as u32;
@@ -215,10 +208,9 @@ impl Btf {
                     Type::Enum { first, count: vlen as u32 }
                 }
                 KIND_FUNC => {
-                    btf.functions.push((name_off, size_or_type));
+                    btf.functions.push(name_off);
                     Type::Other
                 }
-                KIND_FWD => Type::Fwd,
                 _ => {
                     at += match kind {
                         KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
@@ -291,21 +283,7 @@ impl Btf {
 
     /// Whether the kernel has a function `name` (one an fentry program can attach to).
     pub fn has_function(&self, name: &str) -> bool {
-        self.functions.iter().any(|&(name_off, _)| self.name_is(name_off, name))
-    }
-
-    /// Whether function `name`'s first argument is a pointer to a struct or union BTF knows
-    /// the members of: the verifier lets a tracing program read such an argument only then
-    /// (5.10's BTF gives some syscall functions a `struct pt_regs` that is only declared, and
-    /// refuses "arg0 type FWD is not a struct"). The first function of that name, as aya
-    /// attaches to.
-    pub fn first_arg_is_struct_ptr(&self, name: &str) -> bool {
-        let Some(&(_, proto)) = self.functions.iter().find(|&&(name_off, _)| self.name_is(name_off, name)) else {
-            return false;
-        };
-        let Some(&Type::FuncProto { first_param, .. }) = self.resolve(proto) else { return false };
-        let Some(&Type::Ptr { type_id }) = self.resolve(first_param) else { return false };
-        matches!(self.resolve(type_id), Some(Type::Composite { .. }))
+        self.functions.iter().any(|&name_off| self.name_is(name_off, name))
     }
 
     /// Number of parameters of the function prototype behind typedef `name` (the raw
@@ -316,7 +294,7 @@ impl Btf {
         // The typedef names a pointer to the prototype.
         for _ in 0..MAX_NESTING {
             match self.types.get(id as usize) {
-                Some(Type::FuncProto { params, .. }) => return Ok(*params),
+                Some(Type::FuncProto { params }) => return Ok(*params),
                 Some(Type::Alias { type_id } | Type::Ptr { type_id }) => id = *type_id,
                 _ => break,
             }
@@ -405,38 +383,6 @@ mod tests {
         assert_eq!(btf.enum_value("cgroup_subsys_id", "cpu_cgrp_id").unwrap(), 0);
     }
 
-    /// The fentry backend's syscall functions as 5.10's BTF has them: most take a
-    /// `const struct pt_regs *`, and a few a pointer to a `struct pt_regs` only declared.
-    #[test]
-    fn tells_functions_whose_argument_is_only_a_declared_struct() {
-        let mut blob = Blob::new();
-        blob.push("long", KIND_INT, 0, 8, &[64]); // 1
-        blob.composite("pt_regs", KIND_STRUCT, 168, &[("di", 1, 896)]); // 2
-        blob.push("", KIND_CONST, 0, 2, &[]); // 3
-        blob.push("", KIND_PTR, 0, 3, &[]); // 4
-        let regs = blob.name("regs");
-        blob.push("", KIND_FUNC_PROTO, 1, 1, &[regs, 4]); // 5
-        blob.push("__x64_sys_openat", KIND_FUNC, 0, 5, &[]); // 6
-        blob.push("pt_regs", KIND_FWD, 0, 0, &[]); // 7
-        blob.push("", KIND_CONST, 0, 7, &[]); // 8
-        blob.push("", KIND_PTR, 0, 8, &[]); // 9
-        blob.push("", KIND_FUNC_PROTO, 1, 1, &[regs, 9]); // 10
-        blob.push("__x64_sys_open_by_handle_at", KIND_FUNC, 0, 10, &[]); // 11
-        blob.push("", KIND_FUNC_PROTO, 1, 1, &[regs, 1]); // 12: takes a long
-        blob.push("__x64_sys_long", KIND_FUNC, 0, 12, &[]); // 13
-        blob.push("", KIND_FUNC_PROTO, 0, 1, &[]); // 14: takes nothing
-        blob.push("__x64_sys_none", KIND_FUNC, 0, 14, &[]); // 15
-        let btf = Btf::parse(&blob.finish()).unwrap();
-        assert!(btf.first_arg_is_struct_ptr("__x64_sys_openat"));
-        assert!(btf.has_function("__x64_sys_open_by_handle_at"));
-        assert!(!btf.first_arg_is_struct_ptr("__x64_sys_open_by_handle_at"));
-        assert!(!btf.first_arg_is_struct_ptr("__x64_sys_long"));
-        assert!(!btf.first_arg_is_struct_ptr("__x64_sys_none"));
-        assert!(!btf.first_arg_is_struct_ptr("__x64_sys_missing"));
-        // The full definition still gives the registers' offsets.
-        assert_eq!(btf.member_offset("pt_regs", "di").unwrap(), 112);
-    }
-
     #[test]
     fn errors_name_the_struct_and_member() {
         let btf = Btf::parse(&sample()).unwrap();
@@ -481,7 +427,6 @@ mod tests {
         super::super::offsets::syscall_regs(&btf, &mut offsets).unwrap();
         assert_eq!((offsets.pt_regs_di - offsets.pt_regs_si, offsets.pt_regs_orig_ax - offsets.pt_regs_di), (8, 8));
         assert!(btf.has_function("__x64_sys_openat") && btf.has_function("__x64_sys_renameat2"));
-        assert!(btf.first_arg_is_struct_ptr("__x64_sys_openat"));
         assert!(!btf.has_function("__x64_sys_no_such_call"));
     }
 }

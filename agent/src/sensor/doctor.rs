@@ -131,10 +131,9 @@ pub fn doctor() -> DoctorReport {
             (Ok(false), _) => "`bpf` is not an active LSM (boot with lsm=...,bpf to refuse): `--enforce` kills".into(),
             (Err(why), _) => format!("the active LSMs are unknown ({why}): `--enforce` kills"),
         };
-        // What `--sensor tracepoint` would watch that this backend does not, here.
         let gaps = match unwatched.len() {
             0 => String::new(),
-            n => format!("; {n} syscall(s) not watched (above; `--sensor tracepoint` watches them)"),
+            n => format!("; {n} syscall(s) not watched (above)"),
         };
         let reason = format!(
             "fentry/fexit programs load on the syscall functions, so no syscall tracepoint slows other \

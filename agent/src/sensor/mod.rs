@@ -149,33 +149,13 @@ pub struct Unwatched {
 
 /// The syscalls the fentry backend hooks on this kernel (decided from its BTF, so that start-up
 /// and `doctor` agree), and those it leaves out: a function the kernel lacks (a module syscall
-/// without modules), and one whose argument BTF does not type, which the verifier refuses.
+/// without modules).
 fn fentry_hooks(btf: &btf::Btf) -> (Vec<SyscallHook>, Vec<Unwatched>) {
-    let mut unwatched = Vec::new();
-    let hooks = syscall_hooks()
+    let (hooks, missing): (Vec<SyscallHook>, _) =
+        syscall_hooks().into_iter().partition(|hook| btf.has_function(&syscall_function(hook.name)));
+    let unwatched = missing
         .into_iter()
-        .filter(|hook| {
-            let function = syscall_function(hook.name);
-            let why = if !btf.has_function(&function) {
-                format!("the kernel has no {function}")
-            } else if !btf.first_arg_is_struct_ptr(&function) {
-                // Only 5.10's open_by_handle_at was seen so.
-                let note = if hook.syscall == open_syscall::OPEN_BY_HANDLE_AT && hook.family == syscall_family::OPEN {
-                    "; before 6.10 only a process with CAP_DAC_READ_SEARCH may call it, and with `--enforce` \
-                     the BPF LSM's file_open hook still refuses its opens of credentials"
-                } else {
-                    ""
-                };
-                format!(
-                    "this kernel's BTF gives {function} a `struct pt_regs` it only declares, so the verifier \
-                     refuses programs that read its arguments{note}"
-                )
-            } else {
-                return true;
-            };
-            unwatched.push(Unwatched { syscall: hook.name, why });
-            false
-        })
+        .map(|hook| Unwatched { syscall: hook.name, why: format!("the kernel has no {}", syscall_function(hook.name)) })
         .collect();
     (hooks, unwatched)
 }
