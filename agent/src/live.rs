@@ -603,6 +603,10 @@ fn say_which_sensor(sensor: &Sensor, enforce: bool) {
         let why = escape(why).into_owned();
         info!(sensor = backend, "the fentry backend does not load here ({why}): the tracepoint backend runs");
     }
+    for unwatched in sensor.unwatched() {
+        let (syscall, why) = (unwatched.syscall, escape(&unwatched.why).into_owned());
+        warn!(sensor = backend, syscall, "{syscall} is not watched by the {backend} backend on this kernel: {why}");
+    }
     let deny = if sensor.lsm() { "lsm" } else { "kill" };
     if enforce {
         info!(sensor = backend, enforce = deny, "sensor: {backend} backend; --enforce blocks by {deny}");
@@ -631,6 +635,9 @@ fn say_how_started(dir: &Path, started: &Started) {
         }
         Started::Replaced(why) => {
             warn!(pin_dir = dir, "replaced the kernel programs pinned in {dir} ({why})");
+        }
+        Started::Unpinned(why) => {
+            warn!(pin_dir = dir, "the kernel programs are not pinned in {dir}: {why}");
         }
     }
 }

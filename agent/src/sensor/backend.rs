@@ -7,7 +7,7 @@
 //!   (`__x64_sys_openat`, ...), which cost only those functions; and, under `--enforce` where
 //!   the BPF LSM is active, BPF LSM hooks that refuse with EPERM (see the kernel's `lsm.rs`).
 //! - Both keep the raw tracepoints of exec, fork and exit (no syscall tracepoints, so they cost
-//!   other syscalls nothing) and the `io_uring:io_uring_submit_req` tracepoint.
+//!   other syscalls nothing) and io_uring's submission tracepoint.
 //!
 //! A tracing program has one attach target: each family's program is loaded (verified) once
 //! per syscall of the family, attached, its link kept, and unloaded for the next target (the

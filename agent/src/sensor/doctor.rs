@@ -4,17 +4,18 @@ use std::{fmt, fs, path::Path};
 
 use aya::{
     maps::MapType,
-    programs::{FExit, Lsm, LsmAttachType, ProgramType},
+    programs::{Lsm, LsmAttachType, ProgramType},
     sys::{is_map_supported, is_program_supported},
     Btf as AyaBtf, EbpfLoader,
 };
 
 use super::{
-    backend::{bpf_lsm_active, syscall_function},
+    backend::{bpf_lsm_active, Backend, SensorOptions},
     btf::Btf,
     cgroups::Hierarchies,
+    fentry_hooks,
     offsets::{kernel_offsets, syscall_regs},
-    syscall_hooks, OBJECT, TRACEFS,
+    Sensor, Unwatched, OBJECT, TRACEFS,
 };
 
 /// One probed feature: `Ok(true)` loads, `Ok(false)` does not, `Err` the probe itself failed.
@@ -36,11 +37,11 @@ pub struct DoctorReport {
     /// Program types and whether they load here.
     pub programs: Vec<(&'static str, Probe)>,
     pub ring_buffer: Probe,
-    /// The fentry backend: its program really loaded (verified) on a syscall function, or why
-    /// not.
+    /// The fentry backend: its whole set really loaded (verified) and attached as start-up
+    /// does with `--sensor auto`, or why not (then `auto` runs the tracepoints).
     pub fentry: Result<(), String>,
-    /// Syscall functions the fentry backend hooks that this kernel lacks (those are not hooked).
-    pub missing_functions: Vec<String>,
+    /// The syscalls the fentry backend leaves out on this kernel, and why.
+    pub unwatched: Vec<Unwatched>,
     /// `bpf` is an active LSM (with the fentry backend, `--enforce` refuses), or why unknown.
     pub bpf_lsm: Result<bool, String>,
     /// A BPF LSM program really loaded, or why not.
@@ -111,7 +112,7 @@ pub fn doctor() -> DoctorReport {
     ];
     let ring_buffer = is_map_supported(MapType::RingBuf).map_err(|e| chain(&e));
     let loads = |name: &str| programs.iter().any(|(n, probe)| *n == name && matches!(probe, Ok(true)));
-    let (fentry, missing_functions, lsm_program) = probe_fentry();
+    let (fentry, unwatched, lsm_program) = probe_fentry();
     let bpf_lsm = bpf_lsm_active();
     let (sensor, reason) = if !btf {
         (None, "no kernel BTF, so the kernel struct offsets cannot be resolved".to_owned())
@@ -130,9 +131,13 @@ pub fn doctor() -> DoctorReport {
             (Ok(false), _) => "`bpf` is not an active LSM (boot with lsm=...,bpf to refuse): `--enforce` kills".into(),
             (Err(why), _) => format!("the active LSMs are unknown ({why}): `--enforce` kills"),
         };
+        let gaps = match unwatched.len() {
+            0 => String::new(),
+            n => format!("; {n} syscall(s) not watched (above)"),
+        };
         let reason = format!(
             "fentry/fexit programs load on the syscall functions, so no syscall tracepoint slows other \
-             processes; {deny}"
+             processes; {deny}{gaps}"
         );
         (Some("fentry"), reason)
     } else if loads("tracepoint") {
@@ -155,7 +160,7 @@ pub fn doctor() -> DoctorReport {
         programs,
         ring_buffer,
         fentry,
-        missing_functions,
+        unwatched,
         bpf_lsm,
         lsm_program,
         sensor,
@@ -163,21 +168,27 @@ pub fn doctor() -> DoctorReport {
     }
 }
 
-/// The fentry backend, probed by real loads (the kernel verifies them as at start-up; loading
-/// attaches nothing): its cheapest program, the tamper exit, on `bpf`'s syscall function, and
-/// a BPF LSM program on its hook. Also the syscall functions this kernel lacks.
-fn probe_fentry() -> (Result<(), String>, Vec<String>, Result<(), String>) {
+/// The fentry backend, probed the way `--sensor auto` starts (every program verified and
+/// attached, then detached; nothing is marked, so they see nothing): `doctor` says what `auto`
+/// picks by running it. With the BPF LSM active, its hooks load too, as under `--enforce`.
+/// Also a BPF LSM program loaded alone on its hook, which says whether LSM programs load at
+/// all, and the syscalls the fentry backend leaves out.
+fn probe_fentry() -> (Result<(), String>, Vec<Unwatched>, Result<(), String>) {
     let btf = match Btf::from_sys_fs() {
         Ok(btf) => btf,
         Err(e) => return (Err(e.to_string()), Vec::new(), Err(e.to_string())),
     };
-    let missing =
-        syscall_hooks().into_iter().map(|hook| syscall_function(hook.name)).filter(|f| !btf.has_function(f)).collect();
     let regs = kernel_offsets(&btf).and_then(|mut offsets| syscall_regs(&btf, &mut offsets));
     if let Err(e) = regs {
         let why = format!("struct pt_regs: {e}");
-        return (Err(why.clone()), missing, Err(why));
+        return (Err(why.clone()), fentry_hooks(&btf).1, Err(why));
     }
+    let options = SensorOptions { backend: Backend::Auto, enforce: true };
+    let (fentry, unwatched) = match Sensor::start(&[], false, options) {
+        Ok(sensor) if sensor.backend() == Backend::Fentry => (Ok(()), sensor.unwatched().to_vec()),
+        Ok(sensor) => (Err(sensor.fallback().unwrap_or("not tried").to_owned()), fentry_hooks(&btf).1),
+        Err(e) => (Err(chain(&e)), fentry_hooks(&btf).1),
+    };
     let loaded = AyaBtf::from_sys_fs()
         .map_err(|e| chain(&e))
         // The programs as the sensor loads them: aya-log's default level would keep every log call.
@@ -188,21 +199,15 @@ fn probe_fentry() -> (Result<(), String>, Vec<String>, Result<(), String>) {
         });
     let (aya_btf, mut ebpf) = match loaded {
         Ok(loaded) => loaded,
-        Err(why) => return (Err(why.clone()), missing, Err(why)),
+        Err(why) => return (fentry, unwatched, Err(why)),
     };
-    let fentry = (|| {
-        let program: &mut FExit = ebpf.program_mut("fexit_tamper").ok_or("no program fexit_tamper")?.try_into()?;
-        program.load(&syscall_function("bpf"), &aya_btf)?;
-        Ok::<_, Box<dyn std::error::Error>>(())
-    })()
-    .map_err(|e| e.to_string());
     let lsm = (|| {
         let program: &mut Lsm = ebpf.program_mut("lsm_bpf").ok_or("no program lsm_bpf")?.try_into()?;
         program.load("bpf", &aya_btf)?;
         Ok::<_, Box<dyn std::error::Error>>(())
     })()
     .map_err(|e| e.to_string());
-    (fentry, missing, lsm)
+    (fentry, unwatched, lsm)
 }
 
 fn yes_no(probe: &Probe) -> String {
@@ -240,8 +245,10 @@ impl fmt::Display for DoctorReport {
             Ok(()) => writeln!(f, "fentry backend:   loads")?,
             Err(why) => writeln!(f, "fentry backend:   does not load: {why}")?,
         }
-        if !self.missing_functions.is_empty() {
-            writeln!(f, "not hooked:       {} (not in this kernel)", self.missing_functions.join(", "))?;
+        if self.fentry.is_ok() {
+            for Unwatched { syscall, why } in &self.unwatched {
+                writeln!(f, "fentry: not watched: {syscall}: {why}")?;
+            }
         }
         match &self.bpf_lsm {
             Ok(active) => writeln!(f, "BPF LSM active:   {}", if *active { "yes" } else { "no" })?,

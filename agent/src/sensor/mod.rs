@@ -140,6 +140,26 @@ fn fentry_work(hooks: &[SyscallHook], lsm: bool) -> (Vec<backend::Work>, u32) {
     (work, lsm_syscalls)
 }
 
+/// A syscall the running backend does not watch on this kernel, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unwatched {
+    pub syscall: &'static str,
+    pub why: String,
+}
+
+/// The syscalls the fentry backend hooks on this kernel (decided from its BTF, so that start-up
+/// and `doctor` agree), and those it leaves out: a function the kernel lacks (a module syscall
+/// without modules).
+fn fentry_hooks(btf: &btf::Btf) -> (Vec<SyscallHook>, Vec<Unwatched>) {
+    let (hooks, missing): (Vec<SyscallHook>, _) =
+        syscall_hooks().into_iter().partition(|hook| btf.has_function(&syscall_function(hook.name)));
+    let unwatched = missing
+        .into_iter()
+        .map(|hook| Unwatched { syscall: hook.name, why: format!("the kernel has no {}", syscall_function(hook.name)) })
+        .collect();
+    (hooks, unwatched)
+}
+
 fn syscall_hooks() -> Vec<SyscallHook> {
     use syscall_family::{NET, OPEN, RENAME, TAMPER};
     let hook = |name, number, family, syscall, required| SyscallHook { name, number, family, syscall, required };
@@ -186,6 +206,15 @@ const COSTLIEST_TO_VERIFY: &[&str] = &["sched_process_exec", "open_exit", "renam
 
 /// io_uring requests pass no syscall tracepoint; present only on kernels with io_uring.
 const URING_PROGRAM: &str = "io_uring_submit_req";
+/// The tracepoints the program attaches to, the first the kernel has: `io_uring_submit_sqe`
+/// (5.5 to 5.19: ctx, opcode, ...) was renamed `io_uring_submit_req` in 6.0; both fire in the
+/// submitting task and carry the opcode, which the program reads at the format's offset.
+const URING_TRACEPOINTS: &[&str] = &["io_uring_submit_req", "io_uring_submit_sqe"];
+
+/// The io_uring submission tracepoint of this kernel, if it has io_uring.
+fn uring_tracepoint() -> Option<&'static str> {
+    URING_TRACEPOINTS.iter().copied().find(|name| Path::new(TRACEFS).join("events/io_uring").join(name).is_dir())
+}
 
 /// The `Config::block_syscalls` mask: the syscalls named by `kill` rules. A rule that names
 /// operations (`PTRACE_ATTACH`) is left to userspace: the kernel checks names only, and
@@ -202,9 +231,9 @@ fn block_syscalls(rules: &[Rule]) -> u32 {
         .fold(0, |mask, number| mask | 1 << number)
 }
 
-/// Where the `io_uring_submit_req` record keeps its opcode, per its tracefs format.
-fn uring_opcode_offset() -> u32 {
-    let format = std::fs::read_to_string(Path::new(TRACEFS).join("events/io_uring/io_uring_submit_req/format"))
+/// Where the record of io_uring's submission `tracepoint` keeps its opcode, per its tracefs format.
+fn uring_opcode_offset(tracepoint: &str) -> u32 {
+    let format = std::fs::read_to_string(Path::new(TRACEFS).join("events/io_uring").join(tracepoint).join("format"))
         .unwrap_or_default();
     format
         .lines()
@@ -372,6 +401,8 @@ pub struct Sensor {
     lsm: bool,
     /// With `--sensor auto`: why the fentry backend did not load.
     fallback: Option<String>,
+    /// The syscalls the backend does not watch on this kernel.
+    unwatched: Vec<Unwatched>,
     /// The cgroup hierarchies the exec records name (seeded processes get the same from
     /// `/proc`).
     hierarchies: cgroups::Hierarchies,
@@ -656,6 +687,11 @@ impl Sensor {
         self.fallback.as_deref()
     }
 
+    /// The syscalls the running backend does not watch on this kernel, and why.
+    pub fn unwatched(&self) -> &[Unwatched] {
+        &self.unwatched
+    }
+
     /// Like [`Sensor::start`] with `auto_roots` (`watch`), with a kernel side that outlives
     /// the agent, pinned in `dir` (see [`pins`]): a set of this build pinned there is adopted
     /// (programs never detached, what waited in the ring buffers read next), any other set is
@@ -667,6 +703,15 @@ impl Sensor {
     ) -> Result<(Sensor, Started), SensorError> {
         pins::ensure_bpffs()?;
         pins::remove_abandoned(dir)?;
+        // The syscall tracepoints (the tracepoint backend) and io_uring's (both) attach through
+        // a perf event where the kernel has no perf links (aya falls back to the perf ioctl).
+        if !aya::features().bpf_perf_link() {
+            if dir.exists() {
+                pins::check_is_set(dir)?;
+            }
+            let sensor = Sensor::load(managers, true, None, options)?;
+            return Ok((sensor, Started::Unpinned(pins::NO_TRACEPOINT_LINKS.to_owned())));
+        }
         let mut replaced = None;
         if dir.exists() {
             pins::check_is_set(dir)?;
@@ -788,6 +833,11 @@ impl Sensor {
             backend,
             lsm,
             fallback: None,
+            // Those the loading agent left out: decided from BTF alone, the same now.
+            unwatched: match backend {
+                Backend::Fentry => btf::Btf::from_sys_fs().map(|btf| fentry_hooks(&btf).1).unwrap_or_default(),
+                _ => Vec::new(),
+            },
             hierarchies,
         })
     }
@@ -836,11 +886,12 @@ impl Sensor {
             }
         }
 
+        let uring = uring_tracepoint();
         let mut config = Config {
             offsets,
             flags: if auto_roots { config_flag::AUTO_ROOTS } else { 0 },
             agent_tgid: std::process::id(),
-            uring_opcode_offset: uring_opcode_offset(),
+            uring_opcode_offset: uring.map_or(0, uring_opcode_offset),
             block_syscalls: 0,
             spare_root_managers: 0,
             cgroup_subsys,
@@ -870,9 +921,9 @@ impl Sensor {
 
         let has_tracepoint =
             |category: &str, name: &str| Path::new(TRACEFS).join("events").join(category).join(name).is_dir();
-        let uring = has_tracepoint("io_uring", URING_PROGRAM);
         // fentry first: where it does not load, `auto` falls back to the tracepoints.
         let mut fallback = None;
+        let mut unwatched = Vec::new();
         let mut tracing_links = Vec::new();
         let mut lsm = false;
         let mut backend = Backend::Tracepoint;
@@ -882,27 +933,23 @@ impl Sensor {
                 .map_err(|e| format!("struct pt_regs: {e}"))
                 .and_then(|()| aya_btf.unwrap_or(Err(String::new())).map_err(|e| format!("kernel BTF: {e}")))
                 .and_then(|aya_btf| {
-                    // A syscall whose function this kernel lacks (a module syscall without
-                    // modules) is not hooked; `doctor` names them.
-                    let hooks: Vec<SyscallHook> = syscall_hooks()
-                        .into_iter()
-                        .filter(|hook| btf.has_function(&syscall_function(hook.name)))
-                        .collect();
+                    let (hooks, unwatched) = fentry_hooks(&btf);
                     let lsm_active = options.enforce && backend::bpf_lsm_active().unwrap_or(false);
                     let (mut work, lsm_syscalls) = fentry_work(&hooks, lsm_active);
                     // The raw tracepoints (and io_uring's) both backends run load meanwhile,
                     // on the same threads: exec's (two path walks) right after the open exit.
-                    let plain = RAW_TRACEPOINTS.iter().chain(uring.then_some(&URING_PROGRAM));
+                    let plain = RAW_TRACEPOINTS.iter().chain(uring.map(|_| &URING_PROGRAM));
                     for (at, &program) in plain.enumerate() {
                         work.insert((at + 1).min(work.len()), backend::Work { program, targets: Vec::new() });
                     }
                     backend::load_tracing(&mut ebpf, work, &aya_btf)
-                        .map(|links| (hooks, links, lsm_syscalls))
+                        .map(|links| (hooks, unwatched, links, lsm_syscalls))
                         .map_err(|e| e.to_string())
                 });
             match attempt {
-                Ok((hooks, links, lsm_syscalls)) => {
+                Ok((hooks, left_out, links, lsm_syscalls)) => {
                     fill_syscalls(&mut ebpf, &hooks)?;
+                    unwatched = left_out;
                     tracing_links = links;
                     lsm = lsm_syscalls != 0;
                     config.lsm_syscalls = lsm_syscalls;
@@ -932,7 +979,7 @@ impl Sensor {
                 }
             }
         }
-        if uring {
+        if uring.is_some() {
             wanted.push(URING_PROGRAM);
         }
         // Costliest to verify first (see load_programs); the sort is stable.
@@ -995,8 +1042,8 @@ impl Sensor {
                 attach(exit, "syscalls", format!("sys_exit_{}", hook.name))?;
             }
         }
-        if uring {
-            attach(URING_PROGRAM, "io_uring", URING_PROGRAM.to_owned())?;
+        if let Some(tracepoint) = uring {
+            attach(URING_PROGRAM, "io_uring", tracepoint.to_owned())?;
         }
         let pins = pin_to.map(Pins::create).transpose()?;
         Ok(Sensor {
@@ -1027,6 +1074,7 @@ impl Sensor {
             backend,
             lsm,
             fallback,
+            unwatched,
             hierarchies,
         })
     }

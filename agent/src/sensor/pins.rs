@@ -107,7 +107,15 @@ pub enum Started {
     Adopted(Gap),
     /// A set was pinned that could not be adopted (why): detached once the new one was attached.
     Replaced(String),
+    /// Nothing can be pinned on this kernel (why): loaded and attached for this agent only.
+    Unpinned(String),
 }
+
+/// Why a kernel without tracepoint links gets no pinned set: pinning promises that the
+/// programs keep recording while no agent runs, which the kernel cannot keep there.
+pub(super) const NO_TRACEPOINT_LINKS: &str = "this kernel (before 5.15) attaches tracepoint programs through perf \
+     events, which have no BPF link to pin: they detach when this agent exits, so nothing is watched from then until \
+     the next agent starts";
 
 /// The time no agent read the pinned set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,8 +6,9 @@
 //!   the slow syscall path; an fentry program costs only the hooked functions.
 //! - A tracing program has one attach target: the agent loads each of these once per syscall
 //!   of its family (`__x64_sys_openat`, `__x64_sys_openat2`, ...), keeping the links.
-//! - `__x64_sys_*` take the `struct pt_regs` saved at syscall entry: the arguments are in di,
-//!   si, dx, r10, r8, r9 and the syscall number in `orig_ax`, read with one probe read (the
+//! - `__x64_sys_*` take the `struct pt_regs` saved at syscall entry (its address is read with
+//!   a probe read, see `regs_arg`): the arguments are in di, si, dx, r10, r8, r9 and the
+//!   syscall number in `orig_ax`, read with one probe read (the
 //!   offsets come from BTF, see `KernelOffsets::pt_regs_r10`). The syscall number then picks
 //!   the family's syscall in `SYSCALLS`, as `__syscall_nr` does for the tracepoints.
 //! - An fexit program gets the function's arguments, then its result.
@@ -16,6 +17,7 @@ use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid,
     macros::{fentry, fexit},
     programs::{FEntryContext, FExitContext},
+    EbpfContext,
 };
 use credwatch_common::{KernelOffsets, PT_REGS_WINDOW};
 
@@ -41,6 +43,16 @@ fn word(words: &[u64; PT_REGS_WINDOW], index: u32) -> u64 {
         7 => words[7],
         _ => words[8],
     }
+}
+
+/// The function's first argument, the `struct pt_regs *`, read from the trampoline's argument
+/// array with a probe read rather than loaded from the context: the verifier checks a context
+/// load against the argument's BTF type, and 5.10's BTF gives some syscall functions (`bpf`,
+/// `connect`, `open_by_handle_at`, ...) a `struct pt_regs` it only declares, which it refuses
+/// ("arg0 type FWD is not a struct"). One helper call, for marked processes only.
+#[inline(always)]
+fn regs_arg(ctx: &impl EbpfContext) -> Res<u64> {
+    read::<u64>(ctx.as_ptr() as u64, 0)
 }
 
 /// The syscall number and the six arguments in the `struct pt_regs` at `regs`.
@@ -74,7 +86,7 @@ pub fn fentry_open(ctx: FEntryContext) -> u32 {
     if current_mark((pid_tgid >> 32) as u32).is_none() {
         return 0;
     }
-    if let Ok((nr, args)) = syscall_args(ctx.arg(0)) {
+    if let Ok((nr, args)) = regs_arg(&ctx).and_then(syscall_args) {
         handle_open_enter(pid_tgid, nr, &args);
     }
     0
@@ -85,7 +97,7 @@ pub fn fentry_open(ctx: FEntryContext) -> u32 {
 pub fn fexit_open(ctx: FExitContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
-    if let Ok(nr) = syscall_nr(ctx.arg(0)) {
+    if let Ok(nr) = regs_arg(&ctx).and_then(syscall_nr) {
         handle_open_exit(pid_tgid, mark, nr, ctx.arg(1));
     }
     0
@@ -98,7 +110,7 @@ pub fn fentry_rename(ctx: FEntryContext) -> u32 {
     if current_mark((pid_tgid >> 32) as u32).is_none() {
         return 0;
     }
-    if let Ok((nr, args)) = syscall_args(ctx.arg(0)) {
+    if let Ok((nr, args)) = regs_arg(&ctx).and_then(syscall_args) {
         handle_rename_enter(pid_tgid, nr, &args);
     }
     0
@@ -118,7 +130,7 @@ pub fn fexit_rename(ctx: FExitContext) -> u32 {
 pub fn fentry_tamper(ctx: FEntryContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
-    if let Ok((nr, args)) = syscall_args(ctx.arg(0)) {
+    if let Ok((nr, args)) = regs_arg(&ctx).and_then(syscall_args) {
         handle_tamper_enter(pid_tgid, mark, nr, &args);
     }
     0
@@ -138,7 +150,7 @@ pub fn fexit_tamper(ctx: FExitContext) -> u32 {
 pub fn fentry_net(ctx: FEntryContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
-    if let Ok((nr, args)) = syscall_args(ctx.arg(0)) {
+    if let Ok((nr, args)) = regs_arg(&ctx).and_then(syscall_args) {
         handle_net_enter(pid_tgid, mark, nr, &args);
     }
     0
