@@ -448,6 +448,8 @@ fn boot(base: &Path, run: &Run, dir: &Path) -> Result<Outcome> {
     let mut child = Command::new("qemu-system-x86_64")
         .args(["-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2", "-m", "4G"])
         .args(["-nodefaults", "-display", "none", "-no-reboot", "-nic", "none"])
+        // vCPU threads named `CPU N/TCG`: the bench reads the host CPU time of one.
+        .args(["-name", "credwatch,debug-threads=on"])
         .arg("-kernel")
         .arg(&run.kernel.bzimage)
         .arg("-initrd")
