@@ -77,6 +77,8 @@ measure() {{
     shift
     out=$("$@" 2> /tmp/measure.err) || {{ echo "$kind under $config failed:" >&2; cat /tmp/measure.err >&2; exit 1; }}
     echo "RESULT $round $config $kind $(echo "$out" | tr '\n' ' ')"
+    # After a `credwatch run`: its programs too.
+    gone
 }}
 start_watch() {{
     pins=/sys/fs/bpf/bench-$1
@@ -97,6 +99,18 @@ stop_watch() {{
     "$cw" stop --pin-dir $pins > /tmp/stop.err 2>&1 || {{ cat /tmp/stop.err >&2; exit 1; }}
     wait $watch || true
     if [ -e $pins ]; then echo "credwatch stop left $pins" >&2; exit 1; fi
+    gone
+}}
+# The kernel frees an fentry trampoline seconds after its last link closed (RCU tasks grace
+# periods, long under TCG): until then every open still pays it, so each credwatch's programs
+# must be gone from the syscall functions before the next measurement.
+gone() {{
+    tries=0
+    while grep -q __x64_sys_ /sys/kernel/tracing/enabled_functions; do
+        tries=$((tries + 1))
+        if [ $tries -gt 600 ]; then echo "fentry trampolines still attached after 60 s" >&2; exit 1; fi
+        sleep 0.1
+    done
 }}
 # Warm-up, not measured: TCG translates each code block on its first run.
 $loop open {open} $file > /dev/null
@@ -448,8 +462,9 @@ mod tests {
             "{script}"
         );
         assert!(script.contains("\"$cw\" watch --sensor \"$1\""), "{script}");
-        // The watch's pinned programs are detached before the next configuration.
+        // The watch's pinned programs are detached before the next configuration, and gone.
         assert!(script.contains("\"$cw\" stop --pin-dir $pins"), "{script}");
+        assert!(script.contains("while grep -q __x64_sys_ /sys/kernel/tracing/enabled_functions"), "{script}");
         assert!(script.contains("echo \"RESULT $round $config $kind $(echo \"$out\" | tr '\\n' ' ')\""), "{script}");
     }
 }
