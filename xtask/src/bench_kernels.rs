@@ -77,8 +77,6 @@ measure() {{
     shift
     out=$("$@" 2> /tmp/measure.err) || {{ echo "$kind under $config failed:" >&2; cat /tmp/measure.err >&2; exit 1; }}
     echo "RESULT $round $config $kind $(echo "$out" | tr '\n' ' ')"
-    # After a `credwatch run`: its programs too.
-    gone
 }}
 start_watch() {{
     pins=/sys/fs/bpf/bench-$1
@@ -130,10 +128,13 @@ for round in $(seq {rounds}); do
         stop_watch
         if [ $config = fentry ] && [ $((round % 2)) = 0 ]; then
             measure marked-log "$cw" run --sensor $config --kernel-log debug -- $loop open {open} $file
+            gone
         fi
         measure marked "$cw" run --sensor $config -- $loop open {open} $file
+        gone
         if [ $config = fentry ] && [ $((round % 2)) = 1 ]; then
             measure marked-log "$cw" run --sensor $config --kernel-log debug -- $loop open {open} $file
+            gone
         fi
     done
 done
