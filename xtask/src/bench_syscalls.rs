@@ -3,7 +3,13 @@
 //! still pays for any syscall tracepoint being enabled).
 
 use std::{
+    ffi::CString,
     fs,
+    mem::size_of,
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::ffi::OsStrExt,
+    },
     path::Path,
     process::{Command, Stdio},
     time::Duration,
@@ -13,7 +19,8 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
 use crate::bench::{
-    fmt, median, ns_per_op, parse_summary, start_watch, timed_with_own_cpu, Background, Ctx, Section, CREDENTIAL_FILES,
+    fmt, median, ns_per_op, parse_summary, pin_dir, start_watch, timed_with_own_cpu, Background, Ctx, Section,
+    CREDENTIAL_FILES,
 };
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -73,30 +80,39 @@ impl Config {
 const TRACEPOINTS: &str = "/sys/kernel/tracing/events";
 
 /// The hooks a running `credwatch watch` has attached, as `tp:CATEGORY/NAME` and `raw:NAME` (what
-/// floor.c takes), one per bpf link: read from the agent's fds rather than from its eBPF object,
-/// because one program may be attached to several tracepoints.
+/// floor.c takes), one per bpf link: read from the links themselves rather than from the eBPF
+/// object, because one program may be attached to several tracepoints. `watch` pins every link
+/// in its pin directory and closes its own fds (the pins keep them attached), so the links are
+/// opened from there.
 pub fn credwatch_hooks(ctx: &Ctx) -> Result<Vec<String>> {
     let (agent, _, _) = start_watch(ctx)?;
     let pid = agent.pid();
-    let hooks = attached_hooks(pid, Path::new(TRACEPOINTS));
+    let hooks = pinned_hooks(&pin_dir(), Path::new(TRACEPOINTS));
     agent.stop().context("stopping the agent whose hooks the floor copies")?;
     let hooks = hooks.with_context(|| format!("reading the hooks of `credwatch watch` (pid {pid})"))?;
     if hooks.is_empty() {
-        bail!("`credwatch watch` (pid {pid}) held no tracepoint or raw tracepoint link in /proc/{pid}/fdinfo: no hooks for the floor");
+        bail!(
+            "`credwatch watch` (pid {pid}) pinned no tracepoint or raw tracepoint link in {}: no hooks for the floor",
+            pin_dir().display()
+        );
     }
     Ok(hooks)
 }
 
-/// The hooks of the bpf links process `pid` holds, sorted (a hook attached twice is listed twice).
-fn attached_hooks(pid: u32, tracepoints: &Path) -> Result<Vec<String>> {
-    let dir = format!("/proc/{pid}/fdinfo");
+/// The hooks of the bpf links pinned in `dir` (its `link_*` entries), sorted (a hook attached
+/// twice is listed twice).
+fn pinned_hooks(dir: &Path, tracepoints: &Path) -> Result<Vec<String>> {
     let mut hooks = Vec::new();
-    for entry in fs::read_dir(&dir).with_context(|| format!("listing {dir}"))? {
+    for entry in fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
         let path = entry?.path();
-        // An fd closed since the listing is no link of the agent's any more.
-        let Ok(fdinfo) = fs::read_to_string(&path) else { continue };
+        if !path.file_name().is_some_and(|name| name.to_string_lossy().starts_with("link_")) {
+            continue;
+        }
+        let link = open_pinned(&path)?;
+        let fdinfo = format!("/proc/self/fdinfo/{}", link.as_raw_fd());
+        let fdinfo = fs::read_to_string(&fdinfo).with_context(|| format!("reading {fdinfo}"))?;
         match link_hook(&fdinfo) {
-            None => {}
+            None => bail!("{} is not a bpf link", path.display()),
             Some(LinkHook::Raw(name)) => hooks.push(format!("raw:{name}")),
             Some(LinkHook::Tracepoint(name)) => {
                 hooks.push(format!("tp:{}/{name}", tracepoint_category(tracepoints, &name)?));
@@ -108,6 +124,28 @@ fn attached_hooks(pid: u32, tracepoints: &Path) -> Result<Vec<String>> {
     }
     hooks.sort();
     Ok(hooks)
+}
+
+/// An fd of the bpf object pinned at `path` (`BPF_OBJ_GET`; a pinned object cannot be
+/// `open`ed). By hand: one syscall, where a bpf library would be a dependency of xtask's.
+fn open_pinned(path: &Path) -> Result<OwnedFd> {
+    const BPF_OBJ_GET: libc::c_long = 7;
+    /// `union bpf_attr` as BPF_OBJ_GET reads it.
+    #[repr(C)]
+    struct ObjGet {
+        pathname: u64,
+        bpf_fd: u32,
+        file_flags: u32,
+    }
+    let name = CString::new(path.as_os_str().as_bytes()).with_context(|| format!("{} has a NUL", path.display()))?;
+    let attr = ObjGet { pathname: name.as_ptr() as u64, bpf_fd: 0, file_flags: 0 };
+    // SAFETY: attr and the path it points to outlive the call; its size is passed.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_OBJ_GET, &attr as *const ObjGet, size_of::<ObjGet>()) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("opening the pinned {}", path.display()));
+    }
+    // SAFETY: a new fd, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -443,7 +481,7 @@ pub fn run(ctx: &mut Ctx) -> Result<Section> {
         sizes.open, sizes.getppid, sizes.strace_open, sizes.strace_getppid
     ));
     section.notes.push(format!(
-        "(b) is two instructions (`r0 = 0; exit`) loaded by xtask/bench/floor.c on exactly the hooks a running `credwatch watch` had attached (its bpf links, read from /proc/PID/fdinfo; one empty program per link): {}.",
+        "(b) is two instructions (`r0 = 0; exit`) loaded by xtask/bench/floor.c on exactly the hooks a running `credwatch watch` had attached (its bpf links, opened from its pin directory and read in /proc/self/fdinfo; one empty program per link): {}.",
         hooks.join(", ")
     ));
     section.notes.push(format!(

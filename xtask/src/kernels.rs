@@ -20,10 +20,11 @@ pub const USAGE: &str = "  kernels [--no-build] [--full] [--kernel K]
                          test on every boot, not CI's cut). Kernels and the base image are made
                          once, in CREDWATCH_KERNEL_CACHE (default target/kernels)
   kernels --list         the kernels, with their exact versions
-  kernels --kernel 5.10|6.1|6.12|sid [--lsm] [--env K=V]... [--add PATH]... [--timeout SECS] --run CMD
+  kernels --kernel 5.10|6.1|6.12|sid [--lsm] [--icount] [--env K=V]... [--add PATH]... [--timeout SECS] --run CMD
                          (root) boot one (--lsm: with lsm=lockdown,capability,yama,bpf), run CMD
                          (sh) in the workspace with the host's userland, print its output, exit
-                         with its status; files of target/ CMD names come along, --add: others";
+                         with its status; files of target/ CMD names come along, --add: others;
+                         --icount: one vCPU whose clock counts instructions (1 ns each; the bench)";
 
 /// Debian packages the matrix runs: qemu, the image and initramfs makers, the kernels' module
 /// decompressors, busybox for the initramfs.
@@ -95,6 +96,7 @@ struct Options {
     env: Vec<(String, String)>,
     add: Vec<PathBuf>,
     timeout: Duration,
+    icount: bool,
 }
 
 fn parse(args: &[&str]) -> Result<Options> {
@@ -108,6 +110,7 @@ fn parse(args: &[&str]) -> Result<Options> {
         env: Vec::new(),
         add: Vec::new(),
         timeout: Duration::from_secs(3600),
+        icount: false,
     };
     let mut args = args.iter();
     while let Some(arg) = args.next() {
@@ -116,6 +119,7 @@ fn parse(args: &[&str]) -> Result<Options> {
         match *arg {
             "--list" => options.list = true,
             "--lsm" => options.lsm = true,
+            "--icount" => options.icount = true,
             "--no-build" => options.no_build = true,
             "--full" => options.full = true,
             "--kernel" => options.kernel = Some(value("--kernel")?),
@@ -178,6 +182,7 @@ pub fn kernels(args: &[&str]) -> Result<i32> {
                 add: options.add,
                 timeout: options.timeout,
                 echo: true,
+                icount: options.icount,
             },
         )?;
         println!(

@@ -256,6 +256,7 @@ fn boot_one(cache: &Path, kernel: &Kernel, lsm: bool, binaries: &Binaries, full:
             add: Vec::new(),
             timeout: Duration::from_secs(STEP_TIMEOUT_SECS * 6),
             echo: false,
+            icount: false,
         },
     )?;
     let log = logs.join(format!("{}-{}.log", kernel.series.name, if lsm { "lsm" } else { "default" }));
