@@ -318,7 +318,11 @@ pub enum Host {
 fn host_row(binaries: &Binaries, host: Host) -> Result<(bool, String, String)> {
     let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_owned();
     if host == Host::TestedAlready {
-        return Ok((true, release, "pass: the sensor tests and the whole e2e suite, `cargo xtask test`'s steps before".into()));
+        return Ok((
+            true,
+            release,
+            "pass: the sensor tests and the whole e2e suite, `cargo xtask test`'s steps before".into(),
+        ));
     }
     let start = Instant::now();
     let out = Command::new(&binaries.sensor)
@@ -489,7 +493,10 @@ mod tests {
                 .into(),
         };
         let lsm_boot = script(&binaries, false, true, true);
-        assert_eq!(steps_of(&lsm_boot), ["lsm", "doctor", "sensor:fentry", "guest_deny:fentry", "guest_backends:fentry"]);
+        assert_eq!(
+            steps_of(&lsm_boot),
+            ["lsm", "doctor", "sensor:fentry", "guest_deny:fentry", "guest_backends:fentry"]
+        );
         assert!(lsm_boot.contains("env CREDWATCH_E2E_SENSOR=fentry target/debug/deps/sensor-1 --test-threads=1"));
         assert_eq!(steps_of(&script(&binaries, false, false, false)), ["lsm", "doctor", "sensor:tracepoint"]);
         // --full: both backends on every boot; the deny tests need bpf among the active LSMs.
