@@ -111,11 +111,9 @@ gone() {{
         sleep 0.1
     done
 }}
-# Warm-up, not measured: TCG translates each code block on its first run; and what the boot
-# left running settles (meanwhile, a loop sharing the one vCPU is charged its switches).
+# Warm-up, not measured: TCG translates each code block on its first run.
 $loop open {open} $file > /dev/null
 $loop getppid {getppid} > /dev/null
-sleep 10
 configs="nothing again tracepoint fentry"
 for round in $(seq {rounds}); do
     # Rotate: no configuration always runs first.
