@@ -207,8 +207,8 @@ const COSTLIEST_TO_VERIFY: &[&str] = &["sched_process_exec", "open_exit", "renam
 /// io_uring requests pass no syscall tracepoint; present only on kernels with io_uring.
 const URING_PROGRAM: &str = "io_uring_submit_req";
 /// The tracepoints the program attaches to, the first the kernel has: `io_uring_submit_sqe`
-/// (5.5 to 5.19: ctx, opcode, ...) was renamed `io_uring_submit_req` in 6.0; both fire in the
-/// submitting task and carry the opcode, which the program reads at the format's offset.
+/// (5.5 to 6.1 at least: Debian's 6.1.176 has only it) was renamed `io_uring_submit_req` later;
+/// both fire in the submitting task and carry the opcode, which the program reads at the format's offset.
 const URING_TRACEPOINTS: &[&str] = &["io_uring_submit_req", "io_uring_submit_sqe"];
 
 /// The io_uring submission tracepoint of this kernel, if it has io_uring.
