@@ -359,7 +359,6 @@ fn section(ctx: &mut Ctx, figures: &Figures, open: u64, getppid: u64, rounds: us
     ));
     section.tables.push(wall);
 
-    let finite = |v: f64| v.is_finite().then_some(v);
     let open_ratio = ratio(figures, (fentry, OPEN), (nothing, OPEN), CPU);
     ctx.target(
         "fentry/LSM, unmarked open+close vs nothing (6.12 guest, instructions)",
@@ -368,17 +367,12 @@ fn section(ctx: &mut Ctx, figures: &Figures, open: u64, getppid: u64, rounds: us
         finite(open_ratio.median).map(|r| r <= 1.02),
     );
     let getppid_ratio = ratio(figures, (fentry, GETPPID), (nothing, GETPPID), CPU);
-    let floor = noise_getppid.reach();
-    ctx.target(
+    within_noise(
+        ctx,
         "fentry/LSM, getppid vs nothing (6.12 guest, instructions)",
-        format!(
-            "{:+.2}% (rounds {}; noise: (a') vs (a) up to ±{:.2}%)",
-            (getppid_ratio.median - 1.0) * 100.0,
-            getppid_ratio.text(),
-            floor * 100.0
-        ),
+        &getppid_ratio,
+        &noise_getppid,
         "within the noise",
-        finite(getppid_ratio.median).zip(finite(floor)).map(|(r, noise)| (r - 1.0).abs() <= noise.max(0.005)),
     );
     let marked = ratio(figures, (fentry, MARKED), (tracepoint, MARKED), CPU);
     ctx.target(
@@ -387,19 +381,36 @@ fn section(ctx: &mut Ctx, figures: &Figures, open: u64, getppid: u64, rounds: us
         "(c) < (b)",
         finite(marked.median).map(|r| r < 1.0),
     );
-    let log_floor = noise_open.reach();
-    ctx.target(
+    within_noise(
+        ctx,
         "kernel log off costs nothing measurable: marked open, `--kernel-log debug` over off (6.12 guest, instructions)",
-        format!(
-            "{:+.2}% (rounds {}; noise: (a') vs (a) up to ±{:.2}%)",
-            (log_ratio.median - 1.0) * 100.0,
-            log_ratio.text(),
-            log_floor * 100.0
-        ),
+        &log_ratio,
+        &noise_open,
         "debug within the noise of off",
-        finite(log_ratio.median).zip(finite(log_floor)).map(|(r, noise)| (r - 1.0).abs() <= noise.max(0.005)),
     );
     section
+}
+
+/// A figure a verdict can rest on (a configuration that measured nothing gives NaN).
+fn finite(v: f64) -> Option<f64> {
+    v.is_finite().then_some(v)
+}
+
+/// A target that holds when `ratio` is as close to 1 as the A/A ratio `noise` reaches (0.5% at
+/// least: a count that repeats exactly would otherwise allow nothing).
+fn within_noise(ctx: &mut Ctx, what: &str, ratio: &Ratio, noise: &Ratio, limit: &str) {
+    let floor = noise.reach();
+    ctx.target(
+        what,
+        format!(
+            "{:+.2}% (rounds {}; noise: (a') vs (a) up to ±{:.2}%)",
+            (ratio.median - 1.0) * 100.0,
+            ratio.text(),
+            floor * 100.0
+        ),
+        limit,
+        finite(ratio.median).zip(finite(floor)).map(|(r, noise)| (r - 1.0).abs() <= noise.max(0.005)),
+    );
 }
 
 #[cfg(test)]
