@@ -26,7 +26,7 @@ fn signals_handled_on_the_outputs_thread_reload_and_stop_an_idle_watch_at_once()
     // would give the agent records, which end its wait too.
     let rules = sandbox.top().join("rules");
     fs::create_dir_all(&rules).unwrap();
-    let managers: String = ["npm", "yarn", "pnpm", "bun", "cargo", "pip", "uv", "poetry", "pdm"]
+    let managers: String = ["npm", "yarn", "pnpm", "bun", "cargo", "pip", "uv", "poetry", "pdm", "gem", "bundler"]
         .iter()
         .map(|name| format!("  - name: {name}\n    execs: [cw-none-{name}]\n"))
         .collect();

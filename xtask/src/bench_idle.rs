@@ -25,7 +25,7 @@ const PIN_DIR: &str = "/sys/fs/bpf/credwatch-bench-idle";
 /// The managers renamed, so that package trees run by others on a shared machine (a cargo
 /// build) are not the measured agent's work; everything an idle agent does (rescans of the
 /// default rules' targets, the canary, the heartbeat, the ring buffers' waits) is unchanged.
-const NO_MANAGERS: &[&str] = &["npm", "yarn", "pnpm", "bun", "cargo", "pip", "uv", "poetry", "pdm"];
+const NO_MANAGERS: &[&str] = &["npm", "yarn", "pnpm", "bun", "cargo", "pip", "uv", "poetry", "pdm", "gem", "bundler"];
 
 /// CPU nanoseconds of every thread, CPU ticks of the reaped children, context switches.
 #[derive(Clone, Copy, Debug, Default)]

@@ -1,5 +1,6 @@
 //! Which package a process works for, from what each manager leaves in the exec: npm's
-//! environment, cargo's build-script path and rustc's arguments, pip's build directories.
+//! environment, cargo's build-script path and rustc's arguments, pip's build directories,
+//! the unpacked gem in which RubyGems and Bundler build an extension.
 //! Only the events are used (never the filesystem), so replay attributes like live.
 
 use std::collections::{BTreeMap, HashMap};
@@ -96,6 +97,19 @@ pub fn for_exec(
             lifecycle: env.get("npm_lifecycle_event").cloned(),
         };
     }
+    // A gem's extension build names the gem over what it inherits: `gem install` run by an
+    // npm postinstall passes npm's variables down to it.
+    if let Some(step) = gem_build_step(executable, args) {
+        if let Some((name, version)) = gem_dir(cwd) {
+            // A step that another step of the same gem started (`make` run by its extconf.rb)
+            // stays that step: the alert names the one RubyGems ran.
+            let within = attr.lifecycle.is_some() && attr.name.as_deref() == Some(&name) && attr.version == version;
+            if !within {
+                attr = Attribution { name: Some(name), version, lifecycle: Some(step.into()) };
+            }
+            return (attr, None);
+        }
+    }
     if let Some(krate) = build_script_crate(executable) {
         attr = Attribution {
             name: Some(env.get("CARGO_PKG_NAME").cloned().unwrap_or(krate)),
@@ -155,6 +169,64 @@ fn runs_build_backend(args: &[String]) -> bool {
     args.iter().any(|arg| arg.contains("_in_process.py"))
         || (args.get(1).is_some_and(|flag| flag == "-c")
             && args.get(2).is_some_and(|code| HOOKS.iter().any(|hook| code.contains(hook))))
+}
+
+/// The step of a gem's extension build that an exec is, by what RubyGems' builders run (its
+/// `Gem::Ext` classes, which Bundler uses too): `ruby -I... -r ./siteconf....rb extconf.rb`
+/// (an extension file matching /extconf/), `ruby mkrf_conf.rb`, rake, `sh ./configure`,
+/// `cmake .`, then `make`. Only in a gem's directory (see [`gem_dir`]).
+fn gem_build_step(executable: &str, args: &[String]) -> Option<&'static str> {
+    let program = basename(executable);
+    let words = || args.iter().skip(1).map(|arg| basename(arg));
+    match program {
+        "make" | "gmake" => Some("make"),
+        "cmake" => Some("cmake"),
+        "rake" => Some("rake"),
+        _ if args.get(1).is_some_and(|arg| basename(arg) == "configure") => Some("configure"),
+        // `ruby`, `ruby3.1`: Debian's `ruby` links to the versioned one, which RubyGems runs.
+        _ if program.strip_prefix("ruby").is_some_and(|v| v.bytes().all(|b| b.is_ascii_digit() || b == b'.')) => {
+            if words().any(|word| word.contains("extconf")) {
+                Some("extconf")
+            } else if words().any(|word| word.contains("mkrf_conf")) {
+                Some("mkrf_conf")
+            } else if words().any(|word| word == "rake") {
+                Some("rake")
+            } else {
+                None
+            }
+        }
+        _ => None,
+    }
+}
+
+/// The gem (name, version) whose unpacked directory holds `path`, the innermost one:
+/// `.../gems/<name>-<version>[-<platform>]/...`, where RubyGems and Bundler install gems and
+/// run the builders in the extension's directory; a git source of Bundler,
+/// `.../bundler/gems/<name>-<revision>/...`, has a revision and no version.
+fn gem_dir(path: &str) -> Option<(String, Option<String>)> {
+    let parts: Vec<&str> = path.split('/').collect();
+    (1..parts.len()).rev().filter(|&i| parts[i - 1] == "gems").find_map(|i| {
+        if i >= 2 && parts[i - 2] == "bundler" {
+            let (name, revision) = parts[i].rsplit_once('-')?;
+            let hex = revision.len() >= 7 && revision.bytes().all(|b| b.is_ascii_hexdigit());
+            return (!name.is_empty() && hex).then(|| (name.to_owned(), None));
+        }
+        gem_full_name(parts[i]).map(|(name, version)| (name, Some(version)))
+    })
+}
+
+/// (name, version) of a gem's full name, `<name>-<version>` or `<name>-<version>-<platform>`
+/// (`nokogiri-1.18.8-x86_64-linux`): the version is the last `-` word that starts with a digit.
+/// A version holds no `-` (RubyGems writes `1.0-rc1` as `1.0.pre.rc1`), and no Linux platform
+/// word starts with one; a name may (`net-http2`, `sass-3`).
+fn gem_full_name(full: &str) -> Option<(String, String)> {
+    let words: Vec<&str> = full.split('-').collect();
+    let at = (1..words.len()).rev().find(|&i| {
+        words[i].starts_with(|c: char| c.is_ascii_digit())
+            && words[i].bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.')
+    })?;
+    let name = words[..at].join("-");
+    (!name.is_empty()).then(|| (name, words[at].to_owned()))
 }
 
 /// The crate of `.../build/<crate>-<hash>/build-script-build`.
@@ -241,8 +313,11 @@ fn normalized(name: &str) -> String {
     out
 }
 
-/// (name, version) of an sdist, wheel or npm tarball file name.
+/// (name, version) of an sdist, wheel, npm tarball or gem file name.
 fn archive_name_version(file: &str) -> Option<(String, String)> {
+    if let Some(stem) = file.strip_suffix(".gem") {
+        return gem_full_name(stem);
+    }
     if let Some(stem) = file.strip_suffix(".whl") {
         let mut parts = stem.split('-');
         let (name, version) = (parts.next()?, parts.next()?);
@@ -278,6 +353,74 @@ mod tests {
         );
         assert_eq!(build_script_crate("/w/target/debug/deps/foo-0a1b/build-script-build"), None);
         assert_eq!(build_script_crate("/usr/bin/build-script-build"), None);
+    }
+
+    #[test]
+    fn names_gems_by_their_directory_and_file() {
+        let named = |name: &str, version: Option<&str>| Some((name.to_owned(), version.map(str::to_owned)));
+        assert_eq!(gem_dir("/tmp/i/gems/x-1.2.3/ext/x"), named("x", Some("1.2.3")));
+        assert_eq!(gem_dir("/var/lib/gems/3.1.0/gems/net-http2-0.19.0"), named("net-http2", Some("0.19.0")));
+        assert_eq!(
+            gem_dir("/w/vendor/bundle/ruby/3.3.0/gems/ffi-1.17.0-x86_64-linux-gnu/ext/ffi_c"),
+            named("ffi", Some("1.17.0"))
+        );
+        assert_eq!(gem_dir("/w/v/ruby/3.1.0/gems/pg-1.5.0.pre.rc1/ext"), named("pg", Some("1.5.0.pre.rc1")));
+        // The innermost gem: a project that lives in a directory called gems.
+        assert_eq!(gem_dir("/home/a/gems/app-2.0/vendor/bundle/ruby/3.1.0/gems/x-1.0/ext"), named("x", Some("1.0")));
+        // A git source of Bundler: a revision, no version.
+        assert_eq!(gem_dir("/w/v/ruby/3.1.0/bundler/gems/evil-0a1b2c3d4e5f/ext/evil"), named("evil", None));
+        assert_eq!(gem_dir("/w/v/ruby/3.1.0/bundler/gems/evil-main/ext"), None);
+        assert_eq!(gem_dir("/home/a/gems/notes"), None);
+        assert_eq!(gem_dir("/home/a/src/x-1.0/ext"), None);
+        assert_eq!(gem_full_name("-1.0"), None);
+        assert_eq!(archive_name_version("evil-gem-0.1.0.gem"), Some(("evil-gem".into(), "0.1.0".into())));
+        assert_eq!(
+            archive_name_version("nokogiri-1.18.8-x86_64-linux-gnu.gem"),
+            Some(("nokogiri".into(), "1.18.8".into()))
+        );
+    }
+
+    #[test]
+    fn gem_build_steps_are_named_by_what_rubygems_runs() {
+        let step = |executable: &str, words: &[&str]| gem_build_step(executable, &args(words));
+        let extconf =
+            ["/usr/bin/ruby3.1", "-I", "/usr/lib/ruby/vendor_ruby", "-r", "./siteconf20261202-1-x.rb", "extconf.rb"];
+        assert_eq!(step("/usr/bin/ruby3.1", &extconf), Some("extconf"));
+        assert_eq!(step("/usr/bin/make", &["make", "DESTDIR="]), Some("make"));
+        assert_eq!(step("/bin/sh", &["sh", "./configure", "--prefix=/x"]), Some("configure"));
+        assert_eq!(step("/usr/bin/cmake", &["cmake", ".", "-DCMAKE_INSTALL_PREFIX=/x"]), Some("cmake"));
+        assert_eq!(step("/usr/bin/ruby", &["ruby", "mkrf_conf.rb"]), Some("mkrf_conf"));
+        assert_eq!(step("/usr/bin/ruby", &["ruby", "-rrubygems", "/usr/bin/rake", "RUBYARCHDIR=/x"]), Some("rake"));
+        assert_eq!(step("/usr/bin/ruby", &["ruby", "-e", "puts 1"]), None);
+        assert_eq!(step("/usr/bin/rubocop", &["rubocop", "extconf.rb"]), None);
+        assert_eq!(step("/bin/sh", &["sh", "-c", "cat ~/.ssh/id_rsa"]), None);
+
+        // Inside the gem: named by its directory; what the step starts keeps the step.
+        let dir = "/tmp/i/gems/evil-0.1.0/ext/evil";
+        let exec = |words: &[&str], cwd: &str| Exec { args: args(words), cwd: cwd.into(), ..Exec::default() };
+        let manager = for_manager(&args(&["install", "--local", "./evil-0.1.0.gem"]));
+        let (attr, _) = for_exec(&manager, "/usr/bin/ruby3.1", &exec(&extconf, dir), None);
+        let named = |attr: &Attribution| (attr.name.clone(), attr.version.clone(), attr.lifecycle.clone());
+        let evil = |step: &str| (Some("evil".into()), Some("0.1.0".into()), Some(step.into()));
+        assert_eq!(named(&attr), evil("extconf"));
+        let (child, _) = for_exec(&attr, "/usr/bin/make", &exec(&["make"], dir), None);
+        assert_eq!(named(&child), evil("extconf"));
+        let (shell, _) = for_exec(&attr, "/bin/sh", &exec(&["sh", "-c", "cat id_rsa"], "/tmp"), None);
+        assert_eq!(named(&shell), evil("extconf"));
+        // RubyGems' own make, started by the manager.
+        let (make, _) = for_exec(&manager, "/usr/bin/make", &exec(&["make", "DESTDIR="], dir), None);
+        assert_eq!(named(&make), evil("make"));
+        // The same step outside a gem's directory is anyone's build.
+        let (elsewhere, _) = for_exec(&Attribution::default(), "/usr/bin/make", &exec(&["make"], "/home/a/src"), None);
+        assert_eq!(elsewhere, Attribution::default());
+        // `gem install` under an npm postinstall: the gem, not the npm package.
+        let npm = Exec {
+            env: [("npm_package_name", "outer"), ("npm_lifecycle_event", "postinstall")]
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .into(),
+            ..exec(&extconf, dir)
+        };
+        assert_eq!(named(&for_exec(&Attribution::default(), "/usr/bin/ruby3.1", &npm, None).0), evil("extconf"));
     }
 
     #[test]

@@ -1348,6 +1348,8 @@ fn each_managers_project_commands_run_quiet_code() {
         &["bun", "dev"],
         &["uv", "run", "server.py"],
         &["poetry", "run", "pytest"],
+        &["bundle", "exec", "rspec"],
+        &["bundle", "e", "rake", "test"],
     ] {
         let mut run = Run::new();
         assert_eq!(project_reads(&mut run, args, &sh), Vec::<String>::new(), "{args:?}");
@@ -1419,6 +1421,9 @@ fn manager_commands_that_install_or_run_registry_code_stay_watched() {
         &["poetry", "install"],
         &["pip", "install", "x"],
         &["cargo", "build"],
+        &["gem", "install", "x"],
+        &["bundle", "install"],
+        &["bundle"],
     ] {
         let mut run = Run::new();
         let ids = project_reads(&mut run, args, &sh);
@@ -1550,6 +1555,120 @@ fn poetry_run_that_execs_in_place_is_the_project() {
     run.exec(1200, 1, &["poetry", "run", "pytest"], &[])
         .exec(1200, 1, &["/home/alice/app/.venv/bin/pytest"], &[])
         .open(1200, "/home/alice/.aws/credentials");
+    assert!(run.take().is_empty());
+}
+
+#[test]
+fn bundle_exec_that_execs_in_place_is_the_project() {
+    let mut run = Run::new();
+    run.exec_full(
+        1210,
+        1,
+        "/usr/bin/bundle",
+        &["/usr/bin/ruby", "/usr/bin/bundle", "exec", "rspec"],
+        "/home/alice/app",
+        &[],
+    )
+    .exec_full(1210, 1, "/usr/local/bin/rspec", &["/usr/bin/ruby", "/usr/local/bin/rspec"], "/home/alice/app", &[])
+    .open(1210, "/home/alice/.aws/credentials");
+    assert!(run.take().is_empty());
+}
+
+/// `gem install --local --install-dir /tmp/i ./evil-0.1.0.gem` as the kernel runs it (strace
+/// of RubyGems 3.3 on Debian): `/usr/bin/gem` (`#!/usr/bin/env ruby`), env's exec of ruby in
+/// the same process, then a child in the extension's directory for each step.
+fn gem_install_builds(run: &mut Run, steps: &[(u32, &str, &[&str])]) {
+    let gem =
+        ["/usr/bin/env", "ruby", "/usr/bin/gem", "install", "--local", "--install-dir", "/tmp/i", "./evil-0.1.0.gem"];
+    run.exec_full(1400, 1, "/usr/bin/gem", &gem, "/home/alice", &[]).exec_full(
+        1400,
+        1,
+        "/usr/bin/ruby",
+        &gem[1..],
+        "/home/alice",
+        &[],
+    );
+    for &(pid, file, args) in steps {
+        run.fork(1400, pid).exec_full(
+            pid,
+            1400,
+            file,
+            args,
+            "/tmp/i/gems/evil-0.1.0/ext/evil",
+            &[("GEM_HOME", "/tmp/i")],
+        );
+    }
+}
+
+const EXTCONF: &[&str] =
+    &["/usr/bin/ruby3.1", "-I", "/usr/lib/ruby/vendor_ruby", "-r", "./siteconf20261202-1400-x1y2.rb", "extconf.rb"];
+
+#[test]
+fn gem_extension_builds_are_named_by_gem_version_and_step() {
+    let mut run = Run::new();
+    gem_install_builds(&mut run, &[(1401, "/usr/bin/ruby3.1", EXTCONF)]);
+    run.open(1401, "/home/alice/.ssh/id_ed25519");
+    let alert = run.one();
+    assert_eq!(alert.rule.id, "ssh-private-keys");
+    assert_eq!(alert.package.manager, "gem");
+    assert_eq!(alert.package.name.as_deref(), Some("evil"));
+    assert_eq!(alert.package.version.as_deref(), Some("0.1.0"));
+    assert_eq!(alert.package.lifecycle.as_deref(), Some("extconf"));
+    assert_eq!(alert.process.ancestors[0].pid, 1400);
+    // A shell that extconf.rb starts stays its step; RubyGems' `make` afterwards is the next.
+    run.spawn(1402, 1401, &["sh", "-c", "cat ~/.aws/credentials"], &[]).open(1402, "/home/alice/.aws/credentials");
+    assert_eq!(run.one().package.lifecycle.as_deref(), Some("extconf"));
+    run.fork(1400, 1403)
+        .exec_full(1403, 1400, "/usr/bin/make", &["make", "DESTDIR="], "/tmp/i/gems/evil-0.1.0/ext/evil", &[])
+        .open(1403, "/home/alice/.aws/config");
+    let alert = run.one();
+    assert_eq!((alert.package.name.as_deref(), alert.package.lifecycle.as_deref()), (Some("evil"), Some("make")));
+    // RubyGems itself reading its own files, and a build that reads nothing, raise nothing.
+    let mut run = Run::new();
+    gem_install_builds(
+        &mut run,
+        &[(1401, "/usr/bin/ruby3.1", EXTCONF), (1402, "/usr/bin/make", &["make", "DESTDIR="])],
+    );
+    run.open(1400, "/home/alice/.gem/credentials").open(1401, "/tmp/i/gems/evil-0.1.0/ext/evil/extconf.rb");
+    assert!(run.take().is_empty());
+}
+
+#[test]
+fn bundler_extension_builds_are_named_by_gem_version_and_step() {
+    let mut run = Run::new();
+    let dir = "/home/alice/app/vendor/bundle/ruby/3.1.0/gems/evil-0.1.0/ext/evil";
+    run.exec_full(
+        1500,
+        1,
+        "/usr/bin/bundle",
+        &["/usr/bin/ruby", "/usr/bin/bundle", "install", "--local"],
+        "/home/alice/app",
+        &[],
+    )
+    .fork(1500, 1501)
+    .exec_full(1501, 1500, "/usr/bin/ruby3.1", EXTCONF, dir, &[])
+    .open(1501, "/home/alice/.gem/credentials");
+    let alert = run.one();
+    assert_eq!(alert.rule.id, "rubygems-credentials");
+    assert_eq!(alert.package.manager, "bundler");
+    assert_eq!(alert.package.name.as_deref(), Some("evil"));
+    assert_eq!(alert.package.version.as_deref(), Some("0.1.0"));
+    assert_eq!(alert.package.lifecycle.as_deref(), Some("extconf"));
+    // A git source: named, with no version.
+    run.fork(1500, 1502)
+        .exec_full(
+            1502,
+            1500,
+            "/usr/bin/ruby3.1",
+            EXTCONF,
+            "/home/alice/app/vendor/bundle/ruby/3.1.0/bundler/gems/worm-0a1b2c3d4e5f/ext/worm",
+            &[],
+        )
+        .open(1502, "/home/alice/.ssh/id_rsa");
+    let alert = run.one();
+    assert_eq!((alert.package.name.as_deref(), alert.package.version.as_deref()), (Some("worm"), None));
+    // `bundle install` reading its own configuration, and the user's, raises nothing.
+    run.open(1500, "/home/alice/.bundle/config").open(1500, "/home/alice/.gem/credentials");
     assert!(run.take().is_empty());
 }
 

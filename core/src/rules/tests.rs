@@ -34,7 +34,7 @@ fn assert_invalid_at(error: &RulesError, file: &str, (line, column): (usize, usi
 fn default_managers_come_from_the_rules() {
     let set = RuleSet::defaults().unwrap();
     let names: Vec<&str> = set.managers().iter().map(|m| m.name.as_str()).collect();
-    assert_eq!(names, ["npm", "yarn", "pnpm", "bun", "cargo", "pip", "uv", "poetry", "pdm"]);
+    assert_eq!(names, ["npm", "yarn", "pnpm", "bun", "cargo", "pip", "uv", "poetry", "pdm", "gem", "bundler"]);
     let args = |words: &[&str]| words.iter().map(|w| (*w).to_owned()).collect::<Vec<_>>();
     let find = |file: &str, argv: &[&str]| {
         manager::root_manager(set.managers(), file, &args(argv)).map(|i| set.managers()[i].name.as_str())
@@ -63,6 +63,22 @@ fn default_managers_come_from_the_rules() {
         find("/usr/bin/python3", &["python3", "/usr/lib/python3/dist-packages/pip/__pip-runner__.py", "install"]),
         Some("pip")
     );
+    // RubyGems and Bundler: the scripts, and the interpreter running them (`#!/usr/bin/env ruby`).
+    assert_eq!(find("/usr/bin/gem", &["gem", "install", "x"]), Some("gem"));
+    assert_eq!(find("/usr/bin/ruby", &["ruby", "/usr/bin/gem", "install", "x"]), Some("gem"));
+    assert_eq!(find("/usr/bin/ruby3.1", &["/usr/bin/ruby3.1", "/usr/bin/gem3.1", "install"]), Some("gem"));
+    assert_eq!(find("/usr/bin/bundle", &["/usr/bin/ruby", "/usr/bin/bundle", "install"]), Some("bundler"));
+    assert_eq!(find("/usr/bin/ruby", &["ruby", "/usr/bin/bundler", "install"]), Some("bundler"));
+    assert_eq!(find("/usr/bin/bundle3.3", &["/usr/bin/ruby3.3", "/usr/bin/bundle3.3", "install"]), Some("bundler"));
+    // What RubyGems runs to build an extension is package code, not a manager.
+    assert_eq!(
+        find(
+            "/usr/bin/ruby3.1",
+            &["/usr/bin/ruby3.1", "-I", "/usr/lib/ruby/vendor_ruby", "-r", "./siteconf.rb", "extconf.rb"]
+        ),
+        None
+    );
+    assert_eq!(find("/usr/bin/ruby", &["ruby", "gemspec.rb"]), None);
 }
 
 #[test]
