@@ -486,6 +486,33 @@ pub fn write_executable(path: &Path, text: &str) {
     fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
 }
 
+/// Starts `sh -c SCRIPT` in `dir` detached from this test's process tree before credwatch
+/// starts (its parent exits at once, so it is reparented and the /proc seed does not put it in
+/// the tree of the `cargo` running the tests). SCRIPT runs once the file `go-NAME` exists in
+/// `dir`, after writing its pid to `pid-NAME`; the returned closure creates `go-NAME`.
+pub fn detached(sandbox: &Sandbox, dir: &Path, name: &str, env: &[(&str, String)], script: &str) -> impl Fn() {
+    let script = format!("while [ ! -e go-{name} ]; do sleep 0.05; done; echo $$ >pid-{name}; {script}");
+    let outer = format!("setsid sh -c '{}' >detached-{name}.log 2>&1 </dev/null &", script.replace('\'', r"'\''"));
+    let mut command = sandbox.command("sh");
+    command.args(["-c", &outer]).current_dir(dir).envs(env.iter().map(|(k, v)| (k, v)));
+    sandbox.setup("starting a detached command", &mut command);
+    let go = dir.join(format!("go-{name}"));
+    move || fs::write(&go, "").unwrap()
+}
+
+/// The pid a [`detached`] command wrote.
+pub fn detached_pid(dir: &Path, name: &str) -> u32 {
+    let start = Instant::now();
+    loop {
+        let pid = fs::read_to_string(dir.join(format!("pid-{name}"))).ok().and_then(|p| p.trim().parse().ok());
+        if let Some(pid) = pid {
+            return pid;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "the detached command {name} never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Whether `alert` belongs to the package tree rooted at `root`.
 pub fn in_tree(alert: &Value, root: u32) -> bool {
     alert["credwatch"]["root_pid"] == root

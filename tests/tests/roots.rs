@@ -5,10 +5,10 @@
 use std::{
     fs,
     path::{Path, PathBuf},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use credwatch_e2e::{credwatch_binary, in_tree, parse_alerts, Run, Sandbox, EXIT_ALERT};
+use credwatch_e2e::{credwatch_binary, detached, detached_pid, in_tree, parse_alerts, Run, Sandbox, EXIT_ALERT};
 use serde_json::Value;
 
 const YARNRC: &str = "npmAuthToken: npm_FAKEcredwatchE2Eyarn000000000000000000\n";
@@ -129,33 +129,6 @@ fn npm_cli_js_run_by_node_is_the_manager() {
     assert_field(alert, "/package/name", "npmrc-reader", &run);
     assert_field(alert, "/package/version", "3.1.4", &run);
     assert_field(alert, "/package/lifecycle", "postinstall", &run);
-}
-
-/// Starts `sh -c SCRIPT` in `dir` detached from this test's process tree before credwatch
-/// starts (its parent exits at once, so it is reparented and the /proc seed does not put it in
-/// the tree of the `cargo` running the tests). SCRIPT runs once the file `go-NAME` exists in
-/// `dir`, after writing its pid to `pid-NAME`; the returned closure creates `go-NAME`.
-fn detached(sandbox: &Sandbox, dir: &Path, name: &str, env: &[(&str, String)], script: &str) -> impl Fn() {
-    let script = format!("while [ ! -e go-{name} ]; do sleep 0.05; done; echo $$ >pid-{name}; {script}");
-    let outer = format!("setsid sh -c '{}' >detached-{name}.log 2>&1 </dev/null &", script.replace('\'', r"'\''"));
-    let mut command = sandbox.command("sh");
-    command.args(["-c", &outer]).current_dir(dir).envs(env.iter().map(|(k, v)| (k, v)));
-    sandbox.setup("starting a detached command", &mut command);
-    let go = dir.join(format!("go-{name}"));
-    move || fs::write(&go, "").unwrap()
-}
-
-/// The pid a [`detached`] command wrote.
-fn detached_pid(dir: &Path, name: &str) -> u32 {
-    let start = Instant::now();
-    loop {
-        let pid = fs::read_to_string(dir.join(format!("pid-{name}"))).ok().and_then(|p| p.trim().parse().ok());
-        if let Some(pid) = pid {
-            return pid;
-        }
-        assert!(start.elapsed() < Duration::from_secs(60), "the detached command {name} never started");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// The kernel marks these execs itself: nothing they started from was in a tree before.

@@ -308,6 +308,11 @@ fn test_prerequisites() -> Result<()> {
         // The image's test: its own dockerd builds and runs the image, and another container
         // (FROM scratch too: nothing is pulled) holds a static busybox.
         ("dockerd", "docker.io"),
+        // The RubyGems and Bundler tests build a local gem and install it offline; RubyGems
+        // runs `make` after the extension's extconf.rb.
+        ("gem", "ruby"),
+        ("bundle", "bundler"),
+        ("make", "make"),
     ]
     .iter()
     .filter(|(program, _)| toolchain::find_in_path(program).is_none())
@@ -332,7 +337,7 @@ fn test_prerequisites() -> Result<()> {
     build_requirement_wheels()?;
     if importable("setuptools, wheel, uv") {
         println!(
-            "xtask: test prerequisites: node, npm, strace, auditd, rsyslogd with imrelp, nats-server, prometheus, systemd-analyze, readelf, dpkg-deb, dockerd, busybox, python3 with setuptools, wheel and uv: present"
+            "xtask: test prerequisites: node, npm, strace, auditd, rsyslogd with imrelp, nats-server, prometheus, systemd-analyze, readelf, dpkg-deb, dockerd, busybox, gem, bundle, make, python3 with setuptools, wheel and uv: present"
         );
         return Ok(());
     }
