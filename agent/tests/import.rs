@@ -152,6 +152,63 @@ fn strace_ff_files_of_a_reproduction_alert() {
     assert_eq!(reads, 2, "both reads, as in the single file: {events:#?}");
 }
 
+/// The real `gem install` of a gem built here whose extension's `extconf.rb` reads a fake
+/// SSH key, traced by strace: RubyGems' own chdir into the unpacked gem, in the child, before
+/// the exec of ruby, is what names the gem, its version and the step.
+#[test]
+fn strace_of_a_gem_install_names_the_gem_version_and_extconf() {
+    assert!(strace_available(), "strace is needed (apt-get install strace)");
+    let dir = tempfile::tempdir().unwrap();
+    let (home, src) = (dir.path().join("home"), dir.path().join("src"));
+    fs::create_dir_all(home.join(".ssh")).unwrap();
+    fs::write(home.join(".ssh/id_ed25519"), "FAKE-credwatch-test-not-a-key\n").unwrap();
+    fs::create_dir_all(src.join("ext/evil")).unwrap();
+    fs::write(
+        src.join("ext/evil/extconf.rb"),
+        "File.read(File.join(Dir.home, \".ssh/id_ed25519\"))\nFile.write(\"Makefile\", \"all:\\n\\ninstall:\\n\\nclean:\\n\")\n",
+    )
+    .unwrap();
+    fs::write(
+        src.join("evil.gemspec"),
+        "Gem::Specification.new do |s|\n  s.name = \"evil\"\n  s.version = \"0.3.1\"\n  s.summary = \"t\"\n  s.authors = [\"t\"]\n  s.files = [\"ext/evil/extconf.rb\"]\n  s.extensions = [\"ext/evil/extconf.rb\"]\nend\n",
+    )
+    .unwrap();
+    let gem = |args: &[&str], cwd: &Path, wrapper: &[&str]| {
+        let words: Vec<&str> = wrapper.iter().chain(["gem"].iter()).chain(args).copied().collect();
+        let output = Command::new(words[0])
+            .args(&words[1..])
+            .env_clear()
+            .env("HOME", &home)
+            .env("PATH", "/usr/bin:/bin")
+            .current_dir(cwd)
+            .stdin(Stdio::null())
+            .output()
+            .expect("running gem (Debian's ruby; `cargo xtask test` installs it)");
+        assert!(output.status.success(), "gem {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    };
+    gem(&["build", "evil.gemspec"], &src, &[]);
+    let trace = dir.path().join("trace.txt");
+    let install = dir.path().join("gems");
+    gem(
+        &["install", "--local", "--no-document", "--install-dir", install.to_str().unwrap(), "./src/evil-0.3.1.gem"],
+        dir.path(),
+        &["strace", "-f", "-tt", "-y", "-v", "-s", "4096", "-o", trace.to_str().unwrap()],
+    );
+    let mut source = import::open(&trace, None, &options()).unwrap();
+    let (alerts, _) = engine_alerts(source.as_mut());
+    let key = home.join(".ssh/id_ed25519").display().to_string();
+    let alert = alerts
+        .iter()
+        .find(|a| a.file.as_ref().is_some_and(|f| f.path == key))
+        .unwrap_or_else(|| panic!("no alert for {key} in {alerts:#?}"));
+    assert_eq!(alert.rule.id, "ssh-private-keys");
+    assert_eq!(alert.package.manager, "gem");
+    assert_eq!(alert.package.name.as_deref(), Some("evil"));
+    assert_eq!(alert.package.version.as_deref(), Some("0.3.1"));
+    assert_eq!(alert.package.lifecycle.as_deref(), Some("extconf"));
+    assert_eq!(alert.process.working_directory, install.join("gems/evil-0.3.1/ext/evil").display().to_string());
+}
+
 #[test]
 fn strace_paths_with_newlines_escapes_and_brackets_decode_faithfully() {
     assert!(strace_available(), "strace is needed (apt-get install strace)");
