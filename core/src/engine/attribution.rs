@@ -201,8 +201,9 @@ fn gem_build_step(executable: &str, args: &[String]) -> Option<&'static str> {
 
 /// The gem (name, version) whose unpacked directory holds `path`, the innermost one:
 /// `.../gems/<name>-<version>[-<platform>]/...`, where RubyGems and Bundler install gems and
-/// run the builders in the extension's directory; a git source of Bundler,
-/// `.../bundler/gems/<name>-<revision>/...`, has a revision and no version.
+/// run the builders in the extension's directory. A git source of Bundler is checked out in
+/// `.../bundler/gems/<repository>-<revision>/...` (Bundler 2.3, seen with strace): named by
+/// its repository (usually the gem's name; the gemspec inside is not in the events), no version.
 fn gem_dir(path: &str) -> Option<(String, Option<String>)> {
     let parts: Vec<&str> = path.split('/').collect();
     (1..parts.len()).rev().filter(|&i| parts[i - 1] == "gems").find_map(|i| {
@@ -367,8 +368,9 @@ mod tests {
         assert_eq!(gem_dir("/w/v/ruby/3.1.0/gems/pg-1.5.0.pre.rc1/ext"), named("pg", Some("1.5.0.pre.rc1")));
         // The innermost gem: a project that lives in a directory called gems.
         assert_eq!(gem_dir("/home/a/gems/app-2.0/vendor/bundle/ruby/3.1.0/gems/x-1.0/ext"), named("x", Some("1.0")));
-        // A git source of Bundler: a revision, no version.
+        // A git source of Bundler: the repository's checkout at a revision, no version.
         assert_eq!(gem_dir("/w/v/ruby/3.1.0/bundler/gems/evil-0a1b2c3d4e5f/ext/evil"), named("evil", None));
+        assert_eq!(gem_dir("/b/ruby/3.1.0/bundler/gems/gitrepo-1f193afbb4e2/ext/x"), named("gitrepo", None));
         assert_eq!(gem_dir("/w/v/ruby/3.1.0/bundler/gems/evil-main/ext"), None);
         assert_eq!(gem_dir("/home/a/gems/notes"), None);
         assert_eq!(gem_dir("/home/a/src/x-1.0/ext"), None);

@@ -1654,7 +1654,7 @@ fn bundler_extension_builds_are_named_by_gem_version_and_step() {
     assert_eq!(alert.package.name.as_deref(), Some("evil"));
     assert_eq!(alert.package.version.as_deref(), Some("0.1.0"));
     assert_eq!(alert.package.lifecycle.as_deref(), Some("extconf"));
-    // A git source: named, with no version.
+    // A git source: named by its repository's checkout, with no version.
     run.fork(1500, 1502)
         .exec_full(
             1502,
