@@ -19,12 +19,21 @@ const MAKEFILE: &str = "File.write(\"Makefile\", \"all:\\n\\ninstall:\\n\\nclean
 /// Writes the gem `name` `version` with the extension `ext/<name>/extconf.rb` whose body is
 /// `extconf` (then [`MAKEFILE`]), builds it with `gem build` and returns the `.gem` file.
 fn build_gem(sandbox: &Sandbox, name: &str, version: &str, extconf: &str) -> PathBuf {
+    build_gem_with(sandbox, name, version, &[("extconf.rb", &format!("{extconf}{MAKEFILE}"))])
+}
+
+/// [`build_gem`] with the extension's files `ext/<name>/<file>` given, extconf.rb among them.
+fn build_gem_with(sandbox: &Sandbox, name: &str, version: &str, files: &[(&str, &str)]) -> PathBuf {
     let source = sandbox.work().join(format!("{name}-src"));
     let ext = source.join("ext").join(name);
     fs::create_dir_all(&ext).unwrap();
-    fs::write(ext.join("extconf.rb"), format!("{extconf}{MAKEFILE}")).unwrap();
+    for (file, text) in files {
+        fs::write(ext.join(file), text).unwrap();
+    }
+    let listed: Vec<String> = files.iter().map(|(file, _)| format!("\"ext/{name}/{file}\"")).collect();
     let spec = format!(
-        "Gem::Specification.new do |s|\n  s.name = {name:?}\n  s.version = {version:?}\n  s.summary = \"credwatch e2e\"\n  s.authors = [\"credwatch\"]\n  s.license = \"MIT\"\n  s.files = [\"ext/{name}/extconf.rb\"]\n  s.extensions = [\"ext/{name}/extconf.rb\"]\nend\n"
+        "Gem::Specification.new do |s|\n  s.name = {name:?}\n  s.version = {version:?}\n  s.summary = \"credwatch e2e\"\n  s.authors = [\"credwatch\"]\n  s.license = \"MIT\"\n  s.files = [{}]\n  s.extensions = [\"ext/{name}/extconf.rb\"]\nend\n",
+        listed.join(", ")
     );
     fs::write(source.join(format!("{name}.gemspec")), spec).unwrap();
     sandbox.setup("gem build", sandbox.command("gem").arg("build").arg(format!("{name}.gemspec")).current_dir(&source));
@@ -165,4 +174,22 @@ fn a_gem_whose_extconf_touches_no_credential_raises_nothing() {
     assert!(run.alerts().is_empty(), "expected no alert\n{}", run.describe());
     let built = fs::read_to_string(install.join("gems/quiet-ext-1.0.0/ext/quiet-ext/built.txt"));
     assert_eq!(built.ok().as_deref(), Some("built by quiet-ext\n"), "extconf.rb did not run\n{}", run.describe());
+}
+
+/// A real C extension built the usual way: mkmf's checks (a header, a function, a library, and
+/// `try_run`, which compiles a test program and runs it as ./conftest), `create_makefile`, then
+/// gcc under RubyGems' `make`. Nothing in it is theft.
+#[test]
+fn a_c_extension_built_with_mkmf_raises_nothing() {
+    let sandbox = Sandbox::new();
+    let extconf = "require \"mkmf\"\nabort \"no stdio.h\" unless have_header(\"stdio.h\")\nhave_func(\"strlcpy\")\nhave_library(\"m\", \"cos\")\nabort \"try_run failed\" unless try_run(\"int main(void) { return 0; }\")\ncreate_makefile(\"cquiet/cquiet\")\n";
+    let source = "#include <ruby.h>\nstatic VALUE hello(VALUE self) { return rb_str_new_cstr(\"hello\"); }\nvoid Init_cquiet(void) { rb_define_global_function(\"cquiet_hello\", hello, 0); }\n";
+    let gem = build_gem_with(&sandbox, "cquiet", "2.0.1", &[("extconf.rb", extconf), ("cquiet.c", source)]);
+    let (run, install) = gem_install(&sandbox, &gem);
+    run.assert_exit(0);
+    assert!(run.alerts().is_empty(), "expected no alert\n{}", run.describe());
+    // Not vacuous: extconf.rb aborts unless each check passed (try_run's ./conftest ran and
+    // exited 0), and gcc compiled the extension.
+    let built = install.join("gems/cquiet-2.0.1/lib/cquiet/cquiet.so");
+    assert!(built.is_file(), "no {}\n{}", built.display(), run.describe());
 }

@@ -268,6 +268,14 @@ fn busybox_static_installed() -> bool {
         .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("ok installed"))
 }
 
+/// Whether ruby finds its own C headers (Debian's ruby-dev), which mkmf needs.
+fn ruby_headers_installed() -> bool {
+    Command::new("ruby")
+        .args(["-rrbconfig", "-e", "exit File.file?(File.join(RbConfig::CONFIG['rubyhdrdir'], 'ruby.h'))"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
 /// Whether rsyslog has the module `name`: Debian puts them in /usr/lib/<triplet>/rsyslog.
 fn rsyslog_has_module(name: &str) -> bool {
     let file = format!("{name}.so");
@@ -308,11 +316,13 @@ fn test_prerequisites() -> Result<()> {
         // The image's test: its own dockerd builds and runs the image, and another container
         // (FROM scratch too: nothing is pulled) holds a static busybox.
         ("dockerd", "docker.io"),
-        // The RubyGems and Bundler tests build a local gem and install it offline; RubyGems
-        // runs `make` after the extension's extconf.rb.
+        // The RubyGems and Bundler tests build local gems and install them offline; RubyGems
+        // runs `make` after the extension's extconf.rb, and a C extension's extconf.rb (mkmf)
+        // needs ruby's headers and a C compiler.
         ("gem", "ruby"),
         ("bundle", "bundler"),
         ("make", "make"),
+        ("gcc", "gcc"),
     ]
     .iter()
     .filter(|(program, _)| toolchain::find_in_path(program).is_none())
@@ -323,6 +333,9 @@ fn test_prerequisites() -> Result<()> {
     }
     if !busybox_static_installed() {
         missing.push("busybox-static");
+    }
+    if !ruby_headers_installed() {
+        missing.push("ruby-dev");
     }
     if !missing.is_empty() {
         if !is_root() || toolchain::find_in_path("apt-get").is_none() {
@@ -337,7 +350,7 @@ fn test_prerequisites() -> Result<()> {
     build_requirement_wheels()?;
     if importable("setuptools, wheel, uv") {
         println!(
-            "xtask: test prerequisites: node, npm, strace, auditd, rsyslogd with imrelp, nats-server, prometheus, systemd-analyze, readelf, dpkg-deb, dockerd, busybox, gem, bundle, make, python3 with setuptools, wheel and uv: present"
+            "xtask: test prerequisites: node, npm, strace, auditd, rsyslogd with imrelp, nats-server, prometheus, systemd-analyze, readelf, dpkg-deb, dockerd, busybox, gem, bundle, make, gcc, ruby's headers, python3 with setuptools, wheel and uv: present"
         );
         return Ok(());
     }
