@@ -55,13 +55,16 @@ pub struct SensorOptions {
 }
 
 /// The fentry (entry) and fexit (exit) programs of a syscall family (see the kernel's
-/// `fentry.rs`); the net family reports at entry only.
-pub(super) fn family_programs(family: u32) -> (&'static str, Option<&'static str>) {
+/// `fentry.rs`), with or without the LSM hooks: the open family runs from its exit alone (its
+/// arguments are still in the saved registers, and every unmarked open pays for each program),
+/// but the LSM deny's record needs what the entry saw; the net family reports at entry.
+pub(super) fn family_programs(family: u32, lsm: bool) -> &'static [&'static str] {
     match family {
-        syscall_family::OPEN => ("fentry_open", Some("fexit_open")),
-        syscall_family::RENAME => ("fentry_rename", Some("fexit_rename")),
-        syscall_family::NET => ("fentry_net", None),
-        _ => ("fentry_tamper", Some("fexit_tamper")),
+        syscall_family::OPEN if lsm => &["fentry_open", "fexit_open"],
+        syscall_family::OPEN => &["fexit_open"],
+        syscall_family::RENAME => &["fentry_rename", "fexit_rename"],
+        syscall_family::NET => &["fentry_net"],
+        _ => &["fentry_tamper", "fexit_tamper"],
     }
 }
 

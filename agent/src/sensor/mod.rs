@@ -121,10 +121,8 @@ fn fentry_work(hooks: &[SyscallHook], lsm: bool) -> (Vec<backend::Work>, u32) {
         None => work.push(backend::Work { program, targets: vec![target] }),
     };
     for hook in hooks {
-        let (enter, exit) = backend::family_programs(hook.family);
-        add(enter, syscall_function(hook.name));
-        if let Some(exit) = exit {
-            add(exit, syscall_function(hook.name));
+        for &program in backend::family_programs(hook.family, lsm) {
+            add(program, syscall_function(hook.name));
         }
     }
     let mut lsm_syscalls = 0;

@@ -11,7 +11,10 @@
 //!   syscall number in `orig_ax`, read with one probe read (the
 //!   offsets come from BTF, see `KernelOffsets::pt_regs_r10`). The syscall number then picks
 //!   the family's syscall in `SYSCALLS`, as `__syscall_nr` does for the tracepoints.
-//! - An fexit program gets the function's arguments, then its result.
+//! - An fexit program gets the function's arguments, then its result. The open family, the
+//!   syscalls every process makes most, runs from its fexit alone (the arguments are still in
+//!   the saved registers at exit, and each program on the path is a trampoline run that
+//!   unmarked opens pay for), but for the LSM deny, whose record needs what the entry saw.
 
 use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid,
@@ -24,7 +27,7 @@ use credwatch_common::{KernelOffsets, PT_REGS_WINDOW};
 use crate::{
     helpers::{config, current_mark, read, Res},
     net::handle_net_enter,
-    open::{handle_open_enter, handle_open_exit},
+    open::{handle_open, handle_open_enter},
     rename::{handle_rename_enter, handle_rename_exit},
     tamper::{handle_tamper_enter, handle_tamper_exit},
 };
@@ -72,14 +75,8 @@ fn syscall_args(regs: u64) -> Res<(u32, [u64; 6])> {
     Ok((at(off.pt_regs_orig_ax) as u32, args))
 }
 
-/// The syscall number in the `struct pt_regs` at `regs` (for an exit).
-#[inline(always)]
-fn syscall_nr(regs: u64) -> Res<u32> {
-    let off = &config().ok_or(-1i64)?.offsets;
-    Ok(read::<u64>(regs, off.pt_regs_orig_ax)? as u32)
-}
-
-/// Entry of every `__x64_sys_*` of the open family.
+/// Entry of every `__x64_sys_*` of the open family, attached only with the LSM hooks: what it
+/// saves gives a refused open its given path (see [`crate::open::deny_open`]).
 #[fentry]
 pub fn fentry_open(ctx: FEntryContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -92,13 +89,13 @@ pub fn fentry_open(ctx: FEntryContext) -> u32 {
     0
 }
 
-/// Exit of every `__x64_sys_*` of the open family.
+/// Exit of every `__x64_sys_*` of the open family (see [`handle_open`]).
 #[fexit]
 pub fn fexit_open(ctx: FExitContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
-    if let Ok(nr) = regs_arg(&ctx).and_then(syscall_nr) {
-        handle_open_exit(pid_tgid, mark, nr, ctx.arg(1));
+    if let Ok((nr, args)) = regs_arg(&ctx).and_then(syscall_args) {
+        handle_open(pid_tgid, mark, nr, &args, ctx.arg(1));
     }
     0
 }

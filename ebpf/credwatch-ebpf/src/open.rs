@@ -1,7 +1,8 @@
 //! File opens: `open`, `openat`, `openat2`, `creat` and `open_by_handle_at`.
 //!
 //! - At entry, what the process gave (dirfd, flags, mode, where the path string is) is kept in
-//!   the thread's slot of `OPEN_SLOTS`. At exit, for a successful open, the opened `struct file`
+//!   the thread's slot of `OPEN_SLOTS` (the fentry backend has an entry program only for the
+//!   LSM deny, and reads the arguments at exit, see [`handle_open`]). At exit, for a successful open, the opened `struct file`
 //!   is taken from the returned fd and its path walked (see [`crate::path`]): that path already
 //!   accounts for symlinks, `..`, dirfds, `/proc/self/root` and bind mounts.
 //! - Credential inodes: at the exit of every open of a marked process, the opened file's
@@ -100,7 +101,16 @@ pub fn open_enter(ctx: TracePointContext) -> u32 {
 /// its exit needs.
 #[inline(always)]
 pub(crate) fn handle_open_enter(pid_tgid: u64, nr: u32, args: &[u64; 6]) {
-    let Some(syscall) = hooked_syscall(nr, syscall_family::OPEN) else { return };
+    if let Some(pending) = pending_open(nr, args) {
+        let _ = save_open(pid_tgid as u32, &pending);
+    }
+}
+
+/// What the open-family syscall `nr` was given in `args`: the dirfd, the flags, the mode and
+/// where the path string is.
+#[inline(always)]
+fn pending_open(nr: u32, args: &[u64; 6]) -> Option<PendingOpen> {
+    let syscall = hooked_syscall(nr, syscall_family::OPEN)?;
     let (dirfd, given_ptr, flags, mode) = match syscall {
         open_syscall::OPENAT | open_syscall::OPENAT2 => {
             let (flags, mode) = if syscall == open_syscall::OPENAT2 {
@@ -122,8 +132,24 @@ pub(crate) fn handle_open_enter(pid_tgid: u64, nr: u32, args: &[u64; 6]) {
         open_syscall::OPEN_BY_HANDLE_AT => (args[0] as i32, 0, args[2], 0),
         _ => (AT_FDCWD, args[0], CREAT_FLAGS, args[1]),
     };
-    let pending = PendingOpen { syscall, dirfd, flags, mode, given_ptr };
-    let _ = save_open(pid_tgid as u32, &pending);
+    Some(PendingOpen { syscall, dirfd, flags, mode, given_ptr })
+}
+
+/// The exit of open-family syscall `nr` by a marked process, with its arguments `args` (still in
+/// the saved registers) and its result `ret`: the fentry backend's fexit, which has no entry
+/// program unless the LSM deny needs one (see [`deny_open`]), so that unmarked opens pay for one
+/// program. What an entry saved is used when there is one; an open that [`deny_open`] refused
+/// and reported is not reported again.
+#[inline(always)]
+pub(crate) fn handle_open(pid_tgid: u64, mark: Mark, nr: u32, args: &[u64; 6], ret: i64) {
+    let pending = match take_pending_open(pid_tgid as u32) {
+        Some(seen) if seen.syscall == open_syscall::FILE_OPEN && ret == -EPERM => return,
+        Some(entry) if entry.syscall != open_syscall::FILE_OPEN => Some(entry),
+        _ => pending_open(nr, args),
+    };
+    if pending.is_some() {
+        let _ = report_open(pid_tgid, mark, pending, nr, ret);
+    }
 }
 
 /// Keeps what an open's entry saw for its exit: in the thread's slot, or in `PENDING_OPENS`
@@ -222,9 +248,12 @@ fn unseen_open(off: &KernelOffsets, file: u64, syscall: u32) -> Res<PendingOpen>
 
 /// The BPF LSM `file_open` hook's decision (see [`crate::lsm`]), for a marked process opening
 /// `file`: under `--enforce`, a `KILL` credential inode that [`spared`] does not spare is
-/// refused (true), and reported as [`record_flag::DENIED`] with what the open's entry saw, or,
+/// refused (true), and reported as [`record_flag::DENIED`] with what the open's entry saw
+/// (with the LSM hooks, the fentry backend attaches the open family's entry program too), or,
 /// for an open that no hooked syscall made (io_uring's `IORING_OP_OPENAT`), by the file's
-/// flags. The open's exit then finds no entry and a failed open, and reports nothing more.
+/// flags. The thread's slot then holds the file's open (`FILE_OPEN`) for the syscall's exit,
+/// which finds it and a failed open and reports nothing more (after an io_uring open, the
+/// thread's next open syscall replaces it).
 #[inline(always)]
 pub(crate) fn deny_open(pid_tgid: u64, mark: Mark, file: u64) -> bool {
     let Some(config) = config() else { return false };
@@ -238,13 +267,16 @@ pub(crate) fn deny_open(pid_tgid: u64, mark: Mark, file: u64) -> bool {
     if cred.flags & cred_flag::KILL == 0 || spared(config, mark) {
         return false;
     }
-    let (pending, no_entry) = match take_pending_open(pid_tgid as u32) {
-        Some(pending) => (pending, 0),
-        None => match unseen_open(off, file, open_syscall::FILE_OPEN) {
-            Ok(pending) => (pending, record_flag::NO_ENTRY),
+    let tid = pid_tgid as u32;
+    let (pending, no_entry) = match take_pending_open(tid) {
+        Some(entry) if entry.syscall != open_syscall::FILE_OPEN => (entry, 0),
+        _ => match unseen_open(off, file, open_syscall::FILE_OPEN) {
+            Ok(seen) => (seen, record_flag::NO_ENTRY),
             Err(_) => return true,
         },
     };
+    let reported = PendingOpen { syscall: open_syscall::FILE_OPEN, dirfd: AT_FDCWD, flags: 0, mode: 0, given_ptr: 0 };
+    let _ = save_open(tid, &reported);
     let _ = emit_open(config, pid_tgid, mark, pending, file, -EPERM, no_entry | record_flag::DENIED);
     true
 }
