@@ -140,7 +140,7 @@ fn finds_the_catalogue_in_a_home_grouped_by_category_with_ages_and_rotation() {
 
     let markdown = exposure.to_markdown();
     assert!(markdown.contains("## `ssh` (critical): 2 files\n"), "{markdown}");
-    let shown = format!("- `{}`: 400 days old, readable, `aws-credentials` (0600 ", aws.path);
+    let shown = format!("- `{}`: 400 days old, readable, `aws-credentials` (mode 0600, owner ", aws.path);
     assert!(markdown.contains(&shown), "{markdown}");
     assert!(markdown.contains(&format!("- [ ] {}\n", rotate_of("aws-credentials")[0])), "{markdown}");
     assert!(markdown.contains("6 credential files in 5 categories"), "{markdown}");
@@ -209,7 +209,7 @@ fn readable_follows_owner_group_and_other_bits_and_every_directory_above() {
     let exposure = scan_home(&home, &stranger(), Limits::default());
     let markdown = exposure.to_markdown();
     assert!(markdown.contains("1 readable by `mallory`, 4 only by package code run as root"), "{markdown}");
-    assert!(markdown.contains("1 day old, root only, `pypi-token` (0000 "), "{markdown}");
+    assert!(markdown.contains("1 day old, root only, `pypi-token` (mode 0000, owner "), "{markdown}");
 }
 
 #[test]
@@ -286,10 +286,17 @@ fn a_user_scope_checks_system_paths_under_the_system_root() {
     assert_eq!(category(&exposure, "tls").files[0].rules, ["tls-private-keys"]);
     assert!(exposure.system_paths);
     let not_searched = exposure.walk.not_searched.join("\n");
-    assert!(not_searched.contains("`/proc/*/environ` (proc-environ-mem): not a file on disk"), "{not_searched}");
+    assert!(not_searched.contains("proc-environ-mem: process memory"), "{not_searched}");
     assert!(not_searched.contains("under the home only"), "{not_searched}");
     let stranger = scan(&rules(), &stranger(), &scope, Limits::default(), now());
     assert_eq!((stranger.summary.readable, stranger.summary.root_only), (0, 3));
-    // A home alone: system paths are not looked at.
-    assert!(file(&scan_home(&home, &alice(), Limits::default()), "/etc/shadow").is_none());
+    // A home alone: system paths are not looked at, and it says so.
+    let alone = scan_home(&home, &alice(), Limits::default());
+    assert!(file(&alone, "/etc/shadow").is_none());
+    assert!(alone
+        .walk
+        .not_searched
+        .iter()
+        .any(|n| n.ends_with("patterns of system paths (`/etc/shadow`, ...): not looked for with a home alone")));
+    assert!(!alone.walk.not_searched.iter().any(|n| n.contains("/proc")));
 }
