@@ -292,7 +292,8 @@ struct ReplayArgs {
 #[derive(Args)]
 struct ExposureArgs {
     /// This user's home and the system's paths, readable as this user (a name or uid, from
-    /// /etc/passwd and /etc/group) [default: the user running credwatch, its $HOME]
+    /// /etc/passwd and /etc/group), and what it can read in the other homes of /etc/passwd
+    /// [default: the user running credwatch, its $HOME]
     #[arg(long, value_name = "NAME", conflicts_with = "home")]
     user: Option<String>,
     /// Only this directory, taken as a home (no system paths), readable as the user running
@@ -305,6 +306,12 @@ struct ExposureArgs {
     /// A folder of rule files that add to or override the default rules (same id overrides).
     #[arg(long, value_name = "DIR")]
     rules: Option<PathBuf>,
+    /// The users' accounts and homes.
+    #[arg(long, value_name = "FILE", default_value = "/etc/passwd")]
+    passwd: PathBuf,
+    /// The groups `--user` is a member of.
+    #[arg(long, value_name = "FILE", default_value = "/etc/group")]
+    group: PathBuf,
 }
 
 #[derive(Subcommand)]
@@ -624,41 +631,45 @@ fn config_show(file: Option<PathBuf>) -> Result<ExitCode> {
 fn exposure(args: &ExposureArgs) -> Result<ExitCode> {
     use credwatch_core::{exposure, import::passwd};
     let rules = RuleSet::load(args.rules.as_deref()).context("loading rules")?;
-    let read = |path: &str| std::fs::read(path).map(|text| String::from_utf8_lossy(&text).into_owned());
+    let (passwd_file, group_file) = (args.passwd.display().to_string(), args.group.display().to_string());
+    let read = |path: &Path| std::fs::read(path).map(|text| String::from_utf8_lossy(&text).into_owned());
     let (who, scope) = if let Some(user) = &args.user {
-        let text = read("/etc/passwd").context("reading /etc/passwd")?;
-        let accounts = passwd::accounts("/etc/passwd", &text)?;
+        let text = read(&args.passwd).with_context(|| format!("reading {passwd_file}"))?;
+        let accounts = passwd::accounts(&passwd_file, &text)?;
         let account = accounts
             .iter()
             .find(|a| &a.name == user)
             .or_else(|| accounts.iter().find(|a| user.parse() == Ok(a.uid)))
-            .with_context(|| format!("no user {} in /etc/passwd", escape(user)))?;
+            .with_context(|| format!("no user {} in {passwd_file}", escape(user)))?;
         let mut gids = vec![account.gid];
-        let groups = read("/etc/group").context("reading /etc/group")?;
-        gids.extend(passwd::member_of("/etc/group", &groups, &account.name)?.into_iter().filter(|g| *g != account.gid));
+        let groups = read(&args.group).with_context(|| format!("reading {group_file}"))?;
+        gids.extend(passwd::member_of(&group_file, &groups, &account.name)?.into_iter().filter(|g| *g != account.gid));
         let who = exposure::Identity { name: Some(account.name.clone()), uid: account.uid, gids };
-        (who, exposure::Scope { home: PathBuf::from(&account.home), system_root: Some(PathBuf::from("/")) })
+        let other_homes = homes(&accounts);
+        (
+            who,
+            exposure::Scope { home: PathBuf::from(&account.home), system_root: Some(PathBuf::from("/")), other_homes },
+        )
     } else {
         // SAFETY: geteuid cannot fail.
         let uid = unsafe { libc::geteuid() };
-        // Best effort: the name is for the reader; the ids decide.
-        let account = read("/etc/passwd")
-            .ok()
-            .and_then(|text| passwd::accounts("/etc/passwd", &text).ok())
-            .and_then(|accounts| accounts.into_iter().find(|a| a.uid == uid));
+        // Best effort: the name is for the reader, the ids decide, and the homes are extra.
+        let accounts =
+            read(&args.passwd).ok().and_then(|text| passwd::accounts(&passwd_file, &text).ok()).unwrap_or_default();
+        let account = accounts.iter().find(|a| a.uid == uid).cloned();
         let who = exposure::Identity { name: account.as_ref().map(|a| a.name.clone()), uid, gids: own_groups()? };
         let scope = match &args.home {
             Some(dir) => {
                 let home = std::fs::canonicalize(dir).with_context(|| format!("--home {}", dir.display()))?;
                 anyhow::ensure!(home.is_dir(), "--home {}: not a directory", dir.display());
-                exposure::Scope { home, system_root: None }
+                exposure::Scope { home, system_root: None, other_homes: Vec::new() }
             }
             None => {
                 let home = std::env::var_os("HOME")
                     .map(PathBuf::from)
                     .or_else(|| account.map(|a| PathBuf::from(a.home)))
                     .context("no HOME, and the running user is not in /etc/passwd: give --home DIR")?;
-                exposure::Scope { home, system_root: Some(PathBuf::from("/")) }
+                exposure::Scope { home, system_root: Some(PathBuf::from("/")), other_homes: homes(&accounts) }
             }
         };
         (who, scope)
@@ -670,6 +681,17 @@ fn exposure(args: &ExposureArgs) -> Result<ExitCode> {
         print!("{}", found.to_markdown());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The homes of the passwd accounts that are directories (not `/`, which would be the machine).
+fn homes(accounts: &[credwatch_core::import::passwd::Account]) -> Vec<PathBuf> {
+    let mut homes: Vec<PathBuf> = accounts
+        .iter()
+        .map(|a| PathBuf::from(&a.home))
+        .filter(|home| home != Path::new("/") && home.is_dir())
+        .collect();
+    homes.dedup();
+    homes
 }
 
 /// The effective group and the supplementary ones of this process.

@@ -1,6 +1,7 @@
 //! `credwatch exposure`, the real binary, on a throwaway home with fake credentials (never the
 //! real HOME): the JSON's grouping, ages and rotation advice (the rules' own), the Markdown,
-//! escaped odd bytes, `--user` resolved from this machine's passwd and group files, and errors.
+//! escaped odd bytes, `--user` resolved from passwd and group files with the other homes, and
+//! errors.
 
 use std::{
     ffi::OsStr,
@@ -96,23 +97,103 @@ fn a_throwaway_home_as_json_and_markdown() {
     assert!(!markdown.contains('\x1b'), "a raw escape reached the terminal");
 }
 
+/// The uid and gid that own the test's files: 4242 when the tests run as root (which chowns
+/// them), else the user running them, so that the user is never root.
+fn owner() -> (u32, u32) {
+    // SAFETY: geteuid and getegid cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    if uid == 0 {
+        (4242, 4242)
+    } else {
+        (uid, gid)
+    }
+}
+
+/// Every file and directory under `dir` to `owner()`, directories searchable by all.
+fn own(dir: &Path) {
+    let (uid, gid) = owner();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        std::os::unix::fs::chown(&path, Some(uid), Some(gid)).unwrap();
+        if path.is_dir() {
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+            stack.extend(fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        }
+    }
+}
+
 #[test]
-fn a_user_from_this_machines_passwd_and_group() {
-    // nobody: no home to speak of, so only the system's paths, none of which nobody reads.
+fn a_user_from_passwd_and_group_files_with_the_other_homes() {
+    // alice's and bob's homes are throwaway; their passwd and group files too.
     let dir = tempfile::tempdir().unwrap();
-    let out = credwatch(dir.path(), &["--user", "nobody", "--json"]);
+    let (alice, bob) = (dir.path().join("alice"), dir.path().join("bob"));
+    fake_home(&alice);
+    put(&bob.join(".git-credentials"), "https://bob:tok@example.com\n", 9, 0o644);
+    put(&bob.join(".aws/credentials"), "k", 9, 0o600);
+    own(dir.path());
+    let (uid, gid) = owner();
+    let passwd = dir.path().join("passwd");
+    let text = format!(
+        "root:x:0:0:root:{root}:/bin/sh\nalice:x:{uid}:{gid}::{alice}:/bin/sh\nbob:x:{uid}9:{gid}9::{bob}:/bin/sh\n",
+        root = dir.path().join("root").display(),
+        alice = alice.display(),
+        bob = bob.display()
+    );
+    fs::write(&passwd, text).unwrap();
+    let group = dir.path().join("group");
+    fs::write(&group, format!("alice:x:{gid}:\nstaff:x:50:bob,alice\n")).unwrap();
+    let args = ["--user", "alice", "--passwd", passwd.to_str().unwrap(), "--group", group.to_str().unwrap()];
+    let out = credwatch(dir.path(), &[&args[..], &["--json"]].concat());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let json: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!((json["user"]["name"].as_str(), json["user"]["uid"].as_u64()), (Some("nobody"), Some(65534)));
-    assert_eq!(json["system_paths"], true);
-    assert_eq!(json["root"], false);
-    let system = json["categories"].as_array().unwrap().iter().find(|c| c["category"] == "system").unwrap();
-    let shadow = files(system).into_iter().find(|f| f["path"] == "/etc/shadow").expect("/etc/shadow is listed");
-    assert_eq!(shadow["readable"], false, "{shadow}");
-    assert_eq!(json["summary"]["readable"], 0, "{json:#}");
-    let by_uid = credwatch(dir.path(), &["--user", "65534", "--json"]);
+    assert_eq!(json["user"], serde_json::json!({"name": "alice", "uid": uid, "gids": [gid, 50]}));
+    assert_eq!((json["home"].as_str(), json["system_paths"].as_bool()), (alice.to_str(), Some(true)));
+    assert_eq!(
+        (json["walk"]["other_homes"].as_u64(), json["walk"]["other_homes_not_readable"].as_u64()),
+        (Some(1), Some(0))
+    );
+    let all: Vec<&Value> = json["categories"].as_array().unwrap().iter().flat_map(files).collect();
+    let path = |p: &Path| Value::from(p.to_str().unwrap());
+    // alice owns bob's files here too (one owner for the test), so both are hers to read.
+    for wanted in [alice.join(".ssh/id_ed25519"), bob.join(".git-credentials"), bob.join(".aws/credentials")] {
+        let file = all.iter().find(|f| f["path"] == path(&wanted)).unwrap_or_else(|| panic!("{wanted:?}: {json:#}"));
+        assert_eq!(file["readable"], true, "{file}");
+    }
+    // System paths are this machine's: every one listed as readable is, by alice's ids.
+    for file in all.iter().filter(|f| !f["path"].as_str().unwrap().starts_with(dir.path().to_str().unwrap())) {
+        let mode = u32::from_str_radix(file["mode"].as_str().unwrap(), 8).unwrap();
+        let (owner, group) = (
+            file["uid"].as_u64() == Some(uid.into()),
+            [gid, 50].map(u64::from).contains(&file["gid"].as_u64().unwrap()),
+        );
+        let bits = if owner {
+            mode >> 6
+        } else if group {
+            mode >> 3
+        } else {
+            mode
+        };
+        assert!(!file["readable"].as_bool().unwrap() || bits & 0o4 != 0, "{file}");
+    }
+    let by_uid = credwatch(
+        dir.path(),
+        &[
+            "--user",
+            &uid.to_string(),
+            "--passwd",
+            passwd.to_str().unwrap(),
+            "--group",
+            group.to_str().unwrap(),
+            "--json",
+        ],
+    );
     let by_uid: Value = serde_json::from_slice(&by_uid.stdout).unwrap();
-    assert_eq!(by_uid["user"]["name"], "nobody");
+    assert_eq!(by_uid["user"]["name"], "alice");
+    let markdown = String::from_utf8(credwatch(dir.path(), &args).stdout).unwrap();
+    assert!(
+        markdown.contains("system paths checked too, and 1 other users' homes (their files `alice` can read)"),
+        "{markdown}"
+    );
 }
 
 #[test]
@@ -121,6 +202,11 @@ fn errors_name_what_is_wrong() {
     let out = credwatch(dir.path(), &["--user", "no-such-user-here"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no user no-such-user-here in /etc/passwd"));
+    let passwd = dir.path().join("passwd");
+    fs::write(&passwd, "root:x:0:0:root:/root:/bin/sh\nbad:x:1\n").unwrap();
+    let out = credwatch(dir.path(), &["--user", "bad", "--passwd", passwd.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("{}:2: 3 fields", passwd.display())), "{stderr}");
     let missing = dir.path().join("missing");
     let out = credwatch(dir.path(), &["--home", missing.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));

@@ -55,6 +55,9 @@ pub struct Scope {
     /// Absolute patterns (`/etc/shadow`) are looked for under it (`/` on this machine); none
     /// for `--home DIR`.
     pub system_root: Option<PathBuf>,
+    /// Other users' homes: their `~/` patterns are looked for, and the files the user can read
+    /// there are listed (another user's world-readable token is this user's exposure too).
+    pub other_homes: Vec<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -146,22 +149,33 @@ pub struct Walk {
     pub skipped: Vec<String>,
     /// Catalogue patterns not looked for, with why.
     pub not_searched: Vec<String>,
+    /// Other homes looked at, and the files found there that the user cannot read (not listed).
+    pub other_homes: usize,
+    pub other_homes_not_readable: u64,
 }
 
 /// Looks for every file of the catalogue (the rules' credential targets) in `scope`, and
 /// checks whether `who` can read it.
 pub fn scan(rules: &RuleSet, who: &Identity, scope: &Scope, limits: Limits, now: SystemTime) -> Exposure {
     let credential: Vec<&Rule> = rules.rules().iter().filter(|rule| rule.is_credential()).collect();
+    // The user's home first; homes inside it or around it are walked with it.
+    let mut homes = vec![scope.home.clone()];
+    for other in &scope.other_homes {
+        if !homes.iter().any(|home| home.starts_with(other) || other.starts_with(home)) {
+            homes.push(other.clone());
+        }
+    }
     let mut walker = Walker {
         rules,
-        home: scope.home.clone(),
-        home_text: scope.home.to_str().map(str::to_owned),
+        home_texts: homes.iter().map(|home| home.to_str().map(str::to_owned)).collect(),
+        homes,
         system_root: scope.system_root.clone(),
         limits,
         walk: Walk { max_entries: limits.max_entries, max_depth: limits.max_depth, ..Walk::default() },
         found: BTreeMap::new(),
-        roots: BTreeSet::new(),
+        roots: BTreeMap::new(),
     };
+    walker.walk.other_homes = walker.homes.len() - 1;
     let mut literal = Vec::new();
     let mut anywhere = false;
     // Rules with targets in /proc, /sys or /dev; absolute targets left out with a home alone.
@@ -169,8 +183,9 @@ pub fn scan(rules: &RuleSet, who: &Identity, scope: &Scope, limits: Limits, now:
     let mut system = 0;
     for rule in &credential {
         for target in &rule.targets {
-            let start = if let Some(rest) = target.strip_prefix("~/") {
-                scope.home.join(rest)
+            // Where the pattern starts, and in which home (none: a system path).
+            let starts: Vec<(PathBuf, Option<usize>)> = if let Some(rest) = target.strip_prefix("~/") {
+                walker.homes.iter().enumerate().map(|(index, home)| (home.join(rest), Some(index))).collect()
             } else if target.starts_with("**/") {
                 anywhere = true;
                 continue;
@@ -179,16 +194,18 @@ pub fn scan(rules: &RuleSet, who: &Identity, scope: &Scope, limits: Limits, now:
                     pseudo.insert(&rule.id);
                     continue;
                 }
-                root.join(target.trim_start_matches('/'))
+                vec![(root.join(target.trim_start_matches('/')), None)]
             } else {
                 system += 1;
                 continue;
             };
-            let (prefix, globbed) = literal_prefix(&start);
-            if globbed {
-                walker.roots.insert(prefix);
-            } else {
-                literal.push(prefix);
+            for (start, home) in starts {
+                let (prefix, globbed) = literal_prefix(&start);
+                if globbed {
+                    walker.roots.insert(prefix, home);
+                } else {
+                    literal.push((prefix, home));
+                }
             }
         }
     }
@@ -206,43 +223,46 @@ pub fn scan(rules: &RuleSet, who: &Identity, scope: &Scope, limits: Limits, now:
         walker.walk.not_searched.push("patterns anywhere on disk (`**/.env`, `**/*.key`): under the home only".into());
     }
     // A place inside another is walked with it.
-    let roots: Vec<PathBuf> = walker.roots.iter().cloned().collect();
-    walker.roots.retain(|root| !roots.iter().any(|other| other != root && root.starts_with(other)));
-    for path in literal {
-        walker.consider(&path);
+    let roots: Vec<PathBuf> = walker.roots.keys().cloned().collect();
+    walker.roots.retain(|root, _| !roots.iter().any(|other| other != root && root.starts_with(other)));
+    for (path, home) in literal {
+        walker.consider(&path, home);
     }
-    for root in walker.roots.clone() {
-        walker.walk_dir(&root, false);
+    for (root, home) in walker.roots.clone() {
+        walker.walk_dir(&root, home, false);
     }
-    if anywhere && !walker.roots.contains(&scope.home) {
+    if anywhere && !walker.roots.contains_key(&scope.home) {
         walker.walk.skipped = SKIPPED_NAMES.iter().chain(SKIPPED_IN_HOME).map(|s| (*s).to_owned()).collect();
-        walker.walk_dir(&scope.home, true);
+        walker.walk_dir(&scope.home, Some(0), true);
     }
     walker.finish(who, scope, now)
 }
 
 struct Found {
     rules: Vec<usize>,
+    /// Index in `Walker::homes`; none for a system path.
+    home: Option<usize>,
     meta: fs::Metadata,
     symlink_to: Option<PathBuf>,
 }
 
 struct Walker<'a> {
     rules: &'a RuleSet,
-    home: PathBuf,
-    home_text: Option<String>,
+    /// The user's home, then the others.
+    homes: Vec<PathBuf>,
+    home_texts: Vec<Option<String>>,
     system_root: Option<PathBuf>,
     limits: Limits,
     walk: Walk,
     found: BTreeMap<PathBuf, Found>,
-    /// Places walked on their own (below a pattern's literal prefix).
-    roots: BTreeSet<PathBuf>,
+    /// Places walked on their own (below a pattern's literal prefix), with their home.
+    roots: BTreeMap<PathBuf, Option<usize>>,
 }
 
 impl Walker<'_> {
     /// Walks `top` without following symbolic links to directories; `whole_home` skips the
     /// places walked on their own and [`SKIPPED_NAMES`], [`SKIPPED_IN_HOME`].
-    fn walk_dir(&mut self, top: &Path, whole_home: bool) {
+    fn walk_dir(&mut self, top: &Path, home: Option<usize>, whole_home: bool) {
         let mut stack = vec![(top.to_path_buf(), 0usize)];
         while let Some((dir, depth)) = stack.pop() {
             let entries = match fs::read_dir(&dir) {
@@ -267,10 +287,10 @@ impl Walker<'_> {
                 let path = entry.path();
                 let Ok(kind) = entry.file_type() else { continue };
                 if !kind.is_dir() {
-                    self.consider(&path);
+                    self.consider(&path, home);
                     continue;
                 }
-                if whole_home && (self.roots.contains(&path) || self.skipped(&path)) {
+                if whole_home && (self.roots.contains_key(&path) || self.skipped(&path)) {
                     continue;
                 }
                 if depth + 1 > self.limits.max_depth {
@@ -286,11 +306,13 @@ impl Walker<'_> {
     fn skipped(&self, dir: &Path) -> bool {
         let name = dir.file_name().map(|n| n.as_bytes()).unwrap_or_default();
         SKIPPED_NAMES.iter().any(|skip| skip.as_bytes() == name)
-            || dir.strip_prefix(&self.home).is_ok_and(|rel| SKIPPED_IN_HOME.iter().any(|skip| rel == Path::new(skip)))
+            || dir
+                .strip_prefix(&self.homes[0])
+                .is_ok_and(|rel| SKIPPED_IN_HOME.iter().any(|skip| rel == Path::new(skip)))
     }
 
     /// Keeps `path` when it is a regular file (or a link to one) that a rule targets.
-    fn consider(&mut self, path: &Path) {
+    fn consider(&mut self, path: &Path, home: Option<usize>) {
         if self.found.contains_key(path) {
             return;
         }
@@ -307,26 +329,25 @@ impl Walker<'_> {
         // The rules match paths as this machine names them: below a test's system root, as
         // if it were `/`. A name that is not UTF-8 is matched with U+FFFD in its place (the
         // catalogue's literal parts are ASCII, so only its wildcards meet those bytes).
-        let outside_home = !path.starts_with(&self.home);
         let text = match self.system_root.as_deref().filter(|r| *r != Path::new("/")) {
-            Some(root) if outside_home => match path.strip_prefix(root) {
+            Some(root) if home.is_none() => match path.strip_prefix(root) {
                 Ok(rel) => format!("/{}", rel.to_string_lossy()),
                 Err(_) => path.to_string_lossy().into_owned(),
             },
             _ => path.to_string_lossy().into_owned(),
         };
         // The set's index narrows ~100 rules to the few that may match (10x faster walks).
-        let home = self.home_text.as_deref();
+        let home_text = home.and_then(|index| self.home_texts[index].as_deref());
         let all = self.rules.rules();
-        let rules: Vec<usize> = (self.rules.candidates(&text, home).into_iter())
-            .filter(|&index| all[index].is_credential() && all[index].matches_path(&text, home))
+        let rules: Vec<usize> = (self.rules.candidates(&text, home_text).into_iter())
+            .filter(|&index| all[index].is_credential() && all[index].matches_path(&text, home_text))
             .collect();
         if !rules.is_empty() {
-            self.found.insert(path.to_path_buf(), Found { rules, meta, symlink_to });
+            self.found.insert(path.to_path_buf(), Found { rules, home, meta, symlink_to });
         }
     }
 
-    fn finish(self, who: &Identity, scope: &Scope, now: SystemTime) -> Exposure {
+    fn finish(mut self, who: &Identity, scope: &Scope, now: SystemTime) -> Exposure {
         let mut access = Access { who, searchable: HashMap::new() };
         let mut categories: BTreeMap<String, Category> = BTreeMap::new();
         let mut summary = Summary::default();
@@ -335,6 +356,10 @@ impl Walker<'_> {
             rules.sort_by_key(|rule| std::cmp::Reverse(rule.severity));
             let worst = rules[0];
             let readable = access.readable(path, &found.meta);
+            if found.home.is_some_and(|home| home > 0) && !readable {
+                self.walk.other_homes_not_readable += 1;
+                continue;
+            }
             summary.files += 1;
             if readable {
                 summary.readable += 1;
@@ -466,6 +491,15 @@ fn timestamp(at: SystemTime) -> String {
         .map_or_else(|_| String::new(), |t| t.format(&Rfc3339).unwrap_or_default())
 }
 
+/// `1 file`, `2 files`, `3 directories`.
+fn count(n: u64, noun: &str) -> String {
+    match (n, noun.strip_suffix('y')) {
+        (1, _) => format!("1 {noun}"),
+        (_, Some(stem)) => format!("{n} {stem}ies"),
+        _ => format!("{n} {noun}s"),
+    }
+}
+
 /// A Markdown code span of text [`display_path`] escaped already: only a backtick could end it.
 fn span(escaped: &str) -> String {
     format!("`{}`", escaped.replace('`', "'"))
@@ -484,9 +518,13 @@ impl Exposure {
         let mut out = String::from("# credwatch exposure\n\n");
         let user = self.user.name.as_deref().map_or_else(|| format!("uid {}", self.user.uid), code);
         let gids: Vec<String> = self.user.gids.iter().map(u32::to_string).collect();
+        let others = match self.walk.other_homes {
+            0 => String::new(),
+            n => format!(", and {n} other users' homes (their files {user} can read)"),
+        };
         let _ = writeln!(
             out,
-            "User {user} (uid {}, groups {}), home {}; {}.\n",
+            "User {user} (uid {}, groups {}), home {}; {}{others}.\n",
             self.user.uid,
             if gids.is_empty() { "none".into() } else { gids.join(", ") },
             span(&self.home),
@@ -552,8 +590,8 @@ impl Exposure {
             let examples: Vec<String> = w.too_deep_examples.iter().map(|p| span(p)).collect();
             let _ = writeln!(
                 out,
-                "- **Cut:** {} directories deeper than {} levels not entered, e.g. {}.",
-                w.too_deep,
+                "- **Cut:** {} deeper than {} levels not entered, e.g. {}.",
+                count(w.too_deep, "directory"),
                 w.max_depth,
                 examples.join(", ")
             );
@@ -562,14 +600,21 @@ impl Exposure {
             let examples: Vec<String> = w.unlisted_examples.iter().map(|p| span(p)).collect();
             let _ = writeln!(
                 out,
-                "- {} directories this process could not list (run as root to see into them), e.g. {}.",
-                w.unlisted,
+                "- {} this process could not list (run as root to see into them), e.g. {}.",
+                count(w.unlisted, "directory"),
                 examples.join(", ")
             );
         }
         if !w.skipped.is_empty() {
             let skipped: Vec<String> = w.skipped.iter().map(|p| code(p)).collect();
             let _ = writeln!(out, "- Not entered by the walk of the home: {}.", skipped.join(", "));
+        }
+        if w.other_homes_not_readable > 0 {
+            let _ = writeln!(
+                out,
+                "- {} of the catalogue in other users' homes that {user} cannot read: not listed.",
+                count(w.other_homes_not_readable, "file")
+            );
         }
         for item in &w.not_searched {
             let _ = writeln!(out, "- Not searched: {}.", escape(item));

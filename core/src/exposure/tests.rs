@@ -75,7 +75,7 @@ fn rules() -> RuleSet {
 }
 
 fn scan_home(home: &Path, who: &Identity, limits: Limits) -> Exposure {
-    scan(&rules(), who, &Scope { home: home.to_path_buf(), system_root: None }, limits, now())
+    scan(&rules(), who, &Scope { home: home.to_path_buf(), system_root: None, other_homes: Vec::new() }, limits, now())
 }
 
 fn file<'a>(exposure: &'a Exposure, suffix: &str) -> Option<&'a FileExposure> {
@@ -256,7 +256,7 @@ fn bounds_cut_the_walk_and_say_so_and_links_to_directories_are_not_followed() {
     assert_eq!(aws.symlink_to.as_deref(), dir.path().join("outside/aws-credentials").to_str());
     assert_eq!(aws.age_days, 5, "the age of the file it points to");
     let markdown = exposure.to_markdown();
-    assert!(markdown.contains("- **Cut:** 1 directories deeper than 2 levels not entered, e.g. `"), "{markdown}");
+    assert!(markdown.contains("- **Cut:** 1 directory deeper than 2 levels not entered, e.g. `"), "{markdown}");
     assert!(markdown.contains("`node_modules`"), "{markdown}");
 
     let exposure = scan_home(&home, &alice(), Limits { max_entries: 3, ..Limits::default() });
@@ -277,7 +277,7 @@ fn a_user_scope_checks_system_paths_under_the_system_root() {
     put(&root.join("etc/ssl/private/site.key"), "k", 20, 0o600);
     put(&root.join("etc/ssl/certs/site.pem"), "c", 20, 0o644);
     own(dir.path());
-    let scope = Scope { home: home.clone(), system_root: Some(root.clone()) };
+    let scope = Scope { home: home.clone(), system_root: Some(root.clone()), other_homes: Vec::new() };
     let exposure = scan(&rules(), &alice(), &scope, Limits::default(), now());
     assert_eq!(exposure.summary.files, 3, "{exposure:#?}");
     let shadow = file(&exposure, "/etc/shadow").unwrap();
@@ -299,4 +299,30 @@ fn a_user_scope_checks_system_paths_under_the_system_root() {
         .iter()
         .any(|n| n.ends_with("patterns of system paths (`/etc/shadow`, ...): not looked for with a home alone")));
     assert!(!alone.walk.not_searched.iter().any(|n| n.contains("/proc")));
+}
+
+#[test]
+fn other_homes_show_what_the_user_can_read_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mine, bob, inside) = (dir.path().join("mallory"), dir.path().join("bob"), dir.path().join("mallory/sub"));
+    put(&mine.join(".npmrc"), "t", 1, 0o644);
+    put(&bob.join(".git-credentials"), "https://bob:tok@example.com", 4, 0o644);
+    put(&bob.join(".aws/credentials"), "k", 4, 0o600);
+    put(&bob.join("src/app/.env"), "K=v", 4, 0o644);
+    own(dir.path());
+    let scope = Scope { home: mine.clone(), system_root: None, other_homes: vec![bob.clone(), inside, mine] };
+    let exposure = scan(&rules(), &stranger(), &scope, Limits::default(), now());
+    let paths: BTreeSet<&str> = exposure.categories.iter().flat_map(|c| &c.files).map(|f| f.path.as_str()).collect();
+    let expected = [dir.path().join("mallory/.npmrc"), bob.join(".git-credentials")];
+    assert_eq!(paths, expected.iter().map(|p| p.to_str().unwrap()).collect(), "{exposure:#?}");
+    assert_eq!((exposure.walk.other_homes, exposure.walk.other_homes_not_readable), (1, 1));
+    let markdown = exposure.to_markdown();
+    assert!(markdown.contains("and 1 other users' homes (their files `mallory` can read)"), "{markdown}");
+    assert!(
+        markdown.contains("- 1 file of the catalogue in other users' homes that `mallory` cannot read"),
+        "{markdown}"
+    );
+    // Root reads them all.
+    let root = Identity { name: None, uid: 0, gids: vec![0] };
+    assert_eq!(scan(&rules(), &root, &scope, Limits::default(), now()).summary.files, 3);
 }
