@@ -1,5 +1,6 @@
 //! `credwatch exposure`: the credential files of the rules' catalogue that exist in a home (and,
-//! for a user, on the system), who can read them, how old they are and what to rotate. Only
+//! for a user, on the system and in the other homes), who can read them, how old they are and
+//! what to rotate. Only
 //! file metadata is read, never a file's content, so it runs unprivileged; what the running
 //! user cannot list is counted and said.
 
@@ -336,7 +337,8 @@ impl Walker<'_> {
             },
             _ => path.to_string_lossy().into_owned(),
         };
-        // The set's index narrows ~100 rules to the few that may match (10x faster walks).
+        // The set's index narrows ~100 rules to the few that may match: measured on a tree of
+        // 15,362 entries (debug build), 0.49 s against 1.44 s trying every rule.
         let home_text = home.and_then(|index| self.home_texts[index].as_deref());
         let all = self.rules.rules();
         let rules: Vec<usize> = (self.rules.candidates(&text, home_text).into_iter())
@@ -355,7 +357,10 @@ impl Walker<'_> {
             let mut rules: Vec<&Rule> = found.rules.iter().map(|&i| &self.rules.rules()[i]).collect();
             rules.sort_by_key(|rule| std::cmp::Reverse(rule.severity));
             let worst = rules[0];
-            let readable = access.readable(path, &found.meta);
+            // Through a link: the link's directories and the file's own.
+            let real = found.symlink_to.as_ref().and_then(|_| fs::canonicalize(path).ok());
+            let readable = access.readable(path, &found.meta)
+                && real.as_deref().is_none_or(|real| access.readable(real, &found.meta));
             if found.home.is_some_and(|home| home > 0) && !readable {
                 self.walk.other_homes_not_readable += 1;
                 continue;

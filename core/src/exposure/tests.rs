@@ -255,6 +255,16 @@ fn bounds_cut_the_walk_and_say_so_and_links_to_directories_are_not_followed() {
     let aws = file(&exposure, "/.aws/credentials").unwrap();
     assert_eq!(aws.symlink_to.as_deref(), dir.path().join("outside/aws-credentials").to_str());
     assert_eq!(aws.age_days, 5, "the age of the file it points to");
+    assert!(aws.readable);
+    // Readable by all, through the link...
+    fs::set_permissions(dir.path().join("outside/aws-credentials"), fs::Permissions::from_mode(0o644)).unwrap();
+    let open = scan_home(&home, &stranger(), Limits { max_depth: 2, ..Limits::default() });
+    assert!(file(&open, "/.aws/credentials").unwrap().readable);
+    // ...until it lies in a directory the stranger cannot search.
+    fs::set_permissions(dir.path().join("outside"), fs::Permissions::from_mode(0o700)).unwrap();
+    let hidden = scan_home(&home, &stranger(), Limits { max_depth: 2, ..Limits::default() });
+    assert!(!file(&hidden, "/.aws/credentials").unwrap().readable);
+    fs::set_permissions(dir.path().join("outside"), fs::Permissions::from_mode(0o755)).unwrap();
     let markdown = exposure.to_markdown();
     assert!(markdown.contains("- **Cut:** 1 directory deeper than 2 levels not entered, e.g. `"), "{markdown}");
     assert!(markdown.contains("`node_modules`"), "{markdown}");
