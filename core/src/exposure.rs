@@ -408,7 +408,7 @@ impl Walker<'_> {
             root: who.uid == 0,
             home: display_path(&scope.home),
             system_paths: scope.system_root.is_some(),
-            containment: containment(summary.files).to_owned(),
+            containment: containment(&categories),
             summary,
             categories,
             walk: self.walk,
@@ -416,15 +416,32 @@ impl Walker<'_> {
     }
 }
 
-/// The one-line suggestion: what credwatch offers today, and keeping keys out of files.
-fn containment(files: usize) -> &'static str {
-    if files == 0 {
-        "Nothing to contain: no file of the catalogue was found."
-    } else {
-        "Run installs under `credwatch run -- <install command>` (add `--enforce` to kill package code that \
-         opens a key, cloud credentials or a vault or PyPI token), never with sudo, and move keys out of files: \
-         SSH keys into ssh-agent or a hardware key, cloud keys into short-lived SSO sessions."
+/// The one-line suggestion: what credwatch offers today (no box around an install yet), and
+/// where the keys found would be better kept than in files.
+fn containment(categories: &[Category]) -> String {
+    if categories.is_empty() {
+        return "Nothing to contain: no file of the catalogue was found.".into();
     }
+    let mut line = "Run installs under `credwatch run -- <install command>` (`--enforce` kills package code that \
+                    opens a private key, cloud credentials or a Vault or PyPI token), never with sudo"
+        .to_owned();
+    let found = |name: &str| categories.iter().any(|c| c.category == name);
+    let moves: Vec<&str> = [
+        ("ssh", "SSH keys into ssh-agent or a hardware key"),
+        ("cloud", "cloud keys into short-lived SSO sessions"),
+        ("registry", "registry tokens into short-lived, scoped CI tokens"),
+        ("env-files", "`.env` secrets into a secret manager"),
+    ]
+    .into_iter()
+    .filter(|(category, _)| found(category))
+    .map(|(_, advice)| advice)
+    .collect();
+    if !moves.is_empty() {
+        line.push_str(", and move keys out of files: ");
+        line.push_str(&moves.join(", "));
+    }
+    line.push('.');
+    line
 }
 
 /// Mode bits against the user's ids, and search permission on every directory above.

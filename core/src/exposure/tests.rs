@@ -145,6 +145,8 @@ fn finds_the_catalogue_in_a_home_grouped_by_category_with_ages_and_rotation() {
     assert!(markdown.contains(&format!("- [ ] {}\n", rotate_of("aws-credentials")[0])), "{markdown}");
     assert!(markdown.contains("6 credential files in 5 categories"), "{markdown}");
     assert!(markdown.contains("## Containment\n\nRun installs under `credwatch run -- "), "{markdown}");
+    let containment = &exposure.containment;
+    assert!(containment.ends_with("move keys out of files: SSH keys into ssh-agent or a hardware key, cloud keys into short-lived SSO sessions, registry tokens into short-lived, scoped CI tokens, `.env` secrets into a secret manager."), "{containment}");
 
     let json = serde_json::to_value(&exposure).unwrap();
     let first = &json["categories"][0]["files"][0];
@@ -298,6 +300,9 @@ fn a_user_scope_checks_system_paths_under_the_system_root() {
     let not_searched = exposure.walk.not_searched.join("\n");
     assert!(not_searched.contains("proc-environ-mem: process memory"), "{not_searched}");
     assert!(not_searched.contains("under the home only"), "{not_searched}");
+    assert!(!exposure.containment.contains("move keys"), "no category it advises on: {}", exposure.containment);
+    let empty = scan_home(&dir.path().join("none"), &alice(), Limits::default());
+    assert_eq!(empty.containment, "Nothing to contain: no file of the catalogue was found.");
     let stranger = scan(&rules(), &stranger(), &scope, Limits::default(), now());
     assert_eq!((stranger.summary.readable, stranger.summary.root_only), (0, 3));
     // A home alone: system paths are not looked at, and it says so.
