@@ -668,7 +668,9 @@ fn exposure(args: &ExposureArgs) -> Result<ExitCode> {
                 let home = std::env::var_os("HOME")
                     .map(PathBuf::from)
                     .or_else(|| account.map(|a| PathBuf::from(a.home)))
-                    .context("no HOME, and the running user is not in /etc/passwd: give --home DIR")?;
+                    .with_context(|| {
+                        format!("no HOME, and the running user is not in {passwd_file}: give --home DIR")
+                    })?;
                 exposure::Scope { home, system_root: Some(PathBuf::from("/")), other_homes: homes(&accounts) }
             }
         };
@@ -683,15 +685,10 @@ fn exposure(args: &ExposureArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The homes of the passwd accounts that are directories (not `/`, which would be the machine).
+/// The homes of the passwd accounts that are directories (not `/`, which would be the machine);
+/// the scan drops repeats and homes inside others.
 fn homes(accounts: &[credwatch_core::import::passwd::Account]) -> Vec<PathBuf> {
-    let mut homes: Vec<PathBuf> = accounts
-        .iter()
-        .map(|a| PathBuf::from(&a.home))
-        .filter(|home| home != Path::new("/") && home.is_dir())
-        .collect();
-    homes.dedup();
-    homes
+    accounts.iter().map(|a| PathBuf::from(&a.home)).filter(|home| home != Path::new("/") && home.is_dir()).collect()
 }
 
 /// The effective group and the supplementary ones of this process.
