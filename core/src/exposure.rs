@@ -159,10 +159,11 @@ pub struct Walk {
 /// checks whether `who` can read it.
 pub fn scan(rules: &RuleSet, who: &Identity, scope: &Scope, limits: Limits, now: SystemTime) -> Exposure {
     let credential: Vec<&Rule> = rules.rules().iter().filter(|rule| rule.is_credential()).collect();
-    // The user's home first; homes inside it or around it are walked with it.
+    // The user's home first, then each other one once (a home inside another still has its
+    // own `~/` files: /var/lib/jenkins under /var/lib).
     let mut homes = vec![scope.home.clone()];
     for other in &scope.other_homes {
-        if !homes.iter().any(|home| home.starts_with(other) || other.starts_with(home)) {
+        if !homes.contains(other) {
             homes.push(other.clone());
         }
     }

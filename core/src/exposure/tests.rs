@@ -324,20 +324,23 @@ fn other_homes_show_what_the_user_can_read_there() {
     put(&bob.join(".git-credentials"), "https://bob:tok@example.com", 4, 0o644);
     put(&bob.join(".aws/credentials"), "k", 4, 0o600);
     put(&bob.join("src/app/.env"), "K=v", 4, 0o644);
+    put(&dir.path().join("mallory/sub/.netrc"), "machine x password y", 4, 0o644);
     own(dir.path());
     let scope = Scope { home: mine.clone(), system_root: None, other_homes: vec![bob.clone(), inside, mine] };
     let exposure = scan(&rules(), &stranger(), &scope, Limits::default(), now());
     let paths: BTreeSet<&str> = exposure.categories.iter().flat_map(|c| &c.files).map(|f| f.path.as_str()).collect();
-    let expected = [dir.path().join("mallory/.npmrc"), bob.join(".git-credentials")];
+    // A home inside the user's has its own `~/` files; the same home given twice counts once.
+    let expected =
+        [dir.path().join("mallory/.npmrc"), dir.path().join("mallory/sub/.netrc"), bob.join(".git-credentials")];
     assert_eq!(paths, expected.iter().map(|p| p.to_str().unwrap()).collect(), "{exposure:#?}");
-    assert_eq!((exposure.walk.other_homes, exposure.walk.other_homes_not_readable), (1, 1));
+    assert_eq!((exposure.walk.other_homes, exposure.walk.other_homes_not_readable), (2, 1));
     let markdown = exposure.to_markdown();
-    assert!(markdown.contains("and 1 other users' homes (their files `mallory` can read)"), "{markdown}");
+    assert!(markdown.contains("and 2 other users' homes (their files `mallory` can read)"), "{markdown}");
     assert!(
         markdown.contains("- 1 file of the catalogue in other users' homes that `mallory` cannot read"),
         "{markdown}"
     );
     // Root reads them all.
     let root = Identity { name: None, uid: 0, gids: vec![0] };
-    assert_eq!(scan(&rules(), &root, &scope, Limits::default(), now()).summary.files, 3);
+    assert_eq!(scan(&rules(), &root, &scope, Limits::default(), now()).summary.files, 4);
 }
