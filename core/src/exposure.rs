@@ -143,7 +143,8 @@ pub struct Walk {
     /// Directories not entered because deeper than `max_depth`, and some of them.
     pub too_deep: u64,
     pub too_deep_examples: Vec<String>,
-    /// Directories credwatch could not list (permissions), and some of them.
+    /// Directories credwatch could not list or enter (permissions), and some of them: the
+    /// outermost one that stopped it (`/root`, not each catalogue path below it).
     pub unlisted: u64,
     pub unlisted_examples: Vec<String>,
     /// Directory names not entered by the walk of the whole home.
@@ -176,6 +177,7 @@ pub fn scan(rules: &RuleSet, who: &Identity, scope: &Scope, limits: Limits, now:
         walk: Walk { max_entries: limits.max_entries, max_depth: limits.max_depth, ..Walk::default() },
         found: BTreeMap::new(),
         roots: BTreeMap::new(),
+        blockers: BTreeSet::new(),
     };
     walker.walk.other_homes = walker.homes.len() - 1;
     let mut literal = Vec::new();
@@ -259,6 +261,8 @@ struct Walker<'a> {
     found: BTreeMap<PathBuf, Found>,
     /// Places walked on their own (below a pattern's literal prefix), with their home.
     roots: BTreeMap<PathBuf, Option<usize>>,
+    /// The directories counted in `walk.unlisted`.
+    blockers: BTreeSet<PathBuf>,
 }
 
 impl Walker<'_> {
@@ -275,8 +279,7 @@ impl Walker<'_> {
                     continue
                 }
                 Err(_) => {
-                    self.walk.unlisted += 1;
-                    note(&mut self.walk.unlisted_examples, display_path(&dir));
+                    self.denied(&dir);
                     continue;
                 }
             };
@@ -305,6 +308,16 @@ impl Walker<'_> {
         }
     }
 
+    /// Counts the directory that kept this process from `path`: the path itself when it could
+    /// be looked at, else the nearest directory above that could (the one it cannot search).
+    fn denied(&mut self, path: &Path) {
+        let blocker = path.ancestors().find(|at| fs::symlink_metadata(at).is_ok()).unwrap_or(path).to_path_buf();
+        if self.blockers.insert(blocker.clone()) {
+            self.walk.unlisted += 1;
+            note(&mut self.walk.unlisted_examples, display_path(&blocker));
+        }
+    }
+
     fn skipped(&self, dir: &Path) -> bool {
         let name = dir.file_name().map(|n| n.as_bytes()).unwrap_or_default();
         SKIPPED_NAMES.iter().any(|skip| skip.as_bytes() == name)
@@ -318,7 +331,11 @@ impl Walker<'_> {
         if self.found.contains_key(path) {
             return;
         }
-        let Ok(link) = fs::symlink_metadata(path) else { return };
+        let link = match fs::symlink_metadata(path) {
+            Ok(link) => link,
+            Err(error) if error.kind() == io::ErrorKind::PermissionDenied => return self.denied(path),
+            Err(_) => return,
+        };
         let (meta, symlink_to) = if link.file_type().is_symlink() {
             let Ok(meta) = fs::metadata(path) else { return };
             (meta, fs::read_link(path).ok())
@@ -623,9 +640,10 @@ impl Exposure {
             let examples: Vec<String> = w.unlisted_examples.iter().map(|p| span(p)).collect();
             let _ = writeln!(
                 out,
-                "- {} this process could not list (run as root to see into them), e.g. {}.",
+                "- {} this process could not list or enter (run as root to see into them): {}{}.",
                 count(w.unlisted, "directory"),
-                examples.join(", ")
+                examples.join(", "),
+                if w.unlisted > examples.len() as u64 { ", ..." } else { "" }
             );
         }
         if !w.skipped.is_empty() {
