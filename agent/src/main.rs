@@ -56,6 +56,10 @@ enum Commands {
     Stop(StopArgs),
     /// Report the kernel features credwatch needs and which sensor it will use.
     Doctor,
+    /// Which credential files of the catalogue (the rules' targets) are here, who can read them,
+    /// how old each is and what to rotate: Markdown, or JSON with `--json`. Reads file metadata,
+    /// never contents; unprivileged, it says what it could not list.
+    Exposure(ExposureArgs),
     /// Check or list rules.
     #[command(subcommand)]
     Rules(RulesCommand),
@@ -285,6 +289,31 @@ struct ReplayArgs {
     files: Vec<PathBuf>,
 }
 
+#[derive(Args)]
+struct ExposureArgs {
+    /// This user's home and the system's paths, readable as this user (a name or uid, from
+    /// /etc/passwd and /etc/group), and what it can read in the other homes of /etc/passwd
+    /// [default: the user running credwatch, its $HOME]
+    #[arg(long, value_name = "NAME", conflicts_with = "home")]
+    user: Option<String>,
+    /// Only this directory, taken as a home (no system paths), readable as the user running
+    /// credwatch.
+    #[arg(long, value_name = "DIR")]
+    home: Option<PathBuf>,
+    /// JSON instead of Markdown.
+    #[arg(long)]
+    json: bool,
+    /// A folder of rule files that add to or override the default rules (same id overrides).
+    #[arg(long, value_name = "DIR")]
+    rules: Option<PathBuf>,
+    /// The users' accounts and homes.
+    #[arg(long, value_name = "FILE", default_value = "/etc/passwd")]
+    passwd: PathBuf,
+    /// The groups `--user` is a member of.
+    #[arg(long, value_name = "FILE", default_value = "/etc/group")]
+    group: PathBuf,
+}
+
 #[derive(Subcommand)]
 enum FleetCommand {
     /// Per package and version, from the fleet's alerts (the NATS stream with `--from`, else
@@ -427,6 +456,7 @@ fn main() -> ExitCode {
             print!("{}", sensor::doctor());
             Ok(ExitCode::SUCCESS)
         }
+        Commands::Exposure(args) => exposure(&args),
         Commands::Rules(RulesCommand::Check { dir }) => rules_check(&dir),
         Commands::Rules(RulesCommand::List { rules }) => rules_list(rules.as_deref()),
         Commands::Fleet(FleetCommand::Report(args)) => fleet::report(&fleet::FleetOptions {
@@ -598,6 +628,86 @@ fn config_show(file: Option<PathBuf>) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn exposure(args: &ExposureArgs) -> Result<ExitCode> {
+    use credwatch_core::{exposure, import::passwd};
+    let rules = RuleSet::load(args.rules.as_deref()).context("loading rules")?;
+    let (passwd_file, group_file) = (args.passwd.display().to_string(), args.group.display().to_string());
+    let read = |path: &Path| std::fs::read(path).map(|text| String::from_utf8_lossy(&text).into_owned());
+    let (who, scope) = if let Some(user) = &args.user {
+        let text = read(&args.passwd).with_context(|| format!("reading {passwd_file}"))?;
+        let accounts = passwd::accounts(&passwd_file, &text)?;
+        let account = accounts
+            .iter()
+            .find(|a| &a.name == user)
+            .or_else(|| accounts.iter().find(|a| user.parse() == Ok(a.uid)))
+            .with_context(|| format!("no user {} in {passwd_file}", escape(user)))?;
+        let mut gids = vec![account.gid];
+        let groups = read(&args.group).with_context(|| format!("reading {group_file}"))?;
+        gids.extend(passwd::member_of(&group_file, &groups, &account.name)?.into_iter().filter(|g| *g != account.gid));
+        let who = exposure::Identity { name: Some(account.name.clone()), uid: account.uid, gids };
+        let other_homes = homes(&accounts);
+        (
+            who,
+            exposure::Scope { home: PathBuf::from(&account.home), system_root: Some(PathBuf::from("/")), other_homes },
+        )
+    } else {
+        // SAFETY: geteuid cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        // Best effort: the name is for the reader, the ids decide, and the homes are extra.
+        let accounts =
+            read(&args.passwd).ok().and_then(|text| passwd::accounts(&passwd_file, &text).ok()).unwrap_or_default();
+        let account = accounts.iter().find(|a| a.uid == uid).cloned();
+        let who = exposure::Identity { name: account.as_ref().map(|a| a.name.clone()), uid, gids: own_groups()? };
+        let scope = match &args.home {
+            Some(dir) => {
+                let home = std::fs::canonicalize(dir).with_context(|| format!("--home {}", dir.display()))?;
+                anyhow::ensure!(home.is_dir(), "--home {}: not a directory", dir.display());
+                exposure::Scope { home, system_root: None, other_homes: Vec::new() }
+            }
+            None => {
+                let home = std::env::var_os("HOME")
+                    .map(PathBuf::from)
+                    .or_else(|| account.map(|a| PathBuf::from(a.home)))
+                    .with_context(|| {
+                        format!("no HOME, and the running user is not in {passwd_file}: give --home DIR")
+                    })?;
+                exposure::Scope { home, system_root: Some(PathBuf::from("/")), other_homes: homes(&accounts) }
+            }
+        };
+        (who, scope)
+    };
+    let found = exposure::scan(&rules, &who, &scope, exposure::Limits::default(), std::time::SystemTime::now());
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&found).context("serialising the exposure")?);
+    } else {
+        print!("{}", found.to_markdown());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The homes of the passwd accounts that are directories (not `/`, which would be the machine);
+/// the scan drops repeats and homes inside others.
+fn homes(accounts: &[credwatch_core::import::passwd::Account]) -> Vec<PathBuf> {
+    accounts.iter().map(|a| PathBuf::from(&a.home)).filter(|home| home != Path::new("/") && home.is_dir()).collect()
+}
+
+/// The effective group and the supplementary ones of this process.
+fn own_groups() -> Result<Vec<u32>> {
+    // SAFETY: getegid cannot fail; getgroups writes at most `len` ids into a buffer of that
+    // many, and with 0 only counts them.
+    let mut gids = vec![unsafe { libc::getegid() }];
+    let count = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+    let mut groups = vec![0; usize::try_from(count).context("getgroups")?];
+    let written = unsafe { libc::getgroups(count, groups.as_mut_ptr()) };
+    groups.truncate(usize::try_from(written).context("getgroups")?);
+    for gid in groups {
+        if !gids.contains(&gid) {
+            gids.push(gid);
+        }
+    }
+    Ok(gids)
+}
+
 fn rules_check(dir: &Path) -> Result<ExitCode> {
     let report = samples::check_dir(dir).with_context(|| format!("checking rules in {}", dir.display()))?;
     println!("{report}");
@@ -734,6 +844,15 @@ mod tests {
         assert!(error.contains("no subject prefix"), "{error}");
         let error = parse(&["--from", "http://bus/p"]).err().unwrap().to_string();
         assert!(error.contains("scheme \"http\""), "{error}");
+    }
+
+    #[test]
+    fn exposure_takes_a_user_or_a_home_not_both() {
+        let cli = Cli::try_parse_from(["credwatch", "exposure", "--home", "/tmp/h", "--json"]).unwrap();
+        let Commands::Exposure(args) = cli.command else { panic!("not exposure") };
+        assert_eq!((args.home.as_deref(), args.json), (Some(Path::new("/tmp/h")), true));
+        assert!(Cli::try_parse_from(["credwatch", "exposure", "--user", "alice"]).is_ok());
+        assert!(Cli::try_parse_from(["credwatch", "exposure", "--user", "alice", "--home", "/h"]).is_err());
     }
 
     #[test]

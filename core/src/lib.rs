@@ -6,6 +6,7 @@ pub mod alert;
 pub mod container;
 pub mod engine;
 pub mod event;
+pub mod exposure;
 pub mod fleet;
 pub mod import;
 pub mod input;

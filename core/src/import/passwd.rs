@@ -1,5 +1,7 @@
 //! The traced host's passwd file (`--passwd FILE`): homes by uid, for traces whose events carry
 //! no `HOME`. Read as given (never this machine's `/etc/passwd` unless that is the file named).
+//! Also a user's account and groups for `credwatch exposure --user` (this machine's
+//! `/etc/passwd` and `/etc/group`).
 
 use std::{collections::HashMap, path::Path};
 
@@ -20,6 +22,25 @@ pub fn read(path: &Path) -> Result<HashMap<u32, String>, ImportError> {
 /// As [`read`], over the text of `file`.
 pub fn parse(file: &str, text: &str) -> Result<HashMap<u32, String>, ImportError> {
     let mut homes = HashMap::new();
+    for account in accounts(file, text)? {
+        homes.entry(account.uid).or_insert(account.home);
+    }
+    Ok(homes)
+}
+
+/// One line of a passwd file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Account {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub home: String,
+}
+
+/// Every account of the passwd text of `file`, in order: `name:password:uid:gid:gecos:home:shell`
+/// lines; empty lines and `#` comments are skipped. Errors name the file and line.
+pub fn accounts(file: &str, text: &str) -> Result<Vec<Account>, ImportError> {
+    let mut out = Vec::new();
     for (index, line) in text.lines().enumerate() {
         let number = index as u64 + 1;
         if number > MAX_LINES {
@@ -34,13 +55,39 @@ pub fn parse(file: &str, text: &str) -> Result<HashMap<u32, String>, ImportError
             return Err(bad(format!("{} fields, a passwd line has 7 (name:x:uid:gid:gecos:home:shell)", fields.len())));
         }
         let uid: u32 = fields[2].parse().map_err(|_| bad(format!("uid {:?} is not a number", fields[2])))?;
+        let gid: u32 = fields[3].parse().map_err(|_| bad(format!("gid {:?} is not a number", fields[3])))?;
         let home = fields[5];
         if !home.starts_with('/') {
             return Err(bad(format!("home {home:?} is not an absolute path")));
         }
-        homes.entry(uid).or_insert_with(|| crate::event::normalize_path(home));
+        out.push(Account { name: fields[0].to_owned(), uid, gid, home: crate::event::normalize_path(home) });
     }
-    Ok(homes)
+    Ok(out)
+}
+
+/// The groups `user` is a member of by the group text of `file` (`name:password:gid:user,user`
+/// lines), besides its primary group. Errors name the file and line.
+pub fn member_of(file: &str, text: &str, user: &str) -> Result<Vec<u32>, ImportError> {
+    let mut gids = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        let number = index as u64 + 1;
+        if number > MAX_LINES {
+            return Err(ImportError::fatal(file, format!("more than {MAX_LINES} lines: not a group file")));
+        }
+        let bad = |message: String| ImportError { recoverable: false, ..ImportError::bad_line(file, number, message) };
+        if line.trim().is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let fields: Vec<&str> = line.split(':').collect();
+        if fields.len() != 4 {
+            return Err(bad(format!("{} fields, a group line has 4 (name:x:gid:members)", fields.len())));
+        }
+        let gid: u32 = fields[2].parse().map_err(|_| bad(format!("gid {:?} is not a number", fields[2])))?;
+        if fields[3].split(',').any(|member| member == user) && !gids.contains(&gid) {
+            gids.push(gid);
+        }
+    }
+    Ok(gids)
 }
 
 #[cfg(test)]
@@ -62,6 +109,7 @@ mod tests {
             ("root:x:0:0:root:/root:/bin/bash\njenkins:x:112\n", 2, "3 fields"),
             ("a:x:0:0::/root:/bin/sh\nb:x:abc:0::/h:/bin/sh\n", 2, "uid \"abc\" is not a number"),
             ("\n\nc:x:5:5::relative:/bin/sh\n", 3, "not an absolute path"),
+            ("d:x:6:six::/h:/bin/sh\n", 1, "gid \"six\" is not a number"),
         ];
         for (text, line, message) in cases {
             let error = parse("hosts/passwd", text).unwrap_err();
@@ -69,5 +117,18 @@ mod tests {
             assert!(error.to_string().starts_with(&format!("hosts/passwd:{line}: ")), "{error}");
             assert!(error.message.contains(message), "{error}");
         }
+    }
+
+    #[test]
+    fn accounts_and_groups_of_a_user() {
+        let accounts =
+            accounts("passwd", "root:x:0:0:root:/root:/bin/bash\nalice:x:1000:1000::/home/alice/:/bin/sh\n").unwrap();
+        assert_eq!(accounts[1], Account { name: "alice".into(), uid: 1000, gid: 1000, home: "/home/alice".into() });
+        let group = "root:x:0:\nsudo:x:27:bob,alice\nalice:x:1000:\ndocker:x:999:alicex\n# c\nadm:x:4:alice\n";
+        assert_eq!(member_of("group", group, "alice").unwrap(), [27, 4]);
+        let error = member_of("etc/group", "a:x:1:\nb:x:2\n", "alice").unwrap_err();
+        assert!(error.to_string().starts_with("etc/group:2: "), "{error}");
+        let error = member_of("etc/group", "a:x:one:\n", "alice").unwrap_err();
+        assert!(error.to_string().contains("gid \"one\""), "{error}");
     }
 }
