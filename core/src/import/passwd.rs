@@ -41,19 +41,7 @@ pub struct Account {
 /// lines; empty lines and `#` comments are skipped. Errors name the file and line.
 pub fn accounts(file: &str, text: &str) -> Result<Vec<Account>, ImportError> {
     let mut out = Vec::new();
-    for (index, line) in text.lines().enumerate() {
-        let number = index as u64 + 1;
-        if number > MAX_LINES {
-            return Err(ImportError::fatal(file, format!("more than {MAX_LINES} lines: not a passwd file")));
-        }
-        let bad = |message: String| ImportError { recoverable: false, ..ImportError::bad_line(file, number, message) };
-        if line.trim().is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let fields: Vec<&str> = line.split(':').collect();
-        if fields.len() != 7 {
-            return Err(bad(format!("{} fields, a passwd line has 7 (name:x:uid:gid:gecos:home:shell)", fields.len())));
-        }
+    for_each_record(file, text, "passwd", "name:x:uid:gid:gecos:home:shell", |fields, bad| {
         let uid: u32 = fields[2].parse().map_err(|_| bad(format!("uid {:?} is not a number", fields[2])))?;
         let gid: u32 = fields[3].parse().map_err(|_| bad(format!("gid {:?} is not a number", fields[3])))?;
         let home = fields[5];
@@ -61,7 +49,8 @@ pub fn accounts(file: &str, text: &str) -> Result<Vec<Account>, ImportError> {
             return Err(bad(format!("home {home:?} is not an absolute path")));
         }
         out.push(Account { name: fields[0].to_owned(), uid, gid, home: crate::event::normalize_path(home) });
-    }
+        Ok(())
+    })?;
     Ok(out)
 }
 
@@ -69,25 +58,43 @@ pub fn accounts(file: &str, text: &str) -> Result<Vec<Account>, ImportError> {
 /// lines), besides its primary group. Errors name the file and line.
 pub fn member_of(file: &str, text: &str, user: &str) -> Result<Vec<u32>, ImportError> {
     let mut gids = Vec::new();
+    for_each_record(file, text, "group", "name:x:gid:members", |fields, bad| {
+        let gid: u32 = fields[2].parse().map_err(|_| bad(format!("gid {:?} is not a number", fields[2])))?;
+        if fields[3].split(',').any(|member| member == user) && !gids.contains(&gid) {
+            gids.push(gid);
+        }
+        Ok(())
+    })?;
+    Ok(gids)
+}
+
+/// Calls `record` with the colon-separated fields of each line of the `kind` file `file` (a
+/// line's fields named by `shape`, whose field count every line must have), and with the error
+/// of that line; empty lines and `#` comments are skipped.
+fn for_each_record(
+    file: &str,
+    text: &str,
+    kind: &str,
+    shape: &str,
+    mut record: impl FnMut(&[&str], &dyn Fn(String) -> ImportError) -> Result<(), ImportError>,
+) -> Result<(), ImportError> {
+    let arity = shape.split(':').count();
     for (index, line) in text.lines().enumerate() {
         let number = index as u64 + 1;
         if number > MAX_LINES {
-            return Err(ImportError::fatal(file, format!("more than {MAX_LINES} lines: not a group file")));
+            return Err(ImportError::fatal(file, format!("more than {MAX_LINES} lines: not a {kind} file")));
         }
         let bad = |message: String| ImportError { recoverable: false, ..ImportError::bad_line(file, number, message) };
         if line.trim().is_empty() || line.starts_with('#') {
             continue;
         }
         let fields: Vec<&str> = line.split(':').collect();
-        if fields.len() != 4 {
-            return Err(bad(format!("{} fields, a group line has 4 (name:x:gid:members)", fields.len())));
+        if fields.len() != arity {
+            return Err(bad(format!("{} fields, a {kind} line has {arity} ({shape})", fields.len())));
         }
-        let gid: u32 = fields[2].parse().map_err(|_| bad(format!("gid {:?} is not a number", fields[2])))?;
-        if fields[3].split(',').any(|member| member == user) && !gids.contains(&gid) {
-            gids.push(gid);
-        }
+        record(&fields, &bad)?;
     }
-    Ok(gids)
+    Ok(())
 }
 
 #[cfg(test)]
