@@ -382,9 +382,17 @@ impl Engine {
                 && exec.args.iter().skip(1).any(|arg| agent_roots[of.index].execs.iter().any(|e| e == basename(arg)))
         });
         if let Some(index) = agent.filter(|_| !agent_hop) {
-            let home = p.home.as_deref().unwrap_or("");
-            let project = (p.cwd.starts_with('/') && !format!("{home}/").starts_with(&format!("{}/", p.cwd)))
-                .then(|| Arc::from(p.cwd.as_str()));
+            // Not `/`, nor the home or a directory above it: that would make every file "the
+            // project's". An unknown home leaves only the homes of the usual layout to rule out.
+            let cwd = p.cwd.trim_end_matches('/');
+            let above_home = |home: &str| format!("{home}/").starts_with(&format!("{cwd}/"));
+            let usual_home =
+                cwd == "/root" || cwd == "/home" || cwd.strip_prefix("/home/").is_some_and(|user| !user.contains('/'));
+            let project = (p.cwd.starts_with('/')
+                && !cwd.is_empty()
+                && !usual_home
+                && !p.home.as_deref().is_some_and(above_home))
+            .then(|| Arc::from(cwd));
             p.agent = Some(AgentOf { index, id, pid, project });
         }
         // `npm` is a script: the kernel runs `/usr/bin/npm`, then env execs `node /usr/bin/npm`

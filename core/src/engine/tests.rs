@@ -2251,3 +2251,19 @@ fn the_agent_bin_run_again_by_its_interpreter_is_the_same_agent() {
     let alert = run.one();
     assert_eq!(alert.coding_agent.unwrap().command.as_deref().unwrap(), ["cat", "/home/alice/.aws/credentials"]);
 }
+
+#[test]
+fn an_agent_started_in_the_home_or_at_the_top_has_no_project() {
+    let cases = [
+        ("/", None, "/home/alice/other/.env"),
+        ("/home/alice", None, "/home/alice/other/.env"),
+        ("/home/alice/", Some("/home/alice"), "/home/alice/other/.env"),
+        ("/srv", Some("/srv/ci"), "/srv/other/.env"),
+    ];
+    for (cwd, home, env_file) in cases {
+        let mut run = Run::new();
+        let env: Vec<(&str, &str)> = home.map(|home| ("HOME", home)).into_iter().collect();
+        run.exec_full(100, 1, "/usr/bin/claude", &["claude"], cwd, &env).open(100, env_file);
+        assert_eq!(run.one().rule.category, "env-files", "started in {cwd}");
+    }
+}
