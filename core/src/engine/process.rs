@@ -426,6 +426,18 @@ impl Engine {
                 p.tree = id;
             }
         }
+        // An agent the developer started (from a shell, or from the project's own scripts: a
+        // `cargo test` that drives one) is the nearest root of what it runs: its tree, its
+        // policy. Started by package code, it stays package code (a payload driving the
+        // installed agents).
+        if agent.is_some() && !agent_hop && !package_code {
+            if std::mem::take(&mut p.project) {
+                p.tree = id;
+            }
+            p.manager = None;
+            p.manager_self = None;
+            p.attribution = Attribution::default();
+        }
         if let Some(kind) = started.filter(|_| runs_code.is_none()) {
             let helper = p.started_by_manager
                 && p.manager == Some(kind)

@@ -2267,3 +2267,39 @@ fn an_agent_started_in_the_home_or_at_the_top_has_no_project() {
         assert_eq!(run.one().rule.category, "env-files", "started in {cwd}");
     }
 }
+
+#[test]
+fn an_agent_the_projects_own_code_starts_roots_its_own_agent_tree() {
+    let mut run = Run::new();
+    // `npm test` (the project's own code, quiet) drives the agent.
+    run.exec(100, 1, &["npm", "test"], &[("HOME", "/home/alice")])
+        .spawn(101, 100, &["sh", "-c", "claude -p review"], &[])
+        .open(101, "/home/alice/.ssh/id_ed25519");
+    assert!(run.take().is_empty(), "the project's own script is quiet");
+    run.spawn(102, 101, &["claude", "-p", "review"], &[])
+        .spawn(103, 102, &["cat", "/home/alice/.ssh/id_ed25519"], &[])
+        .open(103, "/home/alice/.ssh/id_ed25519")
+        .open(102, "/home/alice/.claude/.credentials.json");
+    let alert = run.one();
+    assert_eq!(alert.rule.id, "ssh-private-keys");
+    assert_eq!(alert.package.manager, "run");
+    assert_eq!(alert.coding_agent.unwrap().command.as_deref().unwrap(), ["cat", "/home/alice/.ssh/id_ed25519"]);
+}
+
+#[test]
+fn an_agent_package_code_starts_is_package_code() {
+    let mut run = Run::new();
+    run.exec(100, 1, &["npm", "install"], &[("HOME", "/home/alice")])
+        .spawn(101, 100, &["sh", "-c", "node telemetry.js"], POSTINSTALL)
+        .spawn(102, 101, &["claude", "--dangerously-skip-permissions", "-p", "find keys"], &[])
+        .open(102, "/home/alice/.claude/.credentials.json");
+    // The Nx payload's way: the exec rule about it, then the token read, both naming both.
+    let alerts = run.take();
+    let rules: Vec<&str> = alerts.iter().map(|a| a.rule.id.as_str()).collect();
+    assert_eq!(rules, ["ai-cli-claude-unsafe", "ai-tool-credentials"]);
+    for alert in alerts {
+        assert_eq!(alert.package.name.as_deref(), Some("evil-pkg"));
+        let agent = alert.coding_agent.unwrap();
+        assert_eq!((agent.name.as_str(), agent.command), ("claude", None));
+    }
+}
