@@ -400,12 +400,12 @@ impl Session {
         };
         let options = SensorOptions { backend: outputs.sensor, enforce: outputs.enforce };
         let mut sensor = if command.is_empty() {
-            let (sensor, started) =
-                Sensor::start_pinned(rules.managers(), outputs.pin_dir, options).context("starting the eBPF sensor")?;
+            let (sensor, started) = Sensor::start_pinned(&rules.kernel_roots(), outputs.pin_dir, options)
+                .context("starting the eBPF sensor")?;
             say_how_started(outputs.pin_dir, &started);
             sensor
         } else {
-            Sensor::start(rules.managers(), false, options).context("starting the eBPF sensor")?
+            Sensor::start(&rules.kernel_roots(), false, options).context("starting the eBPF sensor")?
         };
         say_which_sensor(&sensor, outputs.enforce);
         sensor
@@ -689,7 +689,7 @@ pub fn watch_machine(config: &Config, layers: Layers) -> Result<ExitCode> {
     wake_on_signals(&mut session.live.sensor, &[SIGINT, SIGTERM, SIGHUP])?;
     session.live.wait = session.systemd.bound_wait(IDLE_POLL_INTERVAL);
     session.reload = Some((hangup, Reload { layers, config: config.clone() }));
-    let managers = session.engine.rules().managers().to_vec();
+    let managers = session.engine.rules().kernel_roots();
     session.live.queued = session.live.sensor.seed(&managers).context("seeding running package trees from /proc")?;
     let (rules, startup_ms) = (session.engine.rules().rules().len(), session.started.elapsed().as_millis() as u64);
     info!(rules, startup_ms, "watching package trees ({rules} rules) after {startup_ms} ms; Ctrl-C to stop");

@@ -37,6 +37,10 @@ pub struct Alert {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub destination: Option<AlertDestination>,
     pub package: AlertPackage,
+    /// The coding agent (Claude Code, Codex, ...) the process ran under, when one did: named
+    /// before the package, which an agent's `npm install` may also have.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coding_agent: Option<AlertCodingAgent>,
     pub host: AlertHost,
     /// The credwatch that raised it (a replay names the recording one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -174,6 +178,17 @@ pub struct AlertPackage {
     /// `preinstall`, `install`, `postinstall`, `prepare`, `build-script`, `proc-macro`,
     /// `setup.py`, `build-backend`, ... when known.
     pub lifecycle: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AlertCodingAgent {
+    /// The agent's name in the rules (`claude`, `codex`, `gemini`, `cursor-agent`, `copilot`).
+    pub name: String,
+    pub pid: u32,
+    /// The command the agent ran that led to this process (its child on the way down), as
+    /// argv; absent when the agent itself acted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

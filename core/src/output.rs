@@ -95,6 +95,15 @@ pub fn render(alert: &Alert, colour: bool) -> String {
     if let Some(step) = &package.lifecycle {
         let _ = write!(who, " ({})", escape(step));
     }
+    // Under a coding agent: the agent first, then the package when a manager it ran started one.
+    if let Some(agent) = &alert.coding_agent {
+        let tool = package.manager == "run" && package.name.is_none();
+        who = if tool {
+            format!("agent {}", escape(&agent.name))
+        } else {
+            format!("agent {} > {who}", escape(&agent.name))
+        };
+    }
     let what = headline(alert);
     let blocked = match alert.event.outcome.as_str() {
         "blocked" => " [BLOCKED]",
@@ -111,6 +120,13 @@ pub fn render(alert: &Alert, colour: bool) -> String {
         escape(&alert.rule.category),
         escape(&alert.rule.name)
     );
+    if let Some(agent) = &alert.coding_agent {
+        let ran = match &agent.command {
+            Some(command) => format!("ran {}", escape(&command.join(" "))),
+            None => "acted itself".to_owned(),
+        };
+        let _ = writeln!(out, "  agent    {}[{}] {ran}", escape(&agent.name), agent.pid);
+    }
     if let Some(why) = &alert.credwatch.why {
         let _ = writeln!(out, "  why      {}", escape(why));
     }
@@ -336,6 +352,7 @@ mod tests {
                 version: Some("1.0.0".into()),
                 lifecycle: Some("postinstall".into()),
             },
+            coding_agent: None,
             host: AlertHost { name: "dev".into(), id: None },
             agent: None,
             container: None,

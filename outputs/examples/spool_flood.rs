@@ -99,6 +99,7 @@ fn alert(n: usize) -> Alert {
             version: Some("1.0.0".into()),
             lifecycle: Some("postinstall".into()),
         },
+        coding_agent: None,
         host: AlertHost { name: "ci-runner-17".into(), id: None },
         agent: None,
         container: None,

@@ -55,6 +55,7 @@ mod tests {
             file: None,
             destination: None,
             package: AlertPackage::default(),
+            coding_agent: None,
             host: AlertHost { name: "box".into(), id: None },
             agent: None,
             container: None,

@@ -1592,4 +1592,27 @@ mod tests {
         let error = manager_keys(&long).unwrap_err().to_string();
         assert!(error.contains("a-very-long-exec-name"), "{error}");
     }
+    #[test]
+    fn the_kernel_marks_coding_agents_by_the_managers_keys() {
+        let rules = credwatch_core::rules::RuleSet::defaults().unwrap();
+        let keys = manager_keys(&rules.kernel_roots()).unwrap();
+        let index = |name: &str| {
+            let key: [u8; MANAGER_NAME_LEN] = padded_key(name.as_bytes()).unwrap();
+            keys.names.iter().find(|(k, _)| *k == key).map(|(_, value)| (value.manager, value.flags))
+        };
+        let managers = rules.managers().len() as u32;
+        for (i, agent) in rules.agents().iter().enumerate() {
+            for exec in &agent.execs {
+                // After the managers: their indexes (the spare masks') stay what they were.
+                assert_eq!(index(exec), Some((managers + i as u32, 0)), "{exec}");
+            }
+        }
+        assert_eq!(
+            index("npm").map(|(m, _)| m),
+            rules.managers().iter().position(|m| m.name == "npm").map(|i| i as u32)
+        );
+        let codex = rules.agents().iter().position(|a| a.name == "codex").unwrap() as u32;
+        let stem: [u8; MANAGER_NAME_LEN] = padded_key(b"codex").unwrap();
+        assert!(keys.scripts.contains(&(stem, managers + codex)));
+    }
 }

@@ -188,6 +188,7 @@ impl Engine {
             file,
             destination: None,
             package: self.package(p),
+            coding_agent: self.coding_agent(p),
             host: AlertHost { name: self.options.host_name.clone(), id: self.options.host_id.clone() },
             agent: self.options.agent_version.clone().map(|version| AlertAgent { version }),
             container,

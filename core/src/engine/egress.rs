@@ -97,6 +97,11 @@ impl Engine {
     pub(super) fn connect(&mut self, event: &Event, connect: &Connect) -> Vec<Alert> {
         let Some(id) = self.live(event.pid) else { return Vec::new() };
         let p = &self.procs[&id];
+        // Connect rules are about package code: an agent talks to its model's API and to
+        // whatever the developer asked for.
+        if super::process::agent_tree(p).is_some() {
+            return Vec::new();
+        }
         let destination = Destination { connect, name: self.egress.last_lookup(id) };
         let mut hits = Vec::new();
         for &index in self.rules.connect_rules() {

@@ -3,7 +3,7 @@
 
 use super::{
     alerts::Stop,
-    process::{absolute, learn_from_open, resolved_path, Proc},
+    process::{absolute, agent_tree, learn_from_open, resolved_path, Proc},
     Engine, Id,
 };
 use crate::{
@@ -194,12 +194,24 @@ impl Engine {
     ) -> Vec<(usize, Judgement)> {
         let home = self.home_of(p);
         let other = names_other_process(path, pid, tid);
+        let agent = agent_tree(p);
+        // An agent's own files are its work, and so is reading the project it works in.
+        let agents_own = agent.is_some_and(|of| self.rules.agent_owns(of.index, path, home));
+        let in_project = agent
+            .and_then(|of| of.project.as_deref())
+            .is_some_and(|project| path.strip_prefix(project).is_some_and(|rest| rest.starts_with('/')));
         self.rules
             .candidates(path, home)
             .into_iter()
             .filter_map(|index| {
                 let rule = &self.rules.rules()[index];
                 let RuleKind::Target(access) = rule.kind else { return None };
+                if agent.is_some()
+                    && !blocked
+                    && (agents_own || !self.rules.applies_to_agents(index) || (in_project && access == Access::Read))
+                {
+                    return None;
+                }
                 // The kernel stops any open of a `kill` target, whatever its access: a kill or
                 // a refusal is never silent.
                 if !(blocked || accesses.contains(&access))
@@ -274,7 +286,8 @@ impl Engine {
 
     pub(super) fn syscall(&mut self, event: &Event, syscall: &Syscall) -> Vec<Alert> {
         let Some(id) = self.live(event.pid) else { return Vec::new() };
-        if self.quiet(id) && !syscall.stopped() {
+        // Syscall rules are about package code; an agent tree is judged by what it reads.
+        if (self.quiet(id) || agent_tree(&self.procs[&id]).is_some()) && !syscall.stopped() {
             return Vec::new();
         }
         let p = &self.procs[&id];

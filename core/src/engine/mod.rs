@@ -64,7 +64,7 @@ pub struct EngineOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
     #[error(
-        "the package managers changed: the kernel programs were given them at start-up, so this change needs a restart"
+        "the package managers or coding agents changed: the kernel programs were given them at start-up, so this change needs a restart"
     )]
     ManagersChanged,
 }
@@ -133,7 +133,7 @@ impl Engine {
     /// Whether [`Engine::reload`] takes `rules`: their package managers must be the running
     /// ones (the kernel programs and the process table know them by position).
     pub fn check_reload(&self, rules: &RuleSet) -> Result<(), ReloadError> {
-        if rules.managers() == self.rules.managers() {
+        if rules.kernel_roots() == self.rules.kernel_roots() {
             Ok(())
         } else {
             Err(ReloadError::ManagersChanged)

@@ -12,7 +12,7 @@ use super::{
     Engine, Id,
 };
 use crate::{
-    alert::{Alert, AlertCi, AlertContainer, AlertOrchestrator, AlertPackage, Severity},
+    alert::{Alert, AlertCi, AlertCodingAgent, AlertContainer, AlertOrchestrator, AlertPackage, Severity},
     container::container_of,
     event::{normalize_path, Event, Exec, Open},
     rules::manager::{basename, command_args, root_manager, script_arg, TEMP_DIRS},
@@ -34,6 +34,19 @@ pub(super) struct ManagerSelf {
     pub(super) outermost: bool,
     /// It runs the developer's own project: its `project_code` entry (`npm run dev`).
     pub(super) project: Option<usize>,
+}
+
+/// The coding agent a process runs under: the nearest process that executed one.
+#[derive(Clone, Debug)]
+pub(super) struct AgentOf {
+    /// Index in the rule set's agents.
+    pub(super) index: usize,
+    /// The agent's own table entry.
+    pub(super) id: Id,
+    pub(super) pid: u32,
+    /// The directory it started in, when that is a project (not the home, nor above it): what
+    /// the agent and its tools read there is the project's.
+    pub(super) project: Option<Arc<str>>,
 }
 
 #[derive(Clone, Debug)]
@@ -63,6 +76,8 @@ pub(super) struct Proc {
     pub(super) manager: Option<usize>,
     /// Set when this process is that manager itself.
     pub(super) manager_self: Option<ManagerSelf>,
+    /// Nearest coding agent.
+    pub(super) agent: Option<AgentOf>,
     pub(super) attribution: Attribution,
     pub(super) rustc: Option<Rustc>,
     /// Table entries whose `parent` is this one: a dead entry stays while it has any.
@@ -106,6 +121,7 @@ impl Proc {
             ssh_auth_sock: None,
             manager: None,
             manager_self: None,
+            agent: None,
             attribution: Attribution::default(),
             rustc: None,
             children: 0,
@@ -314,6 +330,7 @@ impl Engine {
         let pid = event.pid;
         let filename = if exec.filename.is_empty() { &exec.executable } else { &exec.filename };
         let started = root_manager(self.rules.managers(), filename, &exec.args);
+        let agent = root_manager(self.rules.agent_roots(), filename, &exec.args);
         // `bun payload.js` roots a tree like `bun install`, but it is code, not the manager;
         // so is a program that only poses as a manager (node copied to /tmp/x/npm).
         let runs_code =
@@ -324,7 +341,7 @@ impl Engine {
             // A member's child whose fork we did not see (lost) is still a member.
             None => match self.live(exec.ppid) {
                 Some(parent) => self.spawn(parent, pid),
-                None if started.is_some() => self.insert_root(pid, exec.ppid),
+                None if started.is_some() || agent.is_some() => self.insert_root(pid, exec.ppid),
                 None => return Vec::new(),
             },
         };
@@ -335,7 +352,7 @@ impl Engine {
         {
             self.trees.entry(tree).or_default().proc_macro_packages.insert(built);
         }
-        let managers = self.rules.managers();
+        let (managers, agent_roots) = (self.rules.managers(), self.rules.agent_roots());
         let p = self.procs.get_mut(&id).expect("just found or inserted");
         p.filename = filename.clone();
         p.executable = if exec.executable.is_empty() { filename.clone() } else { exec.executable.clone() };
@@ -359,6 +376,25 @@ impl Engine {
             p.ssh_auth_sock = Some(socket.clone());
         }
         p.rustc = None;
+        // `node /usr/bin/claude` after `/usr/bin/claude` (its shebang) is the same agent.
+        let agent_hop = p.agent.as_ref().is_some_and(|of| {
+            of.id == id
+                && exec.args.iter().skip(1).any(|arg| agent_roots[of.index].execs.iter().any(|e| e == basename(arg)))
+        });
+        if let Some(index) = agent.filter(|_| !agent_hop) {
+            // Not `/`, nor the home or a directory above it: that would make every file "the
+            // project's". An unknown home leaves only the homes of the usual layout to rule out.
+            let cwd = p.cwd.trim_end_matches('/');
+            let above_home = |home: &str| format!("{home}/").starts_with(&format!("{cwd}/"));
+            let usual_home =
+                cwd == "/root" || cwd == "/home" || cwd.strip_prefix("/home/").is_some_and(|user| !user.contains('/'));
+            let project = (p.cwd.starts_with('/')
+                && !cwd.is_empty()
+                && !usual_home
+                && !p.home.as_deref().is_some_and(above_home))
+            .then(|| Arc::from(cwd));
+            p.agent = Some(AgentOf { index, id, pid, project });
+        }
         // `npm` is a script: the kernel runs `/usr/bin/npm`, then env execs `node /usr/bin/npm`
         // in the same process, which is still the manager.
         let hop = p.manager_self.is_some()
@@ -389,6 +425,18 @@ impl Engine {
             if was_project && !p.project {
                 p.tree = id;
             }
+        }
+        // An agent the developer started (from a shell, or from the project's own scripts: a
+        // `cargo test` that drives one) is the nearest root of what it runs: its tree, its
+        // policy. Started by package code, it stays package code (a payload driving the
+        // installed agents).
+        if agent.is_some() && !agent_hop && !package_code {
+            if std::mem::take(&mut p.project) {
+                p.tree = id;
+            }
+            p.manager = None;
+            p.manager_self = None;
+            p.attribution = Attribution::default();
         }
         if let Some(kind) = started.filter(|_| runs_code.is_none()) {
             let helper = p.started_by_manager
@@ -421,7 +469,7 @@ impl Engine {
         let by_manager = std::mem::take(&mut p.started_by_manager);
         // The root is the user's own command (or the manager): exec rules are about what runs
         // below it.
-        if p.parent.is_none() || self.quiet(id) {
+        if p.parent.is_none() || agent_tree(p).is_some() || self.quiet(id) {
             return Vec::new();
         }
         self.exec_rules(event, id, by_manager)
@@ -511,6 +559,21 @@ impl Engine {
         }
     }
 
+    /// The agent `p` runs under, and the command it ran on the way down to `p`.
+    pub(super) fn coding_agent(&self, p: &Proc) -> Option<AlertCodingAgent> {
+        let of = p.agent.as_ref()?;
+        let mut command = None;
+        let mut next = Some(p);
+        while let Some(proc) = next {
+            if proc.parent == Some(of.id) {
+                command = Some(proc.args.clone());
+                break;
+            }
+            next = proc.parent.and_then(|id| self.procs.get(&id));
+        }
+        Some(AlertCodingAgent { name: self.rules.agents()[of.index].name.clone(), pid: of.pid, command })
+    }
+
     pub(super) fn manager_name(&self, p: &Proc) -> &str {
         p.manager.map(|m| self.rules.managers()[m].name.as_str()).unwrap_or("run")
     }
@@ -553,7 +616,8 @@ impl Engine {
         let mut next = p.parent;
         while let Some(id) = next {
             let Some(ancestor) = self.procs.get(&id) else { return false };
-            if ancestor.manager_self.is_some() {
+            // An agent's tools are its work, as a manager's are (`git push` running ssh).
+            if ancestor.manager_self.is_some() || p.agent.as_ref().is_some_and(|of| of.id == id) {
                 return true;
             }
             if !ancestor.is_one_of(execs) {
@@ -563,6 +627,12 @@ impl Engine {
         }
         false
     }
+}
+
+/// The agent `p` works for, when no package manager stands between them: the agent tree's
+/// policy judges it. (Package code the agent's `npm install` runs is judged as package code.)
+pub(super) fn agent_tree(p: &Proc) -> Option<&AgentOf> {
+    p.agent.as_ref().filter(|_| p.manager.is_none())
 }
 
 /// What an open teaches attribution: which proc-macro rustc loaded, that a build backend is

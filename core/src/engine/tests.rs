@@ -2235,3 +2235,190 @@ fn identity_fields_leave_the_alert_id_as_it_was() {
     (without.container, without.ci, without.host.id) = (None, None, Some("other".into()));
     assert_eq!(with.event.id, without.stable_id());
 }
+
+/// A stand-in coding agent: `claude` started by the developer's shell (pid 1) in the project
+/// `/home/alice/app`.
+fn claude() -> Run {
+    let mut run = Run::new();
+    run.exec_full(100, 1, "/home/alice/.local/bin/claude", &["claude"], "/home/alice/app", &[("HOME", "/home/alice")]);
+    run
+}
+
+#[test]
+fn an_agent_tool_reading_another_credential_names_the_agent_and_the_command() {
+    let mut run = claude();
+    run.spawn(101, 100, &["bash", "-c", "cat ~/.ssh/id_ed25519"], &[])
+        .spawn(102, 101, &["cat", "/home/alice/.ssh/id_ed25519"], &[])
+        .open(102, "/home/alice/.ssh/id_ed25519");
+    let alert = run.one();
+    assert_eq!(alert.rule.id, "ssh-private-keys");
+    assert_eq!(alert.process.pid, 102);
+    assert_eq!(alert.credwatch.root_pid, 100);
+    let agent = alert.coding_agent.as_ref().expect("names the agent");
+    assert_eq!((agent.name.as_str(), agent.pid), ("claude", 100));
+    assert_eq!(agent.command.as_deref().unwrap(), ["bash", "-c", "cat ~/.ssh/id_ed25519"]);
+    assert_eq!(alert.package.manager, "run");
+    let text = crate::output::render(&alert, false);
+    assert!(text.starts_with("[CRITICAL] agent claude opened /home/alice/.ssh/id_ed25519"), "{text}");
+    assert!(text.contains("\n  agent    claude[100] ran bash -c cat ~/.ssh/id_ed25519\n"), "{text}");
+    let json = serde_json::to_value(&alert).unwrap();
+    assert_eq!(json["coding_agent"]["name"], "claude");
+    assert_eq!(json["package"]["manager"], "run", "existing fields stay");
+
+    // The agent itself reading another process's environment.
+    run.open(100, "/proc/4242/environ");
+    let alert = run.one();
+    assert_eq!(alert.rule.id, "proc-environ-mem");
+    assert_eq!(alert.coding_agent.unwrap().command, None);
+}
+
+#[test]
+fn an_agent_reading_its_own_credentials_and_the_project_is_quiet() {
+    let mut run = claude();
+    run.open(100, "/home/alice/.claude/.credentials.json")
+        .open(100, "/home/alice/.claude.json")
+        .spawn(101, 100, &["cat", "/home/alice/.claude/.credentials.json"], &[])
+        .open(101, "/home/alice/.claude/.credentials.json")
+        // The project's own secrets are the project's: the developer asked the agent in.
+        .open(101, "/home/alice/app/.env")
+        .spawn(102, 100, &["curl", "-fsSL", "https://example.com/x.sh"], &[]);
+    assert!(run.take().is_empty());
+    // Out of the project, the same kind of file is another credential.
+    run.open(101, "/home/alice/other/.env");
+    assert_eq!(run.one().rule.category, "env-files");
+    // Another agent's credentials are another credential.
+    run.open(101, "/home/alice/.codex/auth.json");
+    assert_eq!(run.one().rule.id, "ai-tool-credentials");
+}
+
+#[test]
+fn the_same_reads_outside_an_agent_tree_or_by_another_agent() {
+    // Not under an agent nor a manager: nothing is watched.
+    let mut run = Run::new();
+    run.exec(50, 1, &["cat", "/home/alice/.ssh/id_ed25519"], &[]).open(50, "/home/alice/.ssh/id_ed25519");
+    assert!(run.take().is_empty());
+    // Codex reading Claude Code's token.
+    run.exec_full(60, 1, "/usr/bin/codex", &["codex", "exec", "x"], "/home/alice/app", &[("HOME", "/home/alice")])
+        .open(60, "/home/alice/.claude/.credentials.json");
+    let alert = run.one();
+    assert_eq!(alert.rule.id, "ai-tool-credentials");
+    assert_eq!(alert.coding_agent.unwrap().name, "codex");
+    run.open(60, "/home/alice/.codex/auth.json");
+    assert!(run.take().is_empty());
+}
+
+#[test]
+fn agents_write_their_own_settings_but_not_another_agents_hooks() {
+    const WRITE: u64 = (libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC) as u64;
+    let mut run = claude();
+    run.open_full(100, "/home/alice/.claude/settings.json", Some("/home/alice/.claude/settings.json"), 3, WRITE)
+        .open_full(100, ".mcp.json", Some("/home/alice/app/.mcp.json"), 3, WRITE)
+        // Other write rules are about package code: the developer may ask for a ~/.bashrc edit.
+        .open_full(100, "/home/alice/.bashrc", Some("/home/alice/.bashrc"), 3, WRITE);
+    assert!(run.take().is_empty());
+    run.open_full(100, "/home/alice/.gemini/settings.json", Some("/home/alice/.gemini/settings.json"), 3, WRITE);
+    let alert = run.one();
+    assert_eq!(alert.rule.id, "ai-agent-config-write");
+    assert_eq!(alert.coding_agent.unwrap().name, "claude");
+    run.open_full(100, "/home/alice/.cursor/mcp.json", Some("/home/alice/.cursor/mcp.json"), 3, WRITE);
+    assert_eq!(run.one().rule.id, "ai-agent-config-write");
+}
+
+#[test]
+fn a_package_installed_by_an_agent_names_the_agent_then_the_package() {
+    let mut run = claude();
+    // The npm bin's shebang: `node /usr/bin/npm` in the same process.
+    run.fork(100, 101)
+        .exec_full(101, 100, "/usr/bin/npm", &["npm", "install", "evil-pkg"], "/home/alice/app", &[])
+        .exec_full(101, 100, "/usr/bin/node", &["node", "/usr/bin/npm", "install", "evil-pkg"], "/home/alice/app", &[])
+        .open(101, "/home/alice/.npmrc");
+    assert!(run.take().is_empty(), "npm reading its own token");
+    run.spawn(102, 101, &["sh", "-c", "node setup.js"], POSTINSTALL).spawn(103, 102, &["node", "setup.js"], &[]);
+    // Package code reading the agent's own token is package code stealing it.
+    run.open(103, "/home/alice/.claude/.credentials.json");
+    let alert = run.one();
+    assert_eq!(alert.rule.id, "ai-tool-credentials");
+    run.open(103, "/home/alice/.ssh/id_ed25519");
+    let alert = run.one();
+    assert_eq!(alert.rule.id, "ssh-private-keys");
+    assert_eq!(alert.package.manager, "npm");
+    assert_eq!(alert.package.name.as_deref(), Some("evil-pkg"));
+    let agent = alert.coding_agent.as_ref().unwrap();
+    assert_eq!(agent.name, "claude");
+    assert_eq!(agent.command.as_deref().unwrap(), ["node", "/usr/bin/npm", "install", "evil-pkg"]);
+    let text = crate::output::render(&alert, false);
+    assert!(
+        text.starts_with("[CRITICAL] agent claude > npm package evil-pkg@1.2.3 (postinstall) opened /home/alice/.ssh/"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_agent_bin_run_again_by_its_interpreter_is_the_same_agent() {
+    let mut run = claude();
+    run.exec_full(
+        100,
+        1,
+        "/usr/bin/node",
+        &["node", "/home/alice/.local/bin/claude"],
+        "/home/alice/app",
+        &[("HOME", "/home/alice")],
+    )
+    .open(100, "/home/alice/.claude/.credentials.json")
+    .spawn(101, 100, &["cat", "/home/alice/.aws/credentials"], &[])
+    .open(101, "/home/alice/.aws/credentials");
+    let alert = run.one();
+    assert_eq!(alert.coding_agent.unwrap().command.as_deref().unwrap(), ["cat", "/home/alice/.aws/credentials"]);
+}
+
+#[test]
+fn an_agent_started_in_the_home_or_at_the_top_has_no_project() {
+    let cases = [
+        ("/", None, "/home/alice/other/.env"),
+        ("/home/alice", None, "/home/alice/other/.env"),
+        ("/home/alice/", Some("/home/alice"), "/home/alice/other/.env"),
+        ("/srv", Some("/srv/ci"), "/srv/other/.env"),
+    ];
+    for (cwd, home, env_file) in cases {
+        let mut run = Run::new();
+        let env: Vec<(&str, &str)> = home.map(|home| ("HOME", home)).into_iter().collect();
+        run.exec_full(100, 1, "/usr/bin/claude", &["claude"], cwd, &env).open(100, env_file);
+        assert_eq!(run.one().rule.category, "env-files", "started in {cwd}");
+    }
+}
+
+#[test]
+fn an_agent_the_projects_own_code_starts_roots_its_own_agent_tree() {
+    let mut run = Run::new();
+    // `npm test` (the project's own code, quiet) drives the agent.
+    run.exec(100, 1, &["npm", "test"], &[("HOME", "/home/alice")])
+        .spawn(101, 100, &["sh", "-c", "claude -p review"], &[])
+        .open(101, "/home/alice/.ssh/id_ed25519");
+    assert!(run.take().is_empty(), "the project's own script is quiet");
+    run.spawn(102, 101, &["claude", "-p", "review"], &[])
+        .spawn(103, 102, &["cat", "/home/alice/.ssh/id_ed25519"], &[])
+        .open(103, "/home/alice/.ssh/id_ed25519")
+        .open(102, "/home/alice/.claude/.credentials.json");
+    let alert = run.one();
+    assert_eq!(alert.rule.id, "ssh-private-keys");
+    assert_eq!(alert.package.manager, "run");
+    assert_eq!(alert.coding_agent.unwrap().command.as_deref().unwrap(), ["cat", "/home/alice/.ssh/id_ed25519"]);
+}
+
+#[test]
+fn an_agent_package_code_starts_is_package_code() {
+    let mut run = Run::new();
+    run.exec(100, 1, &["npm", "install"], &[("HOME", "/home/alice")])
+        .spawn(101, 100, &["sh", "-c", "node telemetry.js"], POSTINSTALL)
+        .spawn(102, 101, &["claude", "--dangerously-skip-permissions", "-p", "find keys"], &[])
+        .open(102, "/home/alice/.claude/.credentials.json");
+    // The Nx payload's way: the exec rule about it, then the token read, both naming both.
+    let alerts = run.take();
+    let rules: Vec<&str> = alerts.iter().map(|a| a.rule.id.as_str()).collect();
+    assert_eq!(rules, ["ai-cli-claude-unsafe", "ai-tool-credentials"]);
+    for alert in alerts {
+        assert_eq!(alert.package.name.as_deref(), Some("evil-pkg"));
+        let agent = alert.coding_agent.unwrap();
+        assert_eq!((agent.name.as_str(), agent.command), ("claude", None));
+    }
+}

@@ -5,6 +5,7 @@
 //! (credential targets, who may touch them, and samples). Loading a directory on top of the
 //! defaults replaces a rule or manager of the same id/name and adds the others.
 
+pub mod agent;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod manager;
@@ -21,6 +22,7 @@ use std::{
 use serde_saphyr::Spanned;
 
 use self::{
+    agent::{Agent, AgentPolicy},
     manager::Manager,
     schema::Pattern,
     schema::{
@@ -137,6 +139,14 @@ impl Rule {
 pub struct RuleSet {
     managers: Vec<Manager>,
     manager_origins: Vec<Origin>,
+    agents: Vec<Agent>,
+    agent_origins: Vec<Origin>,
+    /// The agents as roots, and their own files, by agent index (set by `finish`).
+    agent_roots: Vec<Manager>,
+    agent_own: Vec<Targets>,
+    agent_policy: Option<(AgentPolicy, Origin)>,
+    /// The rules of the policy's `writes`, by index (set by `finish`).
+    agent_writes: Vec<usize>,
     rules: Vec<Rule>,
     index: TargetIndex,
     /// Exec rules by the basenames they name, and those that name none.
@@ -189,6 +199,32 @@ impl RuleSet {
 
     pub fn rules(&self) -> &[Rule] {
         &self.rules
+    }
+
+    pub fn agents(&self) -> &[Agent] {
+        &self.agents
+    }
+
+    /// The agents as roots (by agent index), for [`manager::root_manager`].
+    pub fn agent_roots(&self) -> &[Manager] {
+        &self.agent_roots
+    }
+
+    /// What the kernel marks as roots: the managers, then the agents (the kernel only needs
+    /// their executables and scripts, and knows no difference).
+    pub fn kernel_roots(&self) -> Vec<Manager> {
+        self.managers.iter().chain(&self.agent_roots).cloned().collect()
+    }
+
+    /// Whether `path` is one of the agent `agent`'s own files for a process whose home is
+    /// `home`.
+    pub fn agent_owns(&self, agent: usize, path: &str, home: Option<&str>) -> bool {
+        self.agent_own[agent].matches(path, home)
+    }
+
+    /// Whether rule `index` applies to agent trees: credential reads, and the policy's writes.
+    pub fn applies_to_agents(&self, index: usize) -> bool {
+        self.rules[index].is_credential() || self.agent_writes.contains(&index)
     }
 
     /// The rules whose action is `kill`: the kernel's blocking set. Target rules give paths
@@ -340,6 +376,21 @@ impl RuleSet {
                 }
             }
         }
+        for (agent, origin) in other.agents.into_iter().zip(other.agent_origins) {
+            match self.agents.iter().position(|a| a.name == agent.name) {
+                Some(i) => {
+                    self.agents[i] = agent;
+                    self.agent_origins[i] = origin;
+                }
+                None => {
+                    self.agents.push(agent);
+                    self.agent_origins.push(origin);
+                }
+            }
+        }
+        if other.agent_policy.is_some() {
+            self.agent_policy = other.agent_policy;
+        }
         if other.sweep.is_some() {
             self.sweep = other.sweep;
         }
@@ -375,6 +426,32 @@ impl RuleSet {
 
     fn finish(mut self) -> Result<RuleSet, RulesError> {
         self.validate()?;
+        self.agent_roots = self.agents.iter().map(Agent::as_root).collect();
+        self.agent_own = Vec::new();
+        for (agent, origin) in self.agents.iter().zip(&self.agent_origins) {
+            let own = Targets::compile(&agent.own, &[])
+                .map_err(|e| RulesError::invalid(origin.clone(), format!("agent {:?}: {e}", agent.name)))?;
+            self.agent_own.push(own);
+        }
+        self.agent_writes = Vec::new();
+        if let Some((policy, origin)) = &self.agent_policy {
+            for id in &policy.writes {
+                match self.rules.iter().position(|r| &r.id == id) {
+                    Some(index) if self.rules[index].kind == RuleKind::Target(Access::Write) => {
+                        self.agent_writes.push(index)
+                    }
+                    Some(_) => {
+                        return Err(RulesError::invalid(
+                            origin.clone(),
+                            format!("agent_policy: rule {id:?} is not a write rule (`kind: target`, `access: write`)"),
+                        ))
+                    }
+                    None => {
+                        return Err(RulesError::invalid(origin.clone(), format!("agent_policy: unknown rule {id:?}")))
+                    }
+                }
+            }
+        }
         self.index = TargetIndex::build(self.rules.iter().map(|r| r.patterns.as_slice())).map_err(|e| {
             RulesError::invalid(Origin { file: "rules".into(), line: None, column: None }, e.to_string())
         })?;
@@ -412,6 +489,17 @@ impl RuleSet {
                     origin.clone(),
                     format!("manager {:?} has none of `execs`, `modules` and `scripts`", manager.name),
                 ));
+            }
+        }
+        for (agent, origin) in self.agents.iter().zip(&self.agent_origins) {
+            if agent.execs.is_empty() && agent.scripts.is_empty() {
+                return Err(RulesError::invalid(
+                    origin.clone(),
+                    format!("agent {:?} has neither `execs` nor `scripts`", agent.name),
+                ));
+            }
+            if self.managers.iter().any(|m| m.name == agent.name) {
+                return Err(RulesError::invalid(origin.clone(), format!("agent {:?} is also a manager", agent.name)));
             }
         }
         let known = |name: &str| name == "run" || self.managers.iter().any(|m| m.name == name);
@@ -522,6 +610,24 @@ fn parse_sources(sources: impl IntoIterator<Item = (String, String)>) -> Result<
             }
             set.managers.push(manager.value);
             set.manager_origins.push(origin);
+        }
+        for agent in doc.agents {
+            let origin = at(agent.referenced);
+            if let Some(first) = set.agents.iter().position(|a| a.name == agent.value.name) {
+                return Err(RulesError::invalid(
+                    origin,
+                    format!("duplicate agent {:?} (first at {})", agent.value.name, set.agent_origins[first]),
+                ));
+            }
+            set.agents.push(agent.value);
+            set.agent_origins.push(origin);
+        }
+        if let Some(policy) = doc.agent_policy {
+            let origin = at(policy.referenced);
+            if let Some((_, first)) = &set.agent_policy {
+                return Err(RulesError::invalid(origin, format!("duplicate `agent_policy` (first at {first})")));
+            }
+            set.agent_policy = Some((policy.value, origin));
         }
         for rule in doc.rules {
             let id = &rule.value.id;

@@ -8,7 +8,11 @@ use globset::{Glob, GlobBuilder};
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use super::{manager::Manager, target::Targets};
+use super::{
+    agent::{Agent, AgentPolicy},
+    manager::Manager,
+    target::Targets,
+};
 use crate::{alert::Severity, event::Event};
 
 /// One rule file.
@@ -19,6 +23,12 @@ pub(crate) struct FileDoc {
     pub schema: SchemaVersion,
     #[serde(default)]
     pub managers: Vec<Spanned<Manager>>,
+    /// Coding agents: what makes a process the root of an agent tree.
+    #[serde(default)]
+    pub agents: Vec<Spanned<Agent>>,
+    /// What agent trees alert on besides credential reads.
+    #[serde(default)]
+    pub agent_policy: Option<Spanned<AgentPolicy>>,
     #[serde(default)]
     pub rules: Vec<Spanned<RuleDoc>>,
     /// When one tree's credential alerts become one sweep alert.

@@ -624,3 +624,42 @@ fn hostile_yaml_is_an_error_not_a_panic_a_hang_or_an_allocation() {
         assert!(error.starts_with("h.yaml"), "{text:?}: {error}");
     }
 }
+
+#[test]
+fn agents_are_data_rooted_like_managers_with_checked_keys() {
+    let set = RuleSet::defaults().unwrap();
+    let names: Vec<&str> = set.agents().iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names, ["claude", "codex", "gemini", "cursor-agent", "copilot"]);
+    let args = |words: &[&str]| words.iter().map(|w| (*w).to_owned()).collect::<Vec<_>>();
+    let root = |file: &str, words: &[&str]| {
+        manager::root_manager(set.agent_roots(), file, &args(words)).map(|i| set.agents()[i].name.as_str())
+    };
+    assert_eq!(root("/home/a/.local/bin/claude", &["claude", "-p", "fix"]), Some("claude"));
+    assert_eq!(root("/usr/lib/node_modules/@openai/codex/bin/codex.js", &["node", "codex.js"]), None);
+    assert_eq!(root("/usr/bin/node", &["node", "/usr/lib/node_modules/@openai/codex/bin/codex.js"]), Some("codex"));
+    assert_eq!(root("/usr/bin/node", &["node", "cli.js"]), None);
+    assert_eq!(root("/usr/bin/npm", &["npm", "install"]), None);
+    // The kernel gets the managers first (their indexes are the spare masks'), then the agents.
+    let kernel = set.kernel_roots();
+    assert_eq!(kernel[..set.managers().len()], *set.managers());
+    assert_eq!(kernel.len(), set.managers().len() + set.agents().len());
+    let claude = set.agents().iter().position(|a| a.name == "claude").unwrap();
+    assert!(set.agent_owns(claude, "/home/a/.claude/.credentials.json", Some("/home/a")));
+    assert!(set.agent_owns(claude, "/w/app/.mcp.json", None));
+    assert!(!set.agent_owns(claude, "/home/a/.codex/auth.json", Some("/home/a")));
+    let write = set.rules().iter().position(|r| r.id == "ai-agent-config-write").unwrap();
+    let other_write = set.rules().iter().position(|r| r.id == "shell-rc-write").unwrap();
+    let read = set.rules().iter().position(|r| r.id == "ssh-private-keys").unwrap();
+    assert!(set.applies_to_agents(write) && set.applies_to_agents(read) && !set.applies_to_agents(other_write));
+
+    let (error, file) = error_for("schema: 2\nagents:\n  - name: aider\n    execs: [aider]\n    hooks: [x]\n");
+    assert_invalid_at(&error, &file, (5, 5), "unknown field `hooks`");
+    let (error, file) = error_for("schema: 2\nagents:\n  - name: aider\n    own: [\"~/.aider/**\"]\n");
+    assert_invalid_at(&error, &file, (3, 5), "agent \"aider\" has neither `execs` nor `scripts`");
+    let (error, file) = error_for("schema: 2\nagents:\n  - name: aider\n    execs: [aider]\n    own: [\".aider\"]\n");
+    assert_invalid_at(&error, &file, (5, 11), "must start with");
+    let (error, file) = error_for("schema: 2\nagent_policy:\n  writes: [no-such-rule]\n");
+    assert_invalid_at(&error, &file, (3, 3), "agent_policy: unknown rule \"no-such-rule\"");
+    let (error, file) = error_for("schema: 2\nagents:\n  - name: a\n    execs: [a]\n  - name: a\n    execs: [b]\n");
+    assert_invalid_at(&error, &file, (5, 5), "duplicate agent \"a\"");
+}
