@@ -6,6 +6,59 @@
 //! defaults replaces a rule or manager of the same id/name and adds the others.
 
 pub mod agent;
+
+/// Managers and agents: declared once per rules file set by name, and replaced by name by an
+/// overlay.
+trait Named {
+    fn name(&self) -> &str;
+}
+
+impl Named for Manager {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Named for Agent {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// Adds `item`, declared at `origin`, to `items` (whose origins are `origins`); a second `kind`
+/// of the same name is an error naming both places.
+fn declare<T: Named>(
+    items: &mut Vec<T>,
+    origins: &mut Vec<Origin>,
+    item: T,
+    origin: Origin,
+    kind: &str,
+) -> Result<(), RulesError> {
+    if let Some(first) = items.iter().position(|known| known.name() == item.name()) {
+        return Err(RulesError::invalid(
+            origin,
+            format!("duplicate {kind} {:?} (first at {})", item.name(), origins[first]),
+        ));
+    }
+    items.push(item);
+    origins.push(origin);
+    Ok(())
+}
+
+/// An overlay's `item`: it replaces the one of its name in `items`, or is added.
+fn replace_or_add<T: Named>(items: &mut Vec<T>, origins: &mut Vec<Origin>, item: T, origin: Origin) {
+    match items.iter().position(|known| known.name() == item.name()) {
+        Some(i) => {
+            items[i] = item;
+            origins[i] = origin;
+        }
+        None => {
+            items.push(item);
+            origins.push(origin);
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod manager;
@@ -365,28 +418,10 @@ impl RuleSet {
         use sha2::Digest as _;
         self.digest.update(other.digest.finalize());
         for (manager, origin) in other.managers.into_iter().zip(other.manager_origins) {
-            match self.managers.iter().position(|m| m.name == manager.name) {
-                Some(i) => {
-                    self.managers[i] = manager;
-                    self.manager_origins[i] = origin;
-                }
-                None => {
-                    self.managers.push(manager);
-                    self.manager_origins.push(origin);
-                }
-            }
+            replace_or_add(&mut self.managers, &mut self.manager_origins, manager, origin);
         }
         for (agent, origin) in other.agents.into_iter().zip(other.agent_origins) {
-            match self.agents.iter().position(|a| a.name == agent.name) {
-                Some(i) => {
-                    self.agents[i] = agent;
-                    self.agent_origins[i] = origin;
-                }
-                None => {
-                    self.agents.push(agent);
-                    self.agent_origins.push(origin);
-                }
-            }
+            replace_or_add(&mut self.agents, &mut self.agent_origins, agent, origin);
         }
         if other.agent_policy.is_some() {
             self.agent_policy = other.agent_policy;
@@ -601,26 +636,10 @@ fn parse_sources(sources: impl IntoIterator<Item = (String, String)>) -> Result<
         set.project_code.extend(doc.project_code.into_iter().map(|entry| (entry.value, at(entry.referenced))));
         set.home_files.extend(doc.home_files.into_iter().map(|entry| (entry.value, at(entry.referenced))));
         for manager in doc.managers {
-            let origin = at(manager.referenced);
-            if let Some(first) = set.managers.iter().position(|m| m.name == manager.value.name) {
-                return Err(RulesError::invalid(
-                    origin,
-                    format!("duplicate manager {:?} (first at {})", manager.value.name, set.manager_origins[first]),
-                ));
-            }
-            set.managers.push(manager.value);
-            set.manager_origins.push(origin);
+            declare(&mut set.managers, &mut set.manager_origins, manager.value, at(manager.referenced), "manager")?;
         }
         for agent in doc.agents {
-            let origin = at(agent.referenced);
-            if let Some(first) = set.agents.iter().position(|a| a.name == agent.value.name) {
-                return Err(RulesError::invalid(
-                    origin,
-                    format!("duplicate agent {:?} (first at {})", agent.value.name, set.agent_origins[first]),
-                ));
-            }
-            set.agents.push(agent.value);
-            set.agent_origins.push(origin);
+            declare(&mut set.agents, &mut set.agent_origins, agent.value, at(agent.referenced), "agent")?;
         }
         if let Some(policy) = doc.agent_policy {
             let origin = at(policy.referenced);

@@ -663,3 +663,23 @@ fn agents_are_data_rooted_like_managers_with_checked_keys() {
     let (error, file) = error_for("schema: 2\nagents:\n  - name: a\n    execs: [a]\n  - name: a\n    execs: [b]\n");
     assert_invalid_at(&error, &file, (5, 5), "duplicate agent \"a\"");
 }
+
+#[test]
+fn managers_are_declared_once_and_an_overlay_replaces_or_adds_them_by_name() {
+    let (error, file) = error_for("schema: 2\nmanagers:\n  - name: m\n    execs: [m]\n  - name: m\n    execs: [n]\n");
+    assert_invalid_at(&error, &file, (5, 5), "duplicate manager \"m\"");
+
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        "own.yaml",
+        "schema: 2\nmanagers:\n  - name: npm\n    execs: [my-npm]\n  - name: tool\n    execs: [tool]\n",
+    );
+    let set = RuleSet::load(Some(dir.path())).unwrap();
+    let defaults = RuleSet::defaults().unwrap();
+    let npm = set.managers().iter().position(|m| m.name == "npm").unwrap();
+    assert_eq!(npm, defaults.managers().iter().position(|m| m.name == "npm").unwrap(), "replaced in place");
+    assert_eq!(set.managers()[npm].execs, ["my-npm"]);
+    assert_eq!(set.managers().len(), defaults.managers().len() + 1);
+    assert_eq!(set.managers().last().unwrap().name, "tool");
+}
