@@ -2,9 +2,10 @@
 //!
 //! - At entry, what the process gave (dirfd, flags, mode, where the path string is) is kept in
 //!   the thread's slot of `OPEN_SLOTS` (the fentry backend has an entry program only for the
-//!   LSM deny, and reads the arguments at exit, see [`handle_open`]). At exit, for a successful open, the opened `struct file`
-//!   is taken from the returned fd and its path walked (see [`crate::path`]): that path already
-//!   accounts for symlinks, `..`, dirfds, `/proc/self/root` and bind mounts.
+//!   LSM deny, and reads the arguments at exit, see [`handle_open`]). At exit, for a successful
+//!   open, the opened `struct file` is taken from the returned fd and its path walked (see
+//!   [`crate::path`]): that path already accounts for symlinks, `..`, dirfds,
+//!   `/proc/self/root` and bind mounts.
 //! - Credential inodes: at the exit of every open of a marked process, the opened file's
 //!   (s_dev, i_ino) is looked up in `CRED_INODES` (one more lookup, marked processes only).
 //!   A hit goes to `PRIORITY`, and under `--enforce` a `KILL` inode kills the process. The
