@@ -597,6 +597,34 @@ impl Sandbox {
         path
     }
 
+    /// Repeats `action` (`what`, made by `command`) under the spawned `credwatch watch`
+    /// `watcher` until an alert that `wanted` matches shows (attaching takes a moment) or 60 s
+    /// pass, then stops watch with SIGTERM (it detaches cleanly and prints a summary); returns
+    /// the alert and the run, which exited 0.
+    pub fn repeat_under_watch(
+        &self,
+        mut watcher: Child,
+        what: &str,
+        command: impl Fn() -> Command,
+        wanted: impl Fn(&Value) -> bool,
+    ) -> (Value, Run) {
+        let start = Instant::now();
+        let mut alert = None;
+        while alert.is_none() && start.elapsed() < Duration::from_secs(60) {
+            if let Some(status) = watcher.try_wait().unwrap() {
+                panic!("credwatch watch exited early\n{}", self.collect(Some(status), start.elapsed()).describe());
+            }
+            self.setup(what, &mut command());
+            alert = self.wait_for(&wanted, Duration::from_secs(2));
+        }
+        let stopped = Command::new("kill").args(["-TERM", &watcher.id().to_string()]).status().unwrap();
+        assert!(stopped.success());
+        let run = self.wait(watcher);
+        run.assert_exit(0);
+        let alert = alert.unwrap_or_else(|| panic!("no alert from watch within 60 s\n{}", run.describe()));
+        (alert, run)
+    }
+
     /// Starts `credwatch watch --json --output ALERTS --pin-dir PIN_DIR` and waits until it
     /// says it is watching. Mind that whatever the test itself starts is in the tree of the
     /// `cargo` running it.

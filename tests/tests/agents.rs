@@ -2,11 +2,7 @@
 //! stand-in shell script of that name) as the root of an agent tree by itself, and judges the
 //! tree by the agent policy. Privileged: run as root with `cargo xtask test`.
 
-use std::{
-    fs,
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::fs;
 
 use credwatch_e2e::{assert_field, write_executable, Sandbox};
 use serde_json::Value;
@@ -32,22 +28,18 @@ fn watch_names_the_agent_and_its_command_and_leaves_its_own_token_alone() {
     let mut watch = sandbox.credwatch("watch");
     watch.args(["--json", "--output"]).arg(sandbox.alerts_file());
     watch.arg("--pin-dir").arg(sandbox.pin_dir());
-    let mut watcher = sandbox.spawn(watch);
-    // Attaching takes a moment; run the agent again until its alert shows (or give up).
-    let start = Instant::now();
-    let mut alert = None;
-    while alert.is_none() && start.elapsed() < Duration::from_secs(60) {
-        if let Some(status) = watcher.try_wait().unwrap() {
-            panic!("credwatch watch exited early\n{}", sandbox.collect(Some(status), start.elapsed()).describe());
-        }
-        sandbox.setup("the stand-in claude", sandbox.command(&claude).current_dir(&project));
-        alert = sandbox.wait_for(|a| a["file"]["path"] == key, Duration::from_secs(2));
-    }
-    let stopped = Command::new("kill").args(["-TERM", &watcher.id().to_string()]).status().unwrap();
-    assert!(stopped.success());
-    let run = sandbox.wait(watcher);
-    run.assert_exit(0);
-    let alert = alert.unwrap_or_else(|| panic!("no alert from watch within 60 s\n{}", run.describe()));
+    let watcher = sandbox.spawn(watch);
+    // Attaching takes a moment: the agent runs again until its alert shows.
+    let (alert, run) = sandbox.repeat_under_watch(
+        watcher,
+        "the stand-in claude",
+        || {
+            let mut claude = sandbox.command(&claude);
+            claude.current_dir(&project);
+            claude
+        },
+        |a| a["file"]["path"] == key,
+    );
     assert_field(&alert, "/rule/id", "ssh-private-keys", &run);
     assert_field(&alert, "/coding_agent/name", "claude", &run);
     assert_eq!(

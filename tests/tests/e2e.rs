@@ -1,11 +1,7 @@
 //! Privileged end-to-end tests: real kernel programs, real npm, cargo and pip on local fixtures,
 //! a throwaway HOME of fake credentials, offline. Run as root with `cargo xtask test`.
 
-use std::{
-    fs,
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::{fs, time::Duration};
 
 use credwatch_e2e::{assert_field, scenarios, Run, Sandbox, EXIT_ALERT};
 use serde_json::Value;
@@ -247,24 +243,18 @@ fn watch_reports_an_npm_script_started_after_it() {
     // The project's own script is quiet by default: `--watch-project` watches it.
     watch.args(["watch", "--watch-project", "--json", "--output"]).arg(sandbox.alerts_file());
     watch.arg("--pin-dir").arg(sandbox.pin_dir());
-    let mut watcher = sandbox.spawn(watch);
-
-    // Attaching takes a moment; repeat the script until its alert shows (or give up).
-    let start = Instant::now();
-    let mut alert = None;
-    while alert.is_none() && start.elapsed() < Duration::from_secs(60) {
-        if let Some(status) = watcher.try_wait().unwrap() {
-            panic!("credwatch watch exited early\n{}", sandbox.collect(Some(status), start.elapsed()).describe());
-        }
-        sandbox.setup("npm run steal", sandbox.command("npm").args(["run", "--silent", "steal"]).current_dir(&project));
-        alert = sandbox.wait_for(|a| a["file"]["path"] == npmrc && is_cat(a), Duration::from_secs(2));
-    }
-    // SIGTERM detaches cleanly (and prints a summary).
-    let stopped = Command::new("kill").args(["-TERM", &watcher.id().to_string()]).status().unwrap();
-    assert!(stopped.success());
-    let run = sandbox.wait(watcher);
-    run.assert_exit(0);
-    let alert = alert.unwrap_or_else(|| panic!("no alert from watch within 60 s\n{}", run.describe()));
+    let watcher = sandbox.spawn(watch);
+    // Attaching takes a moment: the script runs again until its alert shows.
+    let (alert, run) = sandbox.repeat_under_watch(
+        watcher,
+        "npm run steal",
+        || {
+            let mut npm = sandbox.command("npm");
+            npm.args(["run", "--silent", "steal"]).current_dir(&project);
+            npm
+        },
+        |a| a["file"]["path"] == npmrc && is_cat(a),
+    );
     assert_field(&alert, "/package/manager", "npm", &run);
     assert_field(&alert, "/package/name", "e2e-app", &run);
     assert_field(&alert, "/package/lifecycle", "steal", &run);
