@@ -51,6 +51,9 @@ pub struct Config {
     pub enforce: bool,
     /// `run` and `record -- CMD`: seconds to wait for CMD's tree after CMD exits (`--linger`).
     pub linger: Option<f64>,
+    /// `run`: CMD's tree in a box where the catalogue's credential files are empty and secret
+    /// environment variables are withheld (`--contain`).
+    pub contain: bool,
     /// Record every event to this trace file (`record -o`).
     pub trace: Option<PathBuf>,
     /// `watch` and `record` without CMD: where their kernel side is pinned (on bpffs), so that
@@ -847,6 +850,7 @@ mod tests {
             watch_project: false,
             enforce: true,
             linger: Some(1.5),
+            contain: true,
             trace: None,
             pin_dir: Some("/sys/fs/bpf/credwatch-site".into()),
             log_format: LogFormat::Json,

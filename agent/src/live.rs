@@ -5,6 +5,7 @@
 //! the configuration and rules while the kernel programs stay attached.
 
 use std::{
+    ffi::OsString,
     io::{self, PipeWriter, Read as _, Write as _},
     net::SocketAddr,
     os::unix::net::UnixStream,
@@ -43,6 +44,7 @@ use tracing::{info, warn};
 
 use crate::{
     config::{Config, Layers},
+    contain::{self, Containment},
     log,
     replay::start_outputs,
 };
@@ -710,20 +712,46 @@ struct HeldCommand {
 }
 
 impl HeldCommand {
-    fn spawn(command: &[String]) -> Result<HeldCommand> {
+    /// Starts CMD, in `containment`'s box when given (entered before the child reports its
+    /// pid, so that the box is whole before the sensor marks it).
+    fn spawn(command: &[String], containment: Option<Arc<Containment>>) -> Result<HeldCommand> {
         let (release_reader, release) = std::io::pipe().context("creating a pipe")?;
         let (mut pid_reader, pid_writer) = std::io::pipe().context("creating a pipe")?;
         let mut held = Command::new(&command[0]);
         held.args(&command[1..]);
+        for name in containment.iter().flat_map(|containment| containment.withheld()) {
+            held.env_remove(name);
+        }
+        let boxed = containment.clone();
         let mut handshake = Some((pid_writer, release_reader));
-        // SAFETY: the closure only calls getpid(2), write(2) and read(2) on pipes, all
-        // async-signal-safe, and allocates nothing.
+        // SAFETY: the closure only calls getpid(2), write(2) and read(2) on pipes and the
+        // system calls of `Containment::enter`, all async-signal-safe, and allocates nothing.
         unsafe {
             held.pre_exec(move || {
                 let (mut pid_writer, mut release_reader) =
                     handshake.take().ok_or_else(|| io::Error::other("pre-exec hook ran twice"))?;
-                pid_writer.write_all(&std::process::id().to_ne_bytes())?;
+                // Each step's outcome goes to credwatch as [step, errno]; the first with the pid.
+                let mut tell = |outcome: Result<(), contain::Failure>, pid: Option<u32>| {
+                    let (step, errno) = outcome.map_or_else(|f| (f.step, f.errno), |()| (contain::STEP_NONE, 0));
+                    let mut report = [0u8; 12];
+                    report[..4].copy_from_slice(&pid.unwrap_or_default().to_ne_bytes());
+                    report[4..8].copy_from_slice(&step.to_ne_bytes());
+                    report[8..].copy_from_slice(&errno.to_ne_bytes());
+                    let at = if pid.is_some() { 0 } else { 4 };
+                    pid_writer.write_all(&report[at..])?;
+                    match outcome {
+                        Ok(()) => Ok(()),
+                        Err(_) => Err(io::Error::from_raw_os_error(errno)),
+                    }
+                };
                 let mut byte = [0u8; 1];
+                tell(boxed.as_ref().map_or(Ok(()), |containment| containment.enter()), Some(std::process::id()))?;
+                if let Some(containment) = boxed.as_ref().filter(|containment| containment.maps_first()) {
+                    if release_reader.read(&mut byte)? != 1 {
+                        return Err(io::Error::other("credwatch did not map the user namespace"));
+                    }
+                    tell(containment.fill(), None)?;
+                }
                 if release_reader.read(&mut byte)? == 1 {
                     Ok(())
                 } else {
@@ -732,8 +760,8 @@ impl HeldCommand {
             });
         }
         let spawning = std::thread::spawn(move || held.spawn());
-        let mut pid = [0u8; 4];
-        if pid_reader.read_exact(&mut pid).is_err() {
+        let mut report = [0u8; 12];
+        if pid_reader.read_exact(&mut report).is_err() {
             // The child never reached its pre-exec hook: spawn failed, and says why.
             let error = match spawning.join() {
                 Ok(Err(error)) => anyhow::Error::from(error),
@@ -741,12 +769,35 @@ impl HeldCommand {
             };
             return Err(error.context(format!("starting {}", escape(&command[0]))));
         }
-        Ok(HeldCommand { pid: u32::from_ne_bytes(pid), release, spawning })
+        let word = |report: &[u8], at: usize| u32::from_ne_bytes(report[at..at + 4].try_into().expect("4 bytes"));
+        let pid = word(&report, 0);
+        let mut held = HeldCommand { pid, release, spawning };
+        let Some(containment) = containment else { return Ok(held) };
+        let outcome = |report: &[u8]| match word(report, 4) {
+            contain::STEP_NONE => Ok(()),
+            step => Err(contain::Failure { step, errno: word(report, 8) as i32 }),
+        };
+        let boxed = outcome(&report).map_err(|failure| containment.explain(failure)).and_then(|()| {
+            containment.map_ids(pid)?;
+            if containment.maps_first() {
+                held.release.write_all(b"m").context("telling the command its ids are mapped")?;
+                pid_reader.read_exact(&mut report[4..]).context("the command's box")?;
+                outcome(&report).map_err(|failure| containment.explain(failure))?;
+            }
+            Ok(())
+        });
+        if let Err(error) = boxed {
+            // SAFETY: kill(2) on our own child, which is still before its exec (or gave up).
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            let _ = held.spawning.join();
+            return Err(error);
+        }
+        Ok(held)
     }
 
     /// Lets CMD exec; returns once it has (or failed to).
     fn release(mut self, command: &[String]) -> Result<Child> {
-        self.release.write_all(b"go").context("releasing the command")?;
+        self.release.write_all(b"g").context("releasing the command")?;
         drop(self.release);
         match self.spawning.join() {
             Ok(child) => child.with_context(|| format!("starting {}", escape(&command[0]))),
@@ -758,6 +809,18 @@ impl HeldCommand {
 /// `run`, or `record -- CMD`: CMD's tree only, until every process of it has exited (or
 /// `linger` has passed since CMD exited).
 pub fn run_command(config: &Config, command: &[String], linger: Option<Duration>) -> Result<ExitCode> {
+    let containment = if config.contain {
+        let rules = RuleSet::load(config.rules.as_deref()).context("loading rules")?;
+        let env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+        let containment = Containment::prepare(&rules, &env)?;
+        containment.say(&escape(&command[0]));
+        Some(Arc::new(containment))
+    } else {
+        None
+    };
+    if let Some(containment) = containment.as_ref().filter(|containment| !containment.as_root()) {
+        return run_contained_unwatched(Arc::clone(containment), command);
+    }
     let outputs = &Outputs::from_config(config);
     let stop = stop_flag()?;
     // A handler (not the default, which ignores it) so that SIGCHLD interrupts the sensor's wait:
@@ -767,7 +830,7 @@ pub fn run_command(config: &Config, command: &[String], linger: Option<Duration>
     let mut session = Session::start(outputs, command)?;
     use signal_hook::consts::{SIGCHLD, SIGINT, SIGTERM};
     wake_on_signals(&mut session.live.sensor, &[SIGINT, SIGTERM, SIGCHLD])?;
-    let held = HeldCommand::spawn(command)?;
+    let held = HeldCommand::spawn(command, containment)?;
     let root = held.pid;
     if let Err(error) = session.live.sensor.mark_root(root) {
         // SAFETY: kill(2) on our own child, which is still waiting before its exec.
@@ -841,6 +904,18 @@ pub fn run_command(config: &Config, command: &[String], linger: Option<Duration>
         Some(status) => ExitCode::from(exit_byte(status)),
         None => ExitCode::FAILURE,
     })
+}
+
+/// `run --contain` without root: the box alone, since the sensor needs root.
+fn run_contained_unwatched(containment: Arc<Containment>, command: &[String]) -> Result<ExitCode> {
+    warn!(
+        "not root: {} runs contained but is not watched by this run (the sensor needs root); \
+         a running `credwatch watch` alerts on its package code",
+        escape(&command[0])
+    );
+    let mut child = HeldCommand::spawn(command, Some(containment))?.release(command)?;
+    let status = child.wait().context("waiting for the command")?;
+    Ok(if status.success() { ExitCode::SUCCESS } else { ExitCode::from(exit_byte(status)) })
 }
 
 /// CMD's exit status as a shell reports it: the code, or 128 + signal.

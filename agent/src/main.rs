@@ -1,6 +1,7 @@
 //! The `credwatch` command.
 
 mod config;
+mod contain;
 mod fleet;
 mod live;
 mod log;
@@ -216,6 +217,13 @@ struct RunArgs {
     /// giving up and naming the processes still running. Without it, wait until all have exited.
     #[arg(long, value_name = "SECS")]
     linger: Option<f64>,
+    /// Run CMD's tree in a box where every credential file of the catalogue that exists is an
+    /// empty, read-only file, and environment variables holding secrets are withheld; reads of
+    /// the files still alert. Registry
+    /// tokens are not passed to the package manager (said before CMD runs). Without root: a user
+    /// namespace, and no sensor of its own (a running `credwatch watch` alerts).
+    #[arg(long)]
+    contain: bool,
     /// The command to run, after `--`.
     #[arg(required = true, last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -410,6 +418,9 @@ fn main() -> ExitCode {
         Commands::Run(args) => {
             let mut flags = flags(&args.common, &args.outputs, &args.enforce, &args.alerts, args.linger, None);
             args.metrics.add_to(&mut flags);
+            if args.contain {
+                flags.insert("contain".into(), Value::Bool(true));
+            }
             configure(&args.config, flags).and_then(|(config, _)| {
                 linger(config.linger).and_then(|linger| live::run_command(&config, &args.command, linger))
             })
@@ -692,7 +703,7 @@ fn homes(accounts: &[credwatch_core::import::passwd::Account]) -> Vec<PathBuf> {
 }
 
 /// The effective group and the supplementary ones of this process.
-fn own_groups() -> Result<Vec<u32>> {
+pub(crate) fn own_groups() -> Result<Vec<u32>> {
     // SAFETY: getegid cannot fail; getgroups writes at most `len` ids into a buffer of that
     // many, and with 0 only counts them.
     let mut gids = vec![unsafe { libc::getegid() }];

@@ -159,6 +159,45 @@ pub struct Walk {
 /// Looks for every file of the catalogue (the rules' credential targets) in `scope`, and
 /// checks whether `who` can read it.
 pub fn scan(rules: &RuleSet, who: &Identity, scope: &Scope, limits: Limits, now: SystemTime) -> Exposure {
+    search(rules, scope, limits).finish(who, scope, now)
+}
+
+/// A credential file found by [`credential_files`], its path as it is (not escaped).
+#[derive(Clone, Debug)]
+pub struct CredentialFile {
+    pub path: PathBuf,
+    /// The rules whose targets it is, most severe first.
+    pub rules: Vec<String>,
+    /// The most severe rule's category.
+    pub category: String,
+    pub readable: bool,
+    /// The home it was found under (None: a system path).
+    pub home: Option<PathBuf>,
+}
+
+/// The files [`scan`] would list, with their paths as they are, for `run --contain` to hide;
+/// and how the walk went.
+pub fn credential_files(rules: &RuleSet, who: &Identity, scope: &Scope, limits: Limits) -> (Vec<CredentialFile>, Walk) {
+    let walker = search(rules, scope, limits);
+    let mut access = Access { who, searchable: HashMap::new() };
+    let files = (walker.found.iter())
+        .map(|(path, found)| {
+            let mut matched: Vec<&Rule> = found.rules.iter().map(|&i| &rules.rules()[i]).collect();
+            matched.sort_by_key(|rule| std::cmp::Reverse(rule.severity));
+            CredentialFile {
+                path: path.clone(),
+                rules: matched.iter().map(|rule| rule.id.clone()).collect(),
+                category: matched[0].category.clone(),
+                readable: access.readable_found(path, found),
+                home: found.home.map(|index| walker.homes[index].clone()),
+            }
+        })
+        .collect();
+    (files, walker.walk)
+}
+
+/// Walks `scope` for the catalogue's files.
+fn search<'a>(rules: &'a RuleSet, scope: &Scope, limits: Limits) -> Walker<'a> {
     let credential: Vec<&Rule> = rules.rules().iter().filter(|rule| rule.is_credential()).collect();
     // The user's home first, then each other one once (a home inside another still has its
     // own `~/` files: /var/lib/jenkins under /var/lib).
@@ -239,7 +278,7 @@ pub fn scan(rules: &RuleSet, who: &Identity, scope: &Scope, limits: Limits, now:
         walker.walk.skipped = SKIPPED_NAMES.iter().chain(SKIPPED_IN_HOME).map(|s| (*s).to_owned()).collect();
         walker.walk_dir(&scope.home, Some(0), true);
     }
-    walker.finish(who, scope, now)
+    walker
 }
 
 struct Found {
@@ -375,10 +414,7 @@ impl Walker<'_> {
             let mut rules: Vec<&Rule> = found.rules.iter().map(|&i| &self.rules.rules()[i]).collect();
             rules.sort_by_key(|rule| std::cmp::Reverse(rule.severity));
             let worst = rules[0];
-            // Through a link: the link's directories and the file's own.
-            let real = found.symlink_to.as_ref().and_then(|_| fs::canonicalize(path).ok());
-            let readable = access.readable(path, &found.meta)
-                && real.as_deref().is_none_or(|real| access.readable(real, &found.meta));
+            let readable = access.readable_found(path, found);
             if found.home.is_some_and(|home| home > 0) && !readable {
                 self.walk.other_homes_not_readable += 1;
                 continue;
@@ -434,14 +470,15 @@ impl Walker<'_> {
     }
 }
 
-/// The one-line suggestion: what credwatch offers today (no box around an install yet), and
+/// The one-line suggestion: the box around an install and blocking, and
 /// where the keys found would be better kept than in files.
 fn containment(categories: &[Category]) -> String {
     if categories.is_empty() {
         return "Nothing to contain: no file of the catalogue was found.".into();
     }
-    let mut line = "Run installs under `credwatch run -- <install command>` (`--enforce` kills package code that \
-                    opens a private key, cloud credentials or a Vault or PyPI token), never with sudo"
+    let mut line = "Run installs under `credwatch run --contain -- <install command>` (package code finds these \
+                    files empty and alerts if it looks; `--enforce` kills it when it opens a private key, cloud \
+                    credentials or a Vault or PyPI token), never with sudo"
         .to_owned();
     let found = |name: &str| categories.iter().any(|c| c.category == name);
     let moves: Vec<&str> = [
@@ -470,6 +507,12 @@ struct Access<'a> {
 }
 
 impl Access<'_> {
+    /// Through a link: the link's directories and the file's own.
+    fn readable_found(&mut self, path: &Path, found: &Found) -> bool {
+        let real = found.symlink_to.as_ref().and_then(|_| fs::canonicalize(path).ok());
+        self.readable(path, &found.meta) && real.as_deref().is_none_or(|real| self.readable(real, &found.meta))
+    }
+
     fn readable(&mut self, path: &Path, meta: &fs::Metadata) -> bool {
         if self.who.uid == 0 {
             return true;

@@ -3,6 +3,7 @@
 //! which produces [`alert::Alert`]s for the sinks.
 
 pub mod alert;
+pub mod contain;
 pub mod container;
 pub mod engine;
 pub mod event;

@@ -144,7 +144,7 @@ fn finds_the_catalogue_in_a_home_grouped_by_category_with_ages_and_rotation() {
     assert!(markdown.contains(&shown), "{markdown}");
     assert!(markdown.contains(&format!("- [ ] {}\n", rotate_of("aws-credentials")[0])), "{markdown}");
     assert!(markdown.contains("6 credential files in 5 categories"), "{markdown}");
-    assert!(markdown.contains("## Containment\n\nRun installs under `credwatch run -- "), "{markdown}");
+    assert!(markdown.contains("## Containment\n\nRun installs under `credwatch run --contain -- "), "{markdown}");
     let containment = &exposure.containment;
     assert!(containment.ends_with("move keys out of files: SSH keys into ssh-agent or a hardware key, cloud keys into short-lived SSO sessions, registry tokens into short-lived, scoped CI tokens, `.env` secrets into a secret manager."), "{containment}");
 
