@@ -716,6 +716,7 @@ mod tests {
                 watch_project: true,
                 enforce: true,
                 linger: Some(7.0),
+                contain: false,
                 trace: None,
                 pin_dir: None,
                 log_format: LogFormat::Json,

@@ -16,6 +16,7 @@
 //! so nothing outside can write into it.
 
 use std::{
+    collections::BTreeSet,
     ffi::{CString, OsString},
     io,
     os::unix::ffi::OsStrExt as _,
@@ -107,6 +108,11 @@ impl Containment {
     /// Whether credwatch runs as root (else the box is a user namespace, and unwatched here).
     pub fn as_root(&self) -> bool {
         self.root
+    }
+
+    /// The hidden files, as alerts name them.
+    pub fn hidden_paths(&self) -> BTreeSet<String> {
+        self.plan.hidden.iter().map(|hidden| hidden.path.to_string_lossy().into_owned()).collect()
     }
 
     /// The environment variables to remove from the command's.

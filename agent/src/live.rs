@@ -5,6 +5,7 @@
 //! the configuration and rules while the kernel programs stay attached.
 
 use std::{
+    collections::BTreeSet,
     ffi::OsString,
     io::{self, PipeWriter, Read as _, Write as _},
     net::SocketAddr,
@@ -381,8 +382,9 @@ struct Reload {
 }
 
 impl Session {
-    /// `command` is CMD for a `run`, empty to watch the whole machine.
-    fn start(outputs: &Outputs, command: &[String]) -> Result<Session> {
+    /// `command` is CMD for a `run`, empty to watch the whole machine; `contained`, the files
+    /// its box replaced (`run --contain`).
+    fn start(outputs: &Outputs, command: &[String], contained: BTreeSet<String>) -> Result<Session> {
         let started = Instant::now();
         let rules = RuleSet::load(outputs.rules).context("loading rules")?;
         let recorder = outputs.trace.map(|path| open_trace(path, &rules, command)).transpose()?;
@@ -418,7 +420,7 @@ impl Session {
         }
         let sink = AlertSink::new(outputs.json, outputs.alerts_file, false)
             .with_context(|| format!("opening {}", outputs.alerts_file.unwrap_or(Path::new("")).display()))?;
-        let engine = Engine::new(rules, engine_options(outputs));
+        let engine = Engine::new(rules, EngineOptions { contained, ..engine_options(outputs) });
         let live = Live { sensor, queued: Vec::new(), wait: POLL_INTERVAL };
         if let Some(telemetry) = &telemetry {
             telemetry.metrics.start_up_seconds.set(started.elapsed().as_secs_f64());
@@ -686,7 +688,7 @@ pub fn watch_machine(config: &Config, layers: Layers) -> Result<ExitCode> {
     let hangup = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hangup))
         .context("installing signal handlers")?;
-    let mut session = Session::start(&Outputs::from_config(config), &[])?;
+    let mut session = Session::start(&Outputs::from_config(config), &[], BTreeSet::new())?;
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     wake_on_signals(&mut session.live.sensor, &[SIGINT, SIGTERM, SIGHUP])?;
     session.live.wait = session.systemd.bound_wait(IDLE_POLL_INTERVAL);
@@ -827,7 +829,8 @@ pub fn run_command(config: &Config, command: &[String], linger: Option<Duration>
     // CMD's exit is noticed at once, not at the next poll.
     let child_exited = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGCHLD, child_exited).context("installing signal handlers")?;
-    let mut session = Session::start(outputs, command)?;
+    let contained = containment.as_ref().map(|containment| containment.hidden_paths()).unwrap_or_default();
+    let mut session = Session::start(outputs, command, contained)?;
     use signal_hook::consts::{SIGCHLD, SIGINT, SIGTERM};
     wake_on_signals(&mut session.live.sensor, &[SIGINT, SIGTERM, SIGCHLD])?;
     let held = HeldCommand::spawn(command, containment)?;

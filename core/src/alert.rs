@@ -361,6 +361,10 @@ pub struct AlertCredwatch {
     /// Whether this match could have been blocked in the kernel (`kernel`: a kill; `lsm`: a
     /// BPF LSM refusal; `kernel-hold`: a held connect) or only alerted on (`userspace`).
     pub enforcement: String,
+    /// `run --contain`: the file (every file, for a sweep) was one the box had replaced by an
+    /// empty one, so the credential was not read and nothing is to rotate for it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub contained: bool,
     /// On a repeat of an identical alert (same rule, tree and file or command): how many
     /// times it has happened. Repeats are reported at the 10th, 100th, 1000th, ... time only.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -54,9 +54,13 @@ const SECRET_NAMES: &[&str] = &["XAUTHORITY", "GPG_AGENT_INFO", "DOCKER_AUTH_CON
 /// Whether a variable of the command's environment is withheld from a contained tree: its name
 /// says it holds a secret (a part of [`SECRET_PARTS`], or ending in `_KEY`/`_KEY_ID`, as
 /// `OPENAI_API_KEY`, `AWS_ACCESS_KEY_ID`), or its value is a URL with a password in it
-/// (`PIP_INDEX_URL=https://user:token@host/simple`).
+/// (`PIP_INDEX_URL=https://user:token@host/simple`). The proxy variables are passed, password
+/// or not: without them the manager reaches no registry at all.
 pub fn is_secret_variable(name: &OsStr, value: &OsStr) -> bool {
     let name = String::from_utf8_lossy(name.as_bytes()).to_ascii_uppercase();
+    if name.ends_with("_PROXY") {
+        return false;
+    }
     SECRET_NAMES.contains(&name.as_str())
         || name.split('_').any(|part| SECRET_PARTS.contains(&part))
         || name.ends_with("_KEY")
@@ -153,6 +157,7 @@ mod tests {
             ("PIP_INDEX_URL", "https://pypi.example/simple"),
             ("npm_config_registry", "https://user@registry.example/"),
             ("TOKENIZERS_PARALLELISM", "false"),
+            ("https_proxy", "http://user:pass@proxy.example:3128"),
         ]);
         assert_eq!(kept, Vec::<String>::new());
     }

@@ -66,10 +66,14 @@ fn an_attack_in_the_box_reads_nothing_secret_and_still_alerts() {
         let alert = run.expect_alert(&sandbox.credential(relative));
         assert_field(&alert, "/package/name", "contain-probe", &run);
         assert_field(&alert, "/package/lifecycle", "postinstall", &run);
+        // And say that the credential was not read.
+        assert_eq!(alert["credwatch"]["contained"], true, "{alert:#}");
+        assert_eq!(alert["credwatch"]["rotate"], serde_json::json!([]), "{alert:#}");
     }
     let sweep = run.alerts().into_iter().find(|alert| alert["rule"]["id"] == "credential-sweep");
     let sweep = sweep.unwrap_or_else(|| panic!("no credential-sweep alert\n{}", run.describe()));
     assert_field(&sweep, "/package/name", "contain-probe", &run);
+    assert_eq!(sweep["credwatch"]["contained"], true, "{sweep:#}");
     // The registry credentials are said not to be passed, by path and name, never by value.
     assert!(run.stderr.contains("not passed to the package manager"), "{}", run.describe());
     assert!(

@@ -5,7 +5,8 @@
 //!
 //! Output in target/corpus: corpus.md and corpus.json (the tables), alerts/<eco>/<pkg>.jsonl
 //! (each install's alerts as credwatch wrote them), logs/<eco>/<pkg>.log (each install's output)
-//! and packages.pinned.txt (the list with the versions this run resolved).
+//! and packages.pinned.txt (the list with the versions this run resolved). With `--contain`,
+//! each install runs under `run --contain`, and the output goes to target/corpus-contain.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -213,10 +214,12 @@ struct Options {
     list: PathBuf,
     binary: PathBuf,
     timeout: Duration,
+    /// Each install under `run --contain`, its reports in target/corpus-contain.
+    contain: bool,
 }
 
 const USAGE: &str =
-    "cargo xtask corpus [--only npm,pip,uv,cargo] [--jobs N] [--list FILE] [--binary PATH] [--timeout SECS]";
+    "cargo xtask corpus [--only npm,pip,uv,cargo] [--jobs N] [--list FILE] [--binary PATH] [--timeout SECS] [--contain]";
 
 fn parse_options(args: &[&str]) -> Result<Options> {
     let workspace = crate::workspace();
@@ -226,6 +229,7 @@ fn parse_options(args: &[&str]) -> Result<Options> {
         list: workspace.join(DEFAULT_LIST),
         binary: workspace.join("target/release/credwatch"),
         timeout: DEFAULT_TIMEOUT,
+        contain: false,
     };
     let mut rest = args.iter();
     while let Some(arg) = rest.next() {
@@ -245,6 +249,7 @@ fn parse_options(args: &[&str]) -> Result<Options> {
             }
             "--list" => options.list = PathBuf::from(value()?),
             "--binary" => options.binary = PathBuf::from(value()?),
+            "--contain" => options.contain = true,
             "--timeout" => {
                 let secs: u64 =
                     value()?.parse().ok().filter(|secs| *secs > 0).context("--timeout takes seconds ≥ 1")?;
@@ -585,6 +590,7 @@ struct Ctx {
     node_dir: Option<PathBuf>,
     build_jobs: usize,
     timeout: Duration,
+    contain: bool,
 }
 
 pub fn corpus(args: &[&str]) -> Result<()> {
@@ -607,8 +613,9 @@ pub fn corpus(args: &[&str]) -> Result<()> {
         );
     }
 
-    let out = crate::workspace().join("target/corpus");
-    let cache = out.join("cache");
+    let out = crate::workspace().join(if options.contain { "target/corpus-contain" } else { "target/corpus" });
+    // One cache for both kinds of run: a contained run downloads nothing the other has.
+    let cache = crate::workspace().join("target/corpus/cache");
     for dir in ["alerts", "logs"] {
         let _ = fs::remove_dir_all(out.join(dir));
     }
@@ -653,6 +660,7 @@ pub fn corpus(args: &[&str]) -> Result<()> {
         node_dir: Path::new("/usr/include/node/node.h").is_file().then(|| PathBuf::from("/usr")),
         build_jobs: (cores / options.jobs).max(1),
         timeout: options.timeout,
+        contain: options.contain,
     };
     if selected.iter().any(|e| e.eco == Eco::Uv) {
         ctx.uv = Some(ensure_uv(&ctx)?);
@@ -671,7 +679,11 @@ pub fn corpus(args: &[&str]) -> Result<()> {
                 elapsed.as_secs_f64() / 60.0,
                 selected.len()
             ),
-            format!("Binary: {} ({version})", ctx.binary.display()),
+            format!(
+                "Binary: {} ({version}){}",
+                ctx.binary.display(),
+                if ctx.contain { ", each install under `run --contain`" } else { "" }
+            ),
             format!(
                 "List: {} ({}); {} jobs, timeout {} s per install",
                 options.list.display(),
@@ -989,6 +1001,7 @@ fn run_install(
     command
         .args(["run", "--json", "--linger", LINGER_SECS, "--alerts"])
         .arg(alerts_file)
+        .args(ctx.contain.then_some("--contain"))
         .arg("--")
         .args(&install)
         .current_dir(&project)

@@ -53,10 +53,11 @@ const USAGE: &str = "usage: cargo xtask <command>
                          bpftrace, auditd and strace, the outputs' delivery to real local
                          receivers, the idle agent, and both sensor backends in the 6.12 qemu
                          guest with lsm=bpf (`kernels`): target/bench/bench.md and bench.json
-  corpus [--only npm,pip,uv,cargo] [--jobs N] [--list FILE] [--binary PATH] [--timeout SECS]
+  corpus [--only npm,pip,uv,cargo] [--jobs N] [--list FILE] [--binary PATH] [--timeout SECS] [--contain]
                          (root, network) install each package of xtask/corpus/packages.txt from its
                          registry under `credwatch run`, with a throwaway HOME of fake credentials:
-                         target/corpus/corpus.md and corpus.json, alerts/<eco>/<pkg>.jsonl
+                         target/corpus/corpus.md and corpus.json, alerts/<eco>/<pkg>.jsonl;
+                         --contain: under `run --contain`, in target/corpus-contain
   fuzz [--time SECS] [TARGET...]
                          fuzz the core's decoders (record, trace, strace, auditd, tetragon, tracee,
                          rules; default all) with cargo-fuzz, each for SECS (default 60): fails

@@ -127,7 +127,8 @@ impl Engine {
             window_s: sweep.window_s.0,
             is_final: false,
         });
-        alert.credwatch.rotate = sweep_rotate(rules, &indices);
+        alert.credwatch.contained = all_contained(&self.options.contained, alert.credwatch.sweep.as_ref());
+        alert.credwatch.rotate = if alert.credwatch.contained { Vec::new() } else { sweep_rotate(rules, &indices) };
         alert.credwatch.count = None;
         tree.recent.clear();
         tree.sweep = Some(SweepState { alert: alert.clone(), rules: indices, last_ns: time_ns, unreported: false });
@@ -146,6 +147,7 @@ impl Engine {
         file: Option<AlertFile>,
     ) -> Alert {
         let p = &self.procs[&id];
+        let contained = file.as_ref().is_some_and(|file| self.options.contained.contains(&file.path));
         let mut ancestors = Vec::new();
         let mut next = p.parent;
         while let Some(ancestor) = next.and_then(|id| self.procs.get(&id)) {
@@ -197,7 +199,8 @@ impl Engine {
             user: AlertUser { id: p.uid },
             credwatch: AlertCredwatch {
                 root_pid: p.root_pid,
-                rotate: rule.rotate.clone(),
+                rotate: if contained { Vec::new() } else { rule.rotate.clone() },
+                contained,
                 // Only the kernel blocks; a match here is after the fact.
                 enforcement: stop.enforcement().into(),
                 why: judgement.why,
@@ -278,16 +281,26 @@ fn insert_sorted(list: &mut Vec<String>, item: &str) {
 }
 
 /// The final summary of the tree's sweep, when alerts were folded since the last one.
-pub(super) fn sweep_summary(rules: &RuleSet, tree: &mut Tree) -> Option<Alert> {
+pub(super) fn sweep_summary(rules: &RuleSet, contained: &BTreeSet<String>, tree: &mut Tree) -> Option<Alert> {
     let state = tree.sweep.as_mut().filter(|state| state.unreported)?;
     state.unreported = false;
     let mut alert = state.alert.clone();
     alert.timestamp = rfc3339(state.last_ns);
-    alert.credwatch.rotate = sweep_rotate(rules, &state.rules);
+    alert.credwatch.contained = all_contained(contained, alert.credwatch.sweep.as_ref());
+    alert.credwatch.rotate = if alert.credwatch.contained { Vec::new() } else { sweep_rotate(rules, &state.rules) };
     if let Some(sweep) = &mut alert.credwatch.sweep {
         sweep.is_final = true;
     }
     Some(alert)
+}
+
+/// Whether every file of a sweep was one the box replaced (none went unlisted).
+fn all_contained(contained: &BTreeSet<String>, sweep: Option<&AlertSweep>) -> bool {
+    sweep.is_some_and(|sweep| {
+        sweep.files_not_listed == 0
+            && !sweep.files.is_empty()
+            && sweep.files.iter().all(|file| contained.contains(file))
+    })
 }
 
 /// What to rotate after a sweep over `indices`: each rule's advice once, then the sweep's.

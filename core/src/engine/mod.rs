@@ -28,7 +28,7 @@ mod egress;
 mod matching;
 mod process;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 pub use self::matching::open_flags;
 use self::{
@@ -58,6 +58,9 @@ pub struct EngineOptions {
     pub home: Option<String>,
     /// Homes by uid, from the traced host's passwd file (`--passwd`).
     pub passwd: HashMap<u32, String>,
+    /// `run --contain`: the files its box replaced by empty ones. An alert about them says so
+    /// (`credwatch.contained`) and has nothing to rotate.
+    pub contained: BTreeSet<String>,
 }
 
 /// Why a running engine does not take new rules.
@@ -233,8 +236,9 @@ impl Engine {
     /// folded alerts since their last summary. Call it once the last event was handled (live:
     /// when the session ends; replay: at the end of each file).
     pub fn flush(&mut self) -> Vec<Alert> {
-        let rules = &self.rules;
-        let mut alerts: Vec<Alert> = self.trees.values_mut().filter_map(|tree| sweep_summary(rules, tree)).collect();
+        let (rules, contained) = (&self.rules, &self.options.contained);
+        let mut alerts: Vec<Alert> =
+            self.trees.values_mut().filter_map(|tree| sweep_summary(rules, contained, tree)).collect();
         self.stats.alerts += alerts.len() as u64;
         set_ids(&mut alerts);
         alerts

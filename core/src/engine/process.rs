@@ -320,7 +320,7 @@ impl Engine {
             return;
         }
         if let Some(mut tree) = self.trees.remove(&id) {
-            if let Some(summary) = sweep_summary(&self.rules, &mut tree) {
+            if let Some(summary) = sweep_summary(&self.rules, &self.options.contained, &mut tree) {
                 self.pending.push(summary);
             }
         }

@@ -2422,3 +2422,42 @@ fn an_agent_package_code_starts_is_package_code() {
         assert_eq!((agent.name.as_str(), agent.command), ("claude", None));
     }
 }
+
+#[test]
+fn reads_of_files_the_box_replaced_are_contained_and_have_nothing_to_rotate() {
+    let hidden = ["/home/alice/.npmrc", "/home/alice/.aws/credentials", "/home/alice/.ssh/id_ed25519"];
+    let contained = hidden.iter().map(|path| (*path).to_owned()).collect();
+    let mut run = Run::with(EngineOptions { contained, ..EngineOptions::default() });
+    run.exec(100, 1, &["npm", "install"], &[]).spawn(101, 100, &["sh", "-c", "node telemetry.js"], POSTINSTALL).spawn(
+        102,
+        101,
+        &["node", "telemetry.js"],
+        &[],
+    );
+    run.open(102, hidden[0]).open(102, "/home/alice/.kube/config");
+    let alerts = run.take();
+    let contained: Vec<(&str, bool, bool)> =
+        alerts.iter().map(|a| (a.rule.id.as_str(), a.credwatch.contained, a.credwatch.rotate.is_empty())).collect();
+    // A file the box did not replace (one created after it was set up) is read for real.
+    assert_eq!(contained, [("npm-registry-token", true, true), ("kube-config", false, false)]);
+    let json = serde_json::to_value(&alerts[0]).unwrap();
+    assert_eq!(json["credwatch"]["contained"], true);
+    assert!(serde_json::to_value(&alerts[1]).unwrap()["credwatch"].get("contained").is_none());
+    assert!(crate::output::render(&alerts[0], false).contains("contained: the box gave it an empty file"));
+
+    // A sweep is contained when every file of it was.
+    let mut run = Run::with(EngineOptions {
+        contained: hidden.iter().map(|path| (*path).to_owned()).collect(),
+        ..EngineOptions::default()
+    });
+    run.exec(100, 1, &["npm", "install"], &[]).spawn(102, 100, &["node", "telemetry.js"], POSTINSTALL);
+    for path in hidden {
+        run.open(102, path);
+    }
+    let sweep = run.take().pop().unwrap();
+    assert_eq!((sweep.rule.id.as_str(), sweep.credwatch.contained), ("credential-sweep", true));
+    assert!(sweep.credwatch.rotate.is_empty());
+    run.open(102, "/home/alice/.kube/config");
+    let summary = run.engine.flush();
+    assert_eq!((summary.len(), summary[0].credwatch.contained), (1, false), "{summary:#?}");
+}
