@@ -30,7 +30,7 @@ use credwatch_core::{
     import::passwd,
     rules::RuleSet,
 };
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// Where the box's steps failed, sent to credwatch before the child gives up (the child may
 /// not format or allocate): a step, or the index of a hidden path.
@@ -129,6 +129,9 @@ impl Containment {
             count(self.plan.withheld.len(), "environment variable"),
             if self.plan.withheld.is_empty() { String::new() } else { format!(" ({})", self.plan.withheld.join(", ")) },
         );
+        for hidden in &self.plan.hidden {
+            debug!("contained: hiding {} ({})", display_path(&hidden.path), hidden.rules.join(", "));
+        }
         if self.plan.walk.truncated {
             warn!("contained: the search for credential files was cut short; some may not be hidden");
         }
