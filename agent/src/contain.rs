@@ -55,7 +55,9 @@ pub struct Containment {
     gid: u32,
     /// Mounted over in the box only, for the empty file; removed when dropped.
     _staging: tempfile::TempDir,
-    targets: Vec<CString>,
+    /// The hidden paths, each with what replaces it: a copy of its settings written in the
+    /// box's tmpfs (its path there, and the bytes), else the empty file.
+    targets: Vec<(CString, Option<(CString, Vec<u8>)>)>,
     staging_path: CString,
     empty_file: CString,
 }
@@ -92,7 +94,16 @@ impl Containment {
         let c_path = |path: &Path| {
             CString::new(path.as_os_str().as_bytes()).with_context(|| format!("--contain: {}", display_path(path)))
         };
-        let targets = plan.hidden.iter().map(|hidden| c_path(&hidden.path)).collect::<Result<Vec<_>>>()?;
+        let mut targets = Vec::with_capacity(plan.hidden.len());
+        for (index, hidden) in plan.hidden.iter().enumerate() {
+            // Unreadable (gone since the search): the empty file will do.
+            let settings = hidden.keep_settings.then(|| std::fs::read(&hidden.path).ok()).flatten();
+            let copy = match settings {
+                Some(text) => Some((c_path(&staging.path().join(index.to_string()))?, contain::keep_settings(&text))),
+                None => None,
+            };
+            targets.push((c_path(&hidden.path)?, copy));
+        }
         Ok(Containment {
             root,
             uid,
@@ -177,18 +188,29 @@ impl Containment {
         unsafe {
             // Nothing mounted in the box shows outside; the machine's mounts still show inside.
             check(libc::mount(null, c"/".as_ptr(), null, libc::MS_REC | libc::MS_SLAVE, null.cast()), STEP_PRIVATE)?;
-            let options = c"size=16k,mode=0755".as_ptr().cast();
+            let options = c"size=4m,mode=0755".as_ptr().cast();
             check(libc::mount(c"credwatch".as_ptr(), staging, c"tmpfs".as_ptr(), sealed, options), STEP_EMPTIES)?;
-            let fd = libc::open(self.empty_file.as_ptr(), libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC, 0o444);
+            let create = libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC;
+            let fd = libc::open(self.empty_file.as_ptr(), create, 0o444);
             check(fd, STEP_EMPTIES)?;
             libc::close(fd);
+            for (index, (_, copy)) in self.targets.iter().enumerate() {
+                let Some((path, text)) = copy else { continue };
+                let fd = libc::open(path.as_ptr(), create, 0o444);
+                check(fd, index as u32)?;
+                let written = libc::write(fd, text.as_ptr().cast(), text.len());
+                libc::close(fd);
+                if written != text.len() as isize {
+                    return Err(Failure { step: index as u32, errno: libc::EIO });
+                }
+            }
             // Binds of a read-only mount are read-only.
             check(
                 libc::mount(null, staging, null, libc::MS_REMOUNT | libc::MS_RDONLY | sealed, null.cast()),
                 STEP_EMPTIES,
             )?;
-            for (index, target) in self.targets.iter().enumerate() {
-                let source = self.empty_file.as_ptr();
+            for (index, (target, copy)) in self.targets.iter().enumerate() {
+                let source = copy.as_ref().map_or(self.empty_file.as_ptr(), |(path, _)| path.as_ptr());
                 check(libc::mount(source, target.as_ptr(), null, libc::MS_BIND, null.cast()), index as u32)?;
             }
             check(libc::umount2(staging, libc::MNT_DETACH), STEP_EMPTIES)

@@ -11,13 +11,15 @@ use std::{ffi::OsStr, os::unix::ffi::OsStrExt as _, path::PathBuf};
 
 use crate::{
     exposure::{self, display_path, Identity, Limits, Scope, Walk},
-    rules::RuleSet,
+    rules::{schema::Contain, RuleSet},
 };
 
-/// A file replaced by an empty one in the contained tree.
+/// A file replaced in the contained tree: by an empty one, or by a copy of its settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Hidden {
     pub path: PathBuf,
+    /// A rule of it says `contain: keep-settings`: a copy through [`keep_settings`].
+    pub keep_settings: bool,
     /// The category of the most severe rule that made it hidden.
     pub category: String,
     pub rules: Vec<String>,
@@ -68,6 +70,29 @@ pub fn is_secret_variable(name: &OsStr, value: &OsStr) -> bool {
         || url_with_password(&String::from_utf8_lossy(value.as_bytes()))
 }
 
+/// Words of a setting's name that hold a secret: npm's `_auth`, `_authToken`, `_password`,
+/// `username`, `certfile`, `keyfile`; yarn's `npmAuthToken`, `npmAuthIdent`; bun's `token`.
+const SECRET_SETTING_WORDS: &[&str] =
+    &["auth", "token", "password", "_pass", "username", "certfile", "keyfile", "secret"];
+
+/// A manager's configuration file without the lines that hold secrets: a line goes when its
+/// setting's name (before `=`, else before `:`) has a word of [`SECRET_SETTING_WORDS`], or it
+/// holds a URL with a password. The rest stays as it was, so `registry=`, scopes and
+/// `legacy-peer-deps=` still apply.
+pub fn keep_settings(text: &[u8]) -> Vec<u8> {
+    let mut kept = Vec::with_capacity(text.len());
+    for line in text.split_inclusive(|&b| b == b'\n') {
+        let readable = String::from_utf8_lossy(line);
+        let name = readable.split_once('=').or_else(|| readable.split_once(':')).map_or("", |(name, _)| name);
+        let name = name.to_ascii_lowercase();
+        if SECRET_SETTING_WORDS.iter().any(|word| name.contains(word)) || url_with_password(&readable) {
+            continue;
+        }
+        kept.extend_from_slice(line);
+    }
+    kept
+}
+
 /// `scheme://user:password@host...`: the userinfo holds a colon before the host.
 fn url_with_password(value: &str) -> bool {
     let Some((_, rest)) = value.split_once("://") else { return false };
@@ -88,7 +113,13 @@ pub fn plan<'a>(
     let (files, walk) = exposure::credential_files(rules, who, scope, limits);
     let hidden: Vec<Hidden> = (files.into_iter())
         .filter(|file| who.uid == 0 || file.readable)
-        .map(|file| Hidden { path: file.path, category: file.category, rules: file.rules })
+        .map(|file| Hidden {
+            keep_settings: (rules.rules().iter())
+                .any(|rule| rule.contain == Contain::KeepSettings && file.rules.contains(&rule.id)),
+            path: file.path,
+            category: file.category,
+            rules: file.rules,
+        })
         .collect();
     let mut withheld: Vec<String> = (env.into_iter())
         .filter(|(name, value)| is_secret_variable(name, value))
@@ -163,6 +194,22 @@ mod tests {
     }
 
     #[test]
+    fn a_managers_configuration_keeps_its_settings_and_loses_its_secrets() {
+        let npmrc = b"registry=https://registry.example/\n//registry.example/:_authToken=npm_FAKE\n\
+                      @acme:registry=https://npm.acme.example/\n_auth=FAKE\nlegacy-peer-deps=true\n\
+                      proxy=http://u:FAKE@proxy.example:3128/\n//npm.acme.example/:username=alice\n";
+        assert_eq!(
+            String::from_utf8(keep_settings(npmrc)).unwrap(),
+            "registry=https://registry.example/\n@acme:registry=https://npm.acme.example/\nlegacy-peer-deps=true\n"
+        );
+        let yarnrc = b"npmRegistryServer: \"https://registry.example\"\nnpmScopes:\n  acme:\n    npmAuthToken: FAKE\n    npmRegistryServer: \"https://npm.acme.example\"\n";
+        assert!(!String::from_utf8(keep_settings(yarnrc)).unwrap().contains("FAKE"));
+        assert!(String::from_utf8(keep_settings(yarnrc))
+            .unwrap()
+            .contains("npmScopes:\n  acme:\n    npmRegistryServer"));
+    }
+
+    #[test]
     fn every_credential_file_is_hidden_and_secret_variables_withheld() {
         let dir = tempfile::tempdir().unwrap();
         let home = dir.path().join("home");
@@ -186,6 +233,8 @@ mod tests {
         let env = [(OsStr::new("NPM_TOKEN"), OsStr::new("npm_FAKE")), (OsStr::new("PATH"), OsStr::new("/bin"))];
         let plan = plan(&rules, &user, &scope, Limits::default(), env);
         let hidden: Vec<PathBuf> = plan.hidden.iter().map(|h| h.path.clone()).collect();
+        let kept: Vec<bool> = plan.hidden.iter().map(|h| h.keep_settings).collect();
+        assert_eq!(kept, [true, false, false], "~/.npmrc keeps its settings");
         // The test may run as root, which reads a mode 000 file: the user's check is by bits.
         let ssh = home.join(".ssh");
         assert_eq!(hidden, vec![home.join(".npmrc"), ssh.join("deploy_prod"), ssh.join("id_ed25519")]);

@@ -192,7 +192,7 @@ pub fn render(alert: &Alert, colour: bool) -> String {
         let _ = writeln!(out, "  rotate   {}", escape(item));
     }
     if alert.credwatch.contained {
-        out.push_str("  note     contained: the box gave it an empty file, the credential was not read\n");
+        out.push_str("  note     contained: the box replaced the file (empty, or its settings without secrets); the credential was not read\n");
     } else if !matches!(alert.event.outcome.as_str(), "blocked" | "denied") {
         let what = if alert.destination.is_some() { "connection" } else { "read" };
         let _ = writeln!(out, "  note     matched in {}; the {what} was not blocked", alert.credwatch.enforcement);

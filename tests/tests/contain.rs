@@ -48,9 +48,11 @@ fn an_attack_in_the_box_reads_nothing_secret_and_still_alerts() {
     let text = fs::read_to_string(&report_path).unwrap_or_else(|_| panic!("the probe did not run\n{}", run.describe()));
     assert_no_secret(&text, &run);
     let report: Value = serde_json::from_str(&text).unwrap();
-    // Each file is there and empty: found, so a scanner moves on.
+    // Each file is there and empty (found, so a scanner moves on), but for ~/.npmrc: npm's
+    // settings without the token.
     for file in &probed {
-        assert_eq!(report["files"][file]["ok"], "", "{file} in the box\n{text}\n{}", run.describe());
+        let expected = if file.ends_with("/.npmrc") { "package-lock=false\n" } else { "" };
+        assert_eq!(report["files"][file]["ok"], expected, "{file} in the box\n{text}\n{}", run.describe());
         assert!(report["around"][file]["ok"].is_null(), "{file} through /proc/1/root\n{text}");
     }
     for (name, _) in FAKE_VARIABLES {
@@ -120,8 +122,8 @@ fn real_installs_succeed_in_the_box() {
     assert!(run.alerts().is_empty(), "expected no alert\n{}", run.describe());
     let built = fs::read_to_string(project.join("node_modules/benign-build/built.txt"));
     assert_eq!(built.ok().as_deref(), Some("built by benign-build 2.0.0\n"), "{}", run.describe());
-    // npm read the empty ~/.npmrc: its `package-lock=false` is gone.
-    assert!(project.join("package-lock.json").exists(), "npm read the real ~/.npmrc\n{}", run.describe());
+    // npm read the settings of ~/.npmrc in the box: its `package-lock=false` took effect.
+    assert!(!project.join("package-lock.json").exists(), "npm lost the settings of ~/.npmrc\n{}", run.describe());
 
     // pip's default: the build in an isolated environment of setuptools' wheel, which `cargo
     // xtask test` downloads in its set-up.
@@ -168,8 +170,9 @@ fn without_root_the_box_is_a_user_namespace() {
         .unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     assert!(output.status.success(), "{}\n{stdout}\n{stderr}", output.status);
-    // The files read empty, the token is gone; the same uid inside.
-    assert_eq!(stdout, format!("token=\n{UID}\n"), "{stderr}");
+    // The files read empty (npm's settings without the token), the variable is gone; the same
+    // uid inside.
+    assert_eq!(stdout, format!("package-lock=false\ntoken=\n{UID}\n"), "{stderr}");
     assert!(stderr.contains("not root") && stderr.contains("credwatch watch"), "{stderr}");
     assert!(fs::read_to_string(home.join(".npmrc")).unwrap().contains("FAKE"));
 }

@@ -2443,7 +2443,7 @@ fn reads_of_files_the_box_replaced_are_contained_and_have_nothing_to_rotate() {
     let json = serde_json::to_value(&alerts[0]).unwrap();
     assert_eq!(json["credwatch"]["contained"], true);
     assert!(serde_json::to_value(&alerts[1]).unwrap()["credwatch"].get("contained").is_none());
-    assert!(crate::output::render(&alerts[0], false).contains("contained: the box gave it an empty file"));
+    assert!(crate::output::render(&alerts[0], false).contains("contained: the box replaced the file"));
 
     // A sweep is contained when every file of it was.
     let mut run = Run::with(EngineOptions {

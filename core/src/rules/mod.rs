@@ -79,8 +79,8 @@ use self::{
     manager::Manager,
     schema::Pattern,
     schema::{
-        Access, Action, Actor, Conditions, ConnectMatch, ExecMatch, FileDoc, HomeFiles, KindName, ProjectCode, RuleDoc,
-        RunsCode, Samples, SchemaVersion, Sweep, SyscallMatch, UsualDestinations, Who,
+        Access, Action, Actor, Conditions, ConnectMatch, Contain, ExecMatch, FileDoc, HomeFiles, KindName, ProjectCode,
+        RuleDoc, RunsCode, Samples, SchemaVersion, Sweep, SyscallMatch, UsualDestinations, Who,
     },
     target::{TargetIndex, Targets},
 };
@@ -159,6 +159,8 @@ pub struct Rule {
     pub actors: Vec<Actor>,
     pub conditions: Conditions,
     pub rotate: Vec<String>,
+    /// What `run --contain` puts in place of the rule's files.
+    pub contain: Contain,
     pub samples: Samples,
     /// The rule's mapping in its file.
     pub origin: Origin,
@@ -718,6 +720,11 @@ fn build_rule(file: &str, schema: SchemaVersion, rule: Spanned<RuleDoc>) -> Resu
             named
         }
     };
+    let reads = kind == KindName::Target && doc.access.as_ref().is_some_and(|a| a.value == Access::Read)
+        || kind == KindName::Target && doc.access.is_none();
+    if let Some(contain) = doc.contain.as_ref().filter(|_| !reads) {
+        return Err(invalid(contain.referenced, "`contain` goes with `targets` and `access: read`".into()));
+    }
     if let Some(access) = doc.access.as_ref().filter(|_| kind != KindName::Target) {
         return Err(invalid(access.referenced, "`access` goes with `targets`".into()));
     }
@@ -776,6 +783,7 @@ fn build_rule(file: &str, schema: SchemaVersion, rule: Spanned<RuleDoc>) -> Resu
         actors,
         conditions,
         rotate: doc.rotate,
+        contain: doc.contain.map(|c| c.value).unwrap_or_default(),
         samples: doc.samples,
         origin,
         patterns,

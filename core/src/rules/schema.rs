@@ -416,7 +416,22 @@ pub(crate) struct RuleDoc {
     pub conditions: Option<ConditionsEntry>,
     #[serde(default)]
     pub rotate: Vec<String>,
+    /// With `access: read`: what `run --contain` puts in place of the rule's files.
+    #[serde(default)]
+    pub contain: Option<Spanned<Contain>>,
     pub samples: Samples,
+}
+
+/// What `run --contain` puts in place of a credential file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Contain {
+    /// An empty file.
+    #[default]
+    Empty,
+    /// A copy without the lines that hold secrets (a manager's configuration: `.npmrc` keeps
+    /// `registry=` and `legacy-peer-deps=`, loses `_authToken=`).
+    KeepSettings,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]

@@ -389,6 +389,9 @@ fn schema_2_kinds_and_their_keys_name_file_line_and_column() {
     // `access` on a rule that is not a target rule.
     let (error, file) = error_for(&EXEC_RULE.replace("    exec:\n", "    access: write\n    exec:\n"));
     assert_invalid_at(&error, &file, (9, 13), "rule demo-exec: `access` goes with `targets`");
+    // `contain` on a rule that is not about reads.
+    let (error, file) = error_for(&EXEC_RULE.replace("    exec:\n", "    contain: keep-settings\n    exec:\n"));
+    assert_invalid_at(&error, &file, (9, 14), "rule demo-exec: `contain` goes with `targets` and `access: read`");
     // A kind without its key, a target rule without `access`: at `kind`.
     let (error, file) = error_for(
         &EXEC_RULE
