@@ -48,6 +48,9 @@ const STEP_LOCK: u32 = u32::MAX - 4;
 /// No failure.
 pub const STEP_NONE: u32 = u32::MAX;
 
+/// A copy of a manager's configuration in the box's tmpfs: its path there, and its bytes.
+type SettingsCopy = (CString, Vec<u8>);
+
 pub struct Containment {
     plan: Plan,
     root: bool,
@@ -55,9 +58,8 @@ pub struct Containment {
     gid: u32,
     /// Mounted over in the box only, for the empty file; removed when dropped.
     _staging: tempfile::TempDir,
-    /// The hidden paths, each with what replaces it: a copy of its settings written in the
-    /// box's tmpfs (its path there, and the bytes), else the empty file.
-    targets: Vec<(CString, Option<(CString, Vec<u8>)>)>,
+    /// The hidden paths, each with what replaces it: a copy of its settings, else the empty file.
+    targets: Vec<(CString, Option<SettingsCopy>)>,
     staging_path: CString,
     empty_file: CString,
 }

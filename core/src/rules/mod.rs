@@ -720,8 +720,7 @@ fn build_rule(file: &str, schema: SchemaVersion, rule: Spanned<RuleDoc>) -> Resu
             named
         }
     };
-    let reads = kind == KindName::Target && doc.access.as_ref().is_some_and(|a| a.value == Access::Read)
-        || kind == KindName::Target && doc.access.is_none();
+    let reads = kind == KindName::Target && doc.access.as_ref().is_none_or(|a| a.value == Access::Read);
     if let Some(contain) = doc.contain.as_ref().filter(|_| !reads) {
         return Err(invalid(contain.referenced, "`contain` goes with `targets` and `access: read`".into()));
     }
