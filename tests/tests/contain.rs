@@ -154,8 +154,10 @@ fn without_root_the_box_is_a_user_namespace() {
     }
     let chown = Command::new("chown").args(["-R", &format!("{UID}:{UID}")]).arg(&home).status().unwrap();
     assert!(chown.success());
-    let binary = credwatch_binary();
-    assert!(fs::metadata(&binary).unwrap().mode() & 0o001 != 0, "the binary is not executable by others");
+    // A copy the user can reach: the checkout may be under a home of mode 0700 (/root).
+    let binary = top.path().join("credwatch");
+    fs::copy(credwatch_binary(), &binary).unwrap();
+    assert!(fs::metadata(&binary).unwrap().mode() & 0o001 != 0, "the copy is not executable by others");
     let output = Command::new("setpriv")
         .args(["--reuid", &UID.to_string(), "--regid", &UID.to_string(), "--clear-groups", "--"])
         .arg(&binary)
