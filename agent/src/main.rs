@@ -218,8 +218,8 @@ struct RunArgs {
     #[arg(long, value_name = "SECS")]
     linger: Option<f64>,
     /// Run CMD's tree in a box where every credential file of the catalogue that exists is an
-    /// empty, read-only file, and environment variables holding secrets are withheld; reads of
-    /// the files still alert. Registry
+    /// empty, read-only file (a manager's configuration, a copy without its tokens), and
+    /// environment variables holding secrets are withheld; reads of the files still alert. Registry
     /// tokens are not passed to the package manager (said before CMD runs). Without root: a user
     /// namespace, and no sensor of its own (a running `credwatch watch` alerts).
     #[arg(long)]
