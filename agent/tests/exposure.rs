@@ -83,7 +83,7 @@ fn a_throwaway_home_as_json_and_markdown() {
     assert_eq!(files(category("registry"))[0]["rules"], serde_json::json!(["npm-registry-token"]));
     let envs: Vec<&str> = files(category("env-files")).iter().map(|f| f["path"].as_str().unwrap()).collect();
     assert_eq!(envs, [format!("{home_text}/work/api/.env"), format!("{home_text}/work/odd\\u{{1b}}[2J\\xff/.env")]);
-    assert!(json["containment"].as_str().unwrap().contains("credwatch run -- "));
+    assert!(json["containment"].as_str().unwrap().contains("credwatch run --contain -- "));
 
     let out = credwatch(&home, &["--home", home_text]);
     assert!(out.status.success());
