@@ -80,9 +80,7 @@ impl Containment {
             .or_else(|| accounts.iter().find(|a| a.uid == uid).map(|a| PathBuf::from(&a.home)))
             .context("--contain: no HOME, and this user is not in /etc/passwd")?;
         // Root's package code could read every home; another user's, what it can read anywhere.
-        let other_homes =
-            (accounts.iter().map(|a| PathBuf::from(&a.home))).filter(|h| h != Path::new("/") && h.is_dir()).collect();
-        let scope = Scope { home, system_root: Some(PathBuf::from("/")), other_homes };
+        let scope = Scope { home, system_root: Some(PathBuf::from("/")), other_homes: crate::homes(&accounts) };
         let who = Identity { name: None, uid, gids: crate::own_groups()? };
         let plan = contain::plan(
             rules,

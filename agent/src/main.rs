@@ -698,7 +698,7 @@ fn exposure(args: &ExposureArgs) -> Result<ExitCode> {
 
 /// The homes of the passwd accounts that are directories (not `/`, which would be the machine);
 /// the scan drops repeats and homes inside others.
-fn homes(accounts: &[credwatch_core::import::passwd::Account]) -> Vec<PathBuf> {
+pub(crate) fn homes(accounts: &[credwatch_core::import::passwd::Account]) -> Vec<PathBuf> {
     accounts.iter().map(|a| PathBuf::from(&a.home)).filter(|home| home != Path::new("/") && home.is_dir()).collect()
 }
 

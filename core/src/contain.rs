@@ -100,9 +100,8 @@ fn url_with_password(value: &str) -> bool {
     authority.rsplit_once('@').is_some_and(|(userinfo, _)| userinfo.contains(':'))
 }
 
-/// What to hide from a command run by `who` (root hides every file found; another user only
-/// those it can read, the others being out of its reach already), and which of `env` to
-/// withhold.
+/// What to hide from a command run by `who`: the files it can read (root: every file found;
+/// the others are out of its reach already), and which of `env` to withhold.
 pub fn plan<'a>(
     rules: &RuleSet,
     who: &Identity,
@@ -112,7 +111,7 @@ pub fn plan<'a>(
 ) -> Plan {
     let (files, walk) = exposure::credential_files(rules, who, scope, limits);
     let hidden: Vec<Hidden> = (files.into_iter())
-        .filter(|file| who.uid == 0 || file.readable)
+        .filter(|file| file.readable)
         .map(|file| Hidden {
             keep_settings: (rules.rules().iter())
                 .any(|rule| rule.contain == Contain::KeepSettings && file.rules.contains(&rule.id)),

@@ -171,8 +171,6 @@ pub struct CredentialFile {
     /// The most severe rule's category.
     pub category: String,
     pub readable: bool,
-    /// The home it was found under (None: a system path).
-    pub home: Option<PathBuf>,
 }
 
 /// The files [`scan`] would list, with their paths as they are, for `run --contain` to hide;
@@ -182,14 +180,12 @@ pub fn credential_files(rules: &RuleSet, who: &Identity, scope: &Scope, limits: 
     let mut access = Access { who, searchable: HashMap::new() };
     let files = (walker.found.iter())
         .map(|(path, found)| {
-            let mut matched: Vec<&Rule> = found.rules.iter().map(|&i| &rules.rules()[i]).collect();
-            matched.sort_by_key(|rule| std::cmp::Reverse(rule.severity));
+            let matched = found.ranked(rules);
             CredentialFile {
                 path: path.clone(),
                 rules: matched.iter().map(|rule| rule.id.clone()).collect(),
                 category: matched[0].category.clone(),
                 readable: access.readable_found(path, found),
-                home: found.home.map(|index| walker.homes[index].clone()),
             }
         })
         .collect();
@@ -287,6 +283,15 @@ struct Found {
     home: Option<usize>,
     meta: fs::Metadata,
     symlink_to: Option<PathBuf>,
+}
+
+impl Found {
+    /// Its rules, most severe first.
+    fn ranked<'r>(&self, rules: &'r RuleSet) -> Vec<&'r Rule> {
+        let mut ranked: Vec<&Rule> = self.rules.iter().map(|&i| &rules.rules()[i]).collect();
+        ranked.sort_by_key(|rule| std::cmp::Reverse(rule.severity));
+        ranked
+    }
 }
 
 struct Walker<'a> {
@@ -411,8 +416,7 @@ impl Walker<'_> {
         let mut categories: BTreeMap<String, Category> = BTreeMap::new();
         let mut summary = Summary::default();
         for (path, found) in &self.found {
-            let mut rules: Vec<&Rule> = found.rules.iter().map(|&i| &self.rules.rules()[i]).collect();
-            rules.sort_by_key(|rule| std::cmp::Reverse(rule.severity));
+            let rules = found.ranked(self.rules);
             let worst = rules[0];
             let readable = access.readable_found(path, found);
             if found.home.is_some_and(|home| home > 0) && !readable {

@@ -127,8 +127,7 @@ impl Engine {
             window_s: sweep.window_s.0,
             is_final: false,
         });
-        alert.credwatch.contained = all_contained(&self.options.contained, alert.credwatch.sweep.as_ref());
-        alert.credwatch.rotate = if alert.credwatch.contained { Vec::new() } else { sweep_rotate(rules, &indices) };
+        contain_sweep(&mut alert, &self.options.contained, rules, &indices);
         alert.credwatch.count = None;
         tree.recent.clear();
         tree.sweep = Some(SweepState { alert: alert.clone(), rules: indices, last_ns: time_ns, unreported: false });
@@ -286,21 +285,22 @@ pub(super) fn sweep_summary(rules: &RuleSet, contained: &BTreeSet<String>, tree:
     state.unreported = false;
     let mut alert = state.alert.clone();
     alert.timestamp = rfc3339(state.last_ns);
-    alert.credwatch.contained = all_contained(contained, alert.credwatch.sweep.as_ref());
-    alert.credwatch.rotate = if alert.credwatch.contained { Vec::new() } else { sweep_rotate(rules, &state.rules) };
+    contain_sweep(&mut alert, contained, rules, &state.rules);
     if let Some(sweep) = &mut alert.credwatch.sweep {
         sweep.is_final = true;
     }
     Some(alert)
 }
 
-/// Whether every file of a sweep was one the box replaced (none went unlisted).
-fn all_contained(contained: &BTreeSet<String>, sweep: Option<&AlertSweep>) -> bool {
-    sweep.is_some_and(|sweep| {
+/// A sweep alert's `contained` (every file of it was one the box replaced, none went unlisted)
+/// and its `rotate`: nothing when contained, else the advice of the rules of `indices`.
+fn contain_sweep(alert: &mut Alert, contained: &BTreeSet<String>, rules: &RuleSet, indices: &BTreeSet<usize>) {
+    alert.credwatch.contained = alert.credwatch.sweep.as_ref().is_some_and(|sweep| {
         sweep.files_not_listed == 0
             && !sweep.files.is_empty()
             && sweep.files.iter().all(|file| contained.contains(file))
-    })
+    });
+    alert.credwatch.rotate = if alert.credwatch.contained { Vec::new() } else { sweep_rotate(rules, indices) };
 }
 
 /// What to rotate after a sweep over `indices`: each rule's advice once, then the sweep's.
