@@ -34,7 +34,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long `credwatch run` waits for the tree after the install exits (daemons left behind).
 const LINGER_SECS: &str = "10";
 /// uv is installed from PyPI into target/corpus/tools when it is not on PATH.
-const UV_VERSION: &str = "0.13.9";
+pub(crate) const UV_VERSION: &str = "0.13.9";
 /// `credwatch run` exits with this when an alert fired, whatever the install did.
 const EXIT_ALERT: i32 = 10;
 /// Distinct file/command examples kept per table row.
@@ -46,7 +46,7 @@ const REASON_CHARS: usize = 160;
 /// the end-to-end tests (tests/src/lib.rs), plus a few more kinds, except that the npm token is
 /// scoped to a registry that does not exist: npm would send a token for registry.npmjs.org with
 /// every request of the run.
-const FAKE_CREDENTIALS: &[(&str, &str)] = &[
+pub(crate) const FAKE_CREDENTIALS: &[(&str, &str)] = &[
     (".npmrc", "//registry.credwatch-corpus.invalid/:_authToken=npm_FAKEcredwatchCORPUS000000000000000000\n"),
     (
         ".ssh/id_ed25519",
@@ -219,7 +219,8 @@ struct Options {
 }
 
 const USAGE: &str =
-    "cargo xtask corpus [--only npm,pip,uv,cargo] [--jobs N] [--list FILE] [--binary PATH] [--timeout SECS] [--contain]";
+    "cargo xtask corpus [--only npm,pip,uv,cargo] [--jobs N] [--list FILE] [--binary PATH] [--timeout SECS] [--contain]
+       cargo xtask corpus --workflows [--only PROJECT,...] [--list FILE] [--binary PATH] [--timeout SECS]";
 
 fn parse_options(args: &[&str]) -> Result<Options> {
     let workspace = crate::workspace();
@@ -309,11 +310,11 @@ pub struct AlertLine {
 /// Severities from the lowest; anything else ranks below them.
 const SEVERITIES: [&str; 4] = ["low", "medium", "high", "critical"];
 
-fn severity_rank(severity: &str) -> usize {
+pub(crate) fn severity_rank(severity: &str) -> usize {
     SEVERITIES.iter().position(|s| *s == severity).map_or(0, |i| i + 1)
 }
 
-fn medium_or_higher(severity: &str) -> bool {
+pub(crate) fn medium_or_higher(severity: &str) -> bool {
     severity_rank(severity) >= severity_rank("medium")
 }
 
@@ -454,7 +455,7 @@ pub fn aggregate(outcomes: &[Outcome]) -> Tables {
 
 /// Text from the monitored system inside a markdown table cell: no cell breaks, no markup, no
 /// control characters.
-fn md(text: &str) -> String {
+pub(crate) fn md(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
@@ -594,6 +595,10 @@ struct Ctx {
 }
 
 pub fn corpus(args: &[&str]) -> Result<()> {
+    if args.contains(&"--workflows") {
+        let rest: Vec<&str> = args.iter().copied().filter(|arg| *arg != "--workflows").collect();
+        return crate::workflows::workflows(&rest);
+    }
     let options = parse_options(args)?;
     if !crate::is_root() {
         bail!("credwatch loads eBPF programs: run `sudo -E cargo xtask corpus`");
@@ -781,7 +786,7 @@ fn forget_built_wheels(cache: &Path) -> Result<()> {
     Ok(())
 }
 
-fn python_executable() -> Result<PathBuf> {
+pub(crate) fn python_executable() -> Result<PathBuf> {
     let output = Command::new("python3")
         .args(["-c", "import sys; print(sys.executable)"])
         .output()
@@ -863,7 +868,7 @@ fn sandbox_env(command: &mut Command, ctx: &Ctx, home: &Path, tmp: &Path) {
 }
 
 /// Environment variables kept from the real environment (paths to CA bundles, proxies).
-const PASSED_THROUGH: &[&str] = &[
+pub(crate) const PASSED_THROUGH: &[&str] = &[
     "SSL_CERT_FILE",
     "SSL_CERT_DIR",
     "NODE_EXTRA_CA_CERTS",
@@ -1048,7 +1053,7 @@ fn run_install(
     Ok(())
 }
 
-fn exit_text(status: std::process::ExitStatus) -> String {
+pub(crate) fn exit_text(status: std::process::ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(code), _) => format!("exit {code}"),
@@ -1179,7 +1184,7 @@ fn npm_install_code(package: &Path) -> Option<bool> {
     )
 }
 
-fn utc_now() -> String {
+pub(crate) fn utc_now() -> String {
     Command::new("date")
         .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
         .output()

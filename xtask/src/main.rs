@@ -19,6 +19,7 @@ mod image;
 mod kernels;
 mod package;
 mod toolchain;
+mod workflows;
 
 use std::{
     env,
@@ -58,6 +59,12 @@ const USAGE: &str = "usage: cargo xtask <command>
                          registry under `credwatch run`, with a throwaway HOME of fake credentials:
                          target/corpus/corpus.md and corpus.json, alerts/<eco>/<pkg>.jsonl;
                          --contain: under `run --contain`, in target/corpus-contain
+  corpus --workflows [--only PROJECT,...] [--list FILE] [--binary PATH] [--timeout SECS]
+                         (root, network) run each project of xtask/corpus/workflows.txt (crates,
+                         npm tarballs, sdists, fixtures) through developers' daily commands (cargo
+                         test, npm start, npx, uv run, ...) under one `credwatch watch` each, in the
+                         tools' default layout with a throwaway HOME of fake credentials:
+                         target/workflows/workflows.md and workflows.json
   fuzz [--time SECS] [TARGET...]
                          fuzz the core's decoders (record, trace, strace, auditd, tetragon, tracee,
                          rules; default all) with cargo-fuzz, each for SECS (default 60): fails

@@ -1,0 +1,3 @@
+from poetry_app import report
+
+print(report())
