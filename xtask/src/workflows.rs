@@ -222,7 +222,20 @@ impl CommandOutcome {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Alert {
     pub line: AlertLine,
+    /// `credwatch.why`: what credwatch found that lowered the alert's severity.
+    pub why: Option<String>,
     pub json: String,
+}
+
+impl Alert {
+    /// Reads one line of the watch's file; `places` as in [`corpus::parse_alert`].
+    fn parse(json: &str, places: &[(String, &str)]) -> Result<Alert> {
+        let mut line = corpus::parse_alert(json, places)?;
+        line.target = without_random_suffixes(&line.target);
+        let value: Value = serde_json::from_str(json).context("not JSON")?;
+        let why = value.pointer("/credwatch/why").and_then(Value::as_str).map(|why| shorten_places(why, places));
+        Ok(Alert { line, why, json: shorten_places(json, places) })
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -256,6 +269,8 @@ pub struct AlertRow {
     pub package: String,
     pub target: String,
     pub count: usize,
+    /// The first alert's `credwatch.why`.
+    pub why: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -286,7 +301,7 @@ pub fn aggregate(outcomes: &[ProjectOutcome]) -> Tables {
             let medium = command.alerts.iter().filter(|a| corpus::medium_or_higher(&a.line.severity)).count();
             alerts_medium += medium;
             commands_medium += usize::from(medium > 0);
-            for Alert { line, .. } in &command.alerts {
+            for Alert { line, why, .. } in &command.alerts {
                 let total = totals.entry((line.rule.clone(), line.severity.clone())).or_insert_with(|| RuleTotal {
                     rule: line.rule.clone(),
                     severity: line.severity.clone(),
@@ -312,6 +327,7 @@ pub fn aggregate(outcomes: &[ProjectOutcome]) -> Tables {
                         package: line.package.clone(),
                         target: line.target.clone(),
                         count: 0,
+                        why: why.clone(),
                     })
                     .count += 1;
             }
@@ -425,19 +441,20 @@ pub fn markdown(tables: &Tables, outcomes: &[ProjectOutcome], header: &[String])
             );
         }
         text += "\n## Each alert's file or command\n\n";
-        text += "| rule | severity | project | command | package (as the alert names it) | file or command | count |\n";
-        text += "|---|---|---|---|---|---|---|\n";
+        text += "| rule | severity | project | command | package (as the alert names it) | file or command | count | why (credwatch.why) |\n";
+        text += "|---|---|---|---|---|---|---|---|\n";
         for row in &tables.rows {
             let _ = writeln!(
                 text,
-                "| {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 corpus::md(&row.rule),
                 corpus::md(&row.severity),
                 corpus::md(&row.project),
                 code(&row.command),
                 corpus::md(&row.package),
                 code(&row.target),
-                row.count
+                row.count,
+                corpus::md(row.why.as_deref().unwrap_or(""))
             );
         }
     }
@@ -472,7 +489,12 @@ pub fn markdown(tables: &Tables, outcomes: &[ProjectOutcome], header: &[String])
 }
 
 pub fn to_json(tables: &Tables, outcomes: &[ProjectOutcome], header: &[String]) -> Value {
-    let alert = |a: &Alert| json!({ "rule": a.line.rule, "severity": a.line.severity, "package": a.line.package, "target": a.line.target });
+    let alert = |a: &Alert| {
+        json!({
+            "rule": a.line.rule, "severity": a.line.severity, "package": a.line.package, "target": a.line.target,
+            "why": a.why,
+        })
+    };
     json!({
         "header": header,
         "headline": {
@@ -920,7 +942,13 @@ fn drive(ctx: &Ctx, project: &Project, dir: &Path, outcome: &mut ProjectOutcome)
 
     let alerts_file = dir.join("alerts.jsonl");
     let log_path = ctx.out.join("logs").join(format!("{}.log", project.name));
-    let mut log = fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    // Appending, as the commands do: each write lands after their output.
+    let mut log = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("creating {}", log_path.display()))?;
     let watch = start_watch(ctx, dir, &alerts_file)?;
     let mut reader = AlertReader { file: alerts_file.clone(), offset: 0, pending: String::new() };
     let places = [
@@ -955,8 +983,8 @@ fn drive(ctx: &Ctx, project: &Project, dir: &Path, outcome: &mut ProjectOutcome)
                 other_lines.push(line);
                 continue;
             }
-            match corpus::parse_alert(&line, &places) {
-                Ok(parsed) => alerts.push(Alert { line: parsed, json: shorten_places(&line, &places) }),
+            match Alert::parse(&line, &places) {
+                Ok(alert) => alerts.push(alert),
                 Err(error) => eprintln!("workflows: {}: {error:#}: {line}", alerts_file.display()),
             }
             own_lines.push(line);
@@ -968,8 +996,8 @@ fn drive(ctx: &Ctx, project: &Project, dir: &Path, outcome: &mut ProjectOutcome)
     for line in reader.read_new() {
         if !mine(&line) {
             other_lines.push(line);
-        } else if let (Ok(parsed), Some(last)) = (corpus::parse_alert(&line, &places), outcome.commands.last_mut()) {
-            last.alerts.push(Alert { line: parsed, json: shorten_places(&line, &places) });
+        } else if let (Ok(alert), Some(last)) = (Alert::parse(&line, &places), outcome.commands.last_mut()) {
+            last.alerts.push(alert);
             own_lines.push(line);
         }
     }
@@ -987,6 +1015,27 @@ fn drive(ctx: &Ctx, project: &Project, dir: &Path, outcome: &mut ProjectOutcome)
         }
     }
     Ok(())
+}
+
+/// Temporary directories named with a random suffix (rustdoc's doctests, tempfile's): one name
+/// for all, so that the same file in each run of a command is one row.
+const RANDOM_SUFFIXED: &[&str] = &["rustdoctest", ".tmp"];
+
+fn without_random_suffixes(target: &str) -> String {
+    let components: Vec<String> = target
+        .split('/')
+        .map(|component| {
+            RANDOM_SUFFIXED
+                .iter()
+                .find_map(|prefix| {
+                    let suffix = component.strip_prefix(prefix)?;
+                    (suffix.len() >= 6 && suffix.chars().all(|c| c.is_ascii_alphanumeric()))
+                        .then(|| format!("{prefix}*"))
+                })
+                .unwrap_or_else(|| component.to_owned())
+        })
+        .collect();
+    components.join("/")
 }
 
 /// The JSON line with the throwaway directories as `~`, `$PROJECT`, `$DIR`.
@@ -1264,6 +1313,7 @@ mod tests {
                 package: "(cargo tree, no package)".into(),
                 target: target.into(),
             },
+            why: (severity == "low").then(|| "the project's own .env".to_owned()),
             json: format!(r#"{{"rule":{{"id":"{rule}","severity":"{severity}"}}}}"#),
         }
     }
@@ -1339,6 +1389,10 @@ mod tests {
         assert!(text.contains("| dotenv-files | low | 1 | `express-app: npm start` |"), "{text}");
         assert!(text.contains("num-traits: `cargo test` (3 alerts)\n\n```json\n{\"rule\""), "{text}");
         assert!(text.contains("(not counted above): 2."), "{text}");
+        assert!(
+            text.contains("| `npm start` | (cargo tree, no package) | `$PROJECT/.env` | 1 | the project's own .env |"),
+            "{text}"
+        );
         let json = to_json(&tables, &outcomes, &[]);
         assert_eq!(json["headline"]["alerts_medium_or_higher"], 4);
         assert_eq!(json["projects"][0]["commands"][1]["medium_or_higher"][2]["rule"]["id"], "aws-credentials");
@@ -1350,6 +1404,18 @@ mod tests {
         assert_eq!(code("a|b`c\x1b[0m"), "`a\\|b'c[0m`");
         let alerts = [alert("x|y", "low", "t")];
         assert_eq!(rules_cell(&alerts), "x\\|y (low) ×1");
+    }
+
+    #[test]
+    fn random_temporary_names_are_one_name() {
+        assert_eq!(
+            without_random_suffixes("exec: /tmp/rustdoctest7N1IRg/rust_out"),
+            "exec: /tmp/rustdoctest*/rust_out"
+        );
+        assert_eq!(without_random_suffixes("$PROJECT/target/.tmpAb12Cd/x"), "$PROJECT/target/.tmp*/x");
+        // Not random: short, or not letters and digits.
+        assert_eq!(without_random_suffixes("/tmp/rustdoctest/a.tmpfile-x"), "/tmp/rustdoctest/a.tmpfile-x");
+        assert_eq!(without_random_suffixes("~/.tmp-123456"), "~/.tmp-123456");
     }
 
     #[test]
