@@ -175,6 +175,29 @@ impl Engine {
         for (id, entry) in started {
             self.procs.get_mut(&id).expect("listed above").started_by_project = entry;
         }
+        // Tools of a project command (rustdoc) likewise, and the children they have just forked.
+        let tools: Vec<(Id, Option<(usize, usize)>)> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| p.project_tool.is_some())
+            .map(|(&id, p)| {
+                let parent = p.parent.and_then(|parent| self.procs.get(&parent));
+                let entry = parent.and_then(|parent| parent.manager_self).and_then(|own| own.project);
+                (id, entry.and_then(|entry| Some((entry, rules.project_tool(entry, &p.executable)?))))
+            })
+            .collect();
+        for (id, tool) in tools {
+            self.procs.get_mut(&id).expect("listed above").project_tool = tool;
+        }
+        let forked: Vec<(Id, Option<(usize, usize)>)> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| p.started_by_tool.is_some())
+            .map(|(&id, p)| (id, p.parent.and_then(|parent| self.procs.get(&parent)).and_then(|t| t.project_tool)))
+            .collect();
+        for (id, tool) in forked {
+            self.procs.get_mut(&id).expect("listed above").started_by_tool = tool;
+        }
         self.rules = rules;
         self.options = options;
         Ok(())

@@ -89,12 +89,20 @@ pub(super) struct Proc {
     /// A manager running the project (`npm run`, `cargo run`) forked it and it has not executed
     /// anything yet: that manager's `project_code` entry.
     pub(super) started_by_project: Option<usize>,
+    /// It is a tool of a project command (rustdoc under `cargo test`): that command's
+    /// `project_code` entry and the tool's index in it.
+    pub(super) project_tool: Option<(usize, usize)>,
+    /// Such a tool forked it and it has not executed anything yet.
+    pub(super) started_by_tool: Option<(usize, usize)>,
     /// The developer's own code (a script of `npm run`, the program of `cargo run`): quiet
     /// unless `watch_project`. Inherited until it starts a manager that is not running the
     /// project (`npm install`, `npx`), whose tree is watched.
     pub(super) project: bool,
     /// Its latest attempts (time, path) to open a file a loader actor looks back for.
     pub(super) loader_opens: VecDeque<(u64, String)>,
+    /// Since its latest exec it opened a file that is not the system's own (a library it was
+    /// made to preload, a file a tree wrote): it may not run as installed.
+    pub(super) opened_foreign: bool,
     /// Its container and pod, from the cgroups at its latest exec (a fork's until it executes).
     pub(super) container: Option<Arc<(AlertContainer, Option<AlertOrchestrator>)>>,
     /// The CI job, from the tree root's environment.
@@ -127,8 +135,11 @@ impl Proc {
             children: 0,
             started_by_manager: false,
             started_by_project: None,
+            project_tool: None,
+            started_by_tool: None,
             project: false,
             loader_opens: VecDeque::new(),
+            opened_foreign: false,
             container: None,
             ci: None,
         }
@@ -268,6 +279,8 @@ impl Engine {
             children: 0,
             started_by_manager: p.manager_self.is_some_and(|own| own.outermost),
             started_by_project: p.manager_self.and_then(|own| own.project),
+            project_tool: None,
+            started_by_tool: p.project_tool,
             loader_opens: VecDeque::new(),
             ..p.clone()
         };
@@ -355,7 +368,10 @@ impl Engine {
         let (managers, agent_roots) = (self.rules.managers(), self.rules.agent_roots());
         let p = self.procs.get_mut(&id).expect("just found or inserted");
         p.filename = filename.clone();
-        p.executable = if exec.executable.is_empty() { filename.clone() } else { exec.executable.clone() };
+        // Rules, project globs and agent entries all see one absolute path, however the exec
+        // named the file (`target/debug/app`, `./app`, `/proc/self/cwd/app`): the kernel's, else
+        // the given one resolved against the cwd.
+        p.executable = absolute(if exec.executable.is_empty() { filename } else { &exec.executable }, &exec.cwd);
         p.args = exec.args.clone();
         p.cwd = exec.cwd.clone();
         p.uid = exec.uid;
@@ -376,6 +392,7 @@ impl Engine {
             p.ssh_auth_sock = Some(socket.clone());
         }
         p.rustc = None;
+        p.opened_foreign = false;
         // `node /usr/bin/claude` after `/usr/bin/claude` (its shebang) is the same agent.
         let agent_hop = p.agent.as_ref().is_some_and(|of| {
             of.id == id
@@ -396,10 +413,13 @@ impl Engine {
             p.agent = Some(AgentOf { index, id, pid, project });
         }
         // `npm` is a script: the kernel runs `/usr/bin/npm`, then env execs `node /usr/bin/npm`
-        // in the same process, which is still the manager.
+        // in the same process, which is still the manager; so is a version manager's shim
+        // executing the real one (rustup's `~/.cargo/bin/cargo` executes the toolchain's cargo).
         let hop = p.manager_self.is_some()
+            && runs_code.is_none()
             && p.manager.is_some_and(|m| {
-                exec.args.iter().skip(1).any(|arg| managers[m].execs.iter().any(|e| e == basename(arg)))
+                started == Some(m)
+                    || exec.args.iter().skip(1).any(|arg| managers[m].execs.iter().any(|e| e == basename(arg)))
             });
         // That exec matches the manager again (a script run by its interpreter): nothing changes.
         let (started, runs_code, project_command) =
@@ -409,11 +429,18 @@ impl Engine {
         let package_code = p.manager.is_some() && !p.project;
         let project_command = project_command.filter(|_| !package_code);
         let in_place = p.manager_self.and_then(|own| own.project).filter(|_| !hop);
+        let started_by_tool = std::mem::take(&mut p.started_by_tool);
+        p.project_tool = None;
         if let Some(entry) = std::mem::take(&mut p.started_by_project).or(in_place) {
             // What the project's manager starts (or becomes: `poetry run` execs in place).
             if started.is_none() {
                 p.project = self.rules.project_program(entry, &p.executable);
+                p.project_tool =
+                    self.rules.project_tool(entry, &p.executable).filter(|_| !p.project).map(|tool| (entry, tool));
             }
+        } else if let Some((entry, tool)) = started_by_tool.filter(|_| started.is_none()) {
+            // A doctest rustdoc built and runs.
+            p.project = self.rules.project_tool_program(entry, tool, &p.executable);
         }
         if started.is_some() {
             // `bun test` is the project's code itself; `npm install` from a script is not: its
@@ -655,19 +682,31 @@ pub(super) fn learn_from_open(p: &mut Proc, path: &str) {
 pub(super) fn resolved_path(open: &Open, cwd: &str) -> String {
     match &open.abs_path {
         Some(abs) if !open.truncated => abs.clone(),
-        _ if open.path.starts_with('/') => normalize_path(&open.path),
-        _ if open.dirfd == AT_FDCWD && cwd.starts_with('/') => normalize_path(&format!("{cwd}/{}", open.path)),
+        _ if open.path.starts_with('/') || (open.dirfd == AT_FDCWD && cwd.starts_with('/')) => {
+            absolute(&open.path, cwd)
+        }
         Some(abs) => abs.clone(),
         None => open.path.clone(),
     }
 }
 
-/// `path` made absolute against `cwd`, lexically.
+/// `path` made absolute against `cwd`, lexically, with the process's own `/proc/self/cwd`
+/// (and `thread-self`) as `cwd` and its `/proc/self/root` as `/`: for paths no kernel
+/// resolved (a foreign trace's), so every form of a path meets the same rules.
 pub(super) fn absolute(path: &str, cwd: &str) -> String {
-    if path.starts_with('/') || !cwd.starts_with('/') {
-        normalize_path(path)
-    } else {
-        normalize_path(&format!("{cwd}/{path}"))
+    let cwd = cwd.starts_with('/').then_some(cwd);
+    for own in ["/proc/self/", "/proc/thread-self/"] {
+        let Some(rest) = path.strip_prefix(own) else { continue };
+        let (link, below) = rest.split_once('/').unwrap_or((rest, ""));
+        match (link, cwd) {
+            ("cwd", Some(cwd)) => return normalize_path(&format!("{cwd}/{below}")),
+            ("root", _) => return normalize_path(below),
+            _ => {}
+        }
+    }
+    match cwd {
+        Some(cwd) if !path.starts_with('/') => normalize_path(&format!("{cwd}/{path}")),
+        _ => normalize_path(path),
     }
 }
 

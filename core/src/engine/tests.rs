@@ -9,6 +9,8 @@ use crate::{
     event::{Exec, Exit, Fork, Open, Rename, Root, Syscall},
 };
 
+mod paths;
+
 /// Drives an engine over the default rules with hand-written events.
 struct Run {
     engine: Engine,

@@ -342,12 +342,25 @@ impl RuleSet {
         self.project_code[entry].0.in_process
     }
 
-    /// Whether `executable`, started by a manager running the project command `entry` (from
-    /// [`RuleSet::project_command`]), is the project's own program.
+    /// Whether `executable` (an absolute path), started by a manager running the project
+    /// command `entry` (from [`RuleSet::project_command`]), is the project's own program.
     pub fn project_program(&self, entry: usize, executable: &str) -> bool {
         let (project, _) = &self.project_code[entry];
         (project.programs.is_empty() || project.programs.iter().any(|p| p.matcher.is_match(executable)))
             && !project.exclude.iter().any(|p| p.matcher.is_match(executable))
+    }
+
+    /// Which of the tools of the project command `entry` `executable` is, when started by the
+    /// manager running that command (rustdoc under `cargo test`).
+    pub fn project_tool(&self, entry: usize, executable: &str) -> Option<usize> {
+        let name = manager::basename(executable);
+        self.project_code[entry].0.tools.iter().position(|tool| tool.execs.iter().any(|e| e == name))
+    }
+
+    /// Whether `executable` (an absolute path), started by the tool `tool` of the project
+    /// command `entry`, is a program the tool built of the project's code (a doctest).
+    pub fn project_tool_program(&self, entry: usize, tool: usize, executable: &str) -> bool {
+        self.project_code[entry].0.tools[tool].programs.iter().any(|p| p.matcher.is_match(executable))
     }
 
     /// The home that `path`, opened (or looked for) by the manager `manager` itself, lies in,

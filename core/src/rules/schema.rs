@@ -270,6 +270,21 @@ pub struct ProjectCode {
     /// project's code, not the manager.
     #[serde(default)]
     pub in_process: bool,
+    /// Tools the manager starts for the command that build and run the project's code
+    /// themselves (rustdoc running each doctest it built).
+    #[serde(default)]
+    pub tools: Vec<ProjectTool>,
+}
+
+/// A tool of a [`ProjectCode`] command: what it starts matching `programs` is the project's
+/// code, while the tool itself stays watched (a dependency's proc-macro runs inside rustdoc).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectTool {
+    /// Executable basenames of the tool (`rustdoc`).
+    pub execs: Vec<String>,
+    /// The programs it builds and runs (`*/rustdoctest*/rust_out`): globs, `*` crosses `/`.
+    pub programs: Vec<WordPattern>,
 }
 
 /// Files under its user's home that a manager itself opens or looks for (`.npmrc`,
