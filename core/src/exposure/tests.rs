@@ -344,3 +344,59 @@ fn other_homes_show_what_the_user_can_read_there() {
     let root = Identity { name: None, uid: 0, gids: vec![0] };
     assert_eq!(scan(&rules(), &root, &scope, Limits::default(), now()).summary.files, 4);
 }
+
+/// A home with the session stores of a messenger, a browser flavour and an AI tool, among the
+/// rest of their profiles (history, extension code, caches, Telegram's media): each store is
+/// listed under its category with its rules' advice, the rest is not, and `run --contain`
+/// (the same list) would hide the stores alone.
+#[test]
+fn messaging_browser_and_ai_tool_stores_are_listed_under_their_categories_and_the_rest_of_a_profile_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let discord = home.join(".config/discord/Local Storage/leveldb/000005.ldb");
+    let tdata = home.join(".local/share/TelegramDesktop/tdata/key_datas");
+    let cookies = home.join(".config/BraveSoftware/Brave-Browser/Profile 1/Cookies");
+    let opencode = home.join(".local/share/opencode/auth.json");
+    for store in [&discord, &tdata, &cookies, &opencode] {
+        put(store, "fake session", 3, 0o600);
+    }
+    let brave = home.join(".config/BraveSoftware/Brave-Browser");
+    put(&brave.join("Profile 1/History"), "h", 3, 0o600);
+    put(&brave.join("Profile 1/Preferences"), "{}", 3, 0o600);
+    put(&home.join(".config/discord/settings.json"), "{}", 3, 0o644);
+    put(&home.join(".config/opencode/opencode.json"), "{}", 3, 0o644);
+    // What makes a used profile big: extension code, service workers, Telegram's media cache.
+    for n in 0..300 {
+        put(&brave.join(format!("Profile 1/Extensions/ext{}/1.0/file{n}.js", n % 7)), "js", 3, 0o644);
+        put(&brave.join(format!("Profile 1/Service Worker/CacheStorage/c{}/{n}", n % 11)), "x", 3, 0o600);
+        put(&home.join(format!(".local/share/TelegramDesktop/tdata/user_data/cache/0/{n}")), "m", 3, 0o600);
+    }
+    own(&home);
+
+    let exposure = scan_home(&home, &alice(), Limits::default());
+    let listed: BTreeSet<&str> = exposure.categories.iter().flat_map(|c| &c.files).map(|f| f.path.as_str()).collect();
+    let stores: BTreeSet<&str> = [&discord, &tdata, &cookies, &opencode].iter().map(|p| p.to_str().unwrap()).collect();
+    assert_eq!(listed, stores, "the stores, nothing else of the profiles: {exposure:#?}");
+    for (suffix, category_name, rule) in [
+        ("/leveldb/000005.ldb", "messaging", "discord-tokens"),
+        ("/tdata/key_datas", "messaging", "telegram-desktop-session"),
+        ("/Profile 1/Cookies", "browsers", "browser-profiles"),
+        ("/opencode/auth.json", "ai-tools", "ai-agent-credentials"),
+    ] {
+        let found = file(&exposure, suffix).unwrap_or_else(|| panic!("{suffix}: {exposure:#?}"));
+        assert_eq!(found.rules, [rule], "{suffix}");
+        let listed_in = category(&exposure, category_name);
+        assert!(listed_in.files.iter().any(|f| f.path.ends_with(suffix)), "{suffix} under {category_name}");
+        assert!(listed_in.rotate.contains(&rotate_of(rule)[0]), "{rule}'s advice under {category_name}");
+    }
+    assert_eq!(category(&exposure, "messaging").severity, Severity::High);
+    let markdown = exposure.to_markdown();
+    assert!(markdown.contains("## `messaging` (high): 2 files\n"), "{markdown}");
+    assert!(markdown.contains(&format!("- [ ] {}\n", rotate_of("telegram-desktop-session")[0])), "{markdown}");
+    assert!(!exposure.walk.truncated && exposure.walk.too_deep == 0, "{:?}", exposure.walk);
+
+    let scope = Scope { home: home.clone(), system_root: None, other_homes: Vec::new() };
+    let (hidden, _) = credential_files(&rules(), &alice(), &scope, Limits::default());
+    let hidden: BTreeSet<&str> = hidden.iter().map(|f| f.path.to_str().unwrap()).collect();
+    assert_eq!(hidden, stores, "run --contain hides the same files");
+}
