@@ -562,9 +562,35 @@ struct Ctx {
     work: PathBuf,
     binary: PathBuf,
     pin_dir: PathBuf,
-    /// PATH without the project's own `~/.cargo/bin`.
+    /// PATH for the set-up: the real tools first (rustup's and pyenv's shims look in HOME).
     path: Vec<PathBuf>,
+    rustup: Option<Rustup>,
     timeout: Duration,
+}
+
+/// rustup as a developer has it: its proxies (`cargo`, `rustc`, ...) in `~/.cargo/bin`, its
+/// toolchains in `~/.rustup`. Each project's HOME gets the proxies and a link to the machine's
+/// toolchains, so that `cargo` runs as rustup's proxy executing the toolchain's cargo.
+struct Rustup {
+    proxy: PathBuf,
+    home: PathBuf,
+    /// The toolchain's bin directory, which the set-up's PATH has and the developer's has not.
+    toolchain_bin: PathBuf,
+}
+
+/// The names under which rustup installs its proxy in `~/.cargo/bin`.
+const RUSTUP_PROXIES: &[&str] =
+    &["cargo", "cargo-clippy", "cargo-fmt", "clippy-driver", "rustc", "rustdoc", "rustfmt", "rustup"];
+
+/// rustup, when the cargo running xtask is one of its toolchains.
+fn find_rustup(cargo: &Path) -> Option<Rustup> {
+    let proxy = fs::canonicalize(crate::toolchain::find_in_path("rustup")?).ok()?;
+    let home = match env::var_os("RUSTUP_HOME") {
+        Some(home) => PathBuf::from(home),
+        None => PathBuf::from(env::var_os("HOME")?).join(".rustup"),
+    };
+    let toolchain_bin = cargo.parent()?.to_path_buf();
+    toolchain_bin.starts_with(&home).then_some(Rustup { proxy, home, toolchain_bin })
 }
 
 pub fn workflows(args: &[&str]) -> Result<()> {
@@ -604,6 +630,11 @@ pub fn workflows(args: &[&str]) -> Result<()> {
     };
     let npm = crate::toolchain::find_in_path("npm").context("npm is not on PATH")?;
     let tools = cache.join("tools");
+    let rustup = find_rustup(&cargo);
+    // A copy: a `cargo xtask build` during the run must not change the binary between projects.
+    let binary = work.join("credwatch");
+    fs::copy(&options.binary, &binary)
+        .with_context(|| format!("copying {} to {}", options.binary.display(), binary.display()))?;
     // rustup's and pyenv's shims look in HOME, which each project replaces: the real tools first.
     let mut path: Vec<PathBuf> = vec![tools.join("bin")];
     path.extend([&cargo, &python, &npm].iter().filter_map(|p| p.parent().map(Path::to_path_buf)));
@@ -612,10 +643,11 @@ pub fn workflows(args: &[&str]) -> Result<()> {
         out: out.clone(),
         cache: cache.clone(),
         work: work.clone(),
-        binary: fs::canonicalize(&options.binary).with_context(|| format!("resolving {}", options.binary.display()))?,
+        binary: binary.clone(),
         // bpffs refuses names with a dot.
         pin_dir: PathBuf::from(format!("/sys/fs/bpf/credwatch_workflows_{}", std::process::id())),
         path,
+        rustup,
         timeout: options.timeout,
     };
     set_up_tools(&ctx, &projects, &python, &npm)?;
@@ -639,7 +671,7 @@ pub fn workflows(args: &[&str]) -> Result<()> {
                 elapsed.as_secs_f64() / 60.0,
                 projects.len()
             ),
-            format!("Binary: {} ({version}), one `credwatch watch` per project", ctx.binary.display()),
+            format!("Binary: {} ({version}), one `credwatch watch` per project", options.binary.display()),
             format!("List: {}; timeout {} s per command", options.list.display(), ctx.timeout.as_secs()),
         ]
     };
@@ -817,7 +849,8 @@ fn source_tree(ctx: &Ctx, source: &Source) -> Result<Option<PathBuf>> {
                 sources.join("pip").join(format!("{name}-{version}")),
                 Box::new(move |dest, scratch| {
                     let mut command = Command::new("python3");
-                    command.args(["-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-d"]);
+                    // The sdist of the package alone: its build dependencies as wheels, as a developer's.
+                    command.args(["-m", "pip", "download", "--no-deps", "--no-binary"]).arg(name).arg("-d");
                     command.arg(scratch).arg(&spec);
                     developer_env(&mut command, &ctx.path, &scratch.join("home"));
                     set_up(&format!("pip download {spec}"), &mut command)?;
@@ -939,6 +972,15 @@ fn drive(ctx: &Ctx, project: &Project, dir: &Path, outcome: &mut ProjectOutcome)
     // `cargo install` puts the developer's binaries there, and the developer runs them.
     let mut path = vec![home.join(".cargo/bin")];
     path.extend(ctx.path.iter().cloned());
+    if let Some(rustup) = &ctx.rustup {
+        let bin = home.join(".cargo/bin");
+        fs::create_dir_all(&bin).with_context(|| format!("creating {}", bin.display()))?;
+        for name in RUSTUP_PROXIES {
+            std::os::unix::fs::symlink(&rustup.proxy, bin.join(name)).context("linking rustup's proxies")?;
+        }
+        std::os::unix::fs::symlink(&rustup.home, home.join(".rustup")).context("linking ~/.rustup")?;
+        path.retain(|dir| *dir != rustup.toolchain_bin);
+    }
 
     let alerts_file = dir.join("alerts.jsonl");
     let log_path = ctx.out.join("logs").join(format!("{}.log", project.name));
