@@ -469,8 +469,16 @@ fn alerts_on_events_of_an_agent_gap_say_how_long_it_was_down() {
 #[test]
 fn live_tree_describes_members_escaped() {
     let mut run = Run::new();
-    run.exec(100, 1, &["npm", "install"], &[]).spawn(101, 100, &["node", "-e", "a\x1b[2Jb"], &[]);
-    assert_eq!(run.engine.live_tree(100), [(100, "npm install".to_owned()), (101, "node -e a\\u{1b}[2Jb".to_owned())]);
+    run.exec_full(100, 1, "/usr/bin/npm", &["npm", "install"], "/home/alice/app", &[]).fork(100, 101).exec_full(
+        101,
+        100,
+        "/usr/bin/node",
+        &["node", "-e", "a\x1b[2Jb"],
+        "/home/alice/app",
+        &[],
+    );
+    let described = [(100, "/usr/bin/npm install".to_owned()), (101, "/usr/bin/node -e a\\u{1b}[2Jb".to_owned())];
+    assert_eq!(run.engine.live_tree(100), described);
 }
 
 #[test]
