@@ -102,6 +102,36 @@ pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
 }
 
+/// A real coding-agent CLI pinned in tests/agent-clis.txt, as `cargo xtask test` installs it.
+pub struct AgentCli {
+    /// The npm package (`@openai/codex`).
+    pub package: String,
+    pub version: String,
+    /// Its bin as npm links it: `target/agent-clis/<name>@<version>/node_modules/.bin/<bin>`.
+    pub bin: PathBuf,
+}
+
+/// The pinned CLI whose bin is named `bin` (`claude`, `codex`, `gemini`); fails the test, saying
+/// how to install it, when it is not installed.
+pub fn agent_cli(bin: &str) -> AgentCli {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ lives in the workspace");
+    let list = Path::new(env!("CARGO_MANIFEST_DIR")).join("agent-clis.txt");
+    let text = fs::read_to_string(&list).unwrap_or_else(|e| panic!("{}: {e}", list.display()));
+    let (package, version) = text
+        .lines()
+        .map(|line| line.split('#').next().unwrap_or_default().split_whitespace().collect::<Vec<_>>())
+        .find_map(|words| match words[..] {
+            [package, version, name] if name == bin => Some((package.to_owned(), version.to_owned())),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{} pins no CLI whose bin is {bin}", list.display()));
+    let name = package.rsplit('/').next().unwrap_or(&package);
+    let path =
+        workspace.join("target/agent-clis").join(format!("{name}@{version}")).join("node_modules/.bin").join(bin);
+    assert!(path.exists(), "{} is missing: `cargo xtask test` installs {package}@{version}", path.display());
+    AgentCli { package, version, bin: path }
+}
+
 /// The binary under test: `cargo xtask build` leaves it here.
 pub fn credwatch_binary() -> PathBuf {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ lives in the workspace");

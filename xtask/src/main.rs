@@ -267,6 +267,46 @@ fn build_requirement_wheels() -> Result<()> {
     )
 }
 
+/// The pinned coding-agent CLIs (package, version, bin), one a line; `#` starts a comment.
+const AGENT_CLIS: &str = "tests/agent-clis.txt";
+
+/// Installs each CLI of [`AGENT_CLIS`] with npm into `target/agent-clis/<name>@<version>`, once:
+/// the agent CLI tests run them offline from there.
+fn agent_clis() -> Result<()> {
+    let list = workspace().join(AGENT_CLIS);
+    let text = std::fs::read_to_string(&list).with_context(|| format!("reading {}", list.display()))?;
+    for (number, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or_default().trim();
+        if line.is_empty() {
+            continue;
+        }
+        let [package, version, bin] = line.split_whitespace().collect::<Vec<_>>()[..] else {
+            bail!("{}:{}: expected `package version bin`, found {line:?}", list.display(), number + 1);
+        };
+        let name = package.rsplit('/').next().unwrap_or(package);
+        let prefix = workspace().join("target/agent-clis").join(format!("{name}@{version}"));
+        let manifest = prefix.join("node_modules").join(package).join("package.json");
+        let installed = std::fs::read_to_string(&manifest)
+            .ok()
+            .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+            .is_some_and(|manifest| manifest["version"] == version);
+        if installed && prefix.join("node_modules/.bin").join(bin).exists() {
+            continue;
+        }
+        run(
+            &format!("install {package}@{version} (the agent CLI tests run it)"),
+            Command::new("npm")
+                .args(["install", "--no-audit", "--no-fund", "--no-save", "--prefix"])
+                .arg(&prefix)
+                .arg(format!("{package}@{version}")),
+        )?;
+        if !prefix.join("node_modules/.bin").join(bin).exists() {
+            bail!("npm installed {package}@{version} into {} without its bin `{bin}`", prefix.display());
+        }
+    }
+    Ok(())
+}
+
 /// Whether Debian's busybox-static is installed: the dynamic busybox package puts a binary at
 /// the same path, useless in a container FROM scratch.
 fn busybox_static_installed() -> bool {
@@ -356,6 +396,7 @@ fn test_prerequisites() -> Result<()> {
         )?;
     }
     build_requirement_wheels()?;
+    agent_clis()?;
     if importable("setuptools, wheel, uv") {
         println!(
             "xtask: test prerequisites: node, npm, strace, auditd, rsyslogd with imrelp, nats-server, prometheus, systemd-analyze, readelf, dpkg-deb, dockerd, busybox, gem, bundle, make, gcc, ruby's headers, python3 with setuptools, wheel and uv: present"

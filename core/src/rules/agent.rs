@@ -52,3 +52,90 @@ pub struct AgentPolicy {
     #[serde(default)]
     pub writes: Vec<String>,
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::rules::{manager::root_manager, RuleSet};
+
+    /// What the real CLIs keep in HOME (claude-code 2.1.332, codex 0.171.0 and gemini-cli 0.61.0,
+    /// started under `credwatch watch` by tests/tests/agent_clis.rs; OAuth logins add
+    /// `oauth_creds.json` and `google_accounts.json` to ~/.gemini).
+    const REAL_FILES: &[(&str, &[&str])] = &[
+        (
+            "claude",
+            &[
+                ".claude.json",
+                ".claude/.credentials.json",
+                ".claude/settings.json",
+                ".claude/backups/.claude.json.backup.1796467781216",
+                ".claude/projects/-home-alice-app/01a245d2.jsonl",
+            ],
+        ),
+        (
+            "codex",
+            &[
+                ".codex/auth.json",
+                ".codex/config.toml",
+                ".codex/state_5.sqlite",
+                ".codex/sessions/2026/12/05/rollout.jsonl",
+            ],
+        ),
+        (
+            "gemini",
+            &[
+                ".gemini/settings.json",
+                ".gemini/oauth_creds.json",
+                ".gemini/google_accounts.json",
+                ".gemini/projects.json",
+                ".gemini/tmp/app/chats/session.jsonl",
+            ],
+        ),
+    ];
+
+    /// The entry points of the real CLIs (rules/agents.yaml says how to check them against a
+    /// release) root their trees; entry files too common to root by do not.
+    #[test]
+    fn the_real_agents_entry_points_root_their_trees() {
+        let rules = RuleSet::defaults().unwrap();
+        let roots = rules.agent_roots();
+        let root = |file: &str, args: &[&str]| {
+            let args: Vec<String> = args.iter().map(|arg| (*arg).to_owned()).collect();
+            root_manager(roots, file, &args).map(|index| roots[index].name.as_str())
+        };
+        let npm = "/usr/lib/node_modules";
+        // The bins as npm links them, and pnpm's shims running their targets by name.
+        assert_eq!(root("/usr/bin/claude", &["claude", "-p", "hi"]), Some("claude"));
+        let claude_exe = format!("{npm}/@anthropic-ai/claude-code/bin/claude.exe");
+        assert_eq!(root(&claude_exe, &[&claude_exe, "-p", "hi"]), Some("claude"));
+        let native_codex = format!("{npm}/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex");
+        assert_eq!(root(&native_codex, &[&native_codex, "exec", "hi"]), Some("codex"));
+        assert_eq!(root("/usr/bin/node", &["node", &format!("{npm}/@openai/codex/bin/codex.js")]), Some("codex"));
+        let gemini_js = format!("{npm}/@google/gemini-cli/bundle/gemini.js");
+        assert_eq!(root("/usr/bin/node", &["node", &gemini_js, "-p", "hi"]), Some("gemini"));
+        assert_eq!(root("/usr/bin/node", &["node", "--max-old-space-size=8192", &gemini_js]), Some("gemini"));
+        assert_eq!(root("/usr/bin/node", &["node", &format!("{npm}/@anthropic-ai/claude-code/cli.js")]), None);
+        assert_eq!(root("/usr/bin/node", &["node", "/home/alice/app/index.js"]), None);
+    }
+
+    /// The agent and its tools read these for their work: each is the agent's own, and no `kill`
+    /// rule targets it, since under `--enforce` the kernel (which does not know whose tree reads
+    /// a file) would kill the agent reading its own token.
+    #[test]
+    fn the_real_agents_files_are_their_own_and_never_killed() {
+        let rules = RuleSet::defaults().unwrap();
+        let home = "/home/alice";
+        for (name, files) in REAL_FILES {
+            let agent = rules.agents().iter().position(|agent| agent.name == *name).unwrap();
+            for file in *files {
+                let path = format!("{home}/{file}");
+                assert!(rules.agent_owns(agent, &path, Some(home)), "{path} is not {name}'s own");
+                let killing: Vec<&str> = rules
+                    .kill_rules()
+                    .filter(|rule| rule.matches_path(&path, Some(home)))
+                    .map(|rule| rule.id.as_str())
+                    .collect();
+                assert!(killing.is_empty(), "{path} of {name} is a target of kill rules {killing:?}");
+            }
+        }
+    }
+}
