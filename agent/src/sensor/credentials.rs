@@ -330,7 +330,7 @@ pub fn spared(rules: &RuleSet) -> (HashMap<InodeKey, SparedExe>, u32) {
             Who::Manager { .. } => root_managers |= managers,
             // Refused on kill rules when the rules load: only the engine can judge them.
             Who::Loader { .. } | Who::Under { .. } => {}
-            Who::Execs { execs, via_manager } => {
+            Who::Execs { execs, via_manager, .. } => {
                 let flags = if *via_manager { spare_flag::VIA_MANAGER } else { spare_flag::ANYWHERE };
                 for exec in execs {
                     for meta in dirs.iter().filter_map(|dir| fs::metadata(dir.join(exec)).ok()).filter(|m| m.is_file())

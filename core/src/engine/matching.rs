@@ -11,7 +11,7 @@ use crate::{
     event::{normalize_path, Event, Open, Rename, Syscall},
     rules::{
         manager::basename,
-        schema::{Access, Conditions, ExecMatch, Who},
+        schema::{Access, Conditions, ExecMatch, Who, SYSTEM_BIN_DIRS},
         Rule, RuleKind,
     },
 };
@@ -125,6 +125,9 @@ impl Engine {
             // An O_PATH descriptor can neither read nor write the file.
             return Vec::new();
         }
+        p.opened_foreign = p.opened_foreign
+            || !system_file(&path)
+            || self.trees.values().any(|tree| tree.written.contains(&path));
         let accmode = open.flags & libc::O_ACCMODE as u64;
         let write_bits = (libc::O_CREAT | libc::O_TRUNC | libc::O_APPEND) as u64;
         let writes = accmode != libc::O_RDONLY as u64 || open.flags & write_bits != 0 || open.syscall == "creat";
@@ -175,7 +178,7 @@ impl Engine {
                 ..AlertFile::default()
             };
             let alert = self.alert(event, id, rule, severity, "open", Stop::of(open.blocked, open.denied), Some(file));
-            let subject = original.unwrap_or(&path).to_owned();
+            let subject = open_subject(rule, alert.credwatch.why.is_some(), original.unwrap_or(&path));
             alerts.extend(self.deliver(root, index, subject, alert, event.time_ns));
         }
         alerts
@@ -351,8 +354,13 @@ impl Engine {
             }
             let hit = match &actor.who {
                 Who::Manager { outermost } => p.manager_self.is_some_and(|own| !outermost || own.outermost),
-                Who::Execs { execs, via_manager } => {
-                    p.is_one_of(execs) && (!via_manager || self.launched_by_manager(p, execs))
+                Who::Execs { execs, via_manager, installed, unless_command } => {
+                    p.is_one_of(execs)
+                        && (!via_manager || self.launched_by_manager(p, execs))
+                        && (!installed || self.runs_as_installed(p))
+                        && unless_command.as_ref().is_none_or(|pattern| {
+                            !pattern.regex.is_match(&p.args.get(1..).unwrap_or_default().join(" "))
+                        })
                 }
                 Who::Loader { within_ns, .. } => open.is_some_and(|(path, time_ns)| {
                     p.loader_opens.iter().any(|(t, other)| other != path && time_ns.saturating_sub(*t) <= *within_ns)
@@ -362,11 +370,32 @@ impl Engine {
             if hit {
                 return actor.verdict.severity().map(|severity| Judgement {
                     severity,
-                    why: Some(actor.why.clone().unwrap_or_else(|| default_why(&actor.who))),
+                    why: Some(actor.why.clone().unwrap_or_else(|| self.default_why_of(p, &actor.who))),
                 });
             }
         }
         Some(Judgement { severity: rule.severity, why: None })
+    }
+
+    /// [`default_why`] in words that fit `p`'s tree: a coding agent's tools run for the agent,
+    /// not for a package manager.
+    fn default_why_of(&self, p: &Proc, who: &Who) -> String {
+        match (who, agent_tree(p)) {
+            (Who::Execs { execs, via_manager: true, .. }, Some(of)) => format!(
+                "{} started by the coding agent {} itself, for its own work (not package code)",
+                execs.join("/"),
+                self.rules.agents()[of.index].name
+            ),
+            _ => default_why(who),
+        }
+    }
+
+    /// `p` runs the system's own program as installed: its executable lies directly in one of
+    /// [`SYSTEM_BIN_DIRS`], no tree wrote it, and since its exec it opened only the system's own
+    /// files (not a library it was made to preload: `LD_PRELOAD=./x.so ps aux`).
+    fn runs_as_installed(&self, p: &Proc) -> bool {
+        let in_system_dir = p.executable.rsplit_once('/').is_some_and(|(dir, _)| SYSTEM_BIN_DIRS.contains(&dir));
+        in_system_dir && !p.opened_foreign && !self.trees.values().any(|tree| tree.written.contains(&p.executable))
     }
 
     /// The judgement to alert with, or None. What the kernel blocked is always told (at the
@@ -388,13 +417,43 @@ pub(super) struct Judgement {
 fn default_why(who: &Who) -> String {
     match who {
         Who::Manager { .. } => "a package manager read it, but one that package code started".into(),
-        Who::Execs { execs, via_manager: true } => {
+        Who::Execs { execs, via_manager: true, .. } => {
             format!("{} started by the package manager itself (e.g. for a git dependency)", execs.join("/"))
         }
         Who::Execs { execs, .. } => format!("{} is expected to read it", execs.join("/")),
         Who::Loader { .. } => "read as one file of a configuration chain, the way config loaders do".into(),
         Who::Under { execs } => format!("part of a build from sources (under {})", execs.join("/")),
     }
+}
+
+/// Files a system program opens as installed: the kernel's views (not `/dev/shm`), the
+/// system's configuration, and shared libraries, `gconv` modules and locale data where the
+/// distribution puts them; not a subdirectory of `/usr/lib` that a language's package manager
+/// fills (`node_modules`, `python3.12/site-packages`), nor a home or `/tmp`.
+fn system_file(path: &str) -> bool {
+    const UNDER: &[&str] = &["/proc/", "/sys/", "/etc/", "/usr/share/locale/", "/usr/share/zoneinfo/", "/var/lib/sss/mc/"];
+    const LIBRARY_DIRS: &[&str] = &["/usr/lib/", "/lib/", "/usr/lib64/", "/lib64/"];
+    if path.starts_with("/dev/") {
+        return !path.starts_with("/dev/shm/") && !path.starts_with("/dev/mqueue/");
+    }
+    UNDER.iter().any(|dir| path.starts_with(dir))
+        || LIBRARY_DIRS.iter().filter_map(|dir| path.strip_prefix(dir)).any(|rest| match rest.split_once('/') {
+            None => true,
+            // The multiarch directory (`x86_64-linux-gnu`) is the distribution's alone.
+            Some((dir, _)) => dir.contains("-linux-") || matches!(dir, "gconv" | "glibc-hwcaps" | "locale"),
+        })
+}
+
+/// What identical open alerts share for dedup: the file, except that a lowered read of
+/// another process's `/proc/<pid>/...` is one of a lister's walk over every process
+/// (`/proc/*/environ`), so a `ps aux` alerts once, not once per process.
+fn open_subject(rule: &Rule, lowered: bool, path: &str) -> String {
+    if !(lowered && rule.conditions.other_process && path.starts_with("/proc/")) {
+        return path.to_owned();
+    }
+    let parts: Vec<&str> =
+        path.split('/').map(|part| if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) { "*" } else { part }).collect();
+    parts.join("/")
 }
 
 /// `/proc/<n>/...` with `n` neither the opener's pid nor its thread's id. (The kernel resolves

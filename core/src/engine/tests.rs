@@ -2301,6 +2301,169 @@ fn an_agent_reading_its_own_credentials_and_the_project_is_quiet() {
     assert_eq!(run.one().rule.id, "ai-tool-credentials");
 }
 
+/// `FILE ARGS` forked by an npm postinstall's shell (pid 101) as pid 102.
+fn in_a_postinstall(file: &str, args: &[&str]) -> Run {
+    let mut run = Run::new();
+    run.exec(100, 1, &["npm", "install"], &[])
+        .spawn(101, 100, &["sh", "-c", "ps aux > /dev/null"], POSTINSTALL)
+        .fork(101, 102)
+        .exec_full(102, 101, file, args, "/home/alice/app", &[]);
+    run
+}
+
+/// What procps's `ps` opens as installed before it walks `/proc` (strace of `ps aux`, Debian 12).
+const PS_OPENS: &[&str] = &[
+    "/etc/ld.so.cache",
+    "/usr/lib/x86_64-linux-gnu/libproc2.so.0",
+    "/usr/lib/x86_64-linux-gnu/libc.so.6",
+    "/usr/lib/x86_64-linux-gnu/gconv/gconv-modules.cache",
+    "/usr/lib/locale/C.utf8/LC_CTYPE",
+    "/usr/share/locale/locale.alias",
+    "/etc/nsswitch.conf",
+    "/etc/passwd",
+    "/dev/tty",
+    "/sys/devices/system/cpu/possible",
+];
+
+/// `ps` walking `/proc` the way procps 4 does: each process's stat, status, cmdline and environ.
+fn walk(run: &mut Run, pid: u32, victims: &[u32]) {
+    for victim in victims {
+        for file in ["stat", "status", "cmdline", "environ"] {
+            run.open(pid, &format!("/proc/{victim}/{file}"));
+        }
+    }
+}
+
+#[test]
+fn the_installed_ps_walking_every_environ_is_one_low_alert() {
+    let mut run = in_a_postinstall("/usr/bin/ps", &["ps", "aux"]);
+    for path in PS_OPENS {
+        run.open(102, path);
+    }
+    walk(&mut run, 102, &[1, 100, 1733, 4242]);
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("proc-environ-mem", Severity::Low));
+    assert_eq!(alert.file.as_ref().unwrap().path, "/proc/1/environ");
+    let why = alert.credwatch.why.as_deref().unwrap();
+    assert!(why.starts_with("ps listing processes"), "{why}");
+    assert_eq!(alert.package.name.as_deref(), Some("evil-pkg"));
+    // Its next walk in the same tree is counted, not told again; `ps -ef` is the same walk.
+    walk(&mut run, 102, &[1, 1733]);
+    run.fork(101, 103).exec_full(103, 101, "/bin/ps", &["ps", "-ef", "--sort=-etime", "-o", "pid,user"], "/", &[]);
+    walk(&mut run, 103, &[1, 1733]);
+    assert!(run.take().is_empty());
+}
+
+#[test]
+fn environ_reads_that_are_not_the_installed_ps_listing_stay_critical() {
+    const WRITE: u64 = (libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC) as u64;
+    let critical = |mut run: Run, pid: u32, what: &str| {
+        run.open(pid, "/proc/1733/environ");
+        // (A ps the tree wrote is `exec-of-written-file` too.)
+        let alerts: Vec<Alert> = run.take().into_iter().filter(|a| a.rule.id == "proc-environ-mem").collect();
+        assert_eq!(alerts.len(), 1, "{what}: {alerts:#?}");
+        assert_eq!((alerts[0].rule.severity, alerts[0].credwatch.why.as_deref()), (Severity::Critical, None), "{what}");
+    };
+    // Package code reading one chosen process's environment or memory itself.
+    critical(in_a_postinstall("/usr/bin/python3", &["python3", "-c", "open('/proc/1733/environ')"]), 102, "python");
+    let mut run = in_a_postinstall("/usr/bin/ps", &["ps", "aux"]);
+    run.fork(101, 103).exec_full(103, 101, "/usr/bin/cat", &["cat", "/proc/1733/environ"], "/", &[]);
+    critical(run, 103, "cat next to ps");
+    // ps asked to print every environment (BSD `e`) hands them to its caller.
+    for args in [&["ps", "eww"][..], &["ps", "auxe"], &["ps", "-p", "1733", "e"], &["ps", "axeww", "-o", "pid"]] {
+        critical(in_a_postinstall("/usr/bin/ps", args), 102, &args.join(" "));
+    }
+    // A `ps` that is not the installed one: the package's own, one elsewhere, one the tree
+    // wrote over the installed one.
+    critical(in_a_postinstall("/home/alice/app/node_modules/.bin/ps", &["ps", "aux"]), 102, "node_modules/.bin/ps");
+    critical(in_a_postinstall("/usr/local/bin/ps", &["ps", "aux"]), 102, "/usr/local/bin/ps");
+    let mut run = Run::new();
+    run.exec(100, 1, &["npm", "install"], &[])
+        .spawn(101, 100, &["sh", "-c", "cp ./ps /usr/bin/ps && ps aux"], POSTINSTALL)
+        .open_full(101, "/usr/bin/ps", Some("/usr/bin/ps"), 3, WRITE)
+        .fork(101, 102)
+        .exec_full(102, 101, "/usr/bin/ps", &["ps", "aux"], "/home/alice/app", &[]);
+    critical(run, 102, "ps written over the installed one");
+    // The installed ps made to load a library (LD_PRELOAD, LD_LIBRARY_PATH): one the package
+    // shipped (unpacked by npm itself), one in /dev/shm, one the tree wrote into the system's
+    // library directory.
+    for library in ["/home/alice/app/node_modules/evil-pkg/build/env.so", "/dev/shm/x.so"] {
+        let mut run = in_a_postinstall("/usr/bin/ps", &["ps", "aux"]);
+        run.open(102, "/usr/lib/x86_64-linux-gnu/libc.so.6").open(102, library);
+        critical(run, 102, library);
+    }
+    let mut run = in_a_postinstall("/usr/bin/ps", &["ps", "aux"]);
+    run.open_full(101, "/usr/lib/x86_64-linux-gnu/libx.so", Some("/usr/lib/x86_64-linux-gnu/libx.so"), 3, WRITE)
+        .open(102, "/usr/lib/x86_64-linux-gnu/libx.so");
+    critical(run, 102, "a library the tree wrote");
+    // What the shell opened before it executed ps is not ps's.
+    let mut run = Run::new();
+    run.exec(100, 1, &["npm", "install"], &[])
+        .spawn(101, 100, &["sh", "-c", "ps aux > /tmp/out"], POSTINSTALL)
+        .fork(101, 102)
+        .open_full(102, "/tmp/out", Some("/tmp/out"), 3, WRITE)
+        .exec_full(102, 101, "/usr/bin/ps", &["ps", "aux"], "/home/alice/app", &[])
+        .open(102, "/proc/1733/environ");
+    assert_eq!(run.one().rule.severity, Severity::Low);
+}
+
+#[test]
+fn claude_codes_ide_probe_is_a_low_ps_walk_of_the_agent() {
+    let mut run = claude();
+    run.spawn(101, 100, &["/bin/sh", "-c", "ps aux | grep -E \"code|cursor|windsurf\" | grep -v grep"], &[])
+        .fork(101, 102)
+        .exec_full(102, 101, "/usr/bin/ps", &["ps", "aux"], "/home/alice/app", &[]);
+    for path in PS_OPENS {
+        run.open(102, path);
+    }
+    walk(&mut run, 102, &[1, 100, 101, 1733]);
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("proc-environ-mem", Severity::Low));
+    assert_eq!(alert.coding_agent.as_ref().unwrap().name, "claude");
+    let text = crate::output::render(&alert, false);
+    assert!(text.starts_with("[LOW] agent claude opened /proc/1/environ\n"), "{text}");
+    assert!(text.contains("\n  why      ps listing processes"), "{text}");
+    // The agent reading one process's environment itself stays critical.
+    run.open(100, "/proc/1733/environ");
+    assert_eq!(run.one().rule.severity, Severity::Critical);
+}
+
+#[test]
+fn git_an_agent_runs_for_itself_is_told_in_the_agents_words() {
+    let git_reading_netrc = |run: &mut Run, parent: u32| {
+        let (git, remote) = (parent + 1, parent + 2);
+        let url = "https://github.com/openai/codex-plugins.git";
+        run.fork(parent, git)
+            .exec_full(git, parent, "/usr/bin/git", &["git", "ls-remote", url, "HEAD"], "/home/alice/app", &[])
+            .fork(git, remote)
+            .exec_full(remote, git, "/usr/lib/git-core/git-remote-https", &["git-remote-https", url, url], "/", &[])
+            .open(remote, "/home/alice/.netrc");
+        run.one()
+    };
+    // Codex's plugin sync: `git ls-remote`, whose curl reads ~/.netrc.
+    let mut run = Run::new();
+    run.exec_full(100, 1, "/usr/bin/codex", &["codex", "exec", "fix the tests"], "/home/alice/app", &[("HOME", "/home/alice")]);
+    let alert = git_reading_netrc(&mut run, 100);
+    assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("netrc", Severity::Low));
+    assert_eq!(
+        alert.credwatch.why.as_deref(),
+        Some("git/git-remote-https/git-remote-http started by the coding agent codex itself, for its own work (not package code)")
+    );
+    let text = crate::output::render(&alert, false);
+    assert!(text.starts_with("[LOW] agent codex opened /home/alice/.netrc\n"), "{text}");
+    assert!(text.contains("\n  agent    codex[100] ran git ls-remote "), "{text}");
+    assert!(!text.contains("package manager") && !text.contains("npm"), "{text}");
+    // The same git under a package manager is the manager's.
+    let mut run = Run::new();
+    run.exec(200, 1, &["npm", "install"], &[]);
+    let alert = git_reading_netrc(&mut run, 200);
+    assert_eq!(
+        alert.credwatch.why.as_deref(),
+        Some("git/git-remote-https/git-remote-http started by the package manager itself (e.g. for a git dependency)")
+    );
+    assert!(crate::output::render(&alert, false).starts_with("[LOW] npm package code opened /home/alice/.netrc\n"));
+}
+
 #[test]
 fn the_same_reads_outside_an_agent_tree_or_by_another_agent() {
     // Not under an agent nor a manager: nothing is watched.

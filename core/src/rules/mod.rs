@@ -740,12 +740,17 @@ fn build_rule(file: &str, schema: SchemaVersion, rule: Spanned<RuleDoc>) -> Resu
     if let Some(access) = doc.access.as_ref().filter(|_| kind != KindName::Target) {
         return Err(invalid(access.referenced, "`access` goes with `targets`".into()));
     }
-    let judged_here =
-        |a: &&Spanned<schema::ActorEntry>| matches!(a.value.actor.who, Who::Loader { .. } | Who::Under { .. });
+    let judged_here = |a: &&Spanned<schema::ActorEntry>| {
+        matches!(
+            a.value.actor.who,
+            Who::Loader { .. } | Who::Under { .. } | Who::Execs { unless_command: Some(_), .. }
+        )
+    };
     if let Some(actor) = doc.actors.iter().find(judged_here).filter(|_| doc.action == Action::Kill) {
         return Err(invalid(
             actor.referenced,
-            "`after_opens` and `under` actors are judged in userspace only: not on a `kill` rule".into(),
+            "`after_opens`, `under` and `unless_command` actors are judged in userspace only: not on a `kill` rule"
+                .into(),
         ));
     }
     let nothing_to_exclude = matches!(kind, KindName::Syscall | KindName::Connect);

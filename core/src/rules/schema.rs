@@ -706,8 +706,11 @@ pub enum Who {
     Manager { outermost: bool },
     /// A process whose executable basename is in `execs`. With `via_manager`, every process
     /// between the nearest manager and it must be such a process too (npm → git → ssh), so
-    /// package code cannot borrow the exemption by running its own `git`.
-    Execs { execs: Vec<String>, via_manager: bool },
+    /// package code cannot borrow the exemption by running its own `git`. With `installed`,
+    /// only the system's own program (see [`SYSTEM_BIN_DIRS`]), run as installed. With
+    /// `unless_command`, not when the regex matches its argv words after argv[0], joined by
+    /// spaces (`ps e` printing every environment is not `ps aux`).
+    Execs { execs: Vec<String>, via_manager: bool, installed: bool, unless_command: Option<CommandPattern> },
     /// A configuration loader: the same process tried to open another file of the chain
     /// (`after`, successfully or not) at most `within_ns` before this one, the way config
     /// libraries walk the project's, the user's and the global file in turn.
@@ -716,6 +719,11 @@ pub enum Who {
     /// runs one of `execs` (`make`, `configure`, `cmake`, ...).
     Under { execs: Vec<String> },
 }
+
+/// Where an `installed` actor's executable must lie (directly): what the distribution's
+/// package manager installs, which package code cannot write without root (and a tree's
+/// writes there are remembered).
+pub const SYSTEM_BIN_DIRS: &[&str] = &["/usr/bin", "/bin", "/usr/sbin", "/sbin"];
 
 /// Longest `within_ms` a loader actor may ask for: a chain is read in one go, and a longer
 /// look-back would let a stealer hide behind any earlier read.
@@ -732,6 +740,10 @@ struct ActorDoc {
     execs: Vec<String>,
     #[serde(default)]
     via_manager: bool,
+    #[serde(default)]
+    installed: bool,
+    #[serde(default)]
+    unless_command: Option<CommandPattern>,
     #[serde(default)]
     after_opens: Vec<Pattern>,
     #[serde(default)]
@@ -770,6 +782,9 @@ impl TryFrom<ActorDoc> for ActorEntry {
         if doc.via_manager && doc.execs.is_empty() {
             return Err("`via_manager` goes with `execs`".into());
         }
+        if (doc.installed || doc.unless_command.is_some()) && doc.execs.is_empty() {
+            return Err("`installed` and `unless_command` go with `execs`".into());
+        }
         if doc.within_ms.is_some() == doc.after_opens.is_empty() {
             return Err("`after_opens` and `within_ms` go together".into());
         }
@@ -782,7 +797,12 @@ impl TryFrom<ActorDoc> for ActorEntry {
         let who = if doc.manager {
             Who::Manager { outermost: doc.outermost }
         } else if !doc.execs.is_empty() {
-            Who::Execs { execs: doc.execs, via_manager: doc.via_manager }
+            Who::Execs {
+                execs: doc.execs,
+                via_manager: doc.via_manager,
+                installed: doc.installed,
+                unless_command: doc.unless_command,
+            }
         } else if !doc.under.is_empty() {
             Who::Under { execs: doc.under }
         } else {

@@ -301,6 +301,28 @@ fn unknown_manager_references_and_bad_actors_are_errors() {
         "    severity: high\n    actors:\n      - {manager: true, execs: [git], verdict: low}\n",
     ));
     assert_invalid_at(&error, &file, (9, 9), "exactly one of");
+    // `installed` and `unless_command` qualify an `execs` actor; the kernel, which spares by
+    // executable alone, cannot judge argv: not on a `kill` rule.
+    let (error, file) = error_for(&MINIMAL_RULE.replace(
+        "    severity: high\n",
+        "    severity: high\n    actors:\n      - {under: [make], installed: true, verdict: low}\n",
+    ));
+    assert_invalid_at(&error, &file, (9, 9), "`installed` and `unless_command` go with `execs`");
+    let (error, file) = error_for(&MINIMAL_RULE.replace(
+        "    severity: high\n",
+        "    severity: high\n    actors:\n      - {execs: [ps], unless_command: '(e', verdict: low}\n",
+    ));
+    assert_invalid_at(&error, &file, (9, 39), "bad command regex \"(e\"");
+    let (error, file) = error_for(&MINIMAL_RULE.replace(
+        "    severity: high\n",
+        "    severity: high\n    action: kill\n    actors:\n      - {execs: [ps], installed: true, unless_command: e, verdict: low}\n",
+    ));
+    assert_invalid_at(&error, &file, (10, 9), "`unless_command` actors are judged in userspace only");
+    // The kernel spares the installed file's inode alone: `installed` holds there too.
+    let dir = tempfile::tempdir().unwrap();
+    let kill = "    severity: high\n    action: kill\n    actors:\n      - {execs: [ps], installed: true, verdict: low}\n";
+    write(dir.path(), "ok.yaml", &MINIMAL_RULE.replace("    severity: high\n", kill));
+    RuleSet::load_dir(dir.path()).unwrap();
 }
 
 #[test]
