@@ -503,7 +503,10 @@ struct Home {
 }
 
 fn home() -> Home {
-    let dir = tempfile::tempdir().unwrap();
+    home_in(tempfile::tempdir().unwrap())
+}
+
+fn home_in(dir: tempfile::TempDir) -> Home {
     let root = fs::canonicalize(dir.path()).unwrap();
     let home = root.join("home");
     let work = root.join("work");
@@ -1064,6 +1067,107 @@ fn the_credential_table_follows_its_directories_by_inotify() {
     until_files(&mut sensor, 4);
     fs::write(h.home.join(".ssh/deploy/id_other"), format!("{SECRET}-4\n")).unwrap();
     until_files(&mut sensor, 5);
+}
+
+/// A small ext4 file system of the test's own, loop-mounted: like the ext4, xfs and btrfs of
+/// real homes, it gives a deleted file's inode number to the next file made (tmpfs, the kernel
+/// matrix's /tmp, never reuses one).
+struct Ext4 {
+    dir: tempfile::TempDir,
+}
+
+impl Ext4 {
+    fn mount() -> Ext4 {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("fs.ext4");
+        fs::File::create(&image).unwrap().set_len(32 << 20).unwrap();
+        fs::create_dir(dir.path().join("mnt")).unwrap();
+        // orphan_file: 5.10 mounts such a file system read-only.
+        let mkfs = Command::new("mkfs.ext4").args(["-q", "-F", "-O", "^orphan_file"]).arg(&image).status().unwrap();
+        assert!(mkfs.success(), "mkfs.ext4: {mkfs}");
+        let mount =
+            Command::new("mount").args(["-o", "loop"]).arg(&image).arg(dir.path().join("mnt")).status().unwrap();
+        assert!(mount.success(), "mount -o loop: {mount}");
+        Ext4 { dir }
+    }
+
+    fn root(&self) -> PathBuf {
+        self.dir.path().join("mnt")
+    }
+}
+
+impl Drop for Ext4 {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.root()).status();
+    }
+}
+
+/// A file that gets the inode number of a deleted credential file before the table's next
+/// scan is not that file: the kernel compares the inode's generation with the one the agent
+/// read, so under `--enforce` its opener is neither killed nor refused, and no `same_file_as`
+/// names the deleted key.
+#[test]
+fn a_file_reusing_a_deleted_credential_files_inode_number_is_not_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let ext4 = Ext4::mount();
+    let h = home_in(tempfile::tempdir_in(ext4.root()).unwrap());
+    let mut sensor = protected_sensor(&h, true);
+    let key = h.home.join(".ssh/id_rsa");
+    let ino = fs::metadata(&key).unwrap().ino();
+    fs::remove_file(&key).unwrap();
+    // No poll until the opener has exited: no rescan, so the kernel's map still holds the
+    // key's (dev, ino), with its `kill` rule.
+    let reused = (0..4000)
+        .map(|n| h.work.join(format!("file-{n}")))
+        .find(|file| {
+            fs::write(file, "not a key\n").unwrap();
+            fs::metadata(file).unwrap().ino() == ino
+        })
+        .expect("ext4 gives the deleted key's inode number to a new file");
+    let mut child = python_marked(&mut sensor, "import sys; open(sys.argv[1]).read()", &[&path(&reused)]);
+    let status = child.wait().unwrap();
+    let pid = child.id();
+    let mut events = Vec::new();
+    collect(&mut sensor, &mut events, |events| exited(events, pid).is_some());
+    assert!(status.success(), "the opener lives: {status:?}");
+    let open = open_of(&events, pid, &path(&reused));
+    assert_eq!((open.ino, open.ret >= 0), (ino, true), "{open:?}");
+    assert!(!open.blocked && !open.denied && open.same_file_as.is_none(), "{open:?}");
+}
+
+/// A credential file rewritten by a rename over it (a temp file, then `rename`: how editors and
+/// agents save) is a new inode: the table follows it, so that a hardlink of the new file names
+/// it, and forgets the old inode, so that a name the old one kept no longer does.
+#[test]
+fn a_credential_file_replaced_by_a_rename_over_it_is_followed_to_its_new_inode() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = home();
+    let mut sensor = protected_sensor(&h, false);
+    let npmrc = h.home.join(".npmrc");
+    let (old, new) = (h.work.join("old"), h.work.join("new"));
+    fs::hard_link(&npmrc, &old).unwrap();
+    fs::write(h.home.join(".npmrc.tmp"), "//registry.npmjs.org/:_authToken=rotated\n").unwrap();
+    fs::rename(h.home.join(".npmrc.tmp"), &npmrc).unwrap();
+    fs::hard_link(&npmrc, &new).unwrap();
+    // The new inode first: once it is matched, the rescan that dropped the old one came before
+    // the old one's open.
+    let opener = "import sys\nfor name in sys.argv[1:]:\n    open(name).read()";
+    let deadline = Instant::now() + Duration::from_secs(10) * slow();
+    loop {
+        let mut child = python_marked(&mut sensor, opener, &[&path(&new), &path(&npmrc), &path(&old)]);
+        let pid = child.id();
+        let mut events = Vec::new();
+        collect(&mut sensor, &mut events, |events| exited(events, pid).is_some());
+        assert!(child.wait().unwrap().success());
+        let same_file_as = |file: &Path| open_of(&events, pid, &path(file)).same_file_as.clone();
+        if same_file_as(&new).is_some() {
+            assert_eq!(same_file_as(&new), Some(path(&npmrc)), "the new inode");
+            assert_eq!(same_file_as(&npmrc), Some(path(&npmrc)));
+            assert_eq!(same_file_as(&old), None, "the old inode, by a name it kept");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the table never followed .npmrc to its new inode");
+    }
 }
 
 /// An open already inside the kernel when its process is marked had no entry program run for

@@ -14,13 +14,21 @@
 //! alone would not do: targets under directories that do not exist yet, and recursive ones,
 //! need the walk to know what to watch. An idle agent thus wakes for the table once a minute
 //! rather than every few seconds.
+//!
+//! The table matches only the file it was made for. A file system that reuses inode numbers
+//! (ext4, xfs, btrfs) gives a file made after a credential file's deletion its number; what
+//! tells them apart is the inode's generation, which the agent reads (`FS_IOC_GETVERSION`) and
+//! the kernel compares on a hit. Where no generation can be read, tmpfs reuses no numbers; on
+//! the rest (overlayfs, FUSE, ...) a hit is confirmed in userspace by the credential's path
+//! still naming that inode ([`CredentialTable::confirms`]). A file replaced by a rename over it
+//! (an atomic rewrite) is a new inode: inotify sees the rename and the next scan follows it.
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeSet, HashMap, HashSet},
     fs, io,
     os::{
-        fd::{AsFd, BorrowedFd},
-        unix::fs::MetadataExt as _,
+        fd::{AsFd, AsRawFd as _, BorrowedFd},
+        unix::fs::{MetadataExt as _, OpenOptionsExt as _},
     },
     path::{Path, PathBuf},
     time::Duration,
@@ -30,9 +38,12 @@ use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 
 use credwatch_common::{cred_flag, spare_flag, CredInode, InodeKey, SparedExe};
 
-use credwatch_core::rules::{
-    schema::{Action, Who},
-    Rule, RuleSet,
+use credwatch_core::{
+    event::Open,
+    rules::{
+        schema::{Action, Who},
+        Rule, RuleSet,
+    },
 };
 
 /// How often the table is rebuilt from the file system whatever inotify says.
@@ -73,6 +84,23 @@ pub struct CredentialTable {
     /// a rescan.
     paths: Vec<String>,
     indexes: HashMap<String, u32>,
+    /// Entries a hit on which is the file itself: the kernel compared its generation, or its
+    /// file system reuses no inode numbers.
+    exact: HashSet<InodeKey>,
+    /// Those of the scan before that left the map: a record made before a rescan may be read
+    /// after it.
+    exact_before: HashSet<InodeKey>,
+}
+
+/// What tells a credential file from another that gets its inode number once it is deleted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Identity {
+    /// The inode's generation: the kernel compares it on a hit.
+    Generation(u32),
+    /// tmpfs: inode numbers come from a per-mount counter and are not reused.
+    NumbersNotReused,
+    /// Nothing: a hit is confirmed by the path still naming the inode.
+    PathOnly,
 }
 
 /// What one scan found: the kernel map's new content, whether a limit cut it short, and the
@@ -82,6 +110,8 @@ pub struct Scan {
     pub inodes: HashMap<InodeKey, CredInode>,
     pub truncated: bool,
     pub dirs: BTreeSet<PathBuf>,
+    /// The keys of `inodes` whose hits need no path check (see [`CredentialTable::confirms`]).
+    exact: HashSet<InodeKey>,
 }
 
 /// The kernel's `dev_t` encoding (major << 20 | minor) of a userspace `st_dev`.
@@ -103,7 +133,14 @@ pub fn system_homes() -> Vec<PathBuf> {
 
 impl CredentialTable {
     pub fn new(rules: Vec<Rule>, homes: impl IntoIterator<Item = PathBuf>) -> CredentialTable {
-        let mut table = CredentialTable { rules, homes: BTreeSet::new(), paths: Vec::new(), indexes: HashMap::new() };
+        let mut table = CredentialTable {
+            rules,
+            homes: BTreeSet::new(),
+            paths: Vec::new(),
+            indexes: HashMap::new(),
+            exact: HashSet::new(),
+            exact_before: HashSet::new(),
+        };
         for home in homes {
             table.add_home(&home);
         }
@@ -138,6 +175,27 @@ impl CredentialTable {
         self.paths = paths;
     }
 
+    /// Whether a hit of the kernel's map that named the credential file `path`, for an opened
+    /// file of `dev` (userspace `st_dev`) and `ino`, is that file. Where the kernel could not
+    /// compare a generation (and the file system may reuse numbers), `path` must still name
+    /// the inode (one `stat`): not for a number reused, or a file replaced since the last scan.
+    pub fn confirms(&self, path: &str, dev: u64, ino: u64) -> bool {
+        let key = InodeKey { dev: kernel_dev(dev), ino };
+        self.exact.contains(&key)
+            || self.exact_before.contains(&key)
+            || fs::metadata(path).is_ok_and(|meta| meta.dev() == dev && meta.ino() == ino)
+    }
+
+    /// Drops the `same_file_as` of `open` unless the table [`confirms`](Self::confirms) it;
+    /// false when it did.
+    pub fn confirm(&self, open: &mut Open) -> bool {
+        let confirmed = open.same_file_as.as_deref().is_none_or(|cred| self.confirms(cred, open.dev, open.ino));
+        if !confirmed {
+            open.same_file_as = None;
+        }
+        confirmed
+    }
+
     /// Finds every existing file that a rule targets.
     pub fn scan(&mut self) -> Scan {
         let mut scan = Scan::default();
@@ -160,6 +218,8 @@ impl CredentialTable {
                 }
             }
         }
+        self.exact_before = std::mem::replace(&mut self.exact, scan.exact.clone());
+        self.exact_before.retain(|key| !scan.inodes.contains_key(key));
         scan
     }
 
@@ -213,13 +273,16 @@ impl CredentialTable {
         if !self.rules[rule].matches_path(text, home_text) {
             return;
         }
-        let Ok(meta) = fs::metadata(path) else { return };
-        let key = InodeKey { dev: kernel_dev(meta.dev()), ino: meta.ino() };
+        let Some((key, identity)) = identify(path) else { return };
         let kill = if self.rules[rule].action == Action::Kill { cred_flag::KILL } else { 0 };
         if let Some(existing) = scan.inodes.get_mut(&key) {
             existing.flags |= kill;
             return;
         }
+        let (flags, generation) = match identity {
+            Identity::Generation(generation) => (kill | cred_flag::GENERATION, generation),
+            Identity::NumbersNotReused | Identity::PathOnly => (kill, 0),
+        };
         if scan.inodes.len() >= MAX_CRED_FILES {
             scan.truncated = true;
             return;
@@ -228,7 +291,10 @@ impl CredentialTable {
             scan.truncated = true;
             return;
         };
-        scan.inodes.insert(key, CredInode { index, flags: kill });
+        scan.inodes.insert(key, CredInode { index, flags, generation });
+        if identity != Identity::PathOnly {
+            scan.exact.insert(key);
+        }
     }
 
     fn index_of(&mut self, path: &str) -> Option<u32> {
@@ -244,6 +310,32 @@ impl CredentialTable {
         self.indexes.insert(path.to_owned(), index);
         Some(index)
     }
+}
+
+/// The kernel's key of the file at `path` (following symlinks) and what tells it from a file
+/// that reuses its number. The generation is read from the opened file, so that it is the
+/// generation of the inode keyed; only regular files and directories are opened (a device's
+/// open can do things), without blocking (a FIFO) and without reading.
+fn identify(path: &Path) -> Option<(InodeKey, Identity)> {
+    let meta = fs::metadata(path).ok()?;
+    let key = |meta: &fs::Metadata| InodeKey { dev: kernel_dev(meta.dev()), ino: meta.ino() };
+    if !meta.is_file() && !meta.is_dir() {
+        return Some((key(&meta), Identity::PathOnly));
+    }
+    let opened = fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(path);
+    let Some((file, meta)) = opened.ok().and_then(|file| file.metadata().ok().map(|meta| (file, meta))) else {
+        return Some((key(&meta), Identity::PathOnly));
+    };
+    // The kernel writes an int (ext4, xfs, btrfs, f2fs); room for the long the request names.
+    let mut generation: [libc::c_int; 2] = [0; 2];
+    // SAFETY: `file` is open for the call, and the buffer outlives it and holds what it writes.
+    if unsafe { libc::ioctl(file.as_raw_fd(), libc::FS_IOC_GETVERSION, generation.as_mut_ptr()) } == 0 {
+        return Some((key(&meta), Identity::Generation(generation[0] as u32)));
+    }
+    // SAFETY: all-zero is a valid statfs, filled by the call on the open `file`.
+    let mut stats: libc::statfs = unsafe { std::mem::zeroed() };
+    let tmpfs = unsafe { libc::fstatfs(file.as_raw_fd(), &mut stats) } == 0 && stats.f_type == libc::TMPFS_MAGIC;
+    Some((key(&meta), if tmpfs { Identity::NumbersNotReused } else { Identity::PathOnly }))
 }
 
 /// inotify on the directories of the last [`Scan`]: says when the table may have changed.
@@ -408,8 +500,8 @@ rules:
         let mut names: Vec<&String> = found.keys().collect();
         names.sort();
         assert_eq!(names, [&path(".npmrc"), &path(".ssh/deep"), &path(".ssh/deep/other"), &path(".ssh/id_rsa")]);
-        assert_eq!(found[&path(".ssh/id_rsa")], cred_flag::KILL);
-        assert_eq!(found[&path(".npmrc")], 0);
+        assert_eq!(found[&path(".ssh/id_rsa")] & cred_flag::KILL, cred_flag::KILL);
+        assert_eq!(found[&path(".npmrc")] & cred_flag::KILL, 0);
         let meta = fs::metadata(home.join(".ssh/id_rsa")).unwrap();
         let key = InodeKey { dev: kernel_dev(meta.dev()), ino: meta.ino() };
         assert_eq!(table.path(scan.inodes[&key].index), Some(path(".ssh/id_rsa").as_str()));
@@ -479,6 +571,61 @@ rules:
         assert_eq!(index(&first), index(&again));
         assert!(!table.add_home(&home), "known");
         assert!(!table.add_home(Path::new("relative")), "not absolute");
+    }
+
+    /// A hit is that file when the kernel compared its generation (or numbers are not reused),
+    /// else when its path still names the inode; an inode replaced by a rename over its path
+    /// stays that file for records made before the scan that dropped it, not after the next.
+    #[test]
+    fn a_hit_is_confirmed_by_the_generation_or_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().to_path_buf();
+        let npmrc = home.join(".npmrc");
+        fs::write(&npmrc, "t").unwrap();
+        let unrelated = home.join("unrelated");
+        fs::write(&unrelated, "x").unwrap();
+        let id = |path: &Path| {
+            let meta = fs::metadata(path).unwrap();
+            (meta.dev(), meta.ino())
+        };
+        let mut table = CredentialTable::new(rules(RULES), [home.clone()]);
+        let scan = table.scan();
+        let cred = scan.inodes.values().next().copied().unwrap();
+        // The file system of the temp dir: ext4 gives a generation, tmpfs none but reuses no
+        // numbers; either way the kernel's match needs no path check.
+        let (generation, tmpfs) = match identify(&npmrc).unwrap().1 {
+            Identity::Generation(generation) => (generation, false),
+            Identity::NumbersNotReused => (0, true),
+            Identity::PathOnly => panic!("the temp dir's file system is neither ext4-like nor tmpfs"),
+        };
+        assert_eq!((cred.flags & cred_flag::GENERATION != 0, cred.generation), (!tmpfs, generation));
+        let text = npmrc.to_str().unwrap();
+        let (dev, ino) = id(&npmrc);
+        assert!(table.confirms(text, dev, ino));
+        // Not in the table, and not what the path names: a number reused on a file system
+        // without generations.
+        let (other_dev, other_ino) = id(&unrelated);
+        assert!(!table.confirms(text, other_dev, other_ino));
+
+        // An atomic rewrite: the old inode lives on under another name.
+        fs::hard_link(&npmrc, home.join("old")).unwrap();
+        fs::write(home.join(".npmrc.tmp"), "t2").unwrap();
+        fs::rename(home.join(".npmrc.tmp"), &npmrc).unwrap();
+        let (new_dev, new_ino) = id(&npmrc);
+        assert_ne!(new_ino, ino);
+        assert!(table.confirms(text, dev, ino), "the kernel's entry is still the old inode's");
+        let scan = table.scan();
+        assert_eq!(scan.inodes.keys().map(|key| key.ino).collect::<Vec<_>>(), [new_ino], "followed to the new inode");
+        assert_eq!(scan.inodes.values().next().unwrap().index, cred.index);
+        assert!(table.confirms(text, dev, ino), "a record made before this scan");
+        assert!(table.confirms(text, new_dev, new_ino));
+        table.scan();
+        assert!(!table.confirms(text, dev, ino), "two scans on, the old inode is another file");
+        assert!(table.confirms(text, new_dev, new_ino));
+        let mut open = Open { same_file_as: Some(text.to_owned()), dev, ino, ..Open::default() };
+        assert!(!table.confirm(&mut open) && open.same_file_as.is_none());
+        let mut open = Open { same_file_as: Some(text.to_owned()), dev: new_dev, ino: new_ino, ..Open::default() };
+        assert!(table.confirm(&mut open) && open.same_file_as.as_deref() == Some(text));
     }
 
     #[test]

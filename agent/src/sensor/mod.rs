@@ -1286,6 +1286,7 @@ impl Sensor {
         let mut bulk = 0;
         let Sensor { events, priority, decoder, stats, credentials, canary, pins, .. } = self;
         let mut homes = Vec::new();
+        let mut unconfirmed = false;
         {
             let table = credentials.as_ref().map(|(table, _)| table);
             let cred_path = |index: u32| table.and_then(|t| t.path(index)).map(str::to_owned);
@@ -1307,6 +1308,11 @@ impl Sensor {
                                 homes.extend(exec.env.get("HOME").cloned());
                                 exec.project = project::for_exec(&exec.executable, &exec.args, &exec.cwd);
                             }
+                            // A hit on an inode the table no longer describes is not that file,
+                            // and the table is out of date.
+                            if let (EventData::Open(open), Some(table)) = (&mut event.data, table) {
+                                unconfirmed |= !table.confirm(open);
+                            }
                             stats.events += 1;
                             out.push(event);
                         }
@@ -1318,6 +1324,9 @@ impl Sensor {
         out[before..].sort_by_key(|event| event.time_ns);
         // A home first seen now is scanned at the next poll.
         if let Some((table, next)) = credentials {
+            if unconfirmed {
+                *next = (*next).min(Instant::now() + RESCAN_AFTER_CHANGE);
+            }
             for home in homes {
                 if table.add_home(Path::new(&home)) {
                     *next = Instant::now();

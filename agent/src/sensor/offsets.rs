@@ -31,6 +31,7 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         qstr_name: m("qstr", "name")?,
         inode_i_ino: m("inode", "i_ino")?,
         inode_i_sb: m("inode", "i_sb")?,
+        inode_i_generation: m("inode", "i_generation")?,
         super_block_s_dev: m("super_block", "s_dev")?,
         mount_mnt: m("mount", "mnt")?,
         mount_mnt_parent: m("mount", "mnt_parent")?,

@@ -102,7 +102,8 @@ pub mod tamper_syscall {
 
 /// Bits of [`OpenEvent::record_flags`] and [`SyscallEvent::record_flags`].
 pub mod record_flag {
-    /// The opened file's (dev, ino) is in `CRED_INODES`; `cred_index` names it.
+    /// The opened file's (dev, ino) is in `CRED_INODES`, and so is its generation where the
+    /// entry has one; `cred_index` names it.
     pub const CRED_INODE: u32 = 1;
     /// The kernel sent SIGKILL to the process (`--enforce`).
     pub const BLOCKED: u32 = 2;
@@ -131,6 +132,9 @@ pub mod cred_flag {
     /// A rule with action `kill` targets this file: under `--enforce` an open of it by a
     /// marked process kills the process at the open's syscall exit.
     pub const KILL: u32 = 1;
+    /// [`CredInode::generation`] is the file's `i_generation` (the agent read it): an inode with
+    /// this number but another generation is another file that reuses the number, not this one.
+    pub const GENERATION: u32 = 2;
 }
 
 /// Bits of [`Mark::flags`].
@@ -232,6 +236,9 @@ pub struct KernelOffsets {
     pub qstr_name: u32,
     pub inode_i_ino: u32,
     pub inode_i_sb: u32,
+    /// `inode::i_generation` (a u32), which file systems that reuse inode numbers change when
+    /// they do.
+    pub inode_i_generation: u32,
     pub super_block_s_dev: u32,
     /// Offset of `struct vfsmount mnt` inside `struct mount` (`real_mount()` is container_of).
     pub mount_mnt: u32,
@@ -349,6 +356,8 @@ pub struct CredInode {
     pub index: u32,
     /// [`cred_flag`] bits.
     pub flags: u32,
+    /// The file's `i_generation`, with [`cred_flag::GENERATION`].
+    pub generation: u32,
 }
 
 /// Starts every record in the ring buffer.
@@ -688,12 +697,12 @@ mod tests {
 
     #[test]
     fn config_has_no_padding() {
-        assert_eq!(size_of::<KernelOffsets>(), 56 * 4);
+        assert_eq!(size_of::<KernelOffsets>(), 57 * 4);
         assert_eq!(size_of::<Config>(), size_of::<KernelOffsets>() + 32);
         assert_eq!(size_of::<SparedExe>(), 8);
         assert_eq!(size_of::<ManagerValue>(), 8);
         assert_eq!(size_of::<InodeKey>(), 16);
-        assert_eq!(size_of::<CredInode>(), 8);
+        assert_eq!(size_of::<CredInode>(), 12);
         assert_eq!(size_of::<HookedSyscall>(), 8);
     }
 }

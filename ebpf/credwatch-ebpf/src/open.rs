@@ -7,9 +7,11 @@
 //!   [`crate::path`]): that path already accounts for symlinks, `..`, dirfds,
 //!   `/proc/self/root` and bind mounts.
 //! - Credential inodes: at the exit of every open of a marked process, the opened file's
-//!   (s_dev, i_ino) is looked up in `CRED_INODES` (one more lookup, marked processes only).
-//!   A hit goes to `PRIORITY`, and under `--enforce` a `KILL` inode kills the process. The
-//!   open has completed by then (an `O_TRUNC` has truncated), but nothing was read.
+//!   (s_dev, i_ino) is looked up in `CRED_INODES` (one more lookup, marked processes only), and
+//!   on a hit its `i_generation` compared with the entry's (one more read, hits only), so that a
+//!   file reusing a deleted credential file's inode number is not taken for it. A hit goes to
+//!   `PRIORITY`, and under `--enforce` a `KILL` inode kills the process. The open has completed
+//!   by then (an `O_TRUNC` has truncated), but nothing was read.
 
 use core::{
     ffi::c_void,
@@ -24,13 +26,13 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use credwatch_common::{
-    config_flag, cred_flag, kind, open_syscall, path_flag, record_flag, syscall_family, Config, KernelOffsets, Mark,
-    OpenEvent, MAX_GIVEN_PATH, MAX_OPEN_RECORD, MAX_RESOLVED_PATH,
+    config_flag, cred_flag, kind, open_syscall, path_flag, record_flag, syscall_family, Config, CredInode, InodeKey,
+    KernelOffsets, Mark, OpenEvent, MAX_GIVEN_PATH, MAX_OPEN_RECORD, MAX_RESOLVED_PATH,
 };
 
 use crate::{
     enforce::{kill_current, spared},
-    file::{fd_file, file_key, inode_key, opened_file},
+    file::{fd_file, inode_key, opened_file},
     helpers::{config, current_mark, fill_header, launder, output, read, zero, Res},
     maps::{CRED_INODES, MAX_PENDING_OPENS, OPEN_SCRATCH, OPEN_SLOTS, OPEN_SLOT_COUNT, PENDING_OPENS, TAINTED},
     path::{resolve_into, Location},
@@ -262,9 +264,9 @@ pub(crate) fn deny_open(pid_tgid: u64, mark: Mark, file: u64) -> bool {
         return false;
     }
     let off = &config.offsets;
-    let Ok(key) = file_key(off, file) else { return false };
-    // SAFETY: copied out at once.
-    let Some(cred) = (unsafe { CRED_INODES.get(&key).copied() }) else { return false };
+    let Ok(inode) = read::<u64>(file, off.file_f_inode) else { return false };
+    let Ok(key) = inode_key(off, inode) else { return false };
+    let Some(cred) = cred_inode(off, inode, &key) else { return false };
     if cred.flags & cred_flag::KILL == 0 || spared(config, mark) {
         return false;
     }
@@ -280,6 +282,19 @@ pub(crate) fn deny_open(pid_tgid: u64, mark: Mark, file: u64) -> bool {
     let _ = save_open(tid, &reported);
     let _ = emit_open(config, pid_tgid, mark, pending, file, -EPERM, no_entry | record_flag::DENIED);
     true
+}
+
+/// The `CRED_INODES` entry of the inode at `inode`, whose key is `key`. An entry with a
+/// generation is that inode only while the inode has it: a file that got the number of a
+/// deleted credential file (ext4, xfs and btrfs reuse numbers) has another.
+#[inline(always)]
+fn cred_inode(off: &KernelOffsets, inode: u64, key: &InodeKey) -> Option<CredInode> {
+    // SAFETY: copied out at once.
+    let cred = unsafe { CRED_INODES.get(key).copied() }?;
+    if cred.flags & cred_flag::GENERATION != 0 && read::<u32>(inode, off.inode_i_generation) != Ok(cred.generation) {
+        return None;
+    }
+    Some(cred)
 }
 
 /// Builds and sends the record of an open of `file` (0: none) with result `ret`, what its
@@ -324,8 +339,7 @@ fn emit_open(
             if let Ok(key) = inode_key(off, opened.inode) {
                 (*event).dev = key.dev;
                 (*event).ino = key.ino;
-                // SAFETY: copied out at once.
-                if let Some(cred) = CRED_INODES.get(&key).copied() {
+                if let Some(cred) = cred_inode(off, opened.inode, &key) {
                     record_flags |= record_flag::CRED_INODE;
                     (*event).cred_index = cred.index;
                     // The tree's later connects are held for the agent's verdict.

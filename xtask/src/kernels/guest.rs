@@ -149,7 +149,7 @@ sync
 $K/busybox poweroff -f
 "#;
 
-/// The initramfs of a kernel: static busybox, the init above, virtio_blk and its dependencies.
+/// The initramfs of a kernel: static busybox, the init above, virtio_blk, loop and their dependencies.
 pub fn initrd(release_dir: &Path, release: &str, out: &Path) -> Result<()> {
     if !crate::busybox_static_installed() {
         bail!("the kernel matrix needs Debian's busybox-static");
@@ -163,8 +163,9 @@ pub fn initrd(release_dir: &Path, release: &str, out: &Path) -> Result<()> {
     let init = stage.join("init");
     fs::write(&init, INITRAMFS_INIT.replace("@RUN@", RUN_MOUNT))?;
     set_mode(&init, 0o755)?;
-    // virtio_pci is the transport (a module on 5.10 and 6.1, built in later).
-    let modules = fetch::module_closure(release_dir, &["virtio_pci", "virtio_blk"])?;
+    // virtio_pci is the transport (a module on 5.10 and 6.1, built in later); loop for the
+    // sensor test that needs an ext4 of its own (tmpfs never reuses an inode number).
+    let modules = fetch::module_closure(release_dir, &["virtio_pci", "virtio_blk", "loop"])?;
     let mut order = String::new();
     for (name, bytes) in &modules {
         fs::write(stage.join("modules").join(format!("{name}.ko")), bytes)?;
