@@ -153,6 +153,11 @@ pub struct Exec {
     /// attaches it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project: Option<Project>,
+    /// For a script run through its `#!` line: its real path, links resolved, as the sensor
+    /// found it at the exec (`npx` runs a bin through a link in its cache). Neither the kernel
+    /// (the script's file is closed by then) nor the engine (it reads no files) can tell it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<String>,
 }
 
 /// A container as a foreign trace names it; built by [`StatedContainer::new`], which keeps only

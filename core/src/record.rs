@@ -294,6 +294,7 @@ fn exec(bytes: &[u8], header: &EventHeader) -> Result<Exec, DecodeError> {
         env: attribution_env(whole_variables(env)),
         seeded: false,
         project: None,
+        script: None,
     })
 }
 

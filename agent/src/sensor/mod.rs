@@ -11,6 +11,7 @@ pub mod kernel_log;
 pub mod offsets;
 pub mod pins;
 mod project;
+mod script;
 mod seed;
 
 use std::{
@@ -1208,6 +1209,7 @@ impl Sensor {
             if let EventData::Exec(exec) = &mut event.data {
                 exec.seeded = true;
                 exec.project = project::for_exec(&exec.executable, &exec.args, &exec.cwd);
+                exec.script = script::for_exec(event.pid, &exec.filename, &exec.executable, &exec.cwd);
                 if let (Some(home), Some((table, next))) = (exec.env.get("HOME"), &mut self.credentials) {
                     if table.add_home(Path::new(home)) {
                         *next = Instant::now();
@@ -1307,6 +1309,7 @@ impl Sensor {
                             if let EventData::Exec(exec) = &mut event.data {
                                 homes.extend(exec.env.get("HOME").cloned());
                                 exec.project = project::for_exec(&exec.executable, &exec.args, &exec.cwd);
+                                exec.script = script::for_exec(event.pid, &exec.filename, &exec.executable, &exec.cwd);
                             }
                             // A hit on an inode the table no longer describes is not that file,
                             // and the table is out of date.

@@ -90,6 +90,7 @@ fn read_proc(process: &Process, dir: &Path, hierarchies: &Hierarchies) -> Option
             env: attribution_env(&fs::read(dir.join("environ")).unwrap_or_default()),
             seeded: true,
             project: None,
+            script: None,
             args,
         },
     })

@@ -357,10 +357,16 @@ impl RuleSet {
         self.project_code[entry].0.tools.iter().position(|tool| tool.execs.iter().any(|e| e == name))
     }
 
-    /// Whether `executable` (an absolute path), started by the tool `tool` of the project
-    /// command `entry`, is a program the tool built of the project's code (a doctest).
-    pub fn project_tool_program(&self, entry: usize, tool: usize, executable: &str) -> bool {
-        self.project_code[entry].0.tools[tool].programs.iter().any(|p| p.matcher.is_match(executable))
+    /// Whether a program started by the tool `tool` of the project command `entry` is the
+    /// project's: its `executable` (an absolute path) is one the tool built of the project's
+    /// code (a doctest), or its `script` (an absolute path) is the project's own, in `cwd`.
+    pub fn project_tool_program(&self, entry: usize, tool: usize, executable: &str, script: &str, cwd: &str) -> bool {
+        let tool = &self.project_code[entry].0.tools[tool];
+        let own_script = || {
+            let in_project = script.strip_prefix(cwd.trim_end_matches('/')).is_some_and(|rest| rest.starts_with('/'));
+            in_project && cwd.starts_with('/') && !script.contains("/node_modules/")
+        };
+        tool.programs.iter().any(|p| p.matcher.is_match(executable)) || (tool.own_scripts && own_script())
     }
 
     /// The home that `path`, opened (or looked for) by the manager `manager` itself, lies in,

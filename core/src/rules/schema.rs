@@ -284,7 +284,13 @@ pub struct ProjectTool {
     /// Executable basenames of the tool (`rustdoc`).
     pub execs: Vec<String>,
     /// The programs it builds and runs (`*/rustdoctest*/rust_out`): globs, `*` crosses `/`.
+    #[serde(default)]
     pub programs: Vec<WordPattern>,
+    /// A script it runs is the project's when its real path lies in the directory it runs in,
+    /// outside any `node_modules` (a bin of the project's own package, not a dependency's or
+    /// a registry package's).
+    #[serde(default)]
+    pub own_scripts: bool,
 }
 
 /// Files under its user's home that a manager itself opens or looks for (`.npmrc`,

@@ -195,3 +195,52 @@ fn a_program_the_tree_wrote_is_caught_however_it_is_executed() {
         );
     }
 }
+
+/// `npx <bin>` (npm 11) in the project: npx runs `sh -c <bin>`, and the shell runs the bin's
+/// link in npx's cache; `script` is where the link leads, as the sensor found it.
+fn npx_bin(run: &mut Run, pid: u32, ppid: u32, bin: &str, script: Option<&str>) {
+    let npx = ["/usr/bin/npx", bin];
+    exec_resolved(run, pid, ppid, ("/usr/bin/npx", "/usr/bin/node"), &npx);
+    exec_resolved(run, pid, ppid, ("/usr/bin/node", "/usr/bin/node"), &["node", "/usr/bin/npx", bin]);
+    run.fork(pid, pid + 1);
+    exec_resolved(run, pid + 1, pid, ("/bin/sh", "/usr/bin/dash"), &["sh", "-c", bin]);
+    let link = format!("/home/alice/.npm/_npx/387bb4f387f12ee2/node_modules/.bin/{bin}");
+    run.fork(pid + 1, pid + 2);
+    run.send(
+        pid + 2,
+        EventData::Exec(Exec {
+            ppid: pid + 1,
+            filename: link.clone(),
+            executable: "/usr/bin/node".into(),
+            args: vec!["node".into(), link],
+            cwd: APP.into(),
+            uid: 1000,
+            gid: 1000,
+            script: script.map(str::to_owned),
+            ..Exec::default()
+        }),
+    );
+    run.open(pid + 2, "/home/alice/app/.env");
+}
+
+#[test]
+fn npx_of_the_projects_own_bin_is_the_project_and_other_bins_are_not() {
+    let mut run = Run::new();
+    npx_bin(&mut run, 1000, 1, "devcli", Some("/home/alice/app/cli.js"));
+    assert!(run.take().is_empty(), "the project's own bin");
+    // A registry package's bin, and a dependency's, are package code.
+    for script in ["/home/alice/.npm/_npx/387bb4f387f12ee2/node_modules/cowsay/cli.js", "/home/alice/app/node_modules/tool/cli.js"] {
+        let mut run = Run::new();
+        npx_bin(&mut run, 1100, 1, "tool", Some(script));
+        assert_eq!(run.one().rule.id, "dotenv-files", "{script}");
+    }
+    // Where the link leads is unknown (a foreign trace): its path in the cache is no project's.
+    let mut run = Run::new();
+    npx_bin(&mut run, 1200, 1, "devcli", None);
+    assert_eq!(run.one().rule.id, "dotenv-files");
+    // The project's bin run by npx in a postinstall is package code.
+    let mut run = Run::new();
+    run.exec(1300, 1, &["npm", "install"], &[]).spawn(1301, 1300, &["sh", "-c", "npx devcli"], POSTINSTALL);
+    npx_bin(&mut run, 1302, 1301, "devcli", Some("/home/alice/app/cli.js"));
+    assert_eq!(run.one().rule.id, "dotenv-files");
+}
