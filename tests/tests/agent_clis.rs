@@ -463,7 +463,11 @@ fn check(sandbox: &Sandbox, agent: &Agent, run: &Run, enforce: bool) {
             assert_eq!(outcome, "alerted", "{alert:#}\n{}", context());
         }
     }
-    println!("{}: {} alerts of its own runs: {alerts:#?}", agent.name, alerts.len());
+    // The figures: what the agent's runs raised, one JSON alert a line.
+    println!("{}: {} alerts of its own runs", agent.name, alerts.len());
+    for alert in &alerts {
+        println!("{alert}");
+    }
 }
 
 fn test_agent(agent: impl Fn(&Sandbox, u16) -> Agent, enforce: bool) {
