@@ -62,6 +62,11 @@ const POLL_INTERVAL: Duration = Duration::from_millis(50);
 /// [`Sensor::wake_on`]), and the sensor wakes for its own timers inside it, so an idle agent
 /// sleeps for this long between two looks at the loop's control.
 const IDLE_POLL_INTERVAL: Duration = Duration::from_secs(60);
+/// How late a record may reach the engine after the time it carries (the bulk ring is read
+/// every 10 ms while records flow; a loaded machine schedules the reader late): the live clock
+/// releases an alert held for a configuration chain only this long after its window closed,
+/// so that a record of the window still in a ring lowers it as a replay of the trace would.
+const LATE_RECORDS: Duration = Duration::from_millis(100);
 /// How old the kernel figures of the metrics may be when scraped again.
 const KERNEL_FIGURES_AGE: Duration = Duration::from_secs(2);
 
@@ -218,11 +223,14 @@ fn wake_on_signals(sensor: &mut Sensor, signals: &[libc::c_int]) -> Result<()> {
 
 /// The sensor as the pipeline's source: the events the agent made itself first (the trees
 /// seeded from `/proc`, `run`'s root), then what the kernel sends, waiting up to `wait` for each
-/// batch. It never ends: the mode's control stops it.
+/// batch, and no longer than until the engine's held alerts are due. It never ends: the mode's
+/// control stops it.
 struct Live {
     sensor: Sensor,
     queued: Vec<Event>,
     wait: Duration,
+    /// When the engine's earliest held alert is due ([`Engine::held_until`], event time).
+    held_until: Option<u64>,
 }
 
 impl Source for Live {
@@ -230,11 +238,20 @@ impl Source for Live {
 
     fn pull(&mut self, batch: &mut Vec<Event>) -> Result<Pulled, SensorError> {
         if self.queued.is_empty() {
-            self.sensor.poll(self.wait, batch)?;
+            let clock = self.clock_ns().unwrap_or_default();
+            // Just past it: the clock must have gone beyond the window's end.
+            let until_due = self
+                .held_until
+                .map(|until| Duration::from_nanos(until.saturating_sub(clock)) + Duration::from_millis(1));
+            self.sensor.poll(until_due.map_or(self.wait, |due| self.wait.min(due)), batch)?;
         } else {
             batch.append(&mut self.queued);
         }
         Ok(Pulled::More)
+    }
+
+    fn clock_ns(&self) -> Option<u64> {
+        Some(self.sensor.now_ns().saturating_sub(LATE_RECORDS.as_nanos() as u64))
     }
 }
 
@@ -253,6 +270,11 @@ impl Sink for ConnectVerdict {
         }
         Ok(())
     }
+
+    /// Held alerts are about reads, never a held connect.
+    fn released(&mut self, _: &Engine, _: &[Alert]) -> Result<(), SinkError> {
+        Ok(())
+    }
 }
 
 /// Says so when the kernel programs stopped reporting.
@@ -263,6 +285,10 @@ impl Sink for DetachedWarning {
         if matches!(&event.data, EventData::Lost(lost) if lost.source == lost_source::DETACHED) {
             warn!("the kernel programs stopped reporting (detached?): events are being missed");
         }
+        Ok(())
+    }
+
+    fn released(&mut self, _: &Engine, _: &[Alert]) -> Result<(), SinkError> {
         Ok(())
     }
 }
@@ -333,6 +359,13 @@ impl Sink for Telemetry {
         if let EventData::Lost(lost) = &event.data {
             self.metrics.events_lost.get_or_create(&BufferLabels { buffer: lost.source.clone() }).inc_by(lost.count);
         }
+        for alert in alerts {
+            self.metrics.alert(&alert.rule.id, alert.rule.severity);
+        }
+        Ok(())
+    }
+
+    fn released(&mut self, _: &Engine, alerts: &[Alert]) -> Result<(), SinkError> {
         for alert in alerts {
             self.metrics.alert(&alert.rule.id, alert.rule.severity);
         }
@@ -421,7 +454,7 @@ impl Session {
         let sink = AlertSink::new(outputs.json, outputs.alerts_file, false)
             .with_context(|| format!("opening {}", outputs.alerts_file.unwrap_or(Path::new("")).display()))?;
         let engine = Engine::new(rules, EngineOptions { contained, ..engine_options(outputs) });
-        let live = Live { sensor, queued: Vec::new(), wait: POLL_INTERVAL };
+        let live = Live { sensor, queued: Vec::new(), wait: POLL_INTERVAL, held_until: None };
         if let Some(telemetry) = &telemetry {
             telemetry.metrics.start_up_seconds.set(started.elapsed().as_secs_f64());
         }
@@ -447,6 +480,7 @@ impl Session {
             let systemd = &mut self.systemd;
             let mut control = |live: &mut Live, engine: &Engine| {
                 systemd.tick();
+                live.held_until = engine.held_until();
                 if hangup.as_ref().is_some_and(|hangup| hangup.swap(false, Ordering::Relaxed)) {
                     Control::Pause
                 } else {

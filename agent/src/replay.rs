@@ -169,6 +169,10 @@ impl Sink for Counted<'_> {
         self.0.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
+
+    fn released(&mut self, _: &Engine, _: &[Alert]) -> Result<(), SinkError> {
+        Ok(())
+    }
 }
 
 /// The outputs of `--to`, when any.
@@ -189,6 +193,13 @@ impl Sink for SharedOutputs<'_> {
             return Ok(());
         }
         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).event(engine, event, alerts)
+    }
+
+    fn released(&mut self, engine: &Engine, alerts: &[Alert]) -> Result<(), SinkError> {
+        if alerts.is_empty() {
+            return Ok(());
+        }
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).released(engine, alerts)
     }
 
     fn end(&mut self, alerts: &[Alert]) -> Result<(), SinkError> {

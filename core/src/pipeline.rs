@@ -47,6 +47,14 @@ pub trait Source {
         let _ = error;
         false
     }
+
+    /// A live source's clock, in the events' time: every event still to come is later (its
+    /// records' own delay allowed for). After each batch the engine releases the alerts it held
+    /// for a window that closed before it ([`Engine::tick`]). A file has none: its events'
+    /// times alone release them, which is what the clock ticking between events does live.
+    fn clock_ns(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Files (credwatch traces and every importer) read one event at a time: a bad line's error
@@ -71,10 +79,15 @@ impl<S: EventSource + ?Sized> Source for S {
 
 /// Where events and alerts go.
 pub trait Sink {
-    /// One event, after the engine handled it, with the alerts it fired (often none).
+    /// One event, after the engine handled it, with the alerts it fired (often none), held
+    /// ones it released first.
     fn event(&mut self, engine: &Engine, event: &Event, alerts: &[Alert]) -> Result<(), SinkError>;
 
-    /// The end of the stream: the engine's last alerts ([`Engine::flush`]), often none.
+    /// Held alerts that the source's clock released with no event ([`Engine::tick`]).
+    fn released(&mut self, engine: &Engine, alerts: &[Alert]) -> Result<(), SinkError>;
+
+    /// The end of the stream: the engine's last alerts ([`Engine::flush`]: alerts still held,
+    /// then the sweeps' final summaries), often none.
     fn end(&mut self, alerts: &[Alert]) -> Result<(), SinkError> {
         let _ = alerts;
         Ok(())
@@ -147,6 +160,14 @@ pub fn drive<S: Source + ?Sized>(
                 sink.event(engine, &event, &alerts)?;
             }
         }
+        if let Some(now_ns) = source.clock_ns() {
+            let alerts = engine.tick(now_ns);
+            if !alerts.is_empty() {
+                for sink in sinks.iter_mut() {
+                    sink.released(engine, &alerts)?;
+                }
+            }
+        }
         if pulled == Pulled::End {
             break;
         }
@@ -168,6 +189,10 @@ impl Sink for AlertSink {
         write_alerts(self, alerts)
     }
 
+    fn released(&mut self, _: &Engine, alerts: &[Alert]) -> Result<(), SinkError> {
+        write_alerts(self, alerts)
+    }
+
     fn end(&mut self, alerts: &[Alert]) -> Result<(), SinkError> {
         write_alerts(self, alerts)
     }
@@ -176,6 +201,10 @@ impl Sink for AlertSink {
 /// One output shared by several drives (replay's worker threads): locked only to write alerts.
 impl Sink for &Mutex<AlertSink> {
     fn event(&mut self, _: &Engine, _: &Event, alerts: &[Alert]) -> Result<(), SinkError> {
+        write_shared(self, alerts)
+    }
+
+    fn released(&mut self, _: &Engine, alerts: &[Alert]) -> Result<(), SinkError> {
         write_shared(self, alerts)
     }
 
@@ -197,18 +226,39 @@ fn write_shared(sink: &Mutex<AlertSink>, alerts: &[Alert]) -> Result<(), SinkErr
     write_alerts(&mut sink.lock().unwrap_or_else(|poisoned| poisoned.into_inner()), alerts)
 }
 
-/// The recorder: every event, whatever it fired.
+/// The recorder: every event, whatever it fired. Released alerts are no events: a replay of
+/// the trace releases them again from the events' times.
 impl Sink for TraceWriter {
     fn event(&mut self, _: &Engine, event: &Event, _: &[Alert]) -> Result<(), SinkError> {
         Ok(self.write(event)?)
     }
+
+    fn released(&mut self, _: &Engine, _: &[Alert]) -> Result<(), SinkError> {
+        Ok(())
+    }
 }
 
-/// The responder's report takes in each event and its alerts. It leaves out the end-of-stream
-/// summaries: they restate sweeps it already holds as incidents.
+/// The responder's report takes in each event and its alerts, and the alerts released without
+/// one. It leaves out the end-of-stream summaries: they restate sweeps it already holds as
+/// incidents.
 impl Sink for Report {
     fn event(&mut self, engine: &Engine, event: &Event, alerts: &[Alert]) -> Result<(), SinkError> {
         self.observe(engine, event, alerts);
+        Ok(())
+    }
+
+    fn released(&mut self, _: &Engine, alerts: &[Alert]) -> Result<(), SinkError> {
+        self.observe_alerts(alerts);
+        Ok(())
+    }
+
+    fn end(&mut self, alerts: &[Alert]) -> Result<(), SinkError> {
+        let held: Vec<Alert> = alerts
+            .iter()
+            .filter(|alert| !alert.credwatch.sweep.as_ref().is_some_and(|sweep| sweep.is_final))
+            .cloned()
+            .collect();
+        self.observe_alerts(&held);
         Ok(())
     }
 }
@@ -229,11 +279,13 @@ mod tests {
     struct Scripted {
         steps: VecDeque<Result<Vec<Event>, ImportError>>,
         pulls: usize,
+        /// The clock after each pull (none: a file's).
+        clocks: Vec<u64>,
     }
 
     impl Scripted {
         fn new(steps: Vec<Result<Vec<Event>, ImportError>>) -> Scripted {
-            Scripted { steps: steps.into(), pulls: 0 }
+            Scripted { steps: steps.into(), pulls: 0, clocks: Vec::new() }
         }
     }
 
@@ -252,6 +304,9 @@ mod tests {
         fn recoverable(&self, error: &ImportError) -> bool {
             error.recoverable
         }
+        fn clock_ns(&self) -> Option<u64> {
+            self.clocks.get(self.pulls.checked_sub(1)?).copied()
+        }
     }
 
     /// A sink that keeps what it was given: per event its pid and the ids of its alerts, and the
@@ -259,6 +314,7 @@ mod tests {
     #[derive(Default)]
     struct Kept {
         events: Vec<(u32, Vec<String>)>,
+        released: Vec<Vec<String>>,
         end: Option<Vec<String>>,
     }
 
@@ -270,6 +326,10 @@ mod tests {
         fn event(&mut self, engine: &Engine, event: &Event, alerts: &[Alert]) -> Result<(), SinkError> {
             assert_eq!(engine.stats().events, self.events.len() as u64 + 1, "after the engine, once each");
             self.events.push((event.pid, ids(alerts)));
+            Ok(())
+        }
+        fn released(&mut self, _: &Engine, alerts: &[Alert]) -> Result<(), SinkError> {
+            self.released.push(ids(alerts));
             Ok(())
         }
         fn end(&mut self, alerts: &[Alert]) -> Result<(), SinkError> {
@@ -335,7 +395,7 @@ mod tests {
         // final summary is due at the end of the stream (the tree is still running).
         let mut events = npm_postinstall();
         for (time, path) in (4..).zip([
-            "/home/alice/.npmrc",
+            "/home/alice/.pypirc",
             "/home/alice/.aws/credentials",
             "/home/alice/.ssh/id_rsa",
             "/home/alice/.pgpass",
@@ -352,7 +412,7 @@ mod tests {
         .unwrap();
         assert_eq!(first.events.iter().map(|(pid, _)| *pid).collect::<Vec<_>>(), [100, 100, 101, 101, 101, 101, 101]);
         let alerts: Vec<&[String]> = first.events.iter().map(|(_, ids)| ids.as_slice()).collect();
-        assert_eq!(alerts[..4], [&[] as &[String], &[], &[], &["npm-registry-token".to_owned()]]);
+        assert_eq!(alerts[..4], [&[] as &[String], &[], &[], &["pypi-token".to_owned()]]);
         assert_eq!(alerts[4], ["aws-credentials"]);
         assert_eq!(alerts[5], ["credential-sweep"]);
         assert!(alerts[6].is_empty(), "folded");
@@ -363,8 +423,34 @@ mod tests {
     }
 
     #[test]
+    fn held_alerts_go_out_when_a_live_sources_clock_passes_their_window_or_at_a_files_end() {
+        // A postinstall reads the project's .npmrc alone: held for npm's configuration chain.
+        let mut events = npm_postinstall();
+        events.push(open(4, 101, "/home/alice/app/.npmrc"));
+        let (read_ns, window_ns) = (events[3].time_ns, 50_000_000);
+        let mut live = Scripted::new(vec![Ok(events.clone()), Ok(Vec::new()), Ok(Vec::new()), Ok(Vec::new())]);
+        live.clocks = vec![read_ns + 1, read_ns + window_ns, read_ns + window_ns + 1, read_ns + 2 * window_ns];
+        let (mut kept, mut report) = (Kept::default(), Report::default());
+        drive(&mut live, &mut engine(), &mut [&mut kept, &mut report], None, |_, _| Control::Continue).unwrap();
+        assert!(kept.events.iter().all(|(_, ids)| ids.is_empty()), "{:?}", kept.events);
+        assert_eq!(kept.released, [["npm-registry-token"]], "once, when the clock is past the window");
+        assert_eq!(kept.end, Some(Vec::new()));
+        assert_eq!(report.alerts, 1);
+
+        // The same events from a file: the end of the stream releases it, in the report too.
+        let (mut kept, mut report) = (Kept::default(), Report::default());
+        drive(&mut Scripted::new(vec![Ok(events)]), &mut engine(), &mut [&mut kept, &mut report], None, |_, _| {
+            Control::Continue
+        })
+        .unwrap();
+        assert!(kept.released.is_empty());
+        assert_eq!(kept.end.as_deref(), Some(&["npm-registry-token".to_owned()][..]));
+        assert_eq!(report.alerts, 1);
+    }
+
+    #[test]
     fn stopping_ends_the_stream_for_the_engine_and_the_sinks() {
-        let mut source = Scripted::new(vec![Ok(npm_postinstall()), Ok(vec![open(4, 101, "/home/alice/.npmrc")])]);
+        let mut source = Scripted::new(vec![Ok(npm_postinstall()), Ok(vec![open(4, 101, "/home/alice/.pypirc")])]);
         let mut kept = Kept::default();
         drive(&mut source, &mut engine(), &mut [&mut kept], None, |_, engine| {
             assert_eq!(engine.stats().events, 3);
@@ -376,14 +462,14 @@ mod tests {
 
     #[test]
     fn a_pause_keeps_the_stream_open_and_driving_again_goes_on() {
-        let mut source = Scripted::new(vec![Ok(npm_postinstall()), Ok(vec![open(4, 101, "/home/alice/.npmrc")])]);
+        let mut source = Scripted::new(vec![Ok(npm_postinstall()), Ok(vec![open(4, 101, "/home/alice/.pypirc")])]);
         let (mut engine, mut kept) = (engine(), Kept::default());
         let paused = drive(&mut source, &mut engine, &mut [&mut kept], None, |_, _| Control::Pause).unwrap();
         assert_eq!((paused, kept.events.len(), kept.end.is_none()), (Control::Pause, 3, true));
         let ended = drive(&mut source, &mut engine, &mut [&mut kept], None, |_, _| Control::Continue).unwrap();
         assert_eq!(ended, Control::Stop);
         // The second drive's open belongs to the tree the first one saw.
-        assert_eq!(kept.events[3].1, ["npm-registry-token"]);
+        assert_eq!(kept.events[3].1, ["pypi-token"]);
         assert_eq!(kept.end, Some(Vec::new()));
     }
 
@@ -409,7 +495,7 @@ mod tests {
                 Err(bad_line(2)),
                 Ok(events[1..].to_vec()),
                 Err(bad_line(5)),
-                Ok(vec![open(6, 101, "/home/alice/.npmrc")]),
+                Ok(vec![open(6, 101, "/home/alice/.pypirc")]),
             ]
         };
         let mut skipped = Vec::new();
@@ -419,7 +505,7 @@ mod tests {
             .unwrap();
         assert_eq!(skipped, [Some(2), Some(5)]);
         assert_eq!(kept.events.len(), 4);
-        assert_eq!(kept.events[3].1, ["npm-registry-token"]);
+        assert_eq!(kept.events[3].1, ["pypi-token"]);
 
         let mut kept = Kept::default();
         let error = drive(&mut Scripted::new(steps()), &mut engine(), &mut [&mut kept], None, |_, _| Control::Continue)
@@ -448,7 +534,7 @@ mod tests {
         let output = Mutex::new(AlertSink::new(true, Some(&path), true).unwrap());
         for _ in 0..2 {
             let mut events = npm_postinstall();
-            events.push(open(4, 101, "/home/alice/.npmrc"));
+            events.push(open(4, 101, "/home/alice/.pypirc"));
             let mut shared = &output;
             drive(&mut Scripted::new(vec![Ok(events)]), &mut engine(), &mut [&mut shared], None, |_, _| {
                 Control::Continue
@@ -457,7 +543,7 @@ mod tests {
         }
         assert_eq!(output.lock().unwrap().written(), 2);
         let written = std::fs::read_to_string(&path).unwrap();
-        assert_eq!(written.lines().filter(|line| line.contains("\"npm-registry-token\"")).count(), 2, "{written}");
+        assert_eq!(written.lines().filter(|line| line.contains("\"pypi-token\"")).count(), 2, "{written}");
     }
 
     /// A file source through the same driver: every importer and credwatch's own trace.
@@ -482,7 +568,7 @@ mod tests {
     fn a_file_source_goes_one_event_at_a_time_and_ends_at_its_end() {
         let mut lines: VecDeque<_> = npm_postinstall().into_iter().map(|e| Ok(Some(e))).collect();
         lines.insert(1, Err(bad_line(2)));
-        lines.push_back(Ok(Some(open(4, 101, "/home/alice/.npmrc"))));
+        lines.push_back(Ok(Some(open(4, 101, "/home/alice/.pypirc"))));
         let mut source: Box<dyn EventSource> = Box::new(Lines(lines));
         let (mut kept, mut skipped, mut batches) = (Kept::default(), 0, 0);
         let mut skip = |_: &ImportError| skipped += 1;
@@ -492,7 +578,7 @@ mod tests {
         })
         .unwrap();
         assert_eq!((kept.events.len(), skipped, batches), (4, 1, 5));
-        assert_eq!(kept.events[3].1, ["npm-registry-token"]);
+        assert_eq!(kept.events[3].1, ["pypi-token"]);
         assert_eq!(kept.end, Some(Vec::new()));
     }
 
@@ -506,6 +592,9 @@ mod tests {
                 2 => Err(SinkError::Alert(io::Error::other("disk full"))),
                 _ => Ok(()),
             }
+        }
+        fn released(&mut self, _: &Engine, _: &[Alert]) -> Result<(), SinkError> {
+            Ok(())
         }
     }
 
@@ -546,7 +635,7 @@ mod tests {
         let mut recorder = TraceWriter::create(&path, &header).unwrap();
         let mut report = Report::default();
         let mut events = npm_postinstall();
-        events.push(open(4, 101, "/home/alice/.npmrc"));
+        events.push(open(4, 101, "/home/alice/.pypirc"));
         let mut source = Scripted::new(vec![Ok(events.clone())]);
         drive(&mut source, &mut engine(), &mut [&mut recorder, &mut report], None, |_, _| Control::Continue).unwrap();
         recorder.finish().unwrap();

@@ -122,6 +122,11 @@ impl Report {
                 }
             }
         }
+        self.observe_alerts(alerts);
+    }
+
+    /// Takes in alerts released without an event (held ones).
+    pub fn observe_alerts(&mut self, alerts: &[Alert]) {
         for alert in alerts {
             self.alerts += 1;
             self.rotate.extend(alert.credwatch.rotate.iter().cloned());
@@ -324,6 +329,8 @@ mod tests {
             let alerts = engine.handle(event);
             report.observe(&engine, event, &alerts);
         }
+        // The end of the stream, as the pipeline hands it over: alerts still held go out.
+        crate::pipeline::Sink::end(&mut report, &engine.flush()).unwrap();
         report
     }
 

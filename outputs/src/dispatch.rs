@@ -771,6 +771,11 @@ impl Sink for Dispatcher {
         Ok(())
     }
 
+    fn released(&mut self, _: &Engine, alerts: &[Alert]) -> Result<(), SinkError> {
+        alerts.iter().for_each(|alert| self.dispatch(alert));
+        Ok(())
+    }
+
     fn end(&mut self, alerts: &[Alert]) -> Result<(), SinkError> {
         alerts.iter().for_each(|alert| self.dispatch(alert));
         Ok(())

@@ -1239,6 +1239,11 @@ impl Sensor {
     /// as some arrived or a signal handler ran; appends a `Lost` event when a loss counter grew.
     /// Between records it sleeps until its next timer (a rescan, the canary, the heartbeat) or
     /// `timeout`, whichever comes first.
+    /// Now in the events' clock (their `time_ns`: boot time as wall-clock time).
+    pub fn now_ns(&self) -> u64 {
+        self.decoder.wall_ns(boot_ns())
+    }
+
     pub fn poll(&mut self, timeout: Duration, out: &mut Vec<Event>) -> Result<(), SensorError> {
         let deadline = Instant::now() + timeout;
         loop {

@@ -48,6 +48,11 @@ impl Sink for Rendered {
         Ok(())
     }
 
+    fn released(&mut self, _: &Engine, alerts: &[Alert]) -> Result<(), SinkError> {
+        alerts.iter().for_each(render);
+        Ok(())
+    }
+
     fn end(&mut self, alerts: &[Alert]) -> Result<(), SinkError> {
         alerts.iter().for_each(render);
         Ok(())

@@ -6,7 +6,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use time::{format_description::well_known::Rfc3339, OffsetDateTime};
 
-use super::{matching::Judgement, process::Tree, Engine, Id};
+use super::{
+    matching::Judgement,
+    process::{agent_tree, Proc, Tree},
+    Engine, Id,
+};
 use crate::{
     alert::{
         Alert, AlertAgent, AlertAncestor, AlertCredwatch, AlertEvent, AlertFile, AlertHost, AlertParent, AlertProcess,
@@ -21,6 +25,54 @@ use crate::{
 const MAX_SEEN: usize = 4096;
 /// Most files a sweep alert lists; the others are counted.
 const MAX_SWEEP_FILES: usize = 100;
+/// Most alerts held at once for a configuration chain's window; past it the oldest goes out
+/// at its own severity without waiting.
+const MAX_HELD: usize = 256;
+
+/// A read of one file of a configuration chain, held until the chain's window after it closes:
+/// if the same process opens another file of the chain by then, a loader read them all and the
+/// alert goes out at the loader's verdict, else at its own severity.
+pub(super) struct Held {
+    /// The reading process.
+    proc: Id,
+    root: Id,
+    index: usize,
+    subject: String,
+    /// The file read, as judged.
+    path: String,
+    alert: Alert,
+    time_ns: u64,
+    within_ns: u64,
+    /// The loader actor's verdict (None: allow) and why, for when another file follows.
+    chained: Option<Judgement>,
+    followed: bool,
+}
+
+impl Held {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        proc: Id,
+        root: Id,
+        index: usize,
+        subject: String,
+        path: String,
+        alert: Alert,
+        time_ns: u64,
+        (within_ns, chained): (u64, Option<Judgement>),
+    ) -> Held {
+        Held { proc, root, index, subject, path, alert, time_ns, within_ns, chained, followed: false }
+    }
+
+    /// See [`super::process::Tree::remap_rules`]; false when its rule is gone.
+    pub(super) fn remap_rules(&mut self, remap: &[Option<usize>]) -> bool {
+        remap[self.index].map(|index| self.index = index).is_some()
+    }
+
+    /// When the window closes (event time): later events can no longer lower it.
+    fn until_ns(&self) -> u64 {
+        self.time_ns.saturating_add(self.within_ns)
+    }
+}
 
 pub(super) struct SweepState {
     /// The sweep alert, its counts kept current.
@@ -85,7 +137,9 @@ impl Engine {
         }
         let Some(sweep) = sweep else { return Some(alert) };
         let window_ns = sweep.window_s.0.saturating_mul(1_000_000_000);
-        tree.recent.push_back((time_ns, index, alert.file.as_ref().map(|f| f.path.clone()).unwrap_or_default()));
+        // In time order: a held alert comes in after later ones.
+        let at = tree.recent.iter().rposition(|(t, ..)| *t <= time_ns).map_or(0, |i| i + 1);
+        tree.recent.insert(at, (time_ns, index, alert.file.as_ref().map(|f| f.path.clone()).unwrap_or_default()));
         while tree.recent.len() > MAX_SEEN
             || tree.recent.front().is_some_and(|(t, ..)| t.saturating_add(window_ns) < time_ns)
         {
@@ -134,6 +188,75 @@ impl Engine {
         Some(alert)
     }
 
+    /// Holds `held` for its chain's window; returns what goes out at once (the oldest held
+    /// alert, when too many are).
+    pub(super) fn hold(&mut self, held: Held) -> Vec<Alert> {
+        self.held.push(held);
+        if self.held.len() <= MAX_HELD {
+            return Vec::new();
+        }
+        let oldest = (0..self.held.len()).min_by_key(|&i| self.held[i].time_ns).expect("not empty");
+        let held = self.held.remove(oldest);
+        self.release(held).into_iter().collect()
+    }
+
+    /// The process `proc` tried to open `path`, a file of a configuration chain, at `time_ns`:
+    /// its held reads of other files of the chain whose window is still open were one loader's.
+    pub(super) fn chain_followed(&mut self, proc: Id, path: &str, time_ns: u64) {
+        for held in &mut self.held {
+            // An open that came in before the read it follows (the kernel's rings are read
+            // apart) is as much a link of the chain as one after it.
+            if held.proc == proc && held.path != path && time_ns <= held.until_ns() {
+                held.followed = true;
+            }
+        }
+    }
+
+    /// Releases the held alerts whose window closed before `now_ns` (event time), oldest read
+    /// first.
+    pub(super) fn release_due(&mut self, now_ns: u64) -> Vec<Alert> {
+        self.release_where(|held| held.until_ns() < now_ns)
+    }
+
+    /// Releases the held alerts of `proc`, which ended: nothing it does can follow them.
+    pub(super) fn release_of(&mut self, proc: Id) -> Vec<Alert> {
+        self.release_where(|held| held.proc == proc)
+    }
+
+    pub(super) fn release_all(&mut self) -> Vec<Alert> {
+        self.release_where(|_| true)
+    }
+
+    fn release_where(&mut self, due: impl Fn(&Held) -> bool) -> Vec<Alert> {
+        if !self.held.iter().any(&due) {
+            return Vec::new();
+        }
+        let (mut going, staying): (Vec<Held>, Vec<Held>) = std::mem::take(&mut self.held).into_iter().partition(due);
+        self.held = staying;
+        going.sort_by_key(|held| held.time_ns);
+        going.into_iter().filter_map(|held| self.release(held)).collect()
+    }
+
+    /// A held alert, judged whole with its chain, through dedup and sweeps as if delivered at
+    /// its read.
+    fn release(&mut self, held: Held) -> Option<Alert> {
+        let mut alert = held.alert;
+        if held.followed {
+            let judgement = held.chained?;
+            alert.rule.severity = judgement.severity;
+            alert.credwatch.why = judgement.why;
+        }
+        if let Some(gap) = self.gap.as_ref().filter(|_| (self.gap_ns.0..=self.gap_ns.1).contains(&held.time_ns)) {
+            alert.credwatch.gap = Some(gap.clone());
+        }
+        self.deliver(held.root, held.index, held.subject, alert, held.time_ns)
+    }
+
+    /// The end of the earliest window an alert is held for (event time), if any is.
+    pub fn held_until(&self) -> Option<u64> {
+        self.held.iter().map(Held::until_ns).min()
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) fn alert(
         &self,
@@ -176,7 +299,7 @@ impl Engine {
                 name: rule.name.clone(),
                 category: rule.category.clone(),
                 severity: judgement.severity,
-                description: rule.description.clone(),
+                description: self.description(p, rule),
             },
             process: AlertProcess {
                 pid: p.pid,
@@ -205,6 +328,15 @@ impl Engine {
                 why: judgement.why,
                 ..AlertCredwatch::default()
             },
+        }
+    }
+
+    /// The rule's description, whose subject is package code; in an agent tree what runs is the
+    /// agent's work, and the description says so: `codex or a tool it ran opened ~/.netrc, ...`.
+    fn description(&self, p: &Proc, rule: &Rule) -> String {
+        match (agent_tree(p), rule.description.strip_prefix("Package code ")) {
+            (Some(of), Some(rest)) => format!("{} or a tool it ran {rest}", self.rules.agents()[of.index].name),
+            _ => rule.description.clone(),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! the severity each hit alerts at (or none, when an actor of the rule may do it).
 
 use super::{
-    alerts::Stop,
+    alerts::{Held, Stop},
     process::{absolute, agent_tree, learn_from_open, resolved_path, Proc},
     Engine, Id,
 };
@@ -112,6 +112,7 @@ impl Engine {
                 p.loader_opens.pop_front();
             }
             p.loader_opens.push_back((event.time_ns, path.clone()));
+            self.chain_followed(id, &path, event.time_ns);
         }
         // A failed open read nothing; probing for files that do not exist is what every
         // config loader does. A blocked one failed because the kernel stopped it: that is
@@ -177,11 +178,37 @@ impl Engine {
                 same_file_as: original.map(str::to_owned),
                 ..AlertFile::default()
             };
+            let judged = original.unwrap_or(&path);
+            // A first link of a chain waits for the next; what the kernel stopped does not.
+            let chain = (!open.stopped() && severity.why.is_none())
+                .then(|| self.chain_verdict(&self.procs[&id], rule, judged))
+                .flatten();
             let alert = self.alert(event, id, rule, severity, "open", Stop::of(open.blocked, open.denied), Some(file));
-            let subject = open_subject(rule, alert.credwatch.why.is_some(), original.unwrap_or(&path));
-            alerts.extend(self.deliver(root, index, subject, alert, event.time_ns));
+            let subject = open_subject(rule, alert.credwatch.why.is_some(), judged);
+            match chain {
+                Some(chain) => {
+                    let held = Held::new(id, root, index, subject, judged.to_owned(), alert, event.time_ns, chain);
+                    alerts.extend(self.hold(held));
+                }
+                None => alerts.extend(self.deliver(root, index, subject, alert, event.time_ns)),
+            }
         }
         alerts
+    }
+
+    /// For a read of `path` that no actor lowered: when `path` is a file of a configuration
+    /// chain that a loader actor of `rule` lowers reads in, the chain's window and the actor's
+    /// verdict (None: allow), for when another file of the chain follows it.
+    fn chain_verdict(&self, p: &Proc, rule: &Rule, path: &str) -> Option<(u64, Option<Judgement>)> {
+        let home = self.home_of(p);
+        rule.actors.iter().find_map(|actor| {
+            let Who::Loader { after, within_ns } = &actor.who else { return None };
+            let applies = actor.managers.is_empty() || actor.managers.iter().any(|m| m == self.manager_name(p));
+            (applies && after.matches(path, home)).then(|| {
+                let why = actor.why.clone().unwrap_or_else(|| default_why(&actor.who));
+                (*within_ns, actor.verdict.severity().map(|severity| Judgement { severity, why: Some(why) }))
+            })
+        })
     }
 
     /// Target rules about one of `accesses` that match `path` for `p`, with the severity to

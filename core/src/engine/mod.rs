@@ -17,6 +17,13 @@
 //!   goes out when the tree ends, or at [`Engine::flush`] for trees still running at the end of
 //!   the stream. All of it depends on the events alone, so replay still equals live.
 //!
+//! A read at the rule's severity of a file of a configuration chain (a loader actor's
+//! `after_opens`) is held until the chain's window after it closes: another file of the chain
+//! opened by the same process within it lowers it like the later reads. It goes out when an
+//! event (of any process) is past the window, when the process ends, at [`Engine::tick`] (a
+//! live source's clock past the window) or at [`Engine::flush`], through dedup and sweeps as
+//! of its read. What the kernel stopped is never held.
+//!
 //! Its parts: `process` keeps the process table (lineage, what each process runs, its tree),
 //! `matching` judges each event against the rules, `alerts` builds the alerts and decides
 //! which go out (dedup, sweeps); `egress` correlates connects and look-ups with credentials
@@ -32,7 +39,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 pub use self::matching::open_flags;
 use self::{
-    alerts::sweep_summary,
+    alerts::{sweep_summary, Held},
     process::{Proc, Tree},
 };
 use crate::{
@@ -110,6 +117,8 @@ pub struct Engine {
     gap: Option<AlertGap>,
     /// The gap's bounds, wall-clock ns.
     gap_ns: (u64, u64),
+    /// Alerts on reads of configuration chains, until their window closes.
+    held: Vec<Held>,
 }
 
 impl Engine {
@@ -126,6 +135,7 @@ impl Engine {
             egress: egress::Egress::default(),
             gap: None,
             gap_ns: (0, 0),
+            held: Vec::new(),
         }
     }
 
@@ -154,6 +164,7 @@ impl Engine {
         for tree in self.trees.values_mut() {
             tree.remap_rules(&remap);
         }
+        self.held.retain_mut(|held| held.remap_rules(&remap));
         // A manager's `project_code` entry is a position in the new rules' list: found again
         // from what it executed, then handed to the children it forked that have not executed yet.
         for p in self.procs.values_mut() {
@@ -207,9 +218,12 @@ impl Engine {
         EngineStats { processes: self.procs.len(), ..self.stats }
     }
 
-    /// Updates the process table with `event` and returns the alerts it fires.
+    /// Updates the process table with `event` and returns the alerts it fires, after the held
+    /// alerts it releases.
     pub fn handle(&mut self, event: &Event) -> Vec<Alert> {
         self.stats.events += 1;
+        // Past their window: nothing from here on can lower them.
+        let mut released = self.release_due(event.time_ns);
         let mut alerts = match &event.data {
             EventData::Exec(exec) => self.exec(event, exec),
             EventData::Fork(fork) => {
@@ -217,6 +231,9 @@ impl Engine {
                 Vec::new()
             }
             EventData::Exit(_) => {
+                if let Some(id) = self.live(event.pid) {
+                    released.extend(self.release_of(id));
+                }
                 self.exit(event.pid);
                 Vec::new()
             }
@@ -250,18 +267,30 @@ impl Engine {
                 alert.credwatch.gap = Some(gap.clone());
             }
         }
-        self.stats.alerts += alerts.len() as u64;
-        set_ids(&mut alerts);
-        alerts
+        released.append(&mut alerts);
+        self.out(released)
     }
 
-    /// The end of the stream: the final summaries of sweeps whose trees are still running and
-    /// folded alerts since their last summary. Call it once the last event was handled (live:
-    /// when the session ends; replay: at the end of each file).
+    /// A live source's clock (event time) with no event to tell it: the held alerts whose
+    /// window closed before `now_ns` go out, so that an idle machine still gets them.
+    pub fn tick(&mut self, now_ns: u64) -> Vec<Alert> {
+        let alerts = self.release_due(now_ns);
+        self.out(alerts)
+    }
+
+    /// The end of the stream: the held alerts (their window cut short: nothing follows), then
+    /// the final summaries of sweeps whose trees are still running and folded alerts since
+    /// their last summary. Call it once the last event was handled (live: when the session
+    /// ends; replay: at the end of each file).
     pub fn flush(&mut self) -> Vec<Alert> {
+        let mut alerts = self.release_all();
         let (rules, contained) = (&self.rules, &self.options.contained);
-        let mut alerts: Vec<Alert> =
-            self.trees.values_mut().filter_map(|tree| sweep_summary(rules, contained, tree)).collect();
+        alerts.extend(self.trees.values_mut().filter_map(|tree| sweep_summary(rules, contained, tree)));
+        self.out(alerts)
+    }
+
+    /// Alerts as they leave the engine: counted, with their ids.
+    fn out(&mut self, mut alerts: Vec<Alert>) -> Vec<Alert> {
         self.stats.alerts += alerts.len() as u64;
         set_ids(&mut alerts);
         alerts

@@ -101,7 +101,12 @@ impl Run {
         self.open_full(pid, path, Some(path), 3, 0o2000000)
     }
 
+    /// What went out, once the clock has passed the window of every alert held for a
+    /// configuration chain (it moves on by the longest window allowed).
     fn take(&mut self) -> Vec<Alert> {
+        self.time_ns += crate::rules::schema::LOADER_WITHIN_MS_MAX * 1_000_000 + 1;
+        let released = self.engine.tick(self.time_ns);
+        self.alerts.extend(released);
         std::mem::take(&mut self.alerts)
     }
 
@@ -292,8 +297,10 @@ fn homes_are_root_home_star_and_the_process_home() {
         .open(101, "/home/alice/.npmrc")
         .open(101, "/tmp/xyz/home/.ssh/id_ed25519")
         .open(101, "/tmp/other/home/.ssh/id_ed25519");
-    let paths: Vec<String> = run.take().into_iter().map(|a| a.file.unwrap().path).collect();
-    assert_eq!(paths, ["/root/.npmrc", "/home/alice/.npmrc", "/tmp/xyz/home/.ssh/id_ed25519"]);
+    let mut paths: Vec<String> = run.take().into_iter().map(|a| a.file.unwrap().path).collect();
+    // (Sorted: a read of npm's configuration chain goes out when its window closes.)
+    paths.sort();
+    assert_eq!(paths, ["/home/alice/.npmrc", "/root/.npmrc", "/tmp/xyz/home/.ssh/id_ed25519"]);
 }
 
 #[test]
@@ -543,8 +550,10 @@ fn alert_ids_are_stable_for_the_same_alert_and_differ_between_alerts() {
         for _ in 0..runs {
             run.open(101, "/home/alice/.npmrc");
         }
+        let mut alerts = run.take();
         run.open(101, "/home/alice/.aws/credentials");
-        run.take()
+        alerts.extend(run.take());
+        alerts
     };
     // The same events give the same ids (a replay, a restarted agent re-raising them).
     let (first, again) = (alerts(10), alerts(10));
@@ -1227,8 +1236,11 @@ fn the_nx_chain() {
         .spawn(103, 102, &["gh", "auth", "token"], &[])
         .spawn(104, 102, &["npm", "whoami"], &[])
         .open(104, "/home/alice/.npmrc")
-        .open(102, "/home/alice/.npmrc")
-        .spawn(105, 102, &["claude", "--dangerously-skip-permissions", "-p", "inventory"], &[])
+        .open(102, "/home/alice/.npmrc");
+    // The payload's read alone, not npm's configuration chain: it goes out high once the
+    // chain's window closed, before claude (which takes seconds to start) reads anything.
+    run.time_ns += 100_000_000;
+    run.spawn(105, 102, &["claude", "--dangerously-skip-permissions", "-p", "inventory"], &[])
         .spawn(106, 105, &["find", "/home/alice", "-name", "*.env"], &[])
         .open(106, "/home/alice/app/.env")
         .open(106, "/home/alice/.ethereum/keystore/UTC--2025-01-01T00-00-00.0Z--ab")
@@ -2607,8 +2619,10 @@ fn reads_of_files_the_box_replaced_are_contained_and_have_nothing_to_rotate() {
         &["node", "telemetry.js"],
         &[],
     );
-    run.open(102, hidden[0]).open(102, "/home/alice/.kube/config");
-    let alerts = run.take();
+    run.open(102, hidden[0]);
+    let mut alerts = run.take();
+    run.open(102, "/home/alice/.kube/config");
+    alerts.extend(run.take());
     let contained: Vec<(&str, bool, bool)> =
         alerts.iter().map(|a| (a.rule.id.as_str(), a.credwatch.contained, a.credwatch.rotate.is_empty())).collect();
     // A file the box did not replace (one created after it was set up) is read for real.
@@ -2633,4 +2647,247 @@ fn reads_of_files_the_box_replaced_are_contained_and_have_nothing_to_rotate() {
     run.open(102, "/home/alice/.kube/config");
     let summary = run.engine.flush();
     assert_eq!((summary.len(), summary[0].credwatch.contained), (1, false), "{summary:#?}");
+}
+
+/// npm (100) whose postinstall (101) runs in the project /home/alice/app.
+fn npm_postinstall_in_app() -> Run {
+    let mut run = Run::new();
+    run.exec(100, 1, &["npm", "install"], &[("HOME", "/home/alice")]).spawn(101, 100, &["node", "x.js"], POSTINSTALL);
+    run
+}
+
+const CHAIN_WINDOW_NS: u64 = 50_000_000;
+const PROJECT_NPMRC: &str = "/home/alice/app/.npmrc";
+
+fn severities(alerts: &[Alert]) -> Vec<(&str, &str, Severity)> {
+    alerts
+        .iter()
+        .map(|a| (a.rule.id.as_str(), a.file.as_ref().map_or("", |f| f.path.as_str()), a.rule.severity))
+        .collect()
+}
+
+#[test]
+fn a_config_chains_first_read_waits_and_is_lowered_when_another_file_of_the_chain_follows() {
+    let mut run = npm_postinstall_in_app();
+    // A loader that finds the project's own .npmrc (`registry=` only) first.
+    run.open(101, PROJECT_NPMRC);
+    assert!(run.alerts.is_empty(), "held for the chain's window: {:#?}", run.alerts);
+    run.time_ns += CHAIN_WINDOW_NS - 2_000;
+    run.open(101, "/home/alice/.npmrc");
+    let alerts = run.take();
+    assert_eq!(
+        severities(&alerts),
+        [
+            ("npm-registry-token", "/home/alice/.npmrc", Severity::Low),
+            ("npm-registry-token", PROJECT_NPMRC, Severity::Low)
+        ]
+    );
+    assert!(alerts.iter().all(|a| a.credwatch.why.as_deref().is_some_and(|why| why.contains("configuration chain"))));
+    // The project's file keeps its read time: the alert waited, the read did not move.
+    assert!(alerts[1].timestamp < alerts[0].timestamp);
+
+    // A failed probe of the next file counts as a link too (npm-conf's missing global npmrc).
+    let mut run = npm_postinstall_in_app();
+    run.open(101, "/home/alice/.npmrc").open_full(101, "/usr/etc/npmrc", None, -2, 0);
+    assert_eq!(severities(&run.take()), [("npm-registry-token", "/home/alice/.npmrc", Severity::Low)]);
+}
+
+#[test]
+fn a_lone_chain_read_goes_out_high_once_its_window_closed_whatever_releases_it() {
+    let high = |alerts: &[Alert]| {
+        assert_eq!(severities(alerts), [("npm-registry-token", PROJECT_NPMRC, Severity::High)], "{alerts:#?}");
+        assert_eq!(alerts[0].credwatch.why, None);
+    };
+    // Another process's event past the window: nothing can follow the read any more.
+    let mut run = npm_postinstall_in_app();
+    run.open(101, PROJECT_NPMRC);
+    let read_ns = run.time_ns;
+    assert_eq!(run.engine.held_until(), Some(read_ns + CHAIN_WINDOW_NS));
+    run.time_ns = read_ns + CHAIN_WINDOW_NS - 1_000;
+    run.exec(200, 1, &["ls"], &[]);
+    assert!(run.alerts.is_empty(), "the window is still open");
+    run.time_ns = read_ns + CHAIN_WINDOW_NS;
+    run.exec(201, 1, &["ls"], &[]);
+    high(&std::mem::take(&mut run.alerts));
+    assert_eq!(run.engine.held_until(), None);
+    // A later read of another chain file by the same process no longer lowers it, nor the later read.
+    run.open(101, "/home/alice/.npmrc");
+    assert!(run.take().iter().all(|a| a.rule.severity == Severity::High));
+
+    // The live clock, with no event: not at the window's end, just past it.
+    let mut run = npm_postinstall_in_app();
+    run.open(101, PROJECT_NPMRC);
+    let read_ns = run.time_ns;
+    assert!(run.engine.tick(read_ns + CHAIN_WINDOW_NS).is_empty());
+    high(&run.engine.tick(read_ns + CHAIN_WINDOW_NS + 1));
+    assert!(run.engine.flush().is_empty(), "once");
+
+    // The end of the stream.
+    let mut run = npm_postinstall_in_app();
+    run.open(101, PROJECT_NPMRC);
+    high(&run.engine.flush());
+
+    // The reading process's exit, within the window.
+    let mut run = npm_postinstall_in_app();
+    run.open(101, PROJECT_NPMRC).exit(101);
+    high(&std::mem::take(&mut run.alerts));
+    assert_eq!(run.engine.held_until(), None);
+}
+
+#[test]
+fn what_the_kernel_stopped_and_files_of_no_chain_are_never_held() {
+    let mut run = npm_postinstall_in_app();
+    run.send(
+        101,
+        EventData::Open(Open {
+            tid: 101,
+            syscall: "openat".into(),
+            dirfd: AT_FDCWD,
+            path: PROJECT_NPMRC.into(),
+            ret: -1,
+            denied: true,
+            ..Open::default()
+        }),
+    );
+    let alerts = std::mem::take(&mut run.alerts);
+    assert_eq!(
+        alerts.iter().map(|a| (a.rule.severity, a.event.outcome.as_str())).collect::<Vec<_>>(),
+        [(Severity::High, "denied")]
+    );
+    run.open(101, "/home/alice/.aws/credentials");
+    assert_eq!(severities(&std::mem::take(&mut run.alerts))[0].0, "aws-credentials");
+    assert_eq!(run.engine.held_until(), None);
+}
+
+#[test]
+fn a_chain_read_then_egress_is_still_exfiltration() {
+    let connect = |run: &mut Run, pid: u32| {
+        let query = crate::event::DnsQuery {
+            tid: pid,
+            name: "collector.exfil.invalid".into(),
+            qtype: "A".into(),
+            server: None,
+        };
+        run.send(pid, EventData::DnsQuery(query));
+        let connect = crate::event::Connect {
+            tid: pid,
+            family: "inet".into(),
+            address: Some("127.0.0.9".into()),
+            port: Some(8080),
+            ..crate::event::Connect::default()
+        };
+        run.send(pid, EventData::Connect(connect));
+    };
+    // A whole chain, lowered, then a send elsewhere.
+    let mut run = npm_postinstall_in_app();
+    run.open(101, PROJECT_NPMRC).open(101, "/home/alice/.npmrc");
+    connect(&mut run, 101);
+    let alerts = run.take();
+    let exfiltration: Vec<&Alert> = alerts.iter().filter(|a| a.rule.id == "exfiltration").collect();
+    assert_eq!(exfiltration.len(), 1, "{alerts:#?}");
+    assert_eq!(exfiltration[0].rule.severity, Severity::Critical);
+    assert_eq!(exfiltration[0].credwatch.credentials_touched, [PROJECT_NPMRC, "/home/alice/.npmrc"]);
+    assert!(alerts.iter().filter(|a| a.rule.id == "npm-registry-token").all(|a| a.rule.severity == Severity::Low));
+
+    // A read still held when the send comes: the exfiltration does not wait.
+    let mut run = npm_postinstall_in_app();
+    run.open(101, PROJECT_NPMRC);
+    connect(&mut run, 101);
+    let alerts = std::mem::take(&mut run.alerts);
+    assert_eq!(severities(&alerts), [("exfiltration", "", Severity::Critical)]);
+    assert_eq!(alerts[0].credwatch.credentials_touched, [PROJECT_NPMRC]);
+    assert_eq!(severities(&run.take()), [("npm-registry-token", PROJECT_NPMRC, Severity::High)]);
+}
+
+#[test]
+fn a_held_read_still_makes_a_sweep() {
+    let mut run = npm_postinstall_in_app();
+    run.open(101, "/home/alice/.npmrc").open(101, "/home/alice/.aws/credentials").open(101, "/home/alice/.ssh/id_rsa");
+    assert_eq!(
+        run.alerts.iter().map(|a| a.rule.id.as_str()).collect::<Vec<_>>(),
+        ["aws-credentials", "ssh-private-keys"],
+        "two categories while the first read is held"
+    );
+    let alerts = run.take();
+    let sweep = alerts.last().and_then(|a| a.credwatch.sweep.clone()).expect("a sweep once the read went out");
+    assert_eq!(sweep.categories, ["cloud", "registry", "ssh"]);
+    assert!(sweep.files.contains(&"/home/alice/.npmrc".to_owned()));
+}
+
+/// The events of a session with chains, lone reads and exits.
+fn chain_session() -> Vec<Event> {
+    let mut events = Vec::new();
+    let mut time_ns = 1_700_000_000_000_000_000;
+    let mut at = |pid: u32, after_ms: u64, data: EventData| {
+        time_ns += after_ms * 1_000_000;
+        events.push(Event { time_ns, pid, data });
+    };
+    let exec = |ppid: u32, args: &[&str], env: &[(&str, &str)]| {
+        EventData::Exec(Exec {
+            ppid,
+            filename: args[0].into(),
+            executable: args[0].into(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            cwd: "/home/alice/app".into(),
+            env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            ..Exec::default()
+        })
+    };
+    let open = |path: &str| {
+        EventData::Open(Open {
+            syscall: "openat".into(),
+            dirfd: AT_FDCWD,
+            path: path.into(),
+            abs_path: Some(path.into()),
+            ret: 3,
+            ..Open::default()
+        })
+    };
+    at(100, 0, exec(1, &["npm", "install"], &[("HOME", "/home/alice")]));
+    for pid in [101, 102] {
+        at(100, 1, EventData::Fork(Fork { child_pid: pid }));
+        at(pid, 1, exec(100, &["node", "x.js"], POSTINSTALL));
+    }
+    // 101 reads a chain (the last file lowered at once); 102 reads the project's file alone.
+    at(101, 7, open(PROJECT_NPMRC));
+    at(102, 7, open(PROJECT_NPMRC));
+    at(101, 7, open("/home/alice/.npmrc"));
+    at(102, 7, open("/home/alice/.aws/credentials"));
+    at(101, 7, open("/home/alice/app/sub/.npmrc"));
+    // Long after: lone reads, one ended by its process's exit, one by the end of the stream.
+    at(102, 200, open("/home/alice/.npmrc"));
+    at(102, 7, EventData::Exit(Exit { code: 0 }));
+    at(101, 7, open("/home/alice/.yarnrc.yml"));
+    events
+}
+
+#[test]
+fn held_alerts_are_the_same_live_with_the_clock_ticking_as_in_a_replay() {
+    let events = chain_session();
+    let engine = || {
+        Engine::new(RuleSet::defaults().unwrap(), EngineOptions { host_name: "box".into(), ..EngineOptions::default() })
+    };
+    let mut replay = engine();
+    let mut replayed: Vec<Alert> = events.iter().flat_map(|event| replay.handle(event)).collect();
+    replayed.extend(replay.flush());
+    // Live: between two events the clock ticks, up to just before the next one.
+    let mut live = engine();
+    let mut seen = Vec::new();
+    for (i, event) in events.iter().enumerate() {
+        seen.extend(live.handle(event));
+        let next = events.get(i + 1).map_or(u64::MAX, |next| next.time_ns - 1);
+        for now in [event.time_ns + 1, event.time_ns + CHAIN_WINDOW_NS, next] {
+            if now <= next {
+                seen.extend(live.tick(now));
+            }
+        }
+    }
+    seen.extend(live.flush());
+    let key = |alerts: &[Alert]| {
+        alerts.iter().map(|a| (a.event.id.clone(), a.rule.severity, a.timestamp.clone())).collect::<Vec<_>>()
+    };
+    assert_eq!(key(&seen), key(&replayed));
+    let told: Vec<(&str, &str, Severity)> = severities(&replayed);
+    assert!(told.contains(&("npm-registry-token", PROJECT_NPMRC, Severity::Low)), "{told:#?}");
+    assert!(told.contains(&("npm-registry-token", PROJECT_NPMRC, Severity::High)), "{told:#?}");
 }
