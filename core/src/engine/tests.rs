@@ -2464,6 +2464,7 @@ fn git_an_agent_runs_for_itself_is_told_in_the_agents_words() {
     let text = crate::output::render(&alert, false);
     assert!(text.starts_with("[LOW] agent codex opened /home/alice/.netrc\n"), "{text}");
     assert!(text.contains("\n  agent    codex[100] ran git ls-remote "), "{text}");
+    assert_eq!(alert.rule.description, "codex or a tool it ran opened ~/.netrc, which holds logins for HTTP and FTP hosts.");
     assert!(!text.contains("package manager") && !text.contains("npm"), "{text}");
     // The same git under a package manager is the manager's.
     let mut run = Run::new();
@@ -2474,6 +2475,7 @@ fn git_an_agent_runs_for_itself_is_told_in_the_agents_words() {
         Some("git/git-remote-https/git-remote-http started by the package manager itself (e.g. for a git dependency)")
     );
     assert!(crate::output::render(&alert, false).starts_with("[LOW] npm package code opened /home/alice/.netrc\n"));
+    assert!(alert.rule.description.starts_with("Package code opened ~/.netrc"));
 }
 
 #[test]
