@@ -2,7 +2,8 @@
 //! installed by `cargo xtask test`) under `credwatch watch`, offline, in a throwaway HOME of fake
 //! credentials that holds each agent's own token too. Each is started the way a developer starts
 //! it, outside every watched tree: `--version`, `--help` and a prompt, answered by a model API of
-//! the test's own on loopback. That start-up raises nothing at medium or above, and under
+//! the test's own on loopback (every other destination is a closed port on loopback, through the
+//! proxy variables). That start-up raises nothing at medium or above, and under
 //! `--enforce` nothing of it is killed. Then a hook and an MCP server of the agent, each reading
 //! an SSH key, alert at critical and name the agent (and under `--enforce` are killed).
 //! Privileged: run as root with `cargo xtask test`.
