@@ -345,6 +345,14 @@ const CATALOGUE: &[(&str, &str)] = &[
     (".password-store/email/work.gpg", "pass-store"),
     (".config/glab-cli/config.yml", "glab-config"),
 ];
+/// Session stores the test writes itself (the sandbox's home has none): a terminal agent's
+/// token, a messenger's session and a browser flavour's cookies, and their rules.
+const SESSION_STORES: &[(&str, &str)] = &[
+    (".local/share/opencode/auth.json", "ai-agent-credentials"),
+    (".config/discord/Local Storage/leveldb/000005.ldb", "discord-tokens"),
+    (".local/share/TelegramDesktop/tdata/key_datas", "telegram-desktop-session"),
+    (".config/BraveSoftware/Brave-Browser/Default/Cookies", "browser-profiles"),
+];
 /// Their neighbours, which are not secret.
 const CATALOGUE_LOOK_ALIKES: &[&str] = &[
     ".gnupg/pubring.kbx",
@@ -353,6 +361,11 @@ const CATALOGUE_LOOK_ALIKES: &[&str] = &[
     ".m2/repository/org/example/x/1.0/x-1.0.pom",
     ".gem/specs/index.rubygems.org/specs.4.8",
     ".config/rclone/README",
+    ".config/opencode/opencode.json",
+    ".config/discord/settings.json",
+    ".local/share/TelegramDesktop/tdata/user_data/media_cache/0/binlog",
+    ".config/BraveSoftware/Brave-Browser/Default/History",
+    ".config/BraveSoftware/Brave-Browser/Default/Extensions/nkbihfbeogaeaoehlefnkodbefgpgknn/12.1.0/manifest.json",
 ];
 
 /// Sweep settings that no tree reaches (for `--rules`).
@@ -368,8 +381,9 @@ sweep:
   min_severity: medium
 ";
 
-/// A real `npm install` whose postinstall reads the look-alikes, then every catalogue file:
-/// one alert per file, with its rule, naming the package; none for the look-alikes. The
+/// A real `npm install` whose postinstall reads the look-alikes, then every catalogue file and
+/// session store: one alert per file, with its rule, naming the package; none for the
+/// look-alikes (the rest of the browser profile and the messenger's cache among them). The
 /// sweep is put out of reach (`--rules` with a sweep of its own) so that every read stays its
 /// own alert instead of being folded.
 #[test]
@@ -381,6 +395,11 @@ fn postinstall_reading_the_catalogue_credentials_raises_each_files_rule() {
         fs::create_dir_all(path.parent().unwrap()).unwrap();
         fs::write(&path, "not a secret\n").unwrap();
     }
+    for (relative, _) in SESSION_STORES {
+        let path = home.join(relative);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, "FAKE-credwatch-e2e-session\n").unwrap();
+    }
     let package = work.join("catalogue-thief");
     fs::create_dir_all(&package).unwrap();
     fs::write(
@@ -390,7 +409,7 @@ fn postinstall_reading_the_catalogue_credentials_raises_each_files_rule() {
     .unwrap();
     let reads: Vec<String> = CATALOGUE_LOOK_ALIKES
         .iter()
-        .chain(CATALOGUE.iter().map(|(relative, _)| relative))
+        .chain(CATALOGUE.iter().chain(SESSION_STORES).map(|(relative, _)| relative))
         .map(|relative| format!("cat \"$HOME/{relative}\" > /dev/null\n"))
         .collect();
     fs::write(package.join("steal.sh"), reads.concat()).unwrap();
@@ -411,7 +430,7 @@ fn postinstall_reading_the_catalogue_credentials_raises_each_files_rule() {
     run.assert_exit(EXIT_ALERT);
     let alerts = run.alerts();
     let described = || format!("alerts:\n{}\n{}", summary(&alerts), run.describe());
-    for (relative, id) in CATALOGUE {
+    for (relative, id) in CATALOGUE.iter().chain(SESSION_STORES) {
         let path = sandbox.credential(relative);
         let hits: Vec<&Value> = alerts.iter().filter(|a| a["file"]["path"] == path.as_str()).collect();
         assert_eq!(hits.len(), 1, "one alert for {relative}; {}", described());
@@ -422,7 +441,12 @@ fn postinstall_reading_the_catalogue_credentials_raises_each_files_rule() {
         assert_eq!(alert["package"]["lifecycle"], "postinstall", "{alert:#}");
         assert_eq!(alert["package"]["manager"], "npm", "{alert:#}");
     }
-    assert_eq!(alerts.len(), CATALOGUE.len(), "nothing for the look-alikes, nothing else; {}", described());
+    assert_eq!(
+        alerts.len(),
+        CATALOGUE.len() + SESSION_STORES.len(),
+        "nothing for the look-alikes, nothing else; {}",
+        described()
+    );
 }
 
 /// Package code calling bpf() (a harmless BPF_PROG_GET_NEXT_ID), sending SIGCONT to the agent
