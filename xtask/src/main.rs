@@ -271,10 +271,14 @@ fn build_requirement_wheels() -> Result<()> {
 const AGENT_CLIS: &str = "tests/agent-clis.txt";
 
 /// Installs each CLI of [`AGENT_CLIS`] with npm into `target/agent-clis/<name>@<version>`, once:
-/// the agent CLI tests run them offline from there.
+/// the agent CLI tests run them offline from there. A CLI counts as installed when its bin says
+/// its version (Claude Code's bin is a stub until its postinstall puts the native binary there).
 fn agent_clis() -> Result<()> {
     let list = workspace().join(AGENT_CLIS);
     let text = std::fs::read_to_string(&list).with_context(|| format!("reading {}", list.display()))?;
+    // A HOME of their own: Gemini CLI and Codex write their state there even for --version.
+    let home = workspace().join("target/agent-clis/home");
+    std::fs::create_dir_all(&home).with_context(|| format!("creating {}", home.display()))?;
     for (number, line) in text.lines().enumerate() {
         let line = line.split('#').next().unwrap_or_default().trim();
         if line.is_empty() {
@@ -285,12 +289,16 @@ fn agent_clis() -> Result<()> {
         };
         let name = package.rsplit('/').next().unwrap_or(package);
         let prefix = workspace().join("target/agent-clis").join(format!("{name}@{version}"));
-        let manifest = prefix.join("node_modules").join(package).join("package.json");
-        let installed = std::fs::read_to_string(&manifest)
-            .ok()
-            .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
-            .is_some_and(|manifest| manifest["version"] == version);
-        if installed && prefix.join("node_modules/.bin").join(bin).exists() {
+        let bin = prefix.join("node_modules/.bin").join(bin);
+        let says_version = || {
+            Command::new(&bin)
+                .arg("--version")
+                .env("HOME", &home)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(version))
+        };
+        if says_version() {
             continue;
         }
         run(
@@ -300,8 +308,8 @@ fn agent_clis() -> Result<()> {
                 .arg(&prefix)
                 .arg(format!("{package}@{version}")),
         )?;
-        if !prefix.join("node_modules/.bin").join(bin).exists() {
-            bail!("npm installed {package}@{version} into {} without its bin `{bin}`", prefix.display());
+        if !says_version() {
+            bail!("{} --version does not say {version} after npm installed {package}@{version}", bin.display());
         }
     }
     Ok(())
