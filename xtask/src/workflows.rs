@@ -117,7 +117,7 @@ impl Source {
         let (name, valid) = match &source {
             Source::Npm { name, .. } => (name, npm_name(name)),
             Source::Crate { name, .. } | Source::Sdist { name, .. } | Source::Fixture(name) => (name, plain(name)),
-            Source::Empty => unreachable!("returned above"),
+            Source::Empty => return Ok(source),
         };
         if !valid {
             return Err(format!("invalid name {name:?} in {text:?}"));
@@ -468,7 +468,7 @@ pub fn markdown(tables: &Tables, outcomes: &[ProjectOutcome], header: &[String])
             }
             let _ = writeln!(
                 text,
-                "{}: {} ({} alerts)\n\n```json",
+                "{}: {} ({} at medium or above)\n\n```json",
                 corpus::md(&project.name),
                 code(&command.command),
                 medium.len()
@@ -813,7 +813,7 @@ fn set_up_tools(ctx: &Ctx, projects: &[Project], python: &Path, npm: &Path) -> R
 /// the watch).
 fn source_tree(ctx: &Ctx, source: &Source) -> Result<Option<PathBuf>> {
     let sources = ctx.cache.join("sources");
-    let (dir, fetch): (PathBuf, Box<dyn Fn(&Path, &Path) -> Result<()>>) = match source {
+    let dir = match source {
         Source::Empty => return Ok(None),
         Source::Fixture(name) => {
             let dir = crate::workspace().join(FIXTURES).join(name);
@@ -822,46 +822,9 @@ fn source_tree(ctx: &Ctx, source: &Source) -> Result<Option<PathBuf>> {
             }
             return Ok(Some(dir));
         }
-        Source::Crate { name, version } => {
-            let (name, version) = (name.clone(), version.clone());
-            (
-                sources.join("cargo").join(format!("{name}-{version}")),
-                Box::new(move |dest, scratch| fetch_crate(ctx, &name, &version, dest, scratch)),
-            )
-        }
-        Source::Npm { name, version } => {
-            let spec = format!("{name}@{version}");
-            (
-                sources.join("npm").join(format!("{}-{version}", name.replace('/', "__"))),
-                Box::new(move |dest, scratch| {
-                    let mut command = Command::new("npm");
-                    command.args(["pack", "--silent", &spec, "--pack-destination"]).arg(scratch).current_dir(scratch);
-                    developer_env(&mut command, &ctx.path, &scratch.join("home"));
-                    let stdout = set_up(&format!("npm pack {spec}"), &mut command)?;
-                    let file = stdout.lines().last().context("npm pack printed no file name")?.trim();
-                    untar(&scratch.join(file), dest)
-                }),
-            )
-        }
-        Source::Sdist { name, version } => {
-            let spec = format!("{name}=={version}");
-            (
-                sources.join("pip").join(format!("{name}-{version}")),
-                Box::new(move |dest, scratch| {
-                    let mut command = Command::new("python3");
-                    // The sdist of the package alone: its build dependencies as wheels, as a developer's.
-                    command.args(["-m", "pip", "download", "--no-deps", "--no-binary"]).arg(name).arg("-d");
-                    command.arg(scratch).arg(&spec);
-                    developer_env(&mut command, &ctx.path, &scratch.join("home"));
-                    set_up(&format!("pip download {spec}"), &mut command)?;
-                    let sdist = fs::read_dir(scratch)?
-                        .filter_map(|e| e.ok().map(|e| e.path()))
-                        .find(|p| p.to_string_lossy().ends_with(".tar.gz"))
-                        .context("pip download left no .tar.gz")?;
-                    untar(&sdist, dest)
-                }),
-            )
-        }
+        Source::Crate { name, version } => sources.join("cargo").join(format!("{name}-{version}")),
+        Source::Npm { name, version } => sources.join("npm").join(format!("{}-{version}", name.replace('/', "__"))),
+        Source::Sdist { name, version } => sources.join("pip").join(format!("{name}-{version}")),
     };
     if !dir.is_dir() {
         let scratch = ctx.work.join("fetch");
@@ -870,11 +833,43 @@ fn source_tree(ctx: &Ctx, source: &Source) -> Result<Option<PathBuf>> {
         let partial = dir.with_extension("partial");
         let _ = fs::remove_dir_all(&partial);
         fs::create_dir_all(&partial)?;
-        fetch(&partial, &scratch)?;
+        fetch_source(ctx, source, &partial, &scratch)?;
         fs::rename(&partial, &dir).with_context(|| format!("renaming {}", partial.display()))?;
         let _ = fs::remove_dir_all(&scratch);
     }
     Ok(Some(dir))
+}
+
+/// Unpacks a registry's source of the package into `dest`, downloading in `scratch`.
+fn fetch_source(ctx: &Ctx, source: &Source, dest: &Path, scratch: &Path) -> Result<()> {
+    match source {
+        Source::Crate { name, version } => fetch_crate(ctx, name, version, dest, scratch),
+        Source::Npm { name, version } => {
+            let spec = format!("{name}@{version}");
+            let mut command = Command::new("npm");
+            command.args(["pack", "--silent", &spec, "--pack-destination"]).arg(scratch).current_dir(scratch);
+            developer_env(&mut command, &ctx.path, &scratch.join("home"));
+            let stdout = set_up(&format!("npm pack {spec}"), &mut command)?;
+            let file = stdout.lines().last().context("npm pack printed no file name")?.trim();
+            untar(&scratch.join(file), dest)
+        }
+        Source::Sdist { name, version } => {
+            let spec = format!("{name}=={version}");
+            let mut command = Command::new("python3");
+            // The sdist of the package alone: its build dependencies as wheels, as a developer's.
+            command.args(["-m", "pip", "download", "--no-deps", "--no-binary"]).arg(name).arg("-d");
+            command.arg(scratch).arg(&spec);
+            developer_env(&mut command, &ctx.path, &scratch.join("home"));
+            set_up(&format!("pip download {spec}"), &mut command)?;
+            let sdist = fs::read_dir(scratch)?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .find(|p| p.to_string_lossy().ends_with(".tar.gz"))
+                .context("pip download left no .tar.gz")?;
+            untar(&sdist, dest)
+        }
+        // Nothing to fetch.
+        Source::Fixture(_) | Source::Empty => Ok(()),
+    }
 }
 
 fn untar(archive: &Path, dest: &Path) -> Result<()> {
@@ -1429,7 +1424,7 @@ mod tests {
         );
         assert!(text.contains("| `cargo check` | exit 0 | none |"), "{text}");
         assert!(text.contains("| dotenv-files | low | 1 | `express-app: npm start` |"), "{text}");
-        assert!(text.contains("num-traits: `cargo test` (3 alerts)\n\n```json\n{\"rule\""), "{text}");
+        assert!(text.contains("num-traits: `cargo test` (3 at medium or above)\n\n```json\n{\"rule\""), "{text}");
         assert!(text.contains("(not counted above): 2."), "{text}");
         assert!(
             text.contains("| `npm start` | (cargo tree, no package) | `$PROJECT/.env` | 1 | the project's own .env |"),
