@@ -357,7 +357,7 @@ pub fn aggregate(outcomes: &[ProjectOutcome]) -> Tables {
 }
 
 /// `rule (severity) ×count` of each rule that a command raised, most severe first.
-fn rules_cell(alerts: &[Alert]) -> String {
+fn rules_cell<'a>(alerts: impl IntoIterator<Item = &'a Alert>) -> String {
     let mut counts: BTreeMap<(&str, &str), usize> = BTreeMap::new();
     for alert in alerts {
         *counts.entry((&alert.line.rule, &alert.line.severity)).or_default() += 1;
@@ -411,6 +411,22 @@ pub fn markdown(tables: &Tables, outcomes: &[ProjectOutcome], header: &[String])
                 rules_cell(&command.alerts)
             );
         }
+    }
+    text += "\n## By project\n\n| project | source | commands (the status of those that did not exit 0) | alerts by rule (severity) |\n|---|---|---|---|\n";
+    for project in outcomes {
+        let commands: Vec<String> = project
+            .commands
+            .iter()
+            .map(|c| if c.succeeded() { code(&c.command) } else { format!("{} ({})", code(&c.command), c.status) })
+            .collect();
+        let _ = writeln!(
+            text,
+            "| {} | {} | {} | {} |",
+            corpus::md(&project.name),
+            corpus::md(&project.source),
+            commands.join(", "),
+            rules_cell(project.commands.iter().flat_map(|c| &c.alerts))
+        );
     }
     let errors: Vec<&ProjectOutcome> = outcomes.iter().filter(|p| p.error.is_some()).collect();
     if !errors.is_empty() {
@@ -1426,6 +1442,10 @@ mod tests {
         assert!(text.contains("| dotenv-files | low | 1 | `express-app: npm start` |"), "{text}");
         assert!(text.contains("num-traits: `cargo test` (3 at medium or above)\n\n```json\n{\"rule\""), "{text}");
         assert!(text.contains("(not counted above): 2."), "{text}");
+        assert!(
+            text.contains("| express-app | fixture:express-app | `npm start` (exit 1), `npx express-app-env` | dotenv-files (high) ×1, dotenv-files (low) ×1 |"),
+            "{text}"
+        );
         assert!(
             text.contains("| `npm start` | (cargo tree, no package) | `$PROJECT/.env` | 1 | the project's own .env |"),
             "{text}"
