@@ -177,3 +177,75 @@ fn under_watch_the_projects_script_is_quiet_between_npx_runs_that_alert() {
         .collect::<Vec<_>>();
     assert_eq!(project, Vec::<Value>::new(), "{}", run.describe());
 }
+
+/// rustup's proxy for `cargo` on the machine's PATH (`~/.cargo/bin/cargo`, what a developer
+/// types), with the environment that makes it run the toolchain these tests run with.
+fn cargo_as_a_developer_has_it(sandbox: &Sandbox) -> std::process::Command {
+    // cargo sets CARGO for its tests: <rustup home>/toolchains/<toolchain>/bin/cargo.
+    let toolchain_cargo = PathBuf::from(std::env::var_os("CARGO").expect("run through cargo"));
+    let toolchain_dir = toolchain_cargo.parent().and_then(|bin| bin.parent()).expect("a toolchain's cargo");
+    let rustup_home = toolchain_dir.parent().and_then(|toolchains| toolchains.parent()).expect("under RUSTUP_HOME");
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let proxies = std::env::split_paths(&path)
+        .find(|dir| dir.join("rustup").is_file() && dir.join("cargo").is_file())
+        .expect("rustup and its cargo proxy on PATH, as a developer has them");
+    let mut command = sandbox.command(proxies.join("cargo"));
+    command
+        .env("RUSTUP_HOME", rustup_home)
+        .env("RUSTUP_TOOLCHAIN", toolchain_dir.file_name().expect("a toolchain's name"));
+    command
+}
+
+/// A Rust developer's day in cargo's default layout (`target/` in the crate, doctests built in
+/// `$TMPDIR`), under `watch`, through rustup's proxy: `cargo run` (cargo executes
+/// `target/debug/cargo-app`, relative, in its own process), `cargo test` (the unit-test and
+/// integration-test binaries, and the doctest rustdoc builds and runs) all read the AWS
+/// credentials quietly, while the dependency's build script still alerts.
+#[test]
+fn under_watch_cargo_run_test_and_doctests_in_the_default_layout_are_quiet() {
+    let sandbox = Sandbox::new();
+    sandbox.copy_fixture("cargo/build-script");
+    let app = sandbox.copy_fixture("project/cargo-app");
+    let watch = sandbox.watch();
+    let run_output =
+        sandbox.setup("cargo run", cargo_as_a_developer_has_it(&sandbox).args(["run", "--offline"]).current_dir(&app));
+    let test_output = sandbox
+        .setup("cargo test", cargo_as_a_developer_has_it(&sandbox).args(["test", "--offline"]).current_dir(&app));
+    let script = sandbox.wait_for(|a| a["package"]["name"] == "evil-build", std::time::Duration::from_secs(20));
+    let run = watch.stop();
+    assert!(run_output.contains("cargo-app read the AWS credentials"), "{run_output}\n{}", run.describe());
+    for ran in [
+        "reads_the_aws_credentials ... ok",
+        "the_integration_test_reads_the_aws_credentials ... ok",
+        "aws_credentials_path (line 5) ... ok",
+    ] {
+        assert!(test_output.contains(ran), "{ran}: {test_output}\n{}", run.describe());
+    }
+    let script = script.unwrap_or_else(|| panic!("the build script's read was not seen\n{}", run.describe()));
+    assert_field(&script, "/package/lifecycle", "build-script", &run);
+    let others: Vec<Value> = run.alerts().into_iter().filter(|a| a["package"]["name"] != "evil-build").collect();
+    assert_eq!(others, Vec::<Value>::new(), "{}", run.describe());
+}
+
+/// `npx` of the project's own bin (npm 11 links the project into its `_npx` cache and runs
+/// the bin from there) is the project's code: quiet under `watch`; `npx` of another package's
+/// bin (the key-cli tarball) still alerts.
+#[test]
+fn under_watch_npx_of_the_projects_own_bin_is_quiet() {
+    let sandbox = Sandbox::new();
+    let app = sandbox.copy_fixture("project/key-cli");
+    let watch = sandbox.watch();
+    let own = sandbox.setup("npx key-cli", sandbox.command("npx").args(["--yes", "key-cli"]).current_dir(&app));
+    let tarball = sandbox.npm_pack("project/key-cli");
+    let other = sandbox.npm_project();
+    let mut npx = sandbox.command("npx");
+    npx.args(["--yes", "--package", tarball.to_str().unwrap(), "key-cli"]).current_dir(&other);
+    sandbox.setup("npx of the tarball", &mut npx);
+    let key = sandbox.credential(".ssh/id_ed25519");
+    let alert = sandbox.wait_for(|a| a["file"]["path"] == key.as_str(), std::time::Duration::from_secs(20));
+    let run = watch.stop();
+    assert!(own.contains("key-cli ran"), "{own}\n{}", run.describe());
+    let alert = alert.unwrap_or_else(|| panic!("npx of the tarball raised nothing\n{}", run.describe()));
+    assert_eq!(alert["process"]["working_directory"], other.to_str().unwrap(), "{}", run.describe());
+    assert_eq!(run.alerts().len(), 1, "only the other project's npx alerts\n{}", run.describe());
+}
