@@ -218,7 +218,8 @@ impl Engine {
         self.release_where(|held| held.until_ns() < now_ns)
     }
 
-    /// Releases the held alerts of `proc`, which ended: nothing it does can follow them.
+    /// Releases the held alerts of `proc`: it ended, or read another credential, so nothing it
+    /// does can follow them any more.
     pub(super) fn release_of(&mut self, proc: Id) -> Vec<Alert> {
         self.release_where(|held| held.proc == proc)
     }

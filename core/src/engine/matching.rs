@@ -190,7 +190,14 @@ impl Engine {
                     let held = Held::new(id, root, index, subject, judged.to_owned(), alert, event.time_ns, chain);
                     alerts.extend(self.hold(held));
                 }
-                None => alerts.extend(self.deliver(root, index, subject, alert, event.time_ns)),
+                None => {
+                    // A loader reads its chain and nothing else in between: another credential
+                    // read ends the process's chain, and its alerts keep the order of the reads.
+                    if rule.is_credential() {
+                        alerts.extend(self.release_of(id));
+                    }
+                    alerts.extend(self.deliver(root, index, subject, alert, event.time_ns));
+                }
             }
         }
         alerts

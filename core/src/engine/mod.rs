@@ -20,9 +20,10 @@
 //! A read at the rule's severity of a file of a configuration chain (a loader actor's
 //! `after_opens`) is held until the chain's window after it closes: another file of the chain
 //! opened by the same process within it lowers it like the later reads. It goes out when an
-//! event (of any process) is past the window, when the process ends, at [`Engine::tick`] (a
-//! live source's clock past the window) or at [`Engine::flush`], through dedup and sweeps as
-//! of its read. What the kernel stopped is never held.
+//! event (of any process) is past the window, when the process ends or raises an alert about
+//! another credential, at [`Engine::tick`] (a live source's clock past the window) or at
+//! [`Engine::flush`], through dedup and sweeps as of its read. What the kernel stopped is
+//! never held.
 //!
 //! Its parts: `process` keeps the process table (lineage, what each process runs, its tree),
 //! `matching` judges each event against the rules, `alerts` builds the alerts and decides

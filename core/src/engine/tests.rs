@@ -2680,13 +2680,13 @@ fn a_config_chains_first_read_waits_and_is_lowered_when_another_file_of_the_chai
     assert_eq!(
         severities(&alerts),
         [
-            ("npm-registry-token", "/home/alice/.npmrc", Severity::Low),
-            ("npm-registry-token", PROJECT_NPMRC, Severity::Low)
+            ("npm-registry-token", PROJECT_NPMRC, Severity::Low),
+            ("npm-registry-token", "/home/alice/.npmrc", Severity::Low)
         ]
     );
     assert!(alerts.iter().all(|a| a.credwatch.why.as_deref().is_some_and(|why| why.contains("configuration chain"))));
     // The project's file keeps its read time: the alert waited, the read did not move.
-    assert!(alerts[1].timestamp < alerts[0].timestamp);
+    assert!(alerts[0].timestamp < alerts[1].timestamp);
 
     // A failed probe of the next file counts as a link too (npm-conf's missing global npmrc).
     let mut run = npm_postinstall_in_app();
@@ -2802,18 +2802,31 @@ fn a_chain_read_then_egress_is_still_exfiltration() {
 }
 
 #[test]
-fn a_held_read_still_makes_a_sweep() {
+fn another_credential_read_ends_the_chain_so_a_sweep_forms_as_the_reads_came() {
+    // One process reading every credential (`cat` of them all): ~/.npmrc goes out at its own
+    // severity before the next read's alert, and the third category makes the sweep.
     let mut run = npm_postinstall_in_app();
-    run.open(101, "/home/alice/.npmrc").open(101, "/home/alice/.aws/credentials").open(101, "/home/alice/.ssh/id_rsa");
+    run.open(101, "/home/alice/.npmrc").open(101, "/home/alice/.aws/credentials");
     assert_eq!(
-        run.alerts.iter().map(|a| a.rule.id.as_str()).collect::<Vec<_>>(),
-        ["aws-credentials", "ssh-private-keys"],
-        "two categories while the first read is held"
+        severities(&std::mem::take(&mut run.alerts)),
+        [
+            ("npm-registry-token", "/home/alice/.npmrc", Severity::High),
+            ("aws-credentials", "/home/alice/.aws/credentials", Severity::Critical)
+        ]
     );
+    run.open(101, "/home/alice/.ssh/id_rsa");
+    let sweep = run.one().credwatch.sweep.expect("a sweep");
+    assert_eq!(sweep.categories, ["cloud", "registry", "ssh"]);
+    assert_eq!(sweep.files[0], "/home/alice/.npmrc");
+
+    // A read another process holds is released by its own window, and still counts.
+    let mut run = npm_postinstall_in_app();
+    run.spawn(102, 100, &["node", "y.js"], POSTINSTALL);
+    run.open(101, "/home/alice/.npmrc").open(102, "/home/alice/.aws/credentials").open(102, "/home/alice/.ssh/id_rsa");
+    assert_eq!(run.alerts.len(), 2, "two categories while the first read is held: {:#?}", run.alerts);
     let alerts = run.take();
     let sweep = alerts.last().and_then(|a| a.credwatch.sweep.clone()).expect("a sweep once the read went out");
     assert_eq!(sweep.categories, ["cloud", "registry", "ssh"]);
-    assert!(sweep.files.contains(&"/home/alice/.npmrc".to_owned()));
 }
 
 /// The events of a session with chains, lone reads and exits.
