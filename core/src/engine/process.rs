@@ -439,9 +439,11 @@ impl Engine {
                     self.rules.project_tool(entry, &p.executable).filter(|_| !p.project).map(|tool| (entry, tool));
             }
         } else if let Some((entry, tool)) = started_by_tool.filter(|_| started.is_none()) {
-            // A doctest rustdoc built and runs, the project's own bin npx runs.
-            let script = exec.script.clone().unwrap_or_else(|| absolute(filename, &exec.cwd));
-            p.project = self.rules.project_tool_program(entry, tool, &p.executable, &script, &exec.cwd);
+            // A doctest rustdoc built and runs, the project's own bin npx runs (a script run
+            // through its `#!` line: the given path is not the executable).
+            let shebang = basename(filename) != basename(&p.executable);
+            let script = exec.script.clone().or_else(|| shebang.then(|| absolute(filename, &exec.cwd)));
+            p.project = self.rules.project_tool_program(entry, tool, &p.executable, script.as_deref(), &exec.cwd);
         }
         if started.is_some() {
             // `bun test` is the project's code itself; `npm install` from a script is not: its

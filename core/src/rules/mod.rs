@@ -360,13 +360,21 @@ impl RuleSet {
     /// Whether a program started by the tool `tool` of the project command `entry` is the
     /// project's: its `executable` (an absolute path) is one the tool built of the project's
     /// code (a doctest), or its `script` (an absolute path) is the project's own, in `cwd`.
-    pub fn project_tool_program(&self, entry: usize, tool: usize, executable: &str, script: &str, cwd: &str) -> bool {
+    pub fn project_tool_program(
+        &self,
+        entry: usize,
+        tool: usize,
+        executable: &str,
+        script: Option<&str>,
+        cwd: &str,
+    ) -> bool {
         let tool = &self.project_code[entry].0.tools[tool];
-        let own_script = || {
+        let own_script = |script: &str| {
             let in_project = script.strip_prefix(cwd.trim_end_matches('/')).is_some_and(|rest| rest.starts_with('/'));
             in_project && cwd.starts_with('/') && !script.contains("/node_modules/")
         };
-        tool.programs.iter().any(|p| p.matcher.is_match(executable)) || (tool.own_scripts && own_script())
+        tool.programs.iter().any(|p| p.matcher.is_match(executable))
+            || (tool.own_scripts && script.is_some_and(own_script))
     }
 
     /// The home that `path`, opened (or looked for) by the manager `manager` itself, lies in,
@@ -747,10 +755,7 @@ fn build_rule(file: &str, schema: SchemaVersion, rule: Spanned<RuleDoc>) -> Resu
         return Err(invalid(access.referenced, "`access` goes with `targets`".into()));
     }
     let judged_here = |a: &&Spanned<schema::ActorEntry>| {
-        matches!(
-            a.value.actor.who,
-            Who::Loader { .. } | Who::Under { .. } | Who::Execs { unless_command: Some(_), .. }
-        )
+        matches!(a.value.actor.who, Who::Loader { .. } | Who::Under { .. } | Who::Execs { unless_command: Some(_), .. })
     };
     if let Some(actor) = doc.actors.iter().find(judged_here).filter(|_| doc.action == Action::Kill) {
         return Err(invalid(

@@ -320,7 +320,8 @@ fn unknown_manager_references_and_bad_actors_are_errors() {
     assert_invalid_at(&error, &file, (10, 9), "`unless_command` actors are judged in userspace only");
     // The kernel spares the installed file's inode alone: `installed` holds there too.
     let dir = tempfile::tempdir().unwrap();
-    let kill = "    severity: high\n    action: kill\n    actors:\n      - {execs: [ps], installed: true, verdict: low}\n";
+    let kill =
+        "    severity: high\n    action: kill\n    actors:\n      - {execs: [ps], installed: true, verdict: low}\n";
     write(dir.path(), "ok.yaml", &MINIMAL_RULE.replace("    severity: high\n", kill));
     RuleSet::load_dir(dir.path()).unwrap();
 }
@@ -552,7 +553,16 @@ fn project_code_and_home_files_are_data_with_checked_references() {
     let m = |name: &str| set.managers().iter().position(|m| m.name == name).unwrap();
     let args = |words: &[&str]| words.iter().map(|w| (*w).to_owned()).collect::<Vec<_>>();
     assert!(set.project_command(m("npm"), "/usr/bin/npm", &args(&["npm", "--silent", "run", "dev"])).is_some());
-    assert!(set.project_command(m("npm"), "/usr/bin/npx", &args(&["npx", "run"])).is_none());
+    // npx runs a package's bin: none of what it starts is the project's, but a bin of the
+    // project's own package that its shell runs.
+    let npx = set.project_command(m("npm"), "/usr/bin/npx", &args(&["npx", "run"])).expect("npx runs a bin");
+    assert!(!set.project_program(npx, "/bin/sh"));
+    let shell = set.project_tool(npx, "/bin/sh").expect("npx's shell");
+    let own = Some("/home/alice/app/cli.js");
+    assert!(set.project_tool_program(npx, shell, "/usr/bin/node", own, "/home/alice/app"));
+    for other in [Some("/home/alice/app/node_modules/run/cli.js"), Some("/home/alice/.npm/_npx/0a/cli.js"), None] {
+        assert!(!set.project_tool_program(npx, shell, "/usr/bin/node", other, "/home/alice/app"), "{other:?}");
+    }
     let shebang = args(&["/usr/bin/env", "node", "/usr/bin/npm", "run", "dev"]);
     assert!(set.project_command(m("npm"), "/usr/bin/npm", &shebang).is_some());
     let shebang = args(&["/usr/bin/env", "node", "/usr/bin/npm", "install"]);

@@ -69,7 +69,13 @@ fn cargo_run_through_rustups_proxy_execs_the_program_in_place_quietly() {
         // cargo executes the program in its own process, by a path relative to the crate.
         let profile = if words.contains(&"--release") { "release" } else { "debug" };
         let program = format!("{APP}/target/{profile}/app");
-        exec_resolved(&mut run, 500, 1, (&format!("target/{profile}/app"), &program), &[&format!("target/{profile}/app")]);
+        exec_resolved(
+            &mut run,
+            500,
+            1,
+            (&format!("target/{profile}/app"), &program),
+            &[&format!("target/{profile}/app")],
+        );
         run.open(500, "/home/alice/.aws/credentials");
         assert!(run.take().is_empty(), "cargo {words:?}");
     }
@@ -106,16 +112,19 @@ fn cargo_test_binaries_and_doctests_are_the_projects_but_rustdoc_stays_watched()
     run.fork(613, 614);
     exec_resolved(&mut run, 614, 613, (out, out), &[out]);
     let alerts = run.take();
-    assert!(
-        alerts.iter().any(|a| a.process.pid == 614 && a.rule.id == "exec-of-written-file"),
-        "{alerts:#?}"
-    );
+    assert!(alerts.iter().any(|a| a.process.pid == 614 && a.rule.id == "exec-of-written-file"), "{alerts:#?}");
 
     // `cargo test` run by package code (a postinstall) is package code, doctests included.
     let mut run = Run::new();
     run.exec(700, 1, &["npm", "install"], &[]).spawn(701, 700, &["sh", "-c", "cargo test"], POSTINSTALL);
     run.fork(701, 702);
-    exec_resolved(&mut run, 702, 701, (&format!("{TOOLCHAIN}/cargo"), &format!("{TOOLCHAIN}/cargo")), &["cargo", "test"]);
+    exec_resolved(
+        &mut run,
+        702,
+        701,
+        (&format!("{TOOLCHAIN}/cargo"), &format!("{TOOLCHAIN}/cargo")),
+        &["cargo", "test"],
+    );
     run.fork(702, 703);
     exec_resolved(&mut run, 703, 702, (&rustdoc, &rustdoc), &[&rustdoc, "--test", "src/lib.rs"]);
     run.open_full(703, out, Some(out), 3, write_flags()).fork(703, 704);
@@ -229,7 +238,10 @@ fn npx_of_the_projects_own_bin_is_the_project_and_other_bins_are_not() {
     npx_bin(&mut run, 1000, 1, "devcli", Some("/home/alice/app/cli.js"));
     assert!(run.take().is_empty(), "the project's own bin");
     // A registry package's bin, and a dependency's, are package code.
-    for script in ["/home/alice/.npm/_npx/387bb4f387f12ee2/node_modules/cowsay/cli.js", "/home/alice/app/node_modules/tool/cli.js"] {
+    for script in [
+        "/home/alice/.npm/_npx/387bb4f387f12ee2/node_modules/cowsay/cli.js",
+        "/home/alice/app/node_modules/tool/cli.js",
+    ] {
         let mut run = Run::new();
         npx_bin(&mut run, 1100, 1, "tool", Some(script));
         assert_eq!(run.one().rule.id, "dotenv-files", "{script}");
