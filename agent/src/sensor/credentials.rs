@@ -84,11 +84,10 @@ pub struct CredentialTable {
     /// a rescan.
     paths: Vec<String>,
     indexes: HashMap<String, u32>,
-    /// Entries a hit on which is the file itself: the kernel compared its generation, or its
-    /// file system reuses no inode numbers.
-    exact: HashSet<InodeKey>,
-    /// Those of the scan before that left the map: a record made before a rescan may be read
-    /// after it.
+    /// What tells each file of the last scan from one that reuses its inode number.
+    identities: HashMap<InodeKey, Known>,
+    /// The files of the scan before that left the map and whose hits the kernel checked: a
+    /// record made before a rescan may be read after it.
     exact_before: HashSet<InodeKey>,
 }
 
@@ -103,6 +102,15 @@ enum Identity {
     PathOnly,
 }
 
+/// A file's [`Identity`] and its change time when it was read: the next scan reads it again
+/// only for a file changed since (a file that reuses an inode number is made later), so that
+/// an idle table does not open every credential file every minute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Known {
+    ctime: (i64, i64),
+    identity: Identity,
+}
+
 /// What one scan found: the kernel map's new content, whether a limit cut it short, and the
 /// directories whose changes can change it.
 #[derive(Debug, Default)]
@@ -110,8 +118,8 @@ pub struct Scan {
     pub inodes: HashMap<InodeKey, CredInode>,
     pub truncated: bool,
     pub dirs: BTreeSet<PathBuf>,
-    /// The keys of `inodes` whose hits need no path check (see [`CredentialTable::confirms`]).
-    exact: HashSet<InodeKey>,
+    /// What tells the files of `inodes` from others (see [`CredentialTable::confirms`]).
+    identities: HashMap<InodeKey, Known>,
 }
 
 /// The kernel's `dev_t` encoding (major << 20 | minor) of a userspace `st_dev`.
@@ -138,7 +146,7 @@ impl CredentialTable {
             homes: BTreeSet::new(),
             paths: Vec::new(),
             indexes: HashMap::new(),
-            exact: HashSet::new(),
+            identities: HashMap::new(),
             exact_before: HashSet::new(),
         };
         for home in homes {
@@ -181,7 +189,7 @@ impl CredentialTable {
     /// the inode (one `stat`): not for a number reused, or a file replaced since the last scan.
     pub fn confirms(&self, path: &str, dev: u64, ino: u64) -> bool {
         let key = InodeKey { dev: kernel_dev(dev), ino };
-        self.exact.contains(&key)
+        self.identities.get(&key).is_some_and(|known| known.identity != Identity::PathOnly)
             || self.exact_before.contains(&key)
             || fs::metadata(path).is_ok_and(|meta| meta.dev() == dev && meta.ino() == ino)
     }
@@ -218,8 +226,12 @@ impl CredentialTable {
                 }
             }
         }
-        self.exact_before = std::mem::replace(&mut self.exact, scan.exact.clone());
-        self.exact_before.retain(|key| !scan.inodes.contains_key(key));
+        let before = std::mem::replace(&mut self.identities, std::mem::take(&mut scan.identities));
+        self.exact_before = before
+            .into_iter()
+            .filter(|(key, known)| known.identity != Identity::PathOnly && !scan.inodes.contains_key(key))
+            .map(|(key, _)| key)
+            .collect();
         scan
     }
 
@@ -273,13 +285,13 @@ impl CredentialTable {
         if !self.rules[rule].matches_path(text, home_text) {
             return;
         }
-        let Some((key, identity)) = identify(path) else { return };
+        let Some((key, known)) = identify(path, &self.identities) else { return };
         let kill = if self.rules[rule].action == Action::Kill { cred_flag::KILL } else { 0 };
         if let Some(existing) = scan.inodes.get_mut(&key) {
             existing.flags |= kill;
             return;
         }
-        let (flags, generation) = match identity {
+        let (flags, generation) = match known.identity {
             Identity::Generation(generation) => (kill | cred_flag::GENERATION, generation),
             Identity::NumbersNotReused | Identity::PathOnly => (kill, 0),
         };
@@ -292,9 +304,7 @@ impl CredentialTable {
             return;
         };
         scan.inodes.insert(key, CredInode { index, flags, generation });
-        if identity != Identity::PathOnly {
-            scan.exact.insert(key);
-        }
+        scan.identities.insert(key, known);
     }
 
     fn index_of(&mut self, path: &str) -> Option<u32> {
@@ -313,29 +323,44 @@ impl CredentialTable {
 }
 
 /// The kernel's key of the file at `path` (following symlinks) and what tells it from a file
-/// that reuses its number. The generation is read from the opened file, so that it is the
-/// generation of the inode keyed; only regular files and directories are opened (a device's
-/// open can do things), without blocking (a FIFO) and without reading.
-fn identify(path: &Path) -> Option<(InodeKey, Identity)> {
+/// that reuses its number: as `known` says for a file unchanged since, else read from the
+/// opened file, so that the generation is that of the inode keyed. Only regular files and
+/// directories are opened (a device's open can do things), without blocking (a FIFO) and
+/// without reading.
+fn identify(path: &Path, known: &HashMap<InodeKey, Known>) -> Option<(InodeKey, Known)> {
+    let seen = |meta: &fs::Metadata| {
+        (InodeKey { dev: kernel_dev(meta.dev()), ino: meta.ino() }, (meta.ctime(), meta.ctime_nsec()))
+    };
     let meta = fs::metadata(path).ok()?;
-    let key = |meta: &fs::Metadata| InodeKey { dev: kernel_dev(meta.dev()), ino: meta.ino() };
+    let (key, ctime) = seen(&meta);
+    if let Some(same) = known.get(&key).filter(|known| known.ctime == ctime) {
+        return Some((key, *same));
+    }
+    let path_only = Some((key, Known { ctime, identity: Identity::PathOnly }));
     if !meta.is_file() && !meta.is_dir() {
-        return Some((key(&meta), Identity::PathOnly));
+        return path_only;
     }
     let opened = fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(path);
     let Some((file, meta)) = opened.ok().and_then(|file| file.metadata().ok().map(|meta| (file, meta))) else {
-        return Some((key(&meta), Identity::PathOnly));
+        return path_only;
     };
+    let (key, ctime) = seen(&meta);
     // The kernel writes an int (ext4, xfs, btrfs, f2fs); room for the long the request names.
     let mut generation: [libc::c_int; 2] = [0; 2];
     // SAFETY: `file` is open for the call, and the buffer outlives it and holds what it writes.
-    if unsafe { libc::ioctl(file.as_raw_fd(), libc::FS_IOC_GETVERSION, generation.as_mut_ptr()) } == 0 {
-        return Some((key(&meta), Identity::Generation(generation[0] as u32)));
-    }
-    // SAFETY: all-zero is a valid statfs, filled by the call on the open `file`.
-    let mut stats: libc::statfs = unsafe { std::mem::zeroed() };
-    let tmpfs = unsafe { libc::fstatfs(file.as_raw_fd(), &mut stats) } == 0 && stats.f_type == libc::TMPFS_MAGIC;
-    Some((key(&meta), if tmpfs { Identity::NumbersNotReused } else { Identity::PathOnly }))
+    let identity = if unsafe { libc::ioctl(file.as_raw_fd(), libc::FS_IOC_GETVERSION, generation.as_mut_ptr()) } == 0 {
+        Identity::Generation(generation[0] as u32)
+    } else {
+        // SAFETY: all-zero is a valid statfs, filled by the call on the open `file`.
+        let mut stats: libc::statfs = unsafe { std::mem::zeroed() };
+        let tmpfs = unsafe { libc::fstatfs(file.as_raw_fd(), &mut stats) } == 0 && stats.f_type == libc::TMPFS_MAGIC;
+        if tmpfs {
+            Identity::NumbersNotReused
+        } else {
+            Identity::PathOnly
+        }
+    };
+    Some((key, Known { ctime, identity }))
 }
 
 /// inotify on the directories of the last [`Scan`]: says when the table may have changed.
@@ -593,7 +618,7 @@ rules:
         let cred = scan.inodes.values().next().copied().unwrap();
         // The file system of the temp dir: ext4 gives a generation, tmpfs none but reuses no
         // numbers; either way the kernel's match needs no path check.
-        let (generation, tmpfs) = match identify(&npmrc).unwrap().1 {
+        let (generation, tmpfs) = match identify(&npmrc, &HashMap::new()).unwrap().1.identity {
             Identity::Generation(generation) => (generation, false),
             Identity::NumbersNotReused => (0, true),
             Identity::PathOnly => panic!("the temp dir's file system is neither ext4-like nor tmpfs"),
@@ -626,6 +651,30 @@ rules:
         assert!(!table.confirm(&mut open) && open.same_file_as.is_none());
         let mut open = Open { same_file_as: Some(text.to_owned()), dev: new_dev, ino: new_ino, ..Open::default() };
         assert!(table.confirm(&mut open) && open.same_file_as.as_deref() == Some(text));
+    }
+
+    /// A file's identity is read again only when it changed: a file made anew at a credential's
+    /// path, with the number of the one deleted, has another change time.
+    #[test]
+    fn an_identity_is_read_again_for_a_changed_file_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let npmrc = dir.path().join(".npmrc");
+        fs::write(&npmrc, "t").unwrap();
+        let (key, read) = identify(&npmrc, &HashMap::new()).unwrap();
+        // What no read of this file gives, so that a value from `known` shows.
+        let other = match read.identity {
+            Identity::Generation(generation) => Identity::Generation(generation ^ 1),
+            Identity::NumbersNotReused | Identity::PathOnly => Identity::Generation(1),
+        };
+        let remembered = Known { identity: other, ..read };
+        let known = HashMap::from([(key, remembered)]);
+        assert_eq!(identify(&npmrc, &known).unwrap(), (key, remembered), "unchanged: not opened");
+        std::thread::sleep(Duration::from_millis(20));
+        fs::remove_file(&npmrc).unwrap();
+        fs::write(&npmrc, "t2").unwrap();
+        let (new_key, again) = identify(&npmrc, &known).unwrap();
+        assert_ne!(again, remembered);
+        assert_eq!((new_key, again), identify(&npmrc, &HashMap::new()).unwrap(), "read from the new file");
     }
 
     #[test]
