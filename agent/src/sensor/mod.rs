@@ -1291,7 +1291,7 @@ impl Sensor {
     fn drain(&mut self, out: &mut Vec<Event>) {
         let before = out.len();
         let mut bulk = 0;
-        let Sensor { events, priority, decoder, stats, credentials, canary, pins, .. } = self;
+        let Sensor { events, priority, decoder, stats, credentials, canary, pins, last_scan, .. } = self;
         let mut homes = Vec::new();
         let mut unconfirmed = false;
         {
@@ -1333,7 +1333,7 @@ impl Sensor {
         // A home first seen now is scanned at the next poll.
         if let Some((table, next)) = credentials {
             if unconfirmed {
-                *next = (*next).min(Instant::now() + RESCAN_AFTER_CHANGE);
+                *next = (*next).min((Instant::now() + RESCAN_AFTER_CHANGE).max(*last_scan + MIN_RESCAN_GAP));
             }
             for home in homes {
                 if table.add_home(Path::new(&home)) {
