@@ -126,9 +126,8 @@ impl Engine {
             // An O_PATH descriptor can neither read nor write the file.
             return Vec::new();
         }
-        p.opened_foreign = p.opened_foreign
-            || !system_file(&path)
-            || self.trees.values().any(|tree| tree.written.contains(&path));
+        p.opened_foreign =
+            p.opened_foreign || !system_file(&path) || self.trees.values().any(|tree| tree.written.contains(&path));
         let accmode = open.flags & libc::O_ACCMODE as u64;
         let write_bits = (libc::O_CREAT | libc::O_TRUNC | libc::O_APPEND) as u64;
         let writes = accmode != libc::O_RDONLY as u64 || open.flags & write_bits != 0 || open.syscall == "creat";
@@ -465,12 +464,14 @@ fn default_why(who: &Who) -> String {
 /// distribution puts them; not a subdirectory of `/usr/lib` that a language's package manager
 /// fills (`node_modules`, `python3.12/site-packages`), nor a home or `/tmp`.
 fn system_file(path: &str) -> bool {
-    const UNDER: &[&str] = &["/proc/", "/sys/", "/etc/", "/usr/share/locale/", "/usr/share/zoneinfo/", "/var/lib/sss/mc/"];
+    const UNDER: &[&str] =
+        &["/proc/", "/sys/", "/etc/", "/usr/share/locale/", "/usr/share/zoneinfo/", "/var/lib/sss/mc/"];
     const LIBRARY_DIRS: &[&str] = &["/usr/lib/", "/lib/", "/usr/lib64/", "/lib64/"];
     if path.starts_with("/dev/") {
         return !path.starts_with("/dev/shm/") && !path.starts_with("/dev/mqueue/");
     }
-    UNDER.iter().any(|dir| path.starts_with(dir))
+    // The directories themselves too: ps opens `/proc` to list it.
+    UNDER.iter().any(|dir| path.starts_with(dir) || path == dir.trim_end_matches('/'))
         || LIBRARY_DIRS.iter().filter_map(|dir| path.strip_prefix(dir)).any(|rest| match rest.split_once('/') {
             None => true,
             // The multiarch directory (`x86_64-linux-gnu`) is the distribution's alone.
@@ -485,8 +486,10 @@ fn open_subject(rule: &Rule, lowered: bool, path: &str) -> String {
     if !(lowered && rule.conditions.other_process && path.starts_with("/proc/")) {
         return path.to_owned();
     }
-    let parts: Vec<&str> =
-        path.split('/').map(|part| if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) { "*" } else { part }).collect();
+    let parts: Vec<&str> = path
+        .split('/')
+        .map(|part| if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) { "*" } else { part })
+        .collect();
     parts.join("/")
 }
 

@@ -2335,6 +2335,7 @@ const PS_OPENS: &[&str] = &[
     "/etc/passwd",
     "/dev/tty",
     "/sys/devices/system/cpu/possible",
+    "/proc",
 ];
 
 /// `ps` walking `/proc` the way procps 4 does: each process's stat, status, cmdline and environ.
@@ -2454,7 +2455,14 @@ fn git_an_agent_runs_for_itself_is_told_in_the_agents_words() {
     };
     // Codex's plugin sync: `git ls-remote`, whose curl reads ~/.netrc.
     let mut run = Run::new();
-    run.exec_full(100, 1, "/usr/bin/codex", &["codex", "exec", "fix the tests"], "/home/alice/app", &[("HOME", "/home/alice")]);
+    run.exec_full(
+        100,
+        1,
+        "/usr/bin/codex",
+        &["codex", "exec", "fix the tests"],
+        "/home/alice/app",
+        &[("HOME", "/home/alice")],
+    );
     let alert = git_reading_netrc(&mut run, 100);
     assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("netrc", Severity::Low));
     assert_eq!(
@@ -2464,7 +2472,10 @@ fn git_an_agent_runs_for_itself_is_told_in_the_agents_words() {
     let text = crate::output::render(&alert, false);
     assert!(text.starts_with("[LOW] agent codex opened /home/alice/.netrc\n"), "{text}");
     assert!(text.contains("\n  agent    codex[100] ran git ls-remote "), "{text}");
-    assert_eq!(alert.rule.description, "codex or a tool it ran opened ~/.netrc, which holds logins for HTTP and FTP hosts.");
+    assert_eq!(
+        alert.rule.description,
+        "codex or a tool it ran opened ~/.netrc, which holds logins for HTTP and FTP hosts."
+    );
     assert!(!text.contains("package manager") && !text.contains("npm"), "{text}");
     // The same git under a package manager is the manager's.
     let mut run = Run::new();
