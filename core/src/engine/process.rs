@@ -641,8 +641,10 @@ impl Engine {
         false
     }
 
-    /// Every process between `p` and its nearest manager is one of `execs`.
+    /// Every process between `p` and its nearest manager is one of `execs`; in an agent's
+    /// tree, between `p` and the agent, also one of the shells it runs its tools through.
     pub(super) fn launched_by_manager(&self, p: &Proc, execs: &[String]) -> bool {
+        let shells = if agent_tree(p).is_some() { self.rules.agent_tool_shells() } else { &[] };
         let mut next = p.parent;
         while let Some(id) = next {
             let Some(ancestor) = self.procs.get(&id) else { return false };
@@ -650,7 +652,7 @@ impl Engine {
             if ancestor.manager_self.is_some() || p.agent.as_ref().is_some_and(|of| of.id == id) {
                 return true;
             }
-            if !ancestor.is_one_of(execs) {
+            if !ancestor.is_one_of(execs) && !ancestor.is_one_of(shells) {
                 return false;
             }
             next = ancestor.parent;

@@ -9,6 +9,7 @@ use crate::{
     event::{Exec, Exit, Fork, Open, Rename, Root, Syscall},
 };
 
+mod agent_tools;
 mod paths;
 
 /// Drives an engine over the default rules with hand-written events.

@@ -51,6 +51,13 @@ pub struct AgentPolicy {
     /// code, not about what a developer asks an agent to do.
     #[serde(default)]
     pub writes: Vec<String>,
+    /// Basenames of the shells agents run their tools through (`claude > bash -c 'git push'`).
+    /// In an agent tree such a shell, under the agent or its own programs or another such
+    /// shell, passes a `via_manager` actor's chain on without being an actor itself: the
+    /// agent's git reaches ssh through it, as npm's does directly. Never in a package tree:
+    /// there the shell runs a lifecycle script, package code.
+    #[serde(default)]
+    pub tool_shells: Vec<String>,
 }
 
 #[cfg(test)]
@@ -115,6 +122,23 @@ mod tests {
         assert_eq!(root("/usr/bin/node", &["node", "--max-old-space-size=8192", &gemini_js]), Some("gemini"));
         assert_eq!(root("/usr/bin/node", &["node", &format!("{npm}/@anthropic-ai/claude-code/cli.js")]), None);
         assert_eq!(root("/usr/bin/node", &["node", "/home/alice/app/index.js"]), None);
+    }
+
+    /// The shells agents run their tools through are data, and the policy's keys are checked.
+    #[test]
+    fn the_agents_tool_shells_are_data() {
+        let shells = RuleSet::defaults().unwrap().agent_tool_shells().to_vec();
+        assert!(["sh", "bash", "dash", "zsh"].iter().all(|shell| shells.iter().any(|s| s == shell)), "{shells:?}");
+        let dir = tempfile::tempdir().unwrap();
+        let load = |text: &str| {
+            std::fs::write(dir.path().join("agents.yaml"), text).unwrap();
+            RuleSet::load_dir(dir.path())
+        };
+        let rules = load("schema: 2\nagent_policy:\n  tool_shells: [fish]\n").unwrap();
+        assert_eq!(rules.agent_tool_shells(), ["fish"]);
+        assert!(load("schema: 2\nagents: []\n").unwrap().agent_tool_shells().is_empty());
+        let error = load("schema: 2\nagent_policy:\n  tool_shell: [fish]\n").unwrap_err().to_string();
+        assert!(error.contains("agents.yaml:3:3: ") && error.contains("unknown field `tool_shell`"), "{error}");
     }
 
     /// The agent and its tools read these for their work: each is the agent's own, and no `kill`

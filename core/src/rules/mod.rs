@@ -271,6 +271,11 @@ impl RuleSet {
         self.managers.iter().chain(&self.agent_roots).cloned().collect()
     }
 
+    /// The shells agents run their tools through ([`AgentPolicy::tool_shells`]).
+    pub fn agent_tool_shells(&self) -> &[String] {
+        self.agent_policy.as_ref().map_or(&[], |(policy, _)| policy.tool_shells.as_slice())
+    }
+
     /// Whether `path` is one of the agent `agent`'s own files for a process whose home is
     /// `home`.
     pub fn agent_owns(&self, agent: usize, path: &str, home: Option<&str>) -> bool {
