@@ -1376,3 +1376,71 @@ fn credential_indexes_survive_a_reload_and_an_adoption() {
     sensor.finish().unwrap();
     assert_eq!(pins::stop(&dir).unwrap(), Stopped::Detached { agent: None });
 }
+
+#[test]
+fn enforce_passes_an_agents_chain_through_its_tool_shells_and_own_program_only() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = home();
+    // `cat` is the actor, as in the test above; `sparebot` an agent whose tools run in `sh`.
+    let rules_dir = h.work.join("agent-rules");
+    fs::create_dir(&rules_dir).unwrap();
+    let spared = RULES.replacen(
+        "    action: kill\n",
+        "    action: kill\n    actors:\n      - execs: [cat]\n        via_manager: true\n        verdict: low\n",
+        1,
+    );
+    fs::write(rules_dir.join("test.yaml"), spared).unwrap();
+    fs::write(rules_dir.join("managers.yaml"), "schema: 1\nmanagers:\n  - name: fake\n    execs: [sparemgr]\n")
+        .unwrap();
+    let agents =
+        "schema: 2\nagents:\n  - name: bot\n    execs: [sparebot]\nagent_policy:\n  tool_shells: [sh, dash, bash]\n";
+    fs::write(rules_dir.join("agents.yaml"), agents).unwrap();
+    let rules = RuleSet::load_dir(&rules_dir).unwrap();
+    let mut sensor = start(&rules.kernel_roots(), true).unwrap();
+    sensor.protect(Protection { rules, homes: vec![h.home.clone()], enforce: true }).unwrap();
+
+    let (agent, manager) = (fake_manager(&h.work, "sparebot"), fake_manager(&h.work, "sparemgr"));
+    let key = path(&h.home.join(".ssh/id_rsa"));
+    let out = |name: &str| path(&h.work.join(name));
+    // The agent's shell running cat (spared), the agent's own program again running a shell
+    // running cat (spared), a program that is neither between (killed), the shell's own read
+    // (killed). Each `; true` makes the shell fork rather than exec the command in its place.
+    let script = format!(
+        "sh -c 'cat {key} > {shell}; true'; sparebot -c \"sh -c 'cat {key} > {own}; true'; true\"; \
+         sh -c 'timeout 10 cat {key} > {other}; true'; sh -c 'read -r line < {key}; echo \"$line\" > {read}'; true",
+        shell = out("shell"),
+        own = out("own"),
+        other = out("other"),
+        read = out("read"),
+    );
+    let path_with_agent = format!("{}:{}", path(&h.work), std::env::var("PATH").unwrap());
+    // The shells report the killed processes on stderr: expected.
+    let status = Command::new(&agent)
+        .args(["-c", &script])
+        .env("PATH", &path_with_agent)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // The same shell under a manager's root runs package code: cat is killed.
+    let package = format!("sh -c 'cat {key} > {}; true'; true", out("package"));
+    let status = Command::new(&manager).args(["-c", &package]).stderr(Stdio::null()).status().unwrap();
+    assert!(status.success());
+    let mut events = Vec::new();
+    let root = |events: &[Event]| {
+        events.iter().find_map(|e| match &e.data {
+            EventData::Exec(exec) if exec.filename == manager.to_str().unwrap() => Some(e.pid),
+            _ => None,
+        })
+    };
+    collect(&mut sensor, &mut events, |events| root(events).is_some_and(|pid| exited(events, pid).is_some()));
+    let read = |name: &str| fs::read_to_string(h.work.join(name)).unwrap_or_default();
+    assert!(read("shell").contains(SECRET), "cat in the agent's shell is spared");
+    assert!(read("own").contains(SECRET), "cat under the agent's own program's shell is spared");
+    assert_eq!(read("other"), "", "cat under timeout is killed");
+    assert_eq!(read("read"), "", "the shell reading the key itself is killed");
+    assert_eq!(read("package"), "", "cat in a package tree's shell is killed");
+    let key_opens: Vec<&Open> = opens(&events).map(|(_, o)| o).filter(|o| o.path == key).collect();
+    assert_eq!(key_opens.len(), 5, "{events:#?}");
+    assert_eq!(key_opens.iter().filter(|o| o.blocked).count(), 3, "{key_opens:#?}");
+}

@@ -423,7 +423,8 @@ impl AsFd for DirWatch {
 /// (found in `$PATH` and [`EXEC_DIRS`]), and the managers whose root process they name (the
 /// `Config::spare_root_managers` mask). The kernel checks executables and the chain from the
 /// manager only; other actor conditions are left to userspace, so the kernel may spare an
-/// actor that userspace still alerts on, never the reverse.
+/// actor that userspace still alerts on, never the reverse. The shells agents run their tools
+/// through are there too ([`spare_flag::TOOL_SHELL`]), under the agents' roots only.
 pub fn spared(rules: &RuleSet) -> (HashMap<InodeKey, SparedExe>, u32) {
     let manager_mask = |names: &[String]| -> u32 {
         if names.is_empty() {
@@ -440,6 +441,15 @@ pub fn spared(rules: &RuleSet) -> (HashMap<InodeKey, SparedExe>, u32) {
         std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
     dirs.extend(EXEC_DIRS.iter().map(PathBuf::from));
     let mut exes: HashMap<InodeKey, SparedExe> = HashMap::new();
+    let mut spare = |exec: &str, flags: u32, managers: u32| {
+        for meta in dirs.iter().filter_map(|dir| fs::metadata(dir.join(exec)).ok()).filter(|m| m.is_file()) {
+            let key = InodeKey { dev: kernel_dev(meta.dev()), ino: meta.ino() };
+            let spared = exes.entry(key).or_insert(SparedExe { flags: 0, managers: 0 });
+            spared.flags |= flags;
+            // A shell that is an actor too is spared under both masks: more, never less.
+            spared.managers |= managers;
+        }
+    };
     let mut root_managers = 0;
     for actor in rules.rules().iter().filter(|rule| rule.action == Action::Kill).flat_map(|rule| &rule.actors) {
         let managers = manager_mask(&actor.managers);
@@ -450,18 +460,24 @@ pub fn spared(rules: &RuleSet) -> (HashMap<InodeKey, SparedExe>, u32) {
             Who::Execs { execs, via_manager, .. } => {
                 let flags = if *via_manager { spare_flag::VIA_MANAGER } else { spare_flag::ANYWHERE };
                 for exec in execs {
-                    for meta in dirs.iter().filter_map(|dir| fs::metadata(dir.join(exec)).ok()).filter(|m| m.is_file())
-                    {
-                        let key = InodeKey { dev: kernel_dev(meta.dev()), ino: meta.ino() };
-                        let spared = exes.entry(key).or_insert(SparedExe { flags: 0, managers: 0 });
-                        spared.flags |= flags;
-                        spared.managers |= managers;
-                    }
+                    spare(exec, flags, managers);
                 }
             }
         }
     }
+    for shell in rules.agent_tool_shells() {
+        spare(shell, spare_flag::TOOL_SHELL, agent_roots(rules));
+    }
     (exes, root_managers)
+}
+
+/// The agents' bits in the kernel's root table, the `Config::agent_roots` mask: the agents
+/// come after the managers there ([`RuleSet::kernel_roots`]).
+pub fn agent_roots(rules: &RuleSet) -> u32 {
+    let managers = rules.managers().len();
+    (managers..managers + rules.agent_roots().len())
+        .filter(|index| *index < 32)
+        .fold(0, |mask, index| mask | 1 << index)
 }
 
 #[cfg(test)]
@@ -709,6 +725,23 @@ rules:
         fs::write(dir.path().join("test.yaml"), alert).unwrap();
         let (exes, root_managers) = spared(&RuleSet::load_dir(dir.path()).unwrap());
         assert!(exes.is_empty() && root_managers == 0);
+    }
+
+    #[test]
+    fn the_agents_tool_shells_pass_the_chain_under_the_agents_roots_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let managers = "schema: 1\nmanagers:\n  - name: npm\n    execs: [npm]\n  - name: cargo\n    execs: [cargo]\n";
+        fs::write(dir.path().join("managers.yaml"), managers).unwrap();
+        let agents = "schema: 2\nagents:\n  - name: claude\n    execs: [claude]\n  - name: codex\n    execs: [codex]\nagent_policy:\n  tool_shells: [bash]\n";
+        fs::write(dir.path().join("agents.yaml"), agents).unwrap();
+        let rules = RuleSet::load_dir(dir.path()).unwrap();
+        // Managers first, then the agents, as the kernel's root table has them.
+        assert_eq!(agent_roots(&rules), 0b1100);
+        let (exes, _) = spared(&rules);
+        let meta = fs::metadata("/bin/bash").unwrap();
+        let bash = InodeKey { dev: kernel_dev(meta.dev()), ino: meta.ino() };
+        assert_eq!(exes[&bash], SparedExe { flags: spare_flag::TOOL_SHELL, managers: 0b1100 });
+        assert_eq!(exes.len(), 1, "{exes:?}");
     }
 
     #[test]

@@ -896,6 +896,7 @@ impl Sensor {
             cgroup_subsys,
             cgroup_v2: u32::from(hierarchies.v2.is_some()),
             lsm_syscalls: 0,
+            agent_roots: 0,
         };
         let mut config_map: Array<MapData, Config> = take_typed(&mut ebpf, "CONFIG")?;
         config_map.set(0, config, 0).map_err(map_err("CONFIG"))?;
@@ -1147,8 +1148,9 @@ impl Sensor {
             for (key, value) in &exes {
                 self.spared_map.insert(key, value, 0).map_err(map_err("SPARED_EXES"))?;
             }
-            if root_managers != self.config.spare_root_managers {
-                self.config.spare_root_managers = root_managers;
+            let agent_roots = credentials::agent_roots(rules);
+            if (root_managers, agent_roots) != (self.config.spare_root_managers, self.config.agent_roots) {
+                (self.config.spare_root_managers, self.config.agent_roots) = (root_managers, agent_roots);
                 self.config_map.set(0, self.config, 0).map_err(map_err("CONFIG"))?;
             }
         }

@@ -142,7 +142,9 @@ pub mod mark_flag {
     /// Marked by the agent (`credwatch run`, or seeded from `/proc`), not by a manager exec.
     pub const BY_AGENT: u32 = 1;
     /// Runs a [`spare_flag::VIA_MANAGER`] executable, and so did every process between it and
-    /// its manager root (npm -> git -> ssh). Set at exec.
+    /// its manager root (npm -> git -> ssh); under an agent root, those between may also be
+    /// [`spare_flag::TOOL_SHELL`]s or the agent's own programs (claude -> bash -> git -> ssh).
+    /// Set at exec.
     pub const ACTOR_CHAIN: u32 = 2;
     /// The parent (at fork) was a manager root or had [`ACTOR_CHAIN`].
     pub const PARENT_IN_CHAIN: u32 = 4;
@@ -157,6 +159,10 @@ pub mod spare_flag {
     pub const ANYWHERE: u32 = 1;
     /// Spared only in an unbroken chain from the manager ([`mark_flag::ACTOR_CHAIN`]).
     pub const VIA_MANAGER: u32 = 2;
+    /// A shell agents run their tools through: under the roots of [`super::SparedExe::managers`]
+    /// (the agents') it passes [`mark_flag::ACTOR_CHAIN`] on from its parent, but is no actor:
+    /// never spared for this bit.
+    pub const TOOL_SHELL: u32 = 4;
 }
 
 /// Bits of [`ManagerValue::flags`].
@@ -326,6 +332,10 @@ pub struct Config {
     /// fentry backend where the BPF LSM is active): with [`config_flag::ENFORCE`] such a call
     /// of [`Config::block_syscalls`] is refused with EPERM instead of killed.
     pub lsm_syscalls: u32,
+    /// Bit `1 << root` for each root (in the manager table) that is a coding agent: in its
+    /// tree a process executing the agent's own program again (codex.js's native `codex`)
+    /// passes [`mark_flag::ACTOR_CHAIN`] on, as a [`spare_flag::TOOL_SHELL`] does.
+    pub agent_roots: u32,
 }
 
 /// Key of the `CRED_INODES` map: a credential file as the kernel names it.
@@ -698,7 +708,7 @@ mod tests {
     #[test]
     fn config_has_no_padding() {
         assert_eq!(size_of::<KernelOffsets>(), 57 * 4);
-        assert_eq!(size_of::<Config>(), size_of::<KernelOffsets>() + 32);
+        assert_eq!(size_of::<Config>(), size_of::<KernelOffsets>() + 36);
         assert_eq!(size_of::<SparedExe>(), 8);
         assert_eq!(size_of::<ManagerValue>(), 8);
         assert_eq!(size_of::<InodeKey>(), 16);

@@ -27,9 +27,9 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::{debug, warn};
 use credwatch_common::{
-    config_flag, kind, lost_index, mark_flag, path_flag, spare_flag, Config, ExecEvent, ExitEvent, ForkEvent,
-    KernelOffsets, Mark, MAX_ARGS, MAX_CGROUP_PATH, MAX_ENV, MAX_EXEC_RECORD, MAX_GIVEN_PATH, MAX_RESOLVED_PATH,
-    NO_CGROUP_SUBSYS, NO_MANAGER,
+    config_flag, kind, lost_index, mark_flag, path_flag, spare_flag, Config, ExecEvent, ExitEvent, ForkEvent, Mark,
+    MAX_ARGS, MAX_CGROUP_PATH, MAX_ENV, MAX_EXEC_RECORD, MAX_GIVEN_PATH, MAX_RESOLVED_PATH, NO_CGROUP_SUBSYS,
+    NO_MANAGER,
 };
 
 use crate::{
@@ -74,9 +74,17 @@ pub(crate) fn try_sched_process_exec(bprm: u64) -> Res<()> {
         return Ok(());
     }
     let off = &config.offsets;
+    // The root this exec's program is: for an unmarked process, whether it starts a tree; for
+    // one whose parent is in an actor chain, whether it is the tree's agent again (one call
+    // site, so that the verifier checks the look-up once).
+    let look_up = match mark {
+        Some(mark) => mark.flags & mark_flag::PARENT_IN_CHAIN != 0,
+        None => config.flags & config_flag::AUTO_ROOTS != 0,
+    };
+    let exec_root = if look_up { manager_root(off, bprm).unwrap_or(None) } else { None };
     let mark = match mark {
         Some(mark) => mark,
-        None if config.flags & config_flag::AUTO_ROOTS != 0 => match manager_root(off, bprm)? {
+        None => match exec_root {
             Some(manager) => {
                 let mark = Mark { root_pid: tgid, depth: 0, manager, flags: 0 };
                 if MARKS.insert(&tgid, &mark, 0).is_err() {
@@ -92,9 +100,10 @@ pub(crate) fn try_sched_process_exec(bprm: u64) -> Res<()> {
             }
             None => return Ok(()),
         },
-        None => return Ok(()),
     };
-    let mark = actor_chain(off, tgid, mark);
+    let root_bit = if mark.manager < 32 { 1u32 << mark.manager } else { 0 };
+    let agents_own = exec_root == Some(mark.manager) && config.agent_roots & root_bit != 0;
+    let mark = actor_chain(config, tgid, mark, agents_own);
     let scratch = EXEC_SCRATCH.get_ptr_mut(0).ok_or(-1i64)?;
     // SAFETY: per-CPU scratch owned by this program run. The header goes first (its size is set
     // last), so that the mark is not held across the path walks (see report_open).
@@ -108,16 +117,24 @@ pub(crate) fn try_sched_process_exec(bprm: u64) -> Res<()> {
     Ok(())
 }
 
-/// Sets or clears [`mark_flag::ACTOR_CHAIN`] after an exec: the new program is a
-/// `VIA_MANAGER` actor and the parent was the manager root or in the chain.
+/// Sets or clears [`mark_flag::ACTOR_CHAIN`] after an exec: the parent was the root or in the
+/// chain, and the new program is a `VIA_MANAGER` actor, or under an agent root one of the
+/// shells it runs its tools through (`TOOL_SHELL`) or the agent's own program again
+/// (`agents_own`: codex.js runs its native `codex`). Those two pass the chain on, but only an
+/// actor is spared (see [`crate::enforce::spared`]).
 #[inline(never)]
-fn actor_chain(off: &KernelOffsets, tgid: u32, mark: Mark) -> Mark {
+fn actor_chain(config: &Config, tgid: u32, mark: Mark, agents_own: bool) -> Mark {
+    let root_bit = if mark.manager < 32 { 1u32 << mark.manager } else { 0 };
     let in_chain = mark.flags & mark_flag::PARENT_IN_CHAIN != 0
-        && exe_key(off)
-            .ok()
-            // SAFETY: copied out at once.
-            .and_then(|key| unsafe { SPARED_EXES.get(&key).copied() })
-            .is_some_and(|spared| spared.flags & spare_flag::VIA_MANAGER != 0);
+        && (agents_own
+            || exe_key(&config.offsets)
+                .ok()
+                // SAFETY: copied out at once.
+                .and_then(|key| unsafe { SPARED_EXES.get(&key).copied() })
+                .is_some_and(|spared| {
+                    spared.flags & spare_flag::VIA_MANAGER != 0
+                        || (spared.flags & spare_flag::TOOL_SHELL != 0 && spared.managers & root_bit != 0)
+                }));
     let flags = if in_chain { mark.flags | mark_flag::ACTOR_CHAIN } else { mark.flags & !mark_flag::ACTOR_CHAIN };
     if flags == mark.flags {
         return mark;
