@@ -1,11 +1,10 @@
 //! Issue 24: process listers are not stealers. procps's `ps` (4.0.2, Debian 12) opens every
 //! process's `/proc/<pid>/environ` on each run, `ps aux` included; a postinstall running the
 //! installed `ps aux` is one low alert that says why (the walk's other reads are its counted
-//! repeats), while package code reading another
-//! process's environment itself, a `ps` it copied, the installed one made to preload a
-//! library or asked to print environments (`ps eww`) stay critical. Each runs as package code
-//! under the fake `npm`, with a process outside the tree to read. Run as root with
-//! `cargo xtask test`.
+//! repeats), while package code reading another process's environment itself, a `ps` it
+//! copied, the installed one made to preload a library or asked to print environments
+//! (`ps eww`) stay critical. Each runs as package code under the fake `npm`, with a process
+//! outside the tree to read. Run as root with `cargo xtask test`.
 
 use credwatch_e2e::{Run, Sandbox, Sleeper, EXIT_ALERT};
 use serde_json::Value;
