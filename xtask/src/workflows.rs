@@ -375,6 +375,11 @@ fn rules_cell<'a>(alerts: impl IntoIterator<Item = &'a Alert>) -> String {
     }
 }
 
+/// `1 alert`, `2 alerts`.
+fn alerts(count: usize) -> String {
+    format!("{count} alert{}", if count == 1 { "" } else { "s" })
+}
+
 /// Text in a markdown table cell as code: backticks and cell breaks cannot end it.
 fn code(text: &str) -> String {
     format!("`{}`", text.replace('`', "'").replace('|', "\\|").chars().filter(|c| !c.is_control()).collect::<String>())
@@ -387,11 +392,11 @@ pub fn markdown(tables: &Tables, outcomes: &[ProjectOutcome], header: &[String])
     }
     let _ = writeln!(
         text,
-        "\n**Commands with medium-or-higher alerts: {} of {} ({} alerts at medium or above).** \
+        "\n**Commands with medium-or-higher alerts: {} of {} ({} at medium or above).** \
          {} projects; {} of the commands exited 0.\n",
         tables.commands_medium_or_higher,
         tables.commands,
-        tables.alerts_medium_or_higher,
+        alerts(tables.alerts_medium_or_higher),
         tables.projects,
         tables.succeeded
     );
@@ -487,7 +492,7 @@ pub fn markdown(tables: &Tables, outcomes: &[ProjectOutcome], header: &[String])
                 "{}: {} ({} at medium or above)\n\n```json",
                 corpus::md(&project.name),
                 code(&command.command),
-                medium.len()
+                alerts(medium.len())
             );
             for alert in medium {
                 // serde_json escapes control characters; a fence inside a string would end the block.
@@ -719,10 +724,10 @@ pub fn workflows(args: &[&str]) -> Result<()> {
     let _ = fs::remove_dir_all(&work);
     let tables = aggregate(&outcomes);
     println!(
-        "workflows: commands with medium-or-higher alerts: {} of {} ({} alerts); {} written in {:.0} min",
+        "workflows: commands with medium-or-higher alerts: {} of {} ({}); {} written in {:.0} min",
         tables.commands_medium_or_higher,
         tables.commands,
-        tables.alerts_medium_or_higher,
+        alerts(tables.alerts_medium_or_higher),
         out.join("workflows.md").display(),
         started.elapsed().as_secs_f64() / 60.0
     );
@@ -1440,7 +1445,10 @@ mod tests {
         );
         assert!(text.contains("| `cargo check` | exit 0 | none |"), "{text}");
         assert!(text.contains("| dotenv-files | low | 1 | `express-app: npm start` |"), "{text}");
-        assert!(text.contains("num-traits: `cargo test` (3 at medium or above)\n\n```json\n{\"rule\""), "{text}");
+        assert!(
+            text.contains("num-traits: `cargo test` (3 alerts at medium or above)\n\n```json\n{\"rule\""),
+            "{text}"
+        );
         assert!(text.contains("(not counted above): 2."), "{text}");
         assert!(
             text.contains("| express-app | fixture:express-app | `npm start` (exit 1), `npx express-app-env` | dotenv-files (high) ×1, dotenv-files (low) ×1 |"),
