@@ -6,11 +6,13 @@
 //! variables) with a throwaway HOME of fake credentials and a `.env` of fake secrets. A
 //! measurement like the package corpus (it uses the registries), not a test.
 //!
-//! Output in target/workflows: workflows.md and workflows.json (per project and command: exit
-//! status and alerts by rule; totals by rule; the medium-or-higher alerts in full),
-//! alerts/<project>.jsonl (each project's alerts as credwatch wrote them; alerts of other trees on
-//! the machine, which a system-wide watch sees too, in <project>.other.jsonl) and
-//! logs/<project>.log (each command's output).
+//! Output in target/workflows (target/<the list's name> for another `--list`): workflows.md and
+//! workflows.json (per project and command: exit status and alerts by rule; totals by rule; the
+//! medium-or-higher alerts in full), alerts/<project>.jsonl (each project's alerts as credwatch
+//! wrote them; alerts of other trees on the machine, which a system-wide watch sees too, in
+//! <project>.other.jsonl) and logs/<project>.log (each command's output). Positive controls, where
+//! a dependency's install or build code reads the fake credentials:
+//! `--list xtask/corpus/workflows-controls.txt`.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -633,8 +635,10 @@ pub fn workflows(args: &[&str]) -> Result<()> {
     }
 
     let workspace = crate::workspace();
-    let out = workspace.join("target/workflows");
-    let cache = out.join("cache");
+    // Named after the list (target/workflows, target/workflows-controls); one cache for all.
+    let stem = options.list.file_stem().map_or_else(|| "workflows".into(), |stem| stem.to_string_lossy());
+    let out = workspace.join("target").join(stem.as_ref());
+    let cache = workspace.join("target/workflows/cache");
     for dir in ["alerts", "logs"] {
         let _ = fs::remove_dir_all(out.join(dir));
         fs::create_dir_all(out.join(dir)).with_context(|| format!("creating {}/{dir}", out.display()))?;
@@ -1340,6 +1344,17 @@ mod tests {
             "xtask/corpus/w.txt:3: project a is listed already, at line 1"
         );
         assert_eq!(error("a empty\n  x\x1b[0m\n"), "xtask/corpus/w.txt:2: control character '\\u{1b}' in the command");
+    }
+
+    #[test]
+    fn the_checked_in_controls_parse_and_their_fixtures_exist() {
+        let file = "xtask/corpus/workflows-controls.txt";
+        let projects = parse_list(&fs::read_to_string(crate::workspace().join(file)).unwrap(), file).unwrap();
+        assert!(projects.len() >= 5, "{} controls", projects.len());
+        for project in &projects {
+            let Source::Fixture(dir) = &project.source else { panic!("{}: a control is a fixture", project.name) };
+            assert!(crate::workspace().join(FIXTURES).join(dir).is_dir(), "{}: no fixture {dir}", project.name);
+        }
     }
 
     #[test]
