@@ -15,7 +15,10 @@ use crate::{
     alert::{Alert, AlertCi, AlertCodingAgent, AlertContainer, AlertOrchestrator, AlertPackage, Severity},
     container::container_of,
     event::{normalize_path, Event, Exec, Open},
-    rules::manager::{basename, command_args, root_manager, script_arg, TEMP_DIRS},
+    rules::{
+        manager::{basename, command_args, root_manager, script_arg, TEMP_DIRS},
+        Program,
+    },
 };
 
 /// `dirfd` meaning the current directory.
@@ -431,19 +434,21 @@ impl Engine {
         let in_place = p.manager_self.and_then(|own| own.project).filter(|_| !hop);
         let started_by_tool = std::mem::take(&mut p.started_by_tool);
         p.project_tool = None;
+        // A script run through its `#!` line (the given path is not the executable): where
+        // the sensor found it leads, else the given path.
+        let shebang = basename(filename) != basename(&p.executable);
+        let script = exec.script.clone().or_else(|| shebang.then(|| absolute(filename, &exec.cwd)));
+        let program = Program { executable: &p.executable, script: script.as_deref(), cwd: &exec.cwd };
         if let Some(entry) = std::mem::take(&mut p.started_by_project).or(in_place) {
             // What the project's manager starts (or becomes: `poetry run` execs in place).
             if started.is_none() {
-                p.project = self.rules.project_program(entry, &p.executable);
+                p.project = self.rules.project_program(entry, &program);
                 p.project_tool =
                     self.rules.project_tool(entry, &p.executable).filter(|_| !p.project).map(|tool| (entry, tool));
             }
         } else if let Some((entry, tool)) = started_by_tool.filter(|_| started.is_none()) {
-            // A doctest rustdoc built and runs, the project's own bin npx runs (a script run
-            // through its `#!` line: the given path is not the executable).
-            let shebang = basename(filename) != basename(&p.executable);
-            let script = exec.script.clone().or_else(|| shebang.then(|| absolute(filename, &exec.cwd)));
-            p.project = self.rules.project_tool_program(entry, tool, &p.executable, script.as_deref(), &exec.cwd);
+            // A doctest rustdoc built and runs, a bin of the project's that npx's shell runs.
+            p.project = self.rules.project_tool_program(entry, tool, &program);
         }
         if started.is_some() {
             // `bun test` is the project's code itself; `npm install` from a script is not: its

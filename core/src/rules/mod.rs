@@ -224,6 +224,32 @@ pub struct RuleSet {
     digest: sha2::Sha256,
 }
 
+/// A program a project command's manager (or one of its tools) started, as
+/// [`RuleSet::project_program`] judges it.
+pub struct Program<'a> {
+    /// Its absolute path.
+    pub executable: &'a str,
+    /// For a script run through its `#!` line, the script's absolute (real, where known) path.
+    pub script: Option<&'a str>,
+    /// The directory it runs in: the project's.
+    pub cwd: &'a str,
+}
+
+impl Program<'_> {
+    /// Its script lies in the project: the project's own files, or its installed
+    /// dependencies' (`<project>/node_modules`, what `npm run` runs too), not a package fetched
+    /// elsewhere (npx's cache, a global install).
+    fn runs_own_script(&self) -> bool {
+        let Some(script) = self.script else { return false };
+        let cwd = self.cwd.trim_end_matches('/');
+        let Some(rest) = script.strip_prefix(cwd).filter(|rest| rest.starts_with('/') && self.cwd.starts_with('/'))
+        else {
+            return false;
+        };
+        rest.starts_with("/node_modules/") || !rest.contains("/node_modules/")
+    }
+}
+
 impl RuleSet {
     /// The rules built into the binary.
     pub fn defaults() -> Result<RuleSet, RulesError> {
@@ -347,12 +373,17 @@ impl RuleSet {
         self.project_code[entry].0.in_process
     }
 
-    /// Whether `executable` (an absolute path), started by a manager running the project
-    /// command `entry` (from [`RuleSet::project_command`]), is the project's own program.
-    pub fn project_program(&self, entry: usize, executable: &str) -> bool {
+    /// Whether `program`, started by a manager running the project command `entry` (from
+    /// [`RuleSet::project_command`]), is the project's own.
+    pub fn project_program(&self, entry: usize, program: &Program) -> bool {
         let (project, _) = &self.project_code[entry];
-        (project.programs.is_empty() || project.programs.iter().any(|p| p.matcher.is_match(executable)))
-            && !project.exclude.iter().any(|p| p.matcher.is_match(executable))
+        let executable = program.executable;
+        let listed = if project.own_scripts {
+            project.programs.iter().any(|p| p.matcher.is_match(executable)) || program.runs_own_script()
+        } else {
+            project.programs.is_empty() || project.programs.iter().any(|p| p.matcher.is_match(executable))
+        };
+        listed && !project.exclude.iter().any(|p| p.matcher.is_match(executable))
     }
 
     /// Which of the tools of the project command `entry` `executable` is, when started by the
@@ -362,24 +393,13 @@ impl RuleSet {
         self.project_code[entry].0.tools.iter().position(|tool| tool.execs.iter().any(|e| e == name))
     }
 
-    /// Whether a program started by the tool `tool` of the project command `entry` is the
-    /// project's: its `executable` (an absolute path) is one the tool built of the project's
-    /// code (a doctest), or its `script` (an absolute path) is the project's own, in `cwd`.
-    pub fn project_tool_program(
-        &self,
-        entry: usize,
-        tool: usize,
-        executable: &str,
-        script: Option<&str>,
-        cwd: &str,
-    ) -> bool {
+    /// Whether `program`, started by the tool `tool` of the project command `entry`, is the
+    /// project's: one the tool built of the project's code (a doctest), or with `own_scripts`
+    /// a script of the project's.
+    pub fn project_tool_program(&self, entry: usize, tool: usize, program: &Program) -> bool {
         let tool = &self.project_code[entry].0.tools[tool];
-        let own_script = |script: &str| {
-            let in_project = script.strip_prefix(cwd.trim_end_matches('/')).is_some_and(|rest| rest.starts_with('/'));
-            in_project && cwd.starts_with('/') && !script.contains("/node_modules/")
-        };
-        tool.programs.iter().any(|p| p.matcher.is_match(executable))
-            || (tool.own_scripts && script.is_some_and(own_script))
+        tool.programs.iter().any(|p| p.matcher.is_match(program.executable))
+            || (tool.own_scripts && program.runs_own_script())
     }
 
     /// The home that `path`, opened (or looked for) by the manager `manager` itself, lies in,

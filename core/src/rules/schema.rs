@@ -274,6 +274,11 @@ pub struct ProjectCode {
     /// themselves (rustdoc running each doctest it built).
     #[serde(default)]
     pub tools: Vec<ProjectTool>,
+    /// Only a program that `programs` names, or a script of the project's (its own files or
+    /// its installed dependencies', not a package fetched elsewhere), is the project's
+    /// (`pnpm exec vitest`).
+    #[serde(default)]
+    pub own_scripts: bool,
 }
 
 /// A tool of a [`ProjectCode`] command: what it starts matching `programs` is the project's
@@ -286,9 +291,9 @@ pub struct ProjectTool {
     /// The programs it builds and runs (`*/rustdoctest*/rust_out`): globs, `*` crosses `/`.
     #[serde(default)]
     pub programs: Vec<WordPattern>,
-    /// A script it runs is the project's when its real path lies in the directory it runs in,
-    /// outside any `node_modules` (a bin of the project's own package, not a dependency's or
-    /// a registry package's).
+    /// A script it runs is the project's when its real path lies in the directory it runs in:
+    /// the project's own bin, or its installed dependencies' (`npx vite`), not a package npx
+    /// fetched into its cache.
     #[serde(default)]
     pub own_scripts: bool,
 }

@@ -556,13 +556,26 @@ fn project_code_and_home_files_are_data_with_checked_references() {
     // npx runs a package's bin: none of what it starts is the project's, but a bin of the
     // project's own package that its shell runs.
     let npx = set.project_command(m("npm"), "/usr/bin/npx", &args(&["npx", "run"])).expect("npx runs a bin");
-    assert!(!set.project_program(npx, "/bin/sh"));
+    let program = |executable, script| Program { executable, script, cwd: "/home/alice/app" };
+    assert!(!set.project_program(npx, &program("/bin/sh", None)));
     let shell = set.project_tool(npx, "/bin/sh").expect("npx's shell");
-    let own = Some("/home/alice/app/cli.js");
-    assert!(set.project_tool_program(npx, shell, "/usr/bin/node", own, "/home/alice/app"));
-    for other in [Some("/home/alice/app/node_modules/run/cli.js"), Some("/home/alice/.npm/_npx/0a/cli.js"), None] {
-        assert!(!set.project_tool_program(npx, shell, "/usr/bin/node", other, "/home/alice/app"), "{other:?}");
+    for own in ["/home/alice/app/cli.js", "/home/alice/app/node_modules/vite/bin/vite.js"] {
+        assert!(set.project_tool_program(npx, shell, &program("/usr/bin/node", Some(own))), "{own}");
     }
+    for other in [Some("/home/alice/.npm/_npx/0a/node_modules/x/cli.js"), Some("/usr/lib/node_modules/x/cli.js"), None]
+    {
+        assert!(!set.project_tool_program(npx, shell, &program("/usr/bin/node", other)), "{other:?}");
+    }
+    // Run in the home, npx's cache lies in the directory but is no project's.
+    let home = Program {
+        cwd: "/home/alice",
+        ..program("/usr/bin/node", Some("/home/alice/.npm/_npx/0a/node_modules/x/cli.js"))
+    };
+    assert!(!set.project_tool_program(npx, shell, &home));
+    // pnpm runs the bin's shim itself.
+    let pnpm_exec = set.project_command(m("pnpm"), "/usr/bin/pnpm", &args(&["pnpm", "exec", "vitest"])).unwrap();
+    assert!(set.project_program(pnpm_exec, &program("/usr/bin/dash", Some("/home/alice/app/node_modules/.bin/vitest"))));
+    assert!(!set.project_program(pnpm_exec, &program("/usr/bin/dash", Some("/tmp/dlx/node_modules/.bin/x"))));
     let shebang = args(&["/usr/bin/env", "node", "/usr/bin/npm", "run", "dev"]);
     assert!(set.project_command(m("npm"), "/usr/bin/npm", &shebang).is_some());
     let shebang = args(&["/usr/bin/env", "node", "/usr/bin/npm", "install"]);
@@ -573,9 +586,10 @@ fn project_code_and_home_files_are_data_with_checked_references() {
     assert!(set.project_command(m("yarn"), "/usr/bin/yarn", &args(&["yarn", "add", "x"])).is_none());
     assert!(set.project_command(m("yarn"), "/usr/bin/yarn", &args(&["yarn"])).is_none());
     let cargo = set.project_command(m("cargo"), "/usr/bin/cargo", &args(&["cargo", "+nightly", "test"])).unwrap();
-    assert!(set.project_program(cargo, "/w/target/debug/deps/app-0a1b2c"));
-    assert!(!set.project_program(cargo, "/w/target/debug/build/dep-0a1b2c/build-script-build"));
-    assert!(!set.project_program(cargo, "/root/.rustup/toolchains/stable/bin/rustc"));
+    let program = |executable| Program { executable, script: None, cwd: "/w" };
+    assert!(set.project_program(cargo, &program("/w/target/debug/deps/app-0a1b2c")));
+    assert!(!set.project_program(cargo, &program("/w/target/debug/build/dep-0a1b2c/build-script-build")));
+    assert!(!set.project_program(cargo, &program("/root/.rustup/toolchains/stable/bin/rustc")));
     let npm = m("npm");
     let home = |path: &str| set.home_of_manager_file(npm, path, "/srv/ci/job");
     assert_eq!(home("/srv/ci/.npmrc").as_deref(), Some("/srv/ci"));

@@ -233,14 +233,18 @@ fn npx_bin(run: &mut Run, pid: u32, ppid: u32, bin: &str, script: Option<&str>) 
 }
 
 #[test]
-fn npx_of_the_projects_own_bin_is_the_project_and_other_bins_are_not() {
+fn npx_of_the_projects_bins_is_the_project_and_fetched_bins_are_not() {
     let mut run = Run::new();
     npx_bin(&mut run, 1000, 1, "devcli", Some("/home/alice/app/cli.js"));
     assert!(run.take().is_empty(), "the project's own bin");
-    // A registry package's bin, and a dependency's, are package code.
+    // The bin of a dependency the project installed is its toolchain, as under `npm run`.
+    let mut run = Run::new();
+    npx_bin(&mut run, 1050, 1, "vite", Some("/home/alice/app/node_modules/vite/bin/vite.js"));
+    assert!(run.take().is_empty(), "an installed dependency's bin");
+    // A package npx fetched into its cache, or installed globally, is package code.
     for script in [
         "/home/alice/.npm/_npx/387bb4f387f12ee2/node_modules/cowsay/cli.js",
-        "/home/alice/app/node_modules/tool/cli.js",
+        "/usr/lib/node_modules/tool/cli.js",
     ] {
         let mut run = Run::new();
         npx_bin(&mut run, 1100, 1, "tool", Some(script));
