@@ -921,19 +921,24 @@ fn a_flood_of_bulk_opens_does_not_push_out_the_key_record() {
     assert_eq!(lost(&events, lost_source::PRIORITY), 0);
 }
 
-#[test]
-fn enforce_spares_a_kill_rules_actor_only_in_a_chain_from_the_manager() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let h = home();
-    // `cat` is the actor, spared when the manager itself started it.
-    let rules_dir = h.work.join("spare-rules");
-    fs::create_dir(&rules_dir).unwrap();
+/// A rules directory of [`RULES`] whose kill rule spares `cat` in a chain from the manager.
+fn kill_rules_sparing_cat(dir: &Path) -> PathBuf {
+    fs::create_dir(dir).unwrap();
     let spared = RULES.replacen(
         "    action: kill\n",
         "    action: kill\n    actors:\n      - execs: [cat]\n        via_manager: true\n        verdict: low\n",
         1,
     );
-    fs::write(rules_dir.join("test.yaml"), spared).unwrap();
+    fs::write(dir.join("test.yaml"), spared).unwrap();
+    dir.to_path_buf()
+}
+
+#[test]
+fn enforce_spares_a_kill_rules_actor_only_in_a_chain_from_the_manager() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = home();
+    // `cat` is the actor, spared when the manager itself started it.
+    let rules_dir = kill_rules_sparing_cat(&h.work.join("spare-rules"));
     let rules = RuleSet::load_dir(&rules_dir).unwrap();
     let managers = vec![Manager { name: "fake".into(), execs: vec!["sparemgr".into()], ..Manager::default() }];
     let mut sensor = start(&managers, true).unwrap();
@@ -1382,14 +1387,7 @@ fn enforce_passes_an_agents_chain_through_its_tool_shells_and_own_program_only()
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let h = home();
     // `cat` is the actor, as in the test above; `sparebot` an agent whose tools run in `sh`.
-    let rules_dir = h.work.join("agent-rules");
-    fs::create_dir(&rules_dir).unwrap();
-    let spared = RULES.replacen(
-        "    action: kill\n",
-        "    action: kill\n    actors:\n      - execs: [cat]\n        via_manager: true\n        verdict: low\n",
-        1,
-    );
-    fs::write(rules_dir.join("test.yaml"), spared).unwrap();
+    let rules_dir = kill_rules_sparing_cat(&h.work.join("agent-rules"));
     fs::write(rules_dir.join("managers.yaml"), "schema: 1\nmanagers:\n  - name: fake\n    execs: [sparemgr]\n")
         .unwrap();
     let agents =
