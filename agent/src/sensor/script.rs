@@ -50,7 +50,10 @@ mod tests {
         let linked = bins.join("app-cli");
         assert_eq!(for_exec(me, linked.to_str().unwrap(), "/usr/bin/node", "/"), real.to_str().map(str::to_owned));
         // Given relative to the working directory.
-        assert_eq!(for_exec(me, "cache/node_modules/.bin/app-cli", "/usr/bin/node", cwd), real.to_str().map(str::to_owned));
+        assert_eq!(
+            for_exec(me, "cache/node_modules/.bin/app-cli", "/usr/bin/node", cwd),
+            real.to_str().map(str::to_owned)
+        );
         // A binary run as itself, or through a link to it, is no script.
         assert_eq!(for_exec(me, "/usr/bin/node", "/usr/bin/node", "/"), None);
         let node = fs::canonicalize("/proc/self/exe").unwrap();

@@ -242,10 +242,9 @@ fn npx_of_the_projects_bins_is_the_project_and_fetched_bins_are_not() {
     npx_bin(&mut run, 1050, 1, "vite", Some("/home/alice/app/node_modules/vite/bin/vite.js"));
     assert!(run.take().is_empty(), "an installed dependency's bin");
     // A package npx fetched into its cache, or installed globally, is package code.
-    for script in [
-        "/home/alice/.npm/_npx/387bb4f387f12ee2/node_modules/cowsay/cli.js",
-        "/usr/lib/node_modules/tool/cli.js",
-    ] {
+    for script in
+        ["/home/alice/.npm/_npx/387bb4f387f12ee2/node_modules/cowsay/cli.js", "/usr/lib/node_modules/tool/cli.js"]
+    {
         let mut run = Run::new();
         npx_bin(&mut run, 1100, 1, "tool", Some(script));
         assert_eq!(run.one().rule.id, "dotenv-files", "{script}");
