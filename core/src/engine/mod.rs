@@ -175,44 +175,46 @@ impl Engine {
                 }
             }
         }
-        let started: Vec<(Id, Option<usize>)> = self
-            .procs
-            .iter()
-            .filter(|(_, p)| p.started_by_project.is_some())
-            .map(|(&id, p)| {
-                let parent = p.parent.and_then(|parent| self.procs.get(&parent));
-                (id, parent.and_then(|parent| parent.manager_self).and_then(|own| own.project))
-            })
-            .collect();
-        for (id, entry) in started {
-            self.procs.get_mut(&id).expect("listed above").started_by_project = entry;
-        }
-        // Tools of a project command (rustdoc) likewise, and the children they have just forked.
-        let tools: Vec<(Id, Option<(usize, usize)>)> = self
-            .procs
-            .iter()
-            .filter(|(_, p)| p.project_tool.is_some())
-            .map(|(&id, p)| {
-                let parent = p.parent.and_then(|parent| self.procs.get(&parent));
-                let entry = parent.and_then(|parent| parent.manager_self).and_then(|own| own.project);
-                (id, entry.and_then(|entry| Some((entry, rules.project_tool(entry, &p.executable)?))))
-            })
-            .collect();
-        for (id, tool) in tools {
-            self.procs.get_mut(&id).expect("listed above").project_tool = tool;
-        }
-        let forked: Vec<(Id, Option<(usize, usize)>)> = self
-            .procs
-            .iter()
-            .filter(|(_, p)| p.started_by_tool.is_some())
-            .map(|(&id, p)| (id, p.parent.and_then(|parent| self.procs.get(&parent)).and_then(|t| t.project_tool)))
-            .collect();
-        for (id, tool) in forked {
-            self.procs.get_mut(&id).expect("listed above").started_by_tool = tool;
-        }
+        let project_of =
+            |parent: Option<&Proc>| parent.and_then(|parent| parent.manager_self).and_then(|own| own.project);
+        self.set_from_parent(
+            |p| p.started_by_project.is_some(),
+            |_, parent| project_of(parent),
+            |p, entry| p.started_by_project = entry,
+        );
+        // Tools of a project command (rustdoc) likewise, then the children they have just forked.
+        self.set_from_parent(
+            |p| p.project_tool.is_some(),
+            |p, parent| project_of(parent).and_then(|entry| Some((entry, rules.project_tool(entry, &p.executable)?))),
+            |p, tool| p.project_tool = tool,
+        );
+        self.set_from_parent(
+            |p| p.started_by_tool.is_some(),
+            |_, parent| parent.and_then(|tool| tool.project_tool),
+            |p, tool| p.started_by_tool = tool,
+        );
         self.rules = rules;
         self.options = options;
         Ok(())
+    }
+
+    /// After a reload: `set` on every process that `wanted` picks, of what `value` finds again
+    /// from it and its parent (whose own state the reload already updated).
+    fn set_from_parent<T>(
+        &mut self,
+        wanted: impl Fn(&Proc) -> bool,
+        value: impl Fn(&Proc, Option<&Proc>) -> T,
+        set: impl Fn(&mut Proc, T),
+    ) {
+        let found: Vec<(Id, T)> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| wanted(p))
+            .map(|(&id, p)| (id, value(p, p.parent.and_then(|parent| self.procs.get(&parent)))))
+            .collect();
+        for (id, value) in found {
+            set(self.procs.get_mut(&id).expect("listed above"), value);
+        }
     }
 
     pub fn stats(&self) -> EngineStats {
