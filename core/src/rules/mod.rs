@@ -402,6 +402,11 @@ impl RuleSet {
             || (tool.own_scripts && program.runs_own_script())
     }
 
+    /// Every manager's `home_files` entry (its `writes`: `run --contain`'s writable home).
+    pub fn home_files(&self) -> impl Iterator<Item = &HomeFiles> {
+        self.home_files.iter().map(|(entry, _)| entry)
+    }
+
     /// The home that `path`, opened (or looked for) by the manager `manager` itself, lies in,
     /// when it is one of the manager's per-user files. Files in `cwd` or below it are the
     /// project's own (`<project>/.npmrc`), and those under a `node_modules` a package's.

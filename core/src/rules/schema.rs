@@ -306,6 +306,43 @@ pub struct HomeFiles {
     /// The manager's `name`.
     pub manager: String,
     pub files: Vec<HomeFile>,
+    /// What the manager writes in the home by design (its caches, its install destinations):
+    /// what stays writable in `run --contain`'s read-only home.
+    #[serde(default)]
+    pub writes: Vec<HomeWrite>,
+}
+
+/// A directory (or file) relative to a home that a manager writes: `.npm`, `.cargo/registry`,
+/// `.local/lib/python3*` (a component may be a glob: `*` stops at `/`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(try_from = "String")]
+pub struct HomeWrite {
+    pub text: String,
+    /// Its components, each a literal name or a glob.
+    pub components: Vec<globset::GlobMatcher>,
+    /// No component is a glob: credwatch can create it.
+    pub literal: bool,
+}
+
+impl TryFrom<String> for HomeWrite {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        let parts: Vec<&str> = text.split('/').collect();
+        if text.starts_with('/') || parts.iter().any(|part| part.is_empty() || *part == "." || *part == "..") {
+            return Err(format!("home write {text:?}: a relative path of plain names or globs, without `.` or `..`"));
+        }
+        let components = (parts.iter())
+            .map(|part| {
+                GlobBuilder::new(part)
+                    .literal_separator(true)
+                    .build()
+                    .map(|glob| glob.compile_matcher())
+                    .map_err(|e| format!("bad home write pattern {text:?}: {}", e.kind()))
+            })
+            .collect::<Result<_, _>>()?;
+        let literal = !text.contains(['*', '?', '[', '{']);
+        Ok(HomeWrite { text, components, literal })
+    }
 }
 
 /// A path relative to a home: literal first component, then a glob (`*` stops at `/`).
