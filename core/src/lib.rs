@@ -5,6 +5,7 @@
 pub mod alert;
 pub mod contain;
 pub mod container;
+pub mod doors;
 pub mod engine;
 pub mod event;
 pub mod exposure;

@@ -6,6 +6,7 @@
 //! defaults replaces a rule or manager of the same id/name and adds the others.
 
 pub mod agent;
+pub mod door;
 
 /// Managers and agents: declared once per rules file set by name, and replaced by name by an
 /// overlay.
@@ -22,6 +23,12 @@ impl Named for Manager {
 impl Named for Agent {
     fn name(&self) -> &str {
         &self.name
+    }
+}
+
+impl Named for DoorEntry {
+    fn name(&self) -> &str {
+        &self.id
     }
 }
 
@@ -76,6 +83,7 @@ use serde_saphyr::Spanned;
 
 use self::{
     agent::{Agent, AgentPolicy},
+    door::DoorEntry,
     manager::Manager,
     schema::Pattern,
     schema::{
@@ -219,6 +227,9 @@ pub struct RuleSet {
     network: Vec<(UsualDestinations, Origin)>,
     /// Connect rules.
     connect_rules: Vec<usize>,
+    /// Sockets and directories `run --contain` shuts (by id: an overlay replaces one).
+    doors: Vec<DoorEntry>,
+    door_origins: Vec<Origin>,
     /// SHA-256 over every source file (name and text) in load order: names the rules in force
     /// in a trace header.
     digest: sha2::Sha256,
@@ -284,6 +295,11 @@ impl RuleSet {
 
     pub fn agents(&self) -> &[Agent] {
         &self.agents
+    }
+
+    /// The doors: sockets and directories that reach a credential without a file.
+    pub fn doors(&self) -> &[DoorEntry] {
+        &self.doors
     }
 
     /// The agents as roots (by agent index), for [`manager::root_manager`].
@@ -487,6 +503,9 @@ impl RuleSet {
         }
         if other.sweep.is_some() {
             self.sweep = other.sweep;
+        for (door, origin) in other.doors.into_iter().zip(other.door_origins) {
+            replace_or_add(&mut self.doors, &mut self.door_origins, door, origin);
+        }
         }
         let replaced: Vec<String> = other.runs_code.iter().map(|(r, _)| r.manager.clone()).collect();
         self.runs_code.retain(|(r, _)| !replaced.contains(&r.manager));
@@ -623,6 +642,17 @@ impl RuleSet {
 }
 
 /// A directory's own rules, and the set they make merged over the defaults as `--rules DIR`
+        // A path found through a variable is that variable's door: one door per variable.
+        for (index, (door, origin)) in self.doors.iter().zip(&self.door_origins).enumerate() {
+            for name in door.variables.keys() {
+                if let Some(first) = self.doors[..index].iter().find(|d| d.variables.contains_key(name)) {
+                    return Err(RulesError::invalid(
+                        origin.clone(),
+                        format!("door {}: variable {name} is door {}'s already", door.id, first.id),
+                    ));
+                }
+            }
+        }
 /// does.
 pub struct DirOverDefaults {
     /// Rule files read from the directory.
@@ -705,6 +735,9 @@ fn parse_sources(sources: impl IntoIterator<Item = (String, String)>) -> Result<
             if let Some((_, first)) = &set.agent_policy {
                 return Err(RulesError::invalid(origin, format!("duplicate `agent_policy` (first at {first})")));
             }
+        for door in doc.doors {
+            declare(&mut set.doors, &mut set.door_origins, door.value, at(door.referenced), "door")?;
+        }
             set.agent_policy = Some((policy.value, origin));
         }
         for rule in doc.rules {

@@ -10,6 +10,7 @@ use serde_saphyr::Spanned;
 
 use super::{
     agent::{Agent, AgentPolicy},
+    door::DoorEntry,
     manager::Manager,
     target::Targets,
 };
@@ -46,6 +47,9 @@ pub(crate) struct FileDoc {
     /// Destinations that package trees usually talk to (per manager, or every tree).
     #[serde(default)]
     pub network: Vec<Spanned<UsualDestinations>>,
+    /// Sockets and directories that reach a credential without a file of the catalogue.
+    #[serde(default)]
+    pub doors: Vec<Spanned<DoorEntry>>,
 }
 
 /// Destinations that are not "elsewhere" for `connect: {unusual: true}`: every file's entries

@@ -26,6 +26,13 @@ pub const BACKENDS: [&str; 2] = ["tracepoint", "fentry"];
 /// matrix about 25.
 const GUEST_TESTS_ON: (&str, bool) = ("6.12", true);
 
+/// Sensor tests that start the backends they check themselves (auto, then fentry and
+/// tracepoint by name, whatever `CREDWATCH_E2E_SENSOR` says) and whose result `lsm=` does not
+/// change (no LSM program loads without `--enforce`): unless `--full`, they run on one boot of
+/// each kernel, the `lsm=bpf` one, not on both.
+const ONE_BOOT_PER_KERNEL: [&str; 2] =
+    ["auto_picks_fentry_where_it_loads_and_falls_back_to_tracepoints", "doctor_finds_what_this_kernel_offers"];
+
 /// Each step's time limit in the guest (a hung test fails its step, not the whole matrix).
 const STEP_TIMEOUT_SECS: u64 = 1200;
 
@@ -113,9 +120,14 @@ fn script(binaries: &Binaries, full: bool, guest_tests: bool, lsm: bool) -> Stri
     s.push_str("step lsm cat /sys/kernel/security/lsm\n");
     s.push_str("step doctor target/release/credwatch doctor\n");
     for backend in BACKENDS.iter().filter(|b| full || (**b == "tracepoint") != lsm) {
+        let skip: String = if full || lsm {
+            String::new()
+        } else {
+            ONE_BOOT_PER_KERNEL.iter().map(|test| format!(" --skip {test}")).collect::<String>() + " --exact"
+        };
         let _ = writeln!(
             s,
-            "step sensor:{backend} env CREDWATCH_E2E_SENSOR={backend} {} --test-threads=1",
+            "step sensor:{backend} env CREDWATCH_E2E_SENSOR={backend} {} --test-threads=1{skip}",
             rel(&binaries.sensor)
         );
     }
@@ -498,12 +510,27 @@ mod tests {
             ["lsm", "doctor", "sensor:fentry", "guest_deny:fentry", "guest_backends:fentry"]
         );
         assert!(lsm_boot.contains("env CREDWATCH_E2E_SENSOR=fentry target/debug/deps/sensor-1 --test-threads=1"));
-        assert_eq!(steps_of(&script(&binaries, false, false, false)), ["lsm", "doctor", "sensor:tracepoint"]);
+        let default_boot = script(&binaries, false, false, false);
+        assert_eq!(steps_of(&default_boot), ["lsm", "doctor", "sensor:tracepoint"]);
+        // The tests that pick their backends themselves run on the lsm=bpf boot alone.
+        assert!(default_boot.contains(
+            "sensor-1 --test-threads=1 --skip auto_picks_fentry_where_it_loads_and_falls_back_to_tracepoints \
+             --skip doctor_finds_what_this_kernel_offers --exact\n"
+        ));
+        assert!(!lsm_boot.contains("--skip") && !script(&binaries, true, false, false).contains("--skip"));
         // --full: both backends on every boot; the deny tests need bpf among the active LSMs.
         assert_eq!(
             steps_of(&script(&binaries, true, true, false)),
             ["lsm", "doctor", "sensor:tracepoint", "sensor:fentry", "guest_backends:fentry"]
         );
+    }
+
+    #[test]
+    fn the_tests_run_on_one_boot_per_kernel_exist() {
+        let sensor = fs::read_to_string(crate::workspace().join("agent/tests/sensor.rs")).unwrap();
+        for test in ONE_BOOT_PER_KERNEL {
+            assert!(sensor.contains(&format!("#[test]\nfn {test}()")), "agent/tests/sensor.rs has no test {test}");
+        }
     }
 
     #[test]
