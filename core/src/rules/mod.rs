@@ -498,14 +498,14 @@ impl RuleSet {
         for (agent, origin) in other.agents.into_iter().zip(other.agent_origins) {
             replace_or_add(&mut self.agents, &mut self.agent_origins, agent, origin);
         }
+        for (door, origin) in other.doors.into_iter().zip(other.door_origins) {
+            replace_or_add(&mut self.doors, &mut self.door_origins, door, origin);
+        }
         if other.agent_policy.is_some() {
             self.agent_policy = other.agent_policy;
         }
         if other.sweep.is_some() {
             self.sweep = other.sweep;
-        for (door, origin) in other.doors.into_iter().zip(other.door_origins) {
-            replace_or_add(&mut self.doors, &mut self.door_origins, door, origin);
-        }
         }
         let replaced: Vec<String> = other.runs_code.iter().map(|(r, _)| r.manager.clone()).collect();
         self.runs_code.retain(|(r, _)| !replaced.contains(&r.manager));
@@ -637,11 +637,6 @@ impl RuleSet {
                 return Err(RulesError::invalid(origin.clone(), format!("rule {}: unknown manager {name:?}", rule.id)));
             }
         }
-        Ok(())
-    }
-}
-
-/// A directory's own rules, and the set they make merged over the defaults as `--rules DIR`
         // A path found through a variable is that variable's door: one door per variable.
         for (index, (door, origin)) in self.doors.iter().zip(&self.door_origins).enumerate() {
             for name in door.variables.keys() {
@@ -653,6 +648,11 @@ impl RuleSet {
                 }
             }
         }
+        Ok(())
+    }
+}
+
+/// A directory's own rules, and the set they make merged over the defaults as `--rules DIR`
 /// does.
 pub struct DirOverDefaults {
     /// Rule files read from the directory.
@@ -730,14 +730,14 @@ fn parse_sources(sources: impl IntoIterator<Item = (String, String)>) -> Result<
         for agent in doc.agents {
             declare(&mut set.agents, &mut set.agent_origins, agent.value, at(agent.referenced), "agent")?;
         }
+        for door in doc.doors {
+            declare(&mut set.doors, &mut set.door_origins, door.value, at(door.referenced), "door")?;
+        }
         if let Some(policy) = doc.agent_policy {
             let origin = at(policy.referenced);
             if let Some((_, first)) = &set.agent_policy {
                 return Err(RulesError::invalid(origin, format!("duplicate `agent_policy` (first at {first})")));
             }
-        for door in doc.doors {
-            declare(&mut set.doors, &mut set.door_origins, door.value, at(door.referenced), "door")?;
-        }
             set.agent_policy = Some((policy.value, origin));
         }
         for rule in doc.rules {
