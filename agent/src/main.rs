@@ -320,6 +320,11 @@ struct ExposureArgs {
     /// The groups `--user` is a member of.
     #[arg(long, value_name = "FILE", default_value = "/etc/group")]
     group: PathBuf,
+    /// List the doors (agent and daemon sockets) without connecting to them; by default each is
+    /// asked what it holds (an ssh-agent's key count, gpg-agent's keys and unlocked ones, whether
+    /// a container engine answers, a Secret Service on the session bus), never for a secret.
+    #[arg(long)]
+    no_probe: bool,
 }
 
 #[derive(Subcommand)]
@@ -640,11 +645,18 @@ fn config_show(file: Option<PathBuf>) -> Result<ExitCode> {
 }
 
 fn exposure(args: &ExposureArgs) -> Result<ExitCode> {
-    use credwatch_core::{exposure, import::passwd};
+    use std::ffi::OsString;
+
+    use credwatch_core::{doors::DoorScope, exposure, import::passwd};
     let rules = RuleSet::load(args.rules.as_deref()).context("loading rules")?;
     let (passwd_file, group_file) = (args.passwd.display().to_string(), args.group.display().to_string());
     let read = |path: &Path| std::fs::read(path).map(|text| String::from_utf8_lossy(&text).into_owned());
-    let (who, scope) = if let Some(user) = &args.user {
+    // SAFETY: geteuid cannot fail.
+    let running_uid = unsafe { libc::geteuid() };
+    let env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+    let env_runtime_dir = std::env::var_os("XDG_RUNTIME_DIR").filter(|dir| !dir.is_empty()).map(PathBuf::from);
+    let runtime_dir_of = |uid: u32| PathBuf::from(format!("/run/user/{uid}"));
+    let (who, scope, door_scope) = if let Some(user) = &args.user {
         let text = read(&args.passwd).with_context(|| format!("reading {passwd_file}"))?;
         let accounts = passwd::accounts(&passwd_file, &text)?;
         let account = accounts
@@ -657,13 +669,21 @@ fn exposure(args: &ExposureArgs) -> Result<ExitCode> {
         gids.extend(passwd::member_of(&group_file, &groups, &account.name)?.into_iter().filter(|g| *g != account.gid));
         let who = exposure::Identity { name: Some(account.name.clone()), uid: account.uid, gids };
         let other_homes = homes(&accounts);
+        // Another user's session is not this process's: its doors by their places only.
+        let door_scope = DoorScope {
+            home: PathBuf::from(&account.home),
+            uid: account.uid,
+            runtime_dir: runtime_dir_of(account.uid),
+            env: if account.uid == running_uid { env } else { Vec::new() },
+            system_root: Some(PathBuf::from("/")),
+        };
         (
             who,
             exposure::Scope { home: PathBuf::from(&account.home), system_root: Some(PathBuf::from("/")), other_homes },
+            door_scope,
         )
     } else {
-        // SAFETY: geteuid cannot fail.
-        let uid = unsafe { libc::geteuid() };
+        let uid = running_uid;
         // Best effort: the name is for the reader, the ids decide, and the homes are extra.
         let accounts =
             read(&args.passwd).ok().and_then(|text| passwd::accounts(&passwd_file, &text).ok()).unwrap_or_default();
@@ -685,9 +705,22 @@ fn exposure(args: &ExposureArgs) -> Result<ExitCode> {
                 exposure::Scope { home, system_root: Some(PathBuf::from("/")), other_homes: homes(&accounts) }
             }
         };
-        (who, scope)
+        // With --home, no system path: the home's doors, and those this session's variables and
+        // XDG_RUNTIME_DIR name.
+        let door_scope = DoorScope {
+            home: scope.home.clone(),
+            uid,
+            runtime_dir: match &args.home {
+                Some(_) => env_runtime_dir.unwrap_or_default(),
+                None => env_runtime_dir.unwrap_or_else(|| runtime_dir_of(uid)),
+            },
+            env,
+            system_root: scope.system_root.clone(),
+        };
+        (who, scope, door_scope)
     };
-    let found = exposure::scan(&rules, &who, &scope, exposure::Limits::default(), std::time::SystemTime::now());
+    let mut found = exposure::scan(&rules, &who, &scope, exposure::Limits::default(), std::time::SystemTime::now());
+    found.add_doors(&rules, &door_scope, !args.no_probe);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&found).context("serialising the exposure")?);
     } else {

@@ -32,10 +32,11 @@ const MAX_VALUE_BYTES: usize = 8192;
 /// Whose doors, and where.
 #[derive(Clone, Debug)]
 pub struct DoorScope {
-    /// Where `~/` paths start.
+    /// Where `~/` paths start (not absolute, empty: not looked in).
     pub home: PathBuf,
     pub uid: u32,
-    /// `$XDG_RUNTIME_DIR`, or `/run/user/UID`: where `{runtime}/` paths start.
+    /// `$XDG_RUNTIME_DIR`, or `/run/user/UID`: where `{runtime}/` paths start (not absolute,
+    /// empty: not looked in).
     pub runtime_dir: PathBuf,
     /// The environment whose variables (`SSH_AUTH_SOCK`, ...) name doors. Their values are
     /// paths on this machine as they are, never under `system_root`.
@@ -95,6 +96,10 @@ pub fn search(rules: &RuleSet, scope: &DoorScope) -> Search {
                 PathStart::Home => scope.home.clone(),
                 PathStart::Runtime => scope.runtime_dir.clone(),
             };
+            // An empty (unknown) home or runtime directory: not the working directory.
+            if !base.is_absolute() {
+                continue;
+            }
             for path in expand(&base, door_path, scope.uid, &mut search) {
                 let Ok(meta) = fs::metadata(&path) else { continue };
                 if meta.is_dir() == door_path.directory {
@@ -118,27 +123,35 @@ pub fn search(rules: &RuleSet, scope: &DoorScope) -> Search {
             door.path = real;
         }
     }
-    // Sorted by path, a directory comes right before what lies in it.
-    found.sort_by(|a, b| a.path.cmp(&b.path));
-    let mut doors: Vec<Door> = Vec::new();
-    for door in found {
-        if let Some(last) = doors.last_mut().filter(|last| last.path == door.path) {
-            if last.from_variable.is_none() {
-                last.from_variable = door.from_variable;
-            }
-            continue;
-        }
-        if doors.iter().rev().any(|d| d.directory && door.path.starts_with(&d.path)) {
-            continue;
-        }
-        doors.push(door);
-    }
+    let mut doors = tidy(found);
     if doors.len() > MAX_DOORS {
         search.cut.push(format!("{} doors found, the first {MAX_DOORS} kept", doors.len()));
         doors.truncate(MAX_DOORS);
     }
     search.doors = doors;
     search
+}
+
+/// `doors` (resolved paths, from one search or several) sorted by path, one per path (its
+/// first kind, and a variable that named it if any did), and none inside a directory door:
+/// binding the directory shuts them, and the path would not exist in the empty one.
+pub fn tidy(mut doors: Vec<Door>) -> Vec<Door> {
+    // Stable: among the same path, the first found stays first.
+    doors.sort_by(|a, b| a.path.cmp(&b.path));
+    let mut kept: Vec<Door> = Vec::new();
+    for door in doors {
+        if let Some(last) = kept.last_mut().filter(|last| last.path == door.path) {
+            if last.from_variable.is_none() {
+                last.from_variable = door.from_variable;
+            }
+            continue;
+        }
+        if kept.iter().any(|d| d.directory && door.path.starts_with(&d.path)) {
+            continue;
+        }
+        kept.push(door);
+    }
+    kept
 }
 
 fn door(entry: &DoorEntry, path: &Path, directory: bool, from_variable: Option<String>) -> Door {

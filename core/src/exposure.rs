@@ -2,13 +2,17 @@
 //! for a user, on the system and in the other homes), who can read them, how old they are and
 //! what to rotate. Only
 //! file metadata is read, never a file's content, so it runs unprivileged; what the running
-//! user cannot list is counted and said.
+//! user cannot list is counted and said. The doors (rules/doors.yaml: agent and daemon sockets)
+//! are listed too, with who can connect and, asked without reading a secret, what they hold.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     fmt::Write as _,
     fs, io,
-    os::unix::{ffi::OsStrExt as _, fs::MetadataExt as _},
+    os::unix::{
+        ffi::OsStrExt as _,
+        fs::{FileTypeExt as _, MetadataExt as _},
+    },
     path::{Path, PathBuf},
     time::SystemTime,
 };
@@ -18,6 +22,11 @@ use time::{format_description::well_known::Rfc3339, OffsetDateTime};
 
 use crate::{
     alert::Severity,
+    doors::{
+        self,
+        probe::{self, Answer},
+        DoorScope,
+    },
     output::escape,
     report::code,
     rules::{Rule, RuleSet},
@@ -87,6 +96,8 @@ pub struct Exposure {
     pub summary: Summary,
     /// Worst severity first, then by name.
     pub categories: Vec<Category>,
+    /// Sockets and directories that reach credentials without a file, by path.
+    pub doors: Vec<DoorExposure>,
     pub containment: String,
     pub walk: Walk,
 }
@@ -99,6 +110,33 @@ pub struct Summary {
     /// Files only root can read (package code run with sudo).
     pub root_only: usize,
     pub categories: usize,
+    pub doors: usize,
+}
+
+/// A door (rules/doors.yaml) that exists: a socket, or a directory of them.
+#[derive(Debug, Serialize)]
+pub struct DoorExposure {
+    /// Resolved, escaped as file paths are.
+    pub path: String,
+    /// The door's id: `docker`, `ssh-agent`, `gpg-agent`, `session-bus`, ...
+    pub kind: String,
+    /// For people: "the docker socket".
+    pub name: String,
+    pub category: String,
+    /// `socket`, `directory`, `file` or `other`.
+    pub file_type: &'static str,
+    /// The variable of credwatch's environment that named it (`SSH_AUTH_SOCK`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from_variable: Option<String>,
+    pub uid: u32,
+    pub gid: u32,
+    pub mode: String,
+    /// The user can connect to it (a socket: write permission), enter it (a directory) or
+    /// read it (a file), by the mode bits and the directories above.
+    pub reachable: bool,
+    /// What it said when asked (`exposure` without `--no-probe`, and the door has a probe).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holds: Option<Answer>,
 }
 
 #[derive(Debug, Serialize)]
@@ -154,6 +192,8 @@ pub struct Walk {
     /// Other homes looked at, and the files found there that the user cannot read (not listed).
     pub other_homes: usize,
     pub other_homes_not_readable: u64,
+    /// Where the search for doors could not look, or stopped at a limit.
+    pub doors_not_seen: Vec<String>,
 }
 
 /// Looks for every file of the catalogue (the rules' credential targets) in `scope`, and
@@ -469,6 +509,7 @@ impl Walker<'_> {
             containment: containment(&categories),
             summary,
             categories,
+            doors: Vec::new(),
             walk: self.walk,
         }
     }
@@ -518,10 +559,16 @@ impl Access<'_> {
     }
 
     fn readable(&mut self, path: &Path, meta: &fs::Metadata) -> bool {
+        self.reaches(path, meta, 0o4)
+    }
+
+    /// Whether the mode bits grant `bit` (read 4, write 2, search 1), and every directory
+    /// above is searchable.
+    fn reaches(&mut self, path: &Path, meta: &fs::Metadata, bit: u32) -> bool {
         if self.who.uid == 0 {
             return true;
         }
-        allows(self.who, meta, 0o4) && path.ancestors().skip(1).all(|dir| self.search(dir))
+        allows(self.who, meta, bit) && path.ancestors().skip(1).all(|dir| self.search(dir))
     }
 
     fn search(&mut self, dir: &Path) -> bool {
@@ -600,6 +647,43 @@ fn note(list: &mut Vec<String>, item: String) {
 }
 
 impl Exposure {
+    /// Adds the doors of `scope` that exist: who can reach them and, with `ask`, what each holds
+    /// ([`probe::probe`]: counts and names, never a secret).
+    pub fn add_doors(&mut self, rules: &RuleSet, scope: &DoorScope, ask: bool) {
+        let search = doors::search(rules, scope);
+        let mut access = Access { who: &self.user, searchable: HashMap::new() };
+        for door in &search.doors {
+            let Ok(meta) = fs::metadata(&door.path) else { continue };
+            let kind = meta.file_type();
+            let (file_type, bit) = if kind.is_socket() {
+                ("socket", 0o2)
+            } else if kind.is_dir() {
+                ("directory", 0o1)
+            } else if kind.is_file() {
+                ("file", 0o4)
+            } else {
+                ("other", 0o4)
+            };
+            let reachable = access.reaches(&door.path, &meta, bit);
+            self.doors.push(DoorExposure {
+                path: display_path(&door.path),
+                kind: door.kind.clone(),
+                name: door.name.clone(),
+                category: door.category.clone(),
+                file_type,
+                from_variable: door.from_variable.clone(),
+                uid: meta.uid(),
+                gid: meta.gid(),
+                mode: format!("{:04o}", meta.mode() & 0o7777),
+                reachable,
+                holds: if ask { probe::probe(door) } else { None },
+            });
+        }
+        self.summary.doors = self.doors.len();
+        let unlisted = search.unlisted.iter().map(|dir| format!("{}: not listed (permission denied)", display_path(dir)));
+        self.walk.doors_not_seen.extend(unlisted.chain(search.cut.iter().map(|cut| escape(cut).into_owned())));
+    }
+
     /// Markdown, as the report's: paths in code spans, escaped.
     pub fn to_markdown(&self) -> String {
         let mut out = String::from("# credwatch exposure\n\n");
@@ -666,6 +750,7 @@ impl Exposure {
         if self.categories.is_empty() {
             out.push_str("No file of the catalogue was found.\n\n");
         }
+        self.doors_markdown(&mut out, &user);
         let _ = writeln!(out, "## Containment\n\n{}\n", self.containment);
         out.push_str("## What the walk did not see\n\n");
         let w = &self.walk;
@@ -707,8 +792,63 @@ impl Exposure {
         for item in &w.not_searched {
             let _ = writeln!(out, "- Not searched: {}.", escape(item));
         }
+        for item in &w.doors_not_seen {
+            let _ = writeln!(out, "- Doors: {item}.");
+        }
         out.push_str("- Symbolic links to directories are not followed; access control lists are not read.\n");
         out
+    }
+}
+
+/// What `user` (the Markdown's name of the user) is told of a door it can reach, by file type.
+fn reach_words(file_type: &str) -> &'static str {
+    match file_type {
+        "socket" => "can connect",
+        "directory" => "can enter it",
+        _ => "can read it",
+    }
+}
+
+impl Exposure {
+    /// The "Doors" heading: each door, who can reach it, what it holds.
+    fn doors_markdown(&self, out: &mut String, user: &str) {
+        let count = self.doors.len();
+        let _ = writeln!(
+            out,
+            "## Doors: {count} socket{} and director{} that reach credentials without a file\n",
+            if count == 1 { "" } else { "s" },
+            if count == 1 { "y" } else { "ies" }
+        );
+        if self.doors.is_empty() {
+            out.push_str("No door of rules/doors.yaml was found.\n\n");
+            return;
+        }
+        out.push_str(
+            "Package code that reaches one borrows what it holds: an agent signs with its keys, a container \
+             engine reads every file. `credwatch run --contain` shuts each (an empty file or directory over it) \
+             and withholds the variables that name it.\n\n",
+        );
+        for door in &self.doors {
+            let reach = if door.reachable {
+                format!("{user} {}", reach_words(door.file_type))
+            } else {
+                format!("{user} cannot reach it (root can)")
+            };
+            let variable = door.from_variable.as_deref().map(|v| format!("; found through {}", code(v))).unwrap_or_default();
+            let holds = door.holds.as_ref().map(|a| format!(": {}", escape(&a.describe()))).unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "- {} ({}, {}): {}, mode {}, owner {}:{}, {reach}{variable}{holds}",
+                span(&door.path),
+                escape(&door.name),
+                code(&door.category),
+                door.file_type,
+                door.mode,
+                door.uid,
+                door.gid,
+            );
+        }
+        out.push('\n');
     }
 }
 

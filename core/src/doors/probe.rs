@@ -471,3 +471,6 @@ fn printable(line: &[u8]) -> String {
     let text = String::from_utf8_lossy(cut);
     format!("\"{}\"", crate::output::escape(text.trim_end_matches(['\r', '\n'])))
 }
+
+#[cfg(test)]
+mod tests;

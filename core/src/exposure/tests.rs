@@ -400,3 +400,79 @@ fn messaging_browser_and_ai_tool_stores_are_listed_under_their_categories_and_th
     let hidden: BTreeSet<&str> = hidden.iter().map(|f| f.path.to_str().unwrap()).collect();
     assert_eq!(hidden, stores, "run --contain hides the same files");
 }
+
+/// A stand-in ssh-agent at `path` holding `keys` keys, for one connection.
+fn ssh_agent_stand_in(path: &Path, keys: u8) -> std::thread::JoinHandle<()> {
+    use std::io::{Read as _, Write as _};
+    let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+    std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        stream.read_exact(&mut [0u8; 5]).unwrap();
+        stream.write_all(&[0, 0, 0, 5, 12, 0, 0, 0, keys]).unwrap();
+    })
+}
+
+#[test]
+fn doors_are_listed_with_who_can_reach_them_and_what_they_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join(OsStr::from_bytes(b"home\x1b[2J"));
+    let runtime = dir.path().join("run");
+    fs::create_dir_all(home.join(".gnupg")).unwrap();
+    fs::create_dir_all(runtime.join("systemd")).unwrap();
+    let agent = ssh_agent_stand_in(&dir.path().join("agent.sock"), 1);
+    // Listening, never asked (gpg-agent's extra socket has no probe).
+    let _extra = std::os::unix::net::UnixListener::bind(home.join(".gnupg/S.gpg-agent.extra")).unwrap();
+    own(dir.path());
+    fs::set_permissions(home.join(".gnupg/S.gpg-agent.extra"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::set_permissions(dir.path().join("agent.sock"), fs::Permissions::from_mode(0o666)).unwrap();
+    let mut exposure = scan_home(&home, &stranger(), Limits::default());
+    let scope = DoorScope {
+        home: home.clone(),
+        uid: stranger().uid,
+        runtime_dir: runtime.clone(),
+        env: vec![("SSH_AUTH_SOCK".into(), dir.path().join("agent.sock").into())],
+        system_root: None,
+    };
+    exposure.add_doors(&rules(), &scope, true);
+    agent.join().unwrap();
+    let found: Vec<(&str, &str, bool)> =
+        exposure.doors.iter().map(|d| (d.kind.as_str(), d.file_type, d.reachable)).collect();
+    // The owner's 0600 socket is not the stranger's to connect to; 0666 is, and 0755 enters.
+    assert_eq!(
+        found,
+        [("ssh-agent", "socket", true), ("gpg-agent", "socket", false), ("systemd-user", "directory", true)],
+        "{exposure:#?}"
+    );
+    assert_eq!(exposure.summary.doors, 3);
+    let agent = &exposure.doors[0];
+    assert_eq!((agent.from_variable.as_deref(), agent.mode.as_str()), (Some("SSH_AUTH_SOCK"), "0666"));
+    assert_eq!(agent.holds, Some(Answer::SshAgent { keys: 1 }));
+    assert_eq!(exposure.doors[1].holds, None);
+    assert!(exposure.doors[1].path.ends_with("/home\\u{1b}[2J/.gnupg/S.gpg-agent.extra"), "{}", exposure.doors[1].path);
+
+    let markdown = exposure.to_markdown();
+    assert!(!markdown.contains('\x1b'), "{markdown}");
+    assert!(markdown.contains("## Doors: 3 sockets and directories that reach credentials without a file\n"), "{markdown}");
+    let agent_line = format!(
+        "- `{}` (an ssh-agent, `ssh`): socket, mode 0666, owner {}:{}, `mallory` can connect; found through \
+         `SSH_AUTH_SOCK`: 1 key loaded\n",
+        dir.path().join("agent.sock").display(),
+        owner().0,
+        owner().1
+    );
+    assert!(markdown.contains(&agent_line), "{markdown}");
+    assert!(markdown.contains("/.gnupg/S.gpg-agent.extra` (gpg-agent, `gpg`): socket, mode 0600"), "{markdown}");
+    assert!(markdown.contains("`mallory` cannot reach it (root can)\n"), "{markdown}");
+    assert!(markdown.contains("/run/systemd` (the user's systemd manager, `desktop`): directory, mode 0755"), "{markdown}");
+    let json = serde_json::to_value(&exposure).unwrap();
+    assert_eq!(json["doors"][0]["holds"], serde_json::json!({"answer": "ssh-agent", "keys": 1}));
+    assert_eq!(json["doors"][0]["from_variable"], "SSH_AUTH_SOCK");
+    assert!(json["doors"][1].get("holds").is_none() && json["doors"][1].get("from_variable").is_none());
+
+    let mut unasked = scan_home(&home, &stranger(), Limits::default());
+    unasked.add_doors(&rules(), &scope, false);
+    assert!(unasked.doors.iter().all(|d| d.holds.is_none()), "--no-probe connects to none");
+    let mut none = scan_home(&home, &stranger(), Limits::default());
+    none.add_doors(&rules(), &DoorScope { home: dir.path().join("empty"), runtime_dir: PathBuf::new(), env: Vec::new(), ..scope }, true);
+    assert!(none.to_markdown().contains("## Doors: 0 sockets and directories that reach credentials without a file\n\nNo door of rules/doors.yaml was found.\n"));
+}

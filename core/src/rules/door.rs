@@ -1,7 +1,7 @@
 //! Doors (`doors:` in a rule file): the sockets and directories through which package code
 //! reaches a credential without opening a file of the catalogue: an ssh-agent signs with the
 //! user's keys, the docker socket mounts the whole disk, the session bus reaches the keyring.
-//! `run --contain` shuts them, `credwatch exposure` lists them; [`crate::doors`] finds them.
+//! `run --contain` shuts them, `credwatch exposure` lists them; the `doors` module finds them.
 
 use std::collections::BTreeMap;
 
@@ -14,7 +14,7 @@ use super::schema::RuleId;
 #[derive(Clone, Debug, Deserialize)]
 #[serde(try_from = "DoorDoc")]
 pub struct DoorEntry {
-    /// `docker`, `ssh-agent`, ...: a [`crate::doors::Door`]'s `kind`.
+    /// `docker`, `ssh-agent`, ...: a found door's `kind`.
     pub id: String,
     /// For people: "the docker socket".
     pub name: String,
@@ -93,7 +93,7 @@ fn is_variable_name(name: &str) -> bool {
 }
 
 /// What each entry's samples promise, checked without a file system (see
-/// [`crate::doors::sample_failures`]), for a user of uid 1000 whose home is `/home/alice` and
+/// `doors::sample_failures`), for a user of uid 1000 whose home is `/home/alice` and
 /// runtime directory `/run/user/1000`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

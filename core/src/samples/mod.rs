@@ -207,6 +207,7 @@ pub fn failures(set: &RuleSet) -> Vec<String> {
             }
         }
     }
+    failures.extend(crate::doors::sample_failures(set));
     failures
 }
 
