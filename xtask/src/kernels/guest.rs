@@ -294,10 +294,12 @@ pub fn base_image(cache: &Path) -> Result<PathBuf> {
         let _ = fs::remove_dir_all(root.join(".rustup/downloads"));
         let _ = fs::remove_dir_all(root.join(".rustup/tmp"));
     }
-    if Path::new("/root/.cargo").is_dir() {
-        copy_tree(Path::new("/root/.cargo"), &root.join(".cargo"), true)?;
-        let _ = fs::remove_dir_all(root.join(".cargo/registry"));
-        let _ = fs::remove_dir_all(root.join(".cargo/git"));
+    if let Ok(entries) = fs::read_dir("/root/.cargo") {
+        // Never copied at all (`cargo xtask test` makes this image while cargo may be
+        // downloading crates into them).
+        for entry in entries.flatten().filter(|e| e.file_name() != "registry" && e.file_name() != "git") {
+            copy_tree(&entry.path(), &root.join(".cargo").join(entry.file_name()), true)?;
+        }
     }
     if let Some(version) = pyenv_version() {
         let from = Path::new("/root/.pyenv/versions").join(&version);
