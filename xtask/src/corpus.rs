@@ -3,10 +3,13 @@
 //! under `credwatch run`, each in its own project with a throwaway HOME of fake credentials, and
 //! tabulate the alerts. A measurement like the bench (it uses the network), not a test.
 //!
-//! Output in target/corpus: corpus.md and corpus.json (the tables), alerts/<eco>/<pkg>.jsonl
-//! (each install's alerts as credwatch wrote them), logs/<eco>/<pkg>.log (each install's output)
-//! and packages.pinned.txt (the list with the versions this run resolved). With `--contain`,
-//! each install runs under `run --contain`, and the output goes to target/corpus-contain.
+//! Output in target/corpus (target/<the list's name> for another `--list`): corpus.md and
+//! corpus.json (the tables), alerts/<eco>/<pkg>.jsonl (each install's alerts as credwatch wrote
+//! them), logs/<eco>/<pkg>.log (each install's output) and packages.pinned.txt (the list with the
+//! versions this run resolved). With `--contain`, each install runs under `run --contain`, and
+//! the output goes to target/corpus-contain; with `--contain-net`, under `run --contain
+//! --contain-net registries` (the box's only way out is credwatch's proxy to the registries),
+//! output in target/corpus-contain-net.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -216,10 +219,12 @@ struct Options {
     timeout: Duration,
     /// Each install under `run --contain`, its reports in target/corpus-contain.
     contain: bool,
+    /// And `--contain-net registries` (implies `contain`), its reports in target/corpus-contain-net.
+    contain_net: bool,
 }
 
 const USAGE: &str =
-    "cargo xtask corpus [--only npm,pip,uv,cargo] [--jobs N] [--list FILE] [--binary PATH] [--timeout SECS] [--contain]
+    "cargo xtask corpus [--only npm,pip,uv,cargo] [--jobs N] [--list FILE] [--binary PATH] [--timeout SECS] [--contain] [--contain-net]
        cargo xtask corpus --workflows [--only PROJECT,...] [--list FILE] [--binary PATH] [--timeout SECS]";
 
 fn parse_options(args: &[&str]) -> Result<Options> {
@@ -231,6 +236,7 @@ fn parse_options(args: &[&str]) -> Result<Options> {
         binary: workspace.join("target/release/credwatch"),
         timeout: DEFAULT_TIMEOUT,
         contain: false,
+        contain_net: false,
     };
     let mut rest = args.iter();
     while let Some(arg) = rest.next() {
@@ -251,6 +257,7 @@ fn parse_options(args: &[&str]) -> Result<Options> {
             "--list" => options.list = PathBuf::from(value()?),
             "--binary" => options.binary = PathBuf::from(value()?),
             "--contain" => options.contain = true,
+            "--contain-net" => (options.contain, options.contain_net) = (true, true),
             "--timeout" => {
                 let secs: u64 =
                     value()?.parse().ok().filter(|secs| *secs > 0).context("--timeout takes seconds ≥ 1")?;
@@ -592,6 +599,25 @@ struct Ctx {
     build_jobs: usize,
     timeout: Duration,
     contain: bool,
+    contain_net: bool,
+}
+
+/// target/corpus, or the name of another `--list` (target/contain-sample), so that a subset's run
+/// leaves the whole list's report alone; `-contain` or `-contain-net` after it for a boxed run.
+fn out_dir_name(options: &Options) -> String {
+    let real = |path: &Path| fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let base = match options.list.file_stem() {
+        Some(stem) if real(&options.list) != real(&crate::workspace().join(DEFAULT_LIST)) => {
+            stem.to_string_lossy().into_owned()
+        }
+        _ => "corpus".to_owned(),
+    };
+    let suffix = match (options.contain, options.contain_net) {
+        (_, true) => "-contain-net",
+        (true, false) => "-contain",
+        (false, false) => "",
+    };
+    base + suffix
 }
 
 pub fn corpus(args: &[&str]) -> Result<()> {
@@ -618,7 +644,7 @@ pub fn corpus(args: &[&str]) -> Result<()> {
         );
     }
 
-    let out = crate::workspace().join(if options.contain { "target/corpus-contain" } else { "target/corpus" });
+    let out = crate::workspace().join("target").join(out_dir_name(&options));
     // One cache for both kinds of run: a contained run downloads nothing the other has.
     let cache = crate::workspace().join("target/corpus/cache");
     for dir in ["alerts", "logs"] {
@@ -666,6 +692,7 @@ pub fn corpus(args: &[&str]) -> Result<()> {
         build_jobs: (cores / options.jobs).max(1),
         timeout: options.timeout,
         contain: options.contain,
+        contain_net: options.contain_net,
     };
     if selected.iter().any(|e| e.eco == Eco::Uv) {
         ctx.uv = Some(ensure_uv(&ctx)?);
@@ -687,7 +714,11 @@ pub fn corpus(args: &[&str]) -> Result<()> {
             format!(
                 "Binary: {} ({version}){}",
                 ctx.binary.display(),
-                if ctx.contain { ", each install under `run --contain`" } else { "" }
+                match (ctx.contain, ctx.contain_net) {
+                    (_, true) => ", each install under `run --contain --contain-net registries`",
+                    (true, false) => ", each install under `run --contain`",
+                    (false, false) => "",
+                }
             ),
             format!(
                 "List: {} ({}); {} jobs, timeout {} s per install",
@@ -802,7 +833,7 @@ fn ensure_uv(ctx: &Ctx) -> Result<PathBuf> {
     if let Some(uv) = crate::toolchain::find_in_path("uv") {
         return Ok(uv);
     }
-    let tools = ctx.out.join("tools/uv");
+    let tools = crate::workspace().join("target/corpus/tools/uv");
     let uv = tools.join("bin/uv");
     if uv.is_file() {
         return Ok(uv);
@@ -1007,6 +1038,7 @@ fn run_install(
         .args(["run", "--json", "--linger", LINGER_SECS, "--alerts"])
         .arg(alerts_file)
         .args(ctx.contain.then_some("--contain"))
+        .args(ctx.contain_net.then_some(["--contain-net", "registries"]).into_iter().flatten())
         .arg("--")
         .args(&install)
         .current_dir(&project)
@@ -1246,6 +1278,38 @@ mod tests {
         let count = |eco| entries.iter().filter(|e| e.eco == eco).count();
         assert!(entries.len() >= 300, "{} packages", entries.len());
         assert!(count(Eco::Npm) >= 150 && count(Eco::Pip) + count(Eco::Uv) >= 100 && count(Eco::Cargo) >= 60);
+    }
+
+    #[test]
+    fn the_contain_sample_is_a_subset_of_the_list_at_its_versions() {
+        let read = |list: &str| {
+            let text = fs::read_to_string(crate::workspace().join(list)).unwrap();
+            parse_list(&text, list).unwrap().into_iter().map(|e| (e.eco, e.name, e.version))
+        };
+        let all: BTreeSet<_> = read(DEFAULT_LIST).collect();
+        let sample: Vec<_> = read("xtask/corpus/contain-sample.txt").collect();
+        assert!((70..=100).contains(&sample.len()), "{} packages", sample.len());
+        for eco in Eco::ALL {
+            assert!(sample.iter().filter(|(e, _, _)| *e == eco).count() >= 8, "{}", eco.key());
+        }
+        let strays: Vec<_> = sample.iter().filter(|entry| !all.contains(entry)).collect();
+        assert!(strays.is_empty(), "not in {DEFAULT_LIST} at that version: {strays:?}");
+    }
+
+    #[test]
+    fn contain_net_is_a_contained_run_with_its_own_report() {
+        let run = |args: &[&str]| {
+            let options = parse_options(args).unwrap();
+            (options.contain, options.contain_net, out_dir_name(&options))
+        };
+        assert_eq!(run(&[]), (false, false, "corpus".to_owned()));
+        assert_eq!(run(&["--contain"]), (true, false, "corpus-contain".to_owned()));
+        assert_eq!(run(&["--contain-net"]), (true, true, "corpus-contain-net".to_owned()));
+        assert_eq!(run(&["--contain", "--contain-net"]), (true, true, "corpus-contain-net".to_owned()));
+        let sample = crate::workspace().join("xtask/corpus/contain-sample.txt");
+        let sample = sample.to_str().unwrap();
+        assert_eq!(run(&["--list", sample]).2, "contain-sample");
+        assert_eq!(run(&["--contain-net", "--list", sample]).2, "contain-sample-contain-net");
     }
 
     #[test]
