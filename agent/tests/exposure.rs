@@ -38,8 +38,18 @@ fn fake_home(home: &Path) {
 }
 
 fn credwatch(home: &Path, args: &[&str]) -> Output {
-    // HOME is the throwaway one too: nothing here may look at the real home.
-    Command::new(env!("CARGO_BIN_EXE_credwatch")).arg("exposure").args(args).env("HOME", home).output().unwrap()
+    // HOME is the throwaway one too: nothing here may look at the real home. No variable of
+    // the session running the tests names a door (SSH_AUTH_SOCK), and the machine's own doors
+    // (system paths, with --user) are listed but never asked.
+    Command::new(env!("CARGO_BIN_EXE_credwatch"))
+        .arg("exposure")
+        .args(args)
+        .arg("--no-probe")
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home)
+        .output()
+        .unwrap()
 }
 
 fn rotate_of(id: &str) -> Vec<Value> {
@@ -214,4 +224,198 @@ fn errors_name_what_is_wrong() {
     assert!(stderr.contains("--home ") && stderr.contains("No such file"), "{stderr}");
     let out = credwatch(dir.path(), &["--user", "nobody", "--home", "/tmp"]);
     assert_eq!(out.status.code(), Some(2), "clap refuses both");
+}
+
+/// A process of the test's, killed and reaped when dropped (a failed assertion included).
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// gpg-agent, which gpg starts on its own, stopped through the throwaway GNUPGHOME when dropped.
+struct GpgAgent<'a>(&'a Path);
+
+impl Drop for GpgAgent<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("gpgconf").args(["--kill", "gpg-agent"]).env("GNUPGHOME", self.0).status();
+    }
+}
+
+/// Runs `command` to success, saying what failed.
+fn run(command: &mut Command) -> Output {
+    let out = command.output().unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    assert!(out.status.success(), "{command:?}: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// Waits, boundedly, until `ready` holds.
+fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+    for _ in 0..200 {
+        if ready() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{what}: not ready after 10 s");
+}
+
+#[test]
+fn real_agents_and_a_real_session_bus_are_listed_as_doors_with_what_they_hold() {
+    // Nothing of the real session: a throwaway home, runtime directory and GNUPGHOME, and each
+    // program started with only these in its environment.
+    let dir = tempfile::tempdir().unwrap();
+    let (home, runtime, services) = (dir.path().join("home"), dir.path().join("run"), dir.path().join("services"));
+    let gnupg = home.join(".gnupg");
+    for (path, mode) in [(&home, 0o755), (&runtime, 0o700), (&services, 0o755), (&gnupg, 0o700)] {
+        fs::create_dir_all(path).unwrap();
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let agent_socket = dir.path().join("agent.sock");
+    let bus_address = format!("unix:path={}", runtime.join("bus").display());
+    let session = |program: &str| {
+        let mut command = Command::new(program);
+        command
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", &home)
+            .env("GNUPGHOME", &gnupg)
+            .env("XDG_RUNTIME_DIR", &runtime)
+            .env("SSH_AUTH_SOCK", &agent_socket)
+            .env("DBUS_SESSION_BUS_ADDRESS", &bus_address);
+        command
+    };
+
+    // A real ssh-agent holding one fake key.
+    let key = dir.path().join("fake_key");
+    run(session("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-C", "fake@example.invalid", "-f"]).arg(&key));
+    let _ssh_agent = Running(session("ssh-agent").arg("-D").arg("-a").arg(&agent_socket).spawn().unwrap());
+    wait_until("ssh-agent's socket", || agent_socket.exists());
+    run(session("ssh-add").arg(&key));
+
+    // A real gpg-agent with one fake key, its passphrase cached by a signature.
+    let _gpg_agent = GpgAgent(&gnupg);
+    let passphrase = ["--batch", "--pinentry-mode", "loopback", "--passphrase", "fake-passphrase"];
+    run(session("gpg").args(passphrase).args([
+        "--quick-gen-key",
+        "Fake <fake@example.invalid>",
+        "ed25519",
+        "sign",
+        "never",
+    ]));
+    let mut sign = session("gpg");
+    sign.args(passphrase).args(["--clearsign", "--output", "-"]).arg(key.with_extension("pub"));
+    run(&mut sign);
+    let socket = run(session("gpgconf").args(["--list-dirs", "agent-socket"])).stdout;
+    // gnupg puts its sockets in /run/user/UID when that exists: this test needs them in its home.
+    assert_eq!(String::from_utf8_lossy(&socket).trim(), gnupg.join("S.gpg-agent").to_str().unwrap());
+
+    // A real session bus (the policy of Debian's session.conf), its service directory the test's
+    // own (empty for now).
+    let config = dir.path().join("bus.conf");
+    fs::write(
+        &config,
+        format!(
+            "<!DOCTYPE busconfig PUBLIC \"-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN\"
+ \"http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd\">
+<busconfig><type>session</type><listen>{bus_address}</listen><auth>EXTERNAL</auth>
+<servicedir>{}</servicedir>
+<policy context=\"default\"><allow send_destination=\"*\" eavesdrop=\"true\"/>
+<allow eavesdrop=\"true\"/><allow own=\"*\"/></policy></busconfig>\n",
+            services.display()
+        ),
+    )
+    .unwrap();
+    let _bus = Running(
+        session("dbus-daemon").arg(format!("--config-file={}", config.display())).arg("--nofork").spawn().unwrap(),
+    );
+    wait_until("the session bus", || runtime.join("bus").exists());
+
+    let exposure = || {
+        let mut command = session(env!("CARGO_BIN_EXE_credwatch"));
+        let out = run(command.args(["exposure", "--json", "--home"]).arg(&home));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let door = |json: &Value, path: &Path| -> Value {
+        let doors = json["doors"].as_array().unwrap();
+        let found = doors.iter().find(|d| d["path"] == path.to_str().unwrap());
+        found.unwrap_or_else(|| panic!("{} not among {json:#}", path.display())).clone()
+    };
+    let json = exposure();
+    let agent = door(&json, &agent_socket);
+    assert_eq!(
+        (&agent["kind"], &agent["from_variable"], &agent["file_type"]),
+        (&"ssh-agent".into(), &"SSH_AUTH_SOCK".into(), &"socket".into())
+    );
+    assert_eq!(agent["holds"], serde_json::json!({"answer": "ssh-agent", "keys": 1}));
+    assert_eq!(agent["reachable"], true);
+    let gpg = door(&json, &gnupg.join("S.gpg-agent"));
+    assert_eq!(gpg["holds"], serde_json::json!({"answer": "gpg-agent", "keys": 1, "cached": 1}), "{gpg:#}");
+    // gpg-agent's ssh socket is an ssh-agent too, holding none of gpg's keys (not enabled).
+    let gpg_ssh = door(&json, &gnupg.join("S.gpg-agent.ssh"));
+    assert_eq!(gpg_ssh["holds"], serde_json::json!({"answer": "ssh-agent", "keys": 0}));
+    let bus = door(&json, &runtime.join("bus"));
+    assert_eq!(bus["from_variable"], "DBUS_SESSION_BUS_ADDRESS");
+    assert_eq!(bus["holds"], serde_json::json!({"answer": "session-bus", "secret_service": "absent"}));
+    assert_eq!(json["summary"]["doors"], json["doors"].as_array().unwrap().len());
+
+    // A Secret Service the bus would start on request (its service file), then a running one:
+    // the real GNOME Keyring daemon, headless, on this bus.
+    fs::write(
+        services.join("org.freedesktop.secrets.service"),
+        "[D-BUS Service]\nName=org.freedesktop.secrets\nExec=/bin/false\n",
+    )
+    .unwrap();
+    run(session("dbus-send").args([
+        "--session",
+        "--print-reply",
+        "--dest=org.freedesktop.DBus",
+        "/org/freedesktop/DBus",
+        "org.freedesktop.DBus.ReloadConfig",
+    ]));
+    assert_eq!(door(&exposure(), &runtime.join("bus"))["holds"]["secret_service"], "activatable");
+    fs::remove_file(services.join("org.freedesktop.secrets.service")).unwrap();
+    let _keyring = Running(
+        session("gnome-keyring-daemon")
+            .args(["--start", "--foreground", "--components=secrets"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until("gnome-keyring-daemon on the bus", || {
+        let out = session("dbus-send")
+            .args(["--session", "--print-reply", "--dest=org.freedesktop.DBus", "/org/freedesktop/DBus"])
+            .args(["org.freedesktop.DBus.NameHasOwner", "string:org.freedesktop.secrets"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).contains("boolean true")
+    });
+    let json = exposure();
+    assert_eq!(door(&json, &runtime.join("bus"))["holds"]["secret_service"], "running");
+    assert_eq!(door(&json, &runtime.join("keyring/control"))["kind"], "gnome-keyring");
+
+    let markdown =
+        String::from_utf8(run(session(env!("CARGO_BIN_EXE_credwatch")).args(["exposure", "--home"]).arg(&home)).stdout)
+            .unwrap();
+    for line in [
+        format!("- `{}` (an ssh-agent, `ssh`): socket, mode 0600", agent_socket.display()),
+        "found through `SSH_AUTH_SOCK`: 1 key loaded\n".into(),
+        format!("- `{}` (gpg-agent, `gpg`): socket, mode 0700", gnupg.join("S.gpg-agent").display()),
+        ": 1 key known, 1 unlocked (cached)\n".into(),
+        "found through `DBUS_SESSION_BUS_ADDRESS`: a Secret Service is running on it (org.freedesktop.secrets)\n"
+            .into(),
+    ] {
+        assert!(markdown.contains(&line), "{line:?} not in {markdown}");
+    }
+    // Asked nothing: listed all the same.
+    let mut quiet = session(env!("CARGO_BIN_EXE_credwatch"));
+    let quiet: Value =
+        serde_json::from_slice(&run(quiet.args(["exposure", "--json", "--no-probe", "--home"]).arg(&home)).stdout)
+            .unwrap();
+    assert_eq!(quiet["doors"].as_array().unwrap().len(), json["doors"].as_array().unwrap().len());
+    assert!(quiet["doors"].as_array().unwrap().iter().all(|d| d.get("holds").is_none()), "{quiet:#}");
 }

@@ -680,7 +680,8 @@ impl Exposure {
             });
         }
         self.summary.doors = self.doors.len();
-        let unlisted = search.unlisted.iter().map(|dir| format!("{}: not listed (permission denied)", display_path(dir)));
+        let unlisted =
+            search.unlisted.iter().map(|dir| format!("{}: not listed (permission denied)", display_path(dir)));
         self.walk.doors_not_seen.extend(unlisted.chain(search.cut.iter().map(|cut| escape(cut).into_owned())));
     }
 
@@ -834,7 +835,8 @@ impl Exposure {
             } else {
                 format!("{user} cannot reach it (root can)")
             };
-            let variable = door.from_variable.as_deref().map(|v| format!("; found through {}", code(v))).unwrap_or_default();
+            let variable =
+                door.from_variable.as_deref().map(|v| format!("; found through {}", code(v))).unwrap_or_default();
             let holds = door.holds.as_ref().map(|a| format!(": {}", escape(&a.describe()))).unwrap_or_default();
             let _ = writeln!(
                 out,

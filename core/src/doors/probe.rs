@@ -383,7 +383,7 @@ const ERROR: u8 = 3;
 /// A little-endian method call to the bus driver, with one string argument or none.
 fn method_call(serial: u32, member: &str, argument: Option<&str>) -> Vec<u8> {
     fn align(out: &mut Vec<u8>, to: usize) {
-        while out.len() % to != 0 {
+        while !out.len().is_multiple_of(to) {
             out.push(0);
         }
     }

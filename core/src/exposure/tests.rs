@@ -452,7 +452,10 @@ fn doors_are_listed_with_who_can_reach_them_and_what_they_hold() {
 
     let markdown = exposure.to_markdown();
     assert!(!markdown.contains('\x1b'), "{markdown}");
-    assert!(markdown.contains("## Doors: 3 sockets and directories that reach credentials without a file\n"), "{markdown}");
+    assert!(
+        markdown.contains("## Doors: 3 sockets and directories that reach credentials without a file\n"),
+        "{markdown}"
+    );
     let agent_line = format!(
         "- `{}` (an ssh-agent, `ssh`): socket, mode 0666, owner {}:{}, `mallory` can connect; found through \
          `SSH_AUTH_SOCK`: 1 key loaded\n",
@@ -463,7 +466,10 @@ fn doors_are_listed_with_who_can_reach_them_and_what_they_hold() {
     assert!(markdown.contains(&agent_line), "{markdown}");
     assert!(markdown.contains("/.gnupg/S.gpg-agent.extra` (gpg-agent, `gpg`): socket, mode 0600"), "{markdown}");
     assert!(markdown.contains("`mallory` cannot reach it (root can)\n"), "{markdown}");
-    assert!(markdown.contains("/run/systemd` (the user's systemd manager, `desktop`): directory, mode 0755"), "{markdown}");
+    assert!(
+        markdown.contains("/run/systemd` (the user's systemd manager, `desktop`): directory, mode 0755"),
+        "{markdown}"
+    );
     let json = serde_json::to_value(&exposure).unwrap();
     assert_eq!(json["doors"][0]["holds"], serde_json::json!({"answer": "ssh-agent", "keys": 1}));
     assert_eq!(json["doors"][0]["from_variable"], "SSH_AUTH_SOCK");
@@ -473,6 +479,10 @@ fn doors_are_listed_with_who_can_reach_them_and_what_they_hold() {
     unasked.add_doors(&rules(), &scope, false);
     assert!(unasked.doors.iter().all(|d| d.holds.is_none()), "--no-probe connects to none");
     let mut none = scan_home(&home, &stranger(), Limits::default());
-    none.add_doors(&rules(), &DoorScope { home: dir.path().join("empty"), runtime_dir: PathBuf::new(), env: Vec::new(), ..scope }, true);
+    none.add_doors(
+        &rules(),
+        &DoorScope { home: dir.path().join("empty"), runtime_dir: PathBuf::new(), env: Vec::new(), ..scope },
+        true,
+    );
     assert!(none.to_markdown().contains("## Doors: 0 sockets and directories that reach credentials without a file\n\nNo door of rules/doors.yaml was found.\n"));
 }

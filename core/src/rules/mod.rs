@@ -27,8 +27,9 @@ impl Named for Agent {
 }
 
 impl Named for DoorEntry {
+    /// A door is named by its id.
     fn name(&self) -> &str {
-        &self.id
+        self.id.as_str()
     }
 }
 

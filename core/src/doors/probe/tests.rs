@@ -233,7 +233,7 @@ fn a_bus_that_will_not_let_us_in_or_is_no_bus() {
 fn bus_names_are_read_from_any_body_without_a_panic() {
     let mut body = vec![0; 4];
     for name in ["a.b", "org.freedesktop.secrets"] {
-        while body.len() % 4 != 0 {
+        while !body.len().is_multiple_of(4) {
             body.push(0);
         }
         body.extend((name.len() as u32).to_le_bytes());
