@@ -7,6 +7,8 @@
 //! missing paths are everyday noise). `~/.ssh/**` is in the catalogue, so every file there is
 //! found and hidden anyway.
 
+pub mod net;
+
 pub mod home;
 
 use std::{ffi::OsStr, os::unix::ffi::OsStrExt as _, path::PathBuf};

@@ -340,6 +340,10 @@ pub struct Connect {
     /// file): the agent kills it or lets it go on after the engine's verdict.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub held: bool,
+    /// The host (a name or an address) the process asked of credwatch's `--contain-net` proxy,
+    /// which refused it: the process's own connect went to the proxy, and nothing further.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_refused: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -459,6 +459,7 @@ fn connect(event: &ConnectEvent) -> Connect {
         path: addr.path,
         ret: None,
         held: event.record_flags & record_flag::HELD != 0,
+        proxy_refused: None,
     }
 }
 

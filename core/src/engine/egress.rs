@@ -102,7 +102,8 @@ impl Engine {
         if super::process::agent_tree(p).is_some() {
             return Vec::new();
         }
-        let destination = Destination { connect, name: self.egress.last_lookup(id) };
+        let name = connect.proxy_refused.as_deref().filter(|host| host.parse::<std::net::IpAddr>().is_err());
+        let destination = Destination { connect, name: name.or_else(|| self.egress.last_lookup(id)) };
         let mut hits = Vec::new();
         for &index in self.rules.connect_rules() {
             let rule = &self.rules.rules()[index];
@@ -116,7 +117,9 @@ impl Engine {
         let subject = format!(
             "{}\0{}\0{}",
             destination.name.unwrap_or_default(),
-            connect.address.as_deref().or(connect.path.as_deref()).unwrap_or_default(),
+            (connect.address.as_deref().or(connect.path.as_deref()))
+                .or(connect.proxy_refused.as_deref())
+                .unwrap_or_default(),
             connect.port.unwrap_or_default()
         );
         let tree = p.tree;
@@ -127,6 +130,9 @@ impl Engine {
 
     fn connect_matches(&self, p: &Proc, m: &ConnectMatch, to: &Destination) -> bool {
         let connect = to.connect;
+        if m.proxy_refused != connect.proxy_refused.is_some() {
+            return false;
+        }
         let ip = connect.address.as_deref().filter(|_| matches!(connect.family.as_str(), "inet" | "inet6"));
         if !m.unix_paths.is_empty() {
             let Some(path) = connect.path.as_deref().filter(|_| connect.family == "unix") else { return false };
@@ -190,7 +196,9 @@ impl Engine {
             alert.credwatch.enforcement = "kernel-hold".into();
         }
         alert.destination = Some(AlertDestination {
-            address: connect.address.clone().or_else(|| connect.path.clone()).unwrap_or_default(),
+            address: (connect.address.clone().or_else(|| connect.path.clone()))
+                .or_else(|| connect.proxy_refused.clone())
+                .unwrap_or_default(),
             port: connect.port,
             domain: to.name.map(str::to_owned),
             family: connect.family.clone(),
@@ -334,6 +342,36 @@ mod tests {
         let low = run.open(102, "/home/alice/.npmrc");
         assert_eq!(low.iter().map(|a| a.rule.severity).collect::<Vec<_>>(), [Severity::Low]);
         assert_eq!(ids(&run.connect(101, "198.51.100.1", 443, false)), ["exfiltration"]);
+    }
+
+    #[test]
+    fn a_proxy_refusal_is_its_own_rule_alone_and_names_the_host_asked_for() {
+        let mut run = Run::npm_with_postinstall(RuleSet::defaults().unwrap());
+        // After a credential read, to the metadata address: still no exfiltration nor
+        // cloud-metadata alert, since the connection went no further than the proxy.
+        run.open(101, "/home/alice/.ssh/id_ed25519");
+        let mut refused = |host: &str, address: Option<&str>, port: u16| {
+            let connect = Connect {
+                family: "inet".into(),
+                address: address.map(str::to_owned),
+                port: Some(port),
+                proxy_refused: Some(host.into()),
+                ..Connect::default()
+            };
+            run.send(101, EventData::Connect(connect))
+        };
+        let by_address = refused("169.254.169.254", Some("169.254.169.254"), 80);
+        assert_eq!(ids(&by_address), ["contain-net-refused"]);
+        let destination = by_address[0].destination.as_ref().unwrap();
+        assert_eq!((destination.address.as_str(), destination.domain.as_deref()), ("169.254.169.254", None));
+        let by_name = refused("collector.exfil.invalid", None, 443);
+        assert_eq!(ids(&by_name), ["contain-net-refused"]);
+        let destination = by_name[0].destination.as_ref().unwrap();
+        assert_eq!(destination.domain.as_deref(), Some("collector.exfil.invalid"));
+        assert_eq!(destination.port, Some(443));
+        // Another host is another alert; the same one again is a repeat.
+        assert_eq!(ids(&refused("127.0.0.11", Some("127.0.0.11"), 80)), ["contain-net-refused"]);
+        assert!(refused("collector.exfil.invalid", None, 443).is_empty());
     }
 
     #[test]

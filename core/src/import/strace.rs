@@ -543,6 +543,7 @@ impl StraceSource {
                         path: addr.path,
                         ret,
                         held: false,
+                        proxy_refused: None,
                     }),
                 });
             }

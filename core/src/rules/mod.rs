@@ -456,6 +456,11 @@ impl RuleSet {
         &self.connect_rules
     }
 
+    /// Every file's usual destinations, whatever trees they apply to.
+    pub fn network(&self) -> impl Iterator<Item = &UsualDestinations> {
+        self.network.iter().map(|(usual, _)| usual)
+    }
+
     /// Usual destinations that apply to a tree whose nearest manager is `manager`.
     pub fn usual_destinations<'a>(&'a self, manager: &'a str) -> impl Iterator<Item = &'a UsualDestinations> + 'a {
         self.network

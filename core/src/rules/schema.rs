@@ -159,6 +159,9 @@ pub struct ConnectMatch {
     /// Package code of the tree opened a credential file before (any credential rule's target,
     /// at any severity, unless an actor allowed it).
     pub after_credential: bool,
+    /// credwatch's `--contain-net` proxy refused the connection (`Connect::proxy_refused`). Only
+    /// such a match sees those: the process's connect went to the proxy and no further.
+    pub proxy_refused: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -176,6 +179,8 @@ struct ConnectMatchDoc {
     unusual: bool,
     #[serde(default)]
     after_credential: bool,
+    #[serde(default)]
+    proxy_refused: bool,
 }
 
 impl TryFrom<ConnectMatchDoc> for ConnectMatch {
@@ -187,8 +192,9 @@ impl TryFrom<ConnectMatchDoc> for ConnectMatch {
             && doc.ports.is_empty()
             && !doc.unusual
             && !doc.after_credential
+            && !doc.proxy_refused
         {
-            return Err("a connect match needs at least one of `unix_paths`, `addresses`, `names`, `ports`, `unusual`, `after_credential`");
+            return Err("a connect match needs at least one of `unix_paths`, `addresses`, `names`, `ports`, `unusual`, `after_credential`, `proxy_refused`");
         }
         if !doc.unix_paths.is_empty() && (!doc.addresses.is_empty() || !doc.names.is_empty() || doc.unusual) {
             return Err(
@@ -202,6 +208,7 @@ impl TryFrom<ConnectMatchDoc> for ConnectMatch {
             ports: doc.ports,
             unusual: doc.unusual,
             after_credential: doc.after_credential,
+            proxy_refused: doc.proxy_refused,
         })
     }
 }
@@ -1204,6 +1211,9 @@ pub struct ConnectStep {
     pub path: Option<String>,
     #[serde(default)]
     pub held: bool,
+    /// The host asked of the `--contain-net` proxy, which refused it (`port` is its port).
+    #[serde(default)]
+    pub proxy_refused: Option<String>,
 }
 
 /// A DNS query for `name` (type A unless `qtype` says).

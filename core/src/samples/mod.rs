@@ -119,6 +119,7 @@ fn connect_event(connect: &ConnectStep) -> Connect {
         (Some(std::net::IpAddr::V4(_)), _) => "inet",
         (Some(std::net::IpAddr::V6(_)), _) => "inet6",
         (None, Some(_)) => "unix",
+        (None, None) if connect.proxy_refused.is_some() => "inet",
         (None, None) => "unspec",
     };
     Connect {
@@ -130,6 +131,7 @@ fn connect_event(connect: &ConnectStep) -> Connect {
         path: connect.path.clone(),
         ret: None,
         held: connect.held,
+        proxy_refused: connect.proxy_refused.clone(),
     }
 }
 
