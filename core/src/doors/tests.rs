@@ -359,3 +359,34 @@ fn withheld_are_the_doors_variables_and_any_that_names_a_door() {
         ["COMPOSE_SOCK", "DISPLAY", "DOCKER_HOST", "GPG_SOCK", "MY_SOCKET"]
     );
 }
+
+#[test]
+fn doors_of_several_searches_are_tidied_as_one() {
+    let door = |path: &str, kind: &str, directory: bool, from_variable: Option<&str>| Door {
+        path: PathBuf::from(path),
+        kind: kind.into(),
+        name: kind.into(),
+        category: "demo".into(),
+        directory,
+        from_variable: from_variable.map(str::to_owned),
+        probe: None,
+    };
+    // One user's search found the socket inside the directory another's found whole.
+    let merged = tidy(vec![
+        door("/run/user/1000/gnupg/S.gpg-agent.ssh", "ssh-agent", false, Some("SSH_AUTH_SOCK")),
+        door("/run/docker.sock", "docker", false, None),
+        door("/run/user/1000/gnupg", "gpg-agent", true, None),
+        door("/run/docker.sock", "docker", false, Some("DOCKER_HOST")),
+        door("/run/user/1000/gnupg-other", "demo", false, None),
+    ]);
+    let kept: Vec<(&str, Option<&str>)> =
+        merged.iter().map(|d| (d.path.to_str().unwrap(), d.from_variable.as_deref())).collect();
+    assert_eq!(
+        kept,
+        [
+            ("/run/docker.sock", Some("DOCKER_HOST")),
+            ("/run/user/1000/gnupg", None),
+            ("/run/user/1000/gnupg-other", None)
+        ]
+    );
+}
