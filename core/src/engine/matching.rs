@@ -116,8 +116,10 @@ impl Engine {
         }
         // A failed open read nothing; probing for files that do not exist is what every
         // config loader does. A blocked one failed because the kernel stopped it: that is
-        // the alert.
-        if open.ret < 0 && !open.stopped() {
+        // the alert. So is a write a read-only mount refused (`run --contain`'s home): the
+        // attempt tells what the code is.
+        let refused_write = open.ret == -i64::from(libc::EROFS);
+        if open.ret < 0 && !open.stopped() && !refused_write {
             return Vec::new();
         }
         let p = self.procs.get_mut(&id).expect("live");
@@ -141,7 +143,7 @@ impl Engine {
         // Files the outermost manager writes are the packages it installs; a nested one may be
         // package code (`bun payload.js`).
         let (root, is_manager) = (p.tree, p.manager_self.is_some_and(|own| own.outermost));
-        if writes && !is_manager && !open.stopped() {
+        if writes && !is_manager && !open.stopped() && !refused_write {
             self.remember_written(root, &path);
         }
         let p = &self.procs[&id];

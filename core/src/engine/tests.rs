@@ -315,6 +315,22 @@ fn unrelated_processes_failed_opens_and_o_path_do_not_alert() {
     assert_eq!(run.engine.stats().events, 7);
 }
 
+/// `run --contain`'s read-only home refuses the write with EROFS: the attempt alerts as the
+/// write would have, and a refused read-only open (a probe) stays quiet.
+#[test]
+fn a_write_a_read_only_mount_refused_alerts() {
+    let mut run = Run::new();
+    run.exec(100, 1, &["npm", "install"], &[]).spawn(101, 100, &["node", "x.js"], POSTINSTALL);
+    let (append, erofs) = ((libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND) as u64, -i64::from(libc::EROFS));
+    run.open_full(101, "/home/alice/.bashrc", None, erofs, append);
+    run.open_full(101, "/home/alice/.zshrc", None, erofs, libc::O_RDONLY as u64);
+    run.open_full(101, "/home/alice/.profile", None, -i64::from(libc::EACCES), append);
+    let alerts = run.take();
+    let seen: Vec<(&str, &str)> =
+        alerts.iter().map(|a| (a.rule.id.as_str(), a.file.as_ref().unwrap().path.as_str())).collect();
+    assert_eq!(seen, [("shell-rc-write", "/home/alice/.bashrc")]);
+}
+
 #[test]
 fn same_rule_tree_and_file_alert_once_then_at_powers_of_ten() {
     let mut run = Run::new();
