@@ -1,6 +1,6 @@
-//! `cargo xtask fuzz [--time SECS] [TARGET...]`: the core's decoders of untrusted input under
-//! libFuzzer (cargo-fuzz, `core/fuzz/`), one target after another, each from its committed
-//! seeds. See docs/fuzzing.md.
+//! `cargo xtask fuzz [--time SECS] [--jobs N] [TARGET...]`: the core's decoders of untrusted
+//! input under libFuzzer (cargo-fuzz, `core/fuzz/`), one target after another (or N side by
+//! side), each from its committed seeds. See docs/fuzzing.md.
 //!
 //! cargo-fuzz passes `-Z` flags (sanitizer, coverage): the machine's stable toolchain takes them
 //! with `RUSTC_BOOTSTRAP=1` and ships the AddressSanitizer runtime, so no nightly is needed.
@@ -10,6 +10,11 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::Command,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Mutex, PoisonError,
+    },
+    thread,
     time::SystemTime,
 };
 
@@ -39,6 +44,8 @@ const DEFAULT_SECS: u64 = 60;
 
 pub fn fuzz(options: &[&str]) -> Result<()> {
     let mut secs = DEFAULT_SECS;
+    // One at a time unless told: the machine is shared.
+    let mut at_once = 1;
     let mut targets = Vec::new();
     let mut options = options.iter();
     while let Some(&option) = options.next() {
@@ -46,6 +53,10 @@ pub fn fuzz(options: &[&str]) -> Result<()> {
             "--time" => {
                 let value = options.next().context("--time needs a number of seconds")?;
                 secs = value.parse().with_context(|| format!("--time {value:?}: not a number of seconds"))?;
+            }
+            "--jobs" => {
+                let value = options.next().context("--jobs needs a number of targets")?;
+                at_once = value.parse().with_context(|| format!("--jobs {value:?}: not a number of targets"))?;
             }
             name => match TARGETS.iter().find(|(target, _)| *target == name) {
                 Some(&(target, _)) => targets.push(target),
@@ -59,57 +70,102 @@ pub fn fuzz(options: &[&str]) -> Result<()> {
     if targets.is_empty() {
         targets = TARGETS.iter().map(|(target, _)| *target).collect();
     }
-    fuzz_targets(&targets, secs)
+    fuzz_targets(&targets, secs, at_once)
 }
 
-/// Builds the targets once, runs each for `secs`, and fails naming every crash's reproducer.
-pub fn fuzz_targets(targets: &[&str], secs: u64) -> Result<()> {
+/// Builds the targets once, runs each for `secs`, `at_once` of them side by side, and fails
+/// naming every crash's reproducer.
+pub fn fuzz_targets(targets: &[&str], secs: u64, at_once: usize) -> Result<()> {
     ensure_cargo_fuzz()?;
-    let dir = fuzz_dir();
     run("build the fuzz targets (cargo fuzz, AddressSanitizer)", fuzz_command().args(["build", "-a"]))?;
-    let mut crashes = Vec::new();
-    for &target in targets {
-        let max_len = TARGETS.iter().find(|(t, _)| *t == target).map(|(_, len)| *len).expect("a known target");
-        let corpus = dir.join("corpus").join(target);
-        fs::create_dir_all(&corpus).with_context(|| format!("creating {}", corpus.display()))?;
-        let artifacts = dir.join("artifacts").join(target);
-        let before = files(&artifacts);
-        let started = SystemTime::now();
-        // The first directory gets what the fuzzer finds (ignored by git); the seeds stay as
-        // committed. One process, one job: the machine is shared.
-        let outcome = run(
-            &format!("fuzz {target} for {secs}s"),
-            fuzz_command()
-                .args(["run", "-a", target])
-                .arg(&corpus)
-                .arg(dir.join("seeds").join(target))
-                .arg("--")
-                .arg(format!("-max_total_time={secs}"))
-                .arg(format!("-max_len={max_len}"))
-                .args(["-rss_limit_mb=2048", "-timeout=10", "-print_final_stats=1"]),
-        );
-        if let Err(error) = outcome {
-            let found: Vec<PathBuf> = files(&artifacts)
-                .into_iter()
-                .filter(|path| {
-                    !before.contains(path)
-                        || fs::metadata(path).and_then(|m| m.modified()).is_ok_and(|time| time >= started)
-                })
-                .collect();
-            if found.is_empty() {
-                crashes.push(format!("{target}: {error:#}"));
-            }
-            for path in found {
-                crashes.push(format!(
-                    "{target}: reproducer {} (RUSTC_BOOTSTRAP=1 cargo fuzz run -a {target} {0} in core/fuzz)",
-                    path.display()
-                ));
-            }
+    let next = AtomicUsize::new(0);
+    let crashes = Mutex::new(Vec::new());
+    thread::scope(|scope| {
+        for _ in 0..at_once.max(1) {
+            scope.spawn(|| {
+                while let Some(&target) = targets.get(next.fetch_add(1, Ordering::SeqCst)) {
+                    let found = fuzz_one(target, secs, at_once > 1);
+                    crashes.lock().unwrap_or_else(PoisonError::into_inner).extend(found);
+                }
+            });
         }
-    }
+    });
+    let mut crashes = crashes.into_inner().unwrap_or_else(PoisonError::into_inner);
     if !crashes.is_empty() {
+        crashes.sort();
         bail!("the fuzzer found {} problem(s):\n  {}", crashes.len(), crashes.join("\n  "));
     }
+    Ok(())
+}
+
+/// Fuzzes one target for `secs`; its problems, each naming its reproducer. `to_log`: the
+/// fuzzer's output goes to target/fuzz/<target>.log (fuzzers side by side would interleave
+/// theirs), and only its final stats, or its tail on failure, are printed.
+fn fuzz_one(target: &str, secs: u64, to_log: bool) -> Vec<String> {
+    let dir = fuzz_dir();
+    let max_len = TARGETS.iter().find(|(t, _)| *t == target).map(|(_, len)| *len).expect("a known target");
+    let corpus = dir.join("corpus").join(target);
+    if let Err(error) = fs::create_dir_all(&corpus) {
+        return vec![format!("{target}: creating {}: {error}", corpus.display())];
+    }
+    let artifacts = dir.join("artifacts").join(target);
+    let before = files(&artifacts);
+    let started = SystemTime::now();
+    // The first directory gets what the fuzzer finds (ignored by git); the seeds stay as
+    // committed. One process, one job.
+    let mut command = fuzz_command();
+    command
+        .args(["run", "-a", target])
+        .arg(&corpus)
+        .arg(dir.join("seeds").join(target))
+        .arg("--")
+        .arg(format!("-max_total_time={secs}"))
+        .arg(format!("-max_len={max_len}"))
+        .args(["-rss_limit_mb=2048", "-timeout=10", "-print_final_stats=1"]);
+    let log = workspace().join("target/fuzz").join(format!("{target}.log"));
+    let outcome = if to_log {
+        log_to(&mut command, &log).and_then(|()| run(&format!("fuzz {target} for {secs}s"), &mut command))
+    } else {
+        run(&format!("fuzz {target} for {secs}s"), &mut command)
+    };
+    if to_log {
+        let text = fs::read_to_string(&log).unwrap_or_default();
+        let shown: Vec<&str> = if outcome.is_ok() {
+            text.lines().filter(|line| line.starts_with("stat::") || line.starts_with("Done ")).collect()
+        } else {
+            text.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect()
+        };
+        println!("xtask: fuzz {target} ({}):\n{}", log.display(), shown.join("\n"));
+    }
+    let Err(error) = outcome else { return Vec::new() };
+    let found: Vec<PathBuf> = files(&artifacts)
+        .into_iter()
+        .filter(|path| {
+            !before.contains(path) || fs::metadata(path).and_then(|m| m.modified()).is_ok_and(|time| time >= started)
+        })
+        .collect();
+    if found.is_empty() {
+        return vec![format!("{target}: {error:#}")];
+    }
+    found
+        .into_iter()
+        .map(|path| {
+            format!(
+                "{target}: reproducer {} (RUSTC_BOOTSTRAP=1 cargo fuzz run -a {target} {0} in core/fuzz)",
+                path.display()
+            )
+        })
+        .collect()
+}
+
+/// Sends the command's output to a new `log`.
+fn log_to(command: &mut Command, log: &Path) -> Result<()> {
+    if let Some(parent) = log.parent() {
+        fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let file = fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let copy = file.try_clone().with_context(|| format!("opening {} twice", log.display()))?;
+    command.stdout(copy).stderr(file);
     Ok(())
 }
 

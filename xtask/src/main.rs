@@ -1,7 +1,7 @@
 //! `cargo xtask toolchain [--dry-run]`, `cargo xtask build`, `cargo xtask package [--test]`,
 //! `cargo xtask image`, `cargo xtask test`,
 //! `cargo xtask bench [--quick] [--no-build] [--only SECTION,...]`, `cargo xtask corpus [OPTIONS]`,
-//! `cargo xtask fuzz [--time SECS] [TARGET...]`, `cargo xtask kernels [OPTIONS]`.
+//! `cargo xtask fuzz [--time SECS] [--jobs N] [TARGET...]`, `cargo xtask kernels [OPTIONS]`.
 
 mod bench;
 mod bench_events;
@@ -65,9 +65,10 @@ const USAGE: &str = "usage: cargo xtask <command>
                          test, npm start, npx, uv run, ...) under one `credwatch watch` each, in the
                          tools' default layout with a throwaway HOME of fake credentials:
                          target/workflows/workflows.md and workflows.json
-  fuzz [--time SECS] [TARGET...]
+  fuzz [--time SECS] [--jobs N] [TARGET...]
                          fuzz the core's decoders (record, trace, strace, auditd, tetragon, tracee,
-                         rules; default all) with cargo-fuzz, each for SECS (default 60): fails
+                         rules, fleet; default all) with cargo-fuzz, each for SECS (default 60), N
+                         targets side by side (default 1; their output in target/fuzz/): fails
                          naming each crash's reproducer (docs/fuzzing.md)";
 
 /// Everything but the kernel side: builds and tests with stable Rust alone.
@@ -75,6 +76,10 @@ const CORE_CRATE: &str = "credwatch-core";
 
 /// Seconds each fuzz target runs in `cargo xtask test` (eight targets: a few minutes in all).
 const FUZZ_SECS_IN_TEST: u64 = 25;
+
+/// Fuzz targets side by side in `cargo xtask test`: each fuzzer is one process on one core, and
+/// CI has two (measured: the eight targets in 106 s instead of 211 s).
+const FUZZ_AT_ONCE_IN_TEST: usize = 2;
 
 /// The end-to-end crate: it needs root and the release binary, so it runs after the unit tests.
 const E2E_CRATE: &str = "credwatch-e2e";
@@ -184,9 +189,17 @@ fn build() -> Result<()> {
 }
 
 fn test() -> Result<()> {
+    let mut phases = Phases::start();
     core_alone()?;
+    phases.done("core unit tests");
     build()?;
+    phases.done("build");
     test_prerequisites()?;
+    phases.done("test prerequisites");
+    // The kernel matrix's packages, kernels and base image (downloads and mke2fs: mostly the
+    // network and the disk) are made meanwhile, while the host's tests and the fuzzers keep
+    // the CPUs busy, and are ready before the end-to-end tests, which they would disturb.
+    let kernels_ready = is_root().then(|| std::thread::spawn(kernels::prepare));
     run(
         "host unit tests",
         cargo().args([
@@ -200,11 +213,15 @@ fn test() -> Result<()> {
             E2E_CRATE,
         ]),
     )?;
+    phases.done("host unit tests");
     // Every decoder of untrusted input meets the fuzzer on every run, briefly (docs/fuzzing.md).
-    fuzz::fuzz_targets(&fuzz::TARGETS.map(|(target, _)| target), FUZZ_SECS_IN_TEST)?;
-    if !is_root() {
+    fuzz::fuzz_targets(&fuzz::TARGETS.map(|(target, _)| target), FUZZ_SECS_IN_TEST, FUZZ_AT_ONCE_IN_TEST)?;
+    phases.done("fuzz");
+    let Some(kernels_ready) = kernels_ready else {
         bail!("the end-to-end tests load eBPF programs and need root: run `sudo -E cargo xtask test`");
-    }
+    };
+    kernels_ready.join().map_err(|_| anyhow::anyhow!("the kernel matrix's set-up panicked"))??;
+    phases.done("waiting for the kernel matrix's set-up");
     // The binary the tests run is the one that ships; the image test (tests/tests/image.rs)
     // makes the container image of it with `xtask image --no-build` against its own dockerd.
     package::check_static(&package::static_binary())?;
@@ -212,11 +229,43 @@ fn test() -> Result<()> {
         "privileged end-to-end tests",
         cargo().args(["test", "-p", E2E_CRATE, "--", "--test-threads=1", "--show-output"]),
     )?;
+    phases.done("end-to-end tests");
     // Then the same binaries on the other kernels fleets run, in qemu.
     kernels::matrix()?;
+    phases.done("kernel matrix");
     // Then the package made of it, with the real dpkg.
     let deb = package::package()?;
-    package::test_package(&deb)
+    package::test_package(&deb)?;
+    phases.done("package");
+    phases.print();
+    Ok(())
+}
+
+/// The wall-clock time of each of `cargo xtask test`'s phases, printed at the end (CI's
+/// budget is watched by them).
+struct Phases {
+    done: Vec<(&'static str, f64)>,
+    since: Instant,
+}
+
+impl Phases {
+    fn start() -> Self {
+        Phases { done: Vec::new(), since: Instant::now() }
+    }
+
+    fn done(&mut self, phase: &'static str) {
+        let now = Instant::now();
+        self.done.push((phase, (now - self.since).as_secs_f64()));
+        self.since = now;
+    }
+
+    fn print(&self) {
+        println!("xtask: test: phases (wall clock):");
+        for (phase, secs) in &self.done {
+            println!("xtask:   {phase:<40} {secs:>7.0}s");
+        }
+        println!("xtask:   {:<40} {:>7.0}s", "total", self.done.iter().map(|(_, secs)| secs).sum::<f64>());
+    }
 }
 
 /// Tests the core before anything of the eBPF toolchain is set up (on a fresh machine it is
@@ -379,6 +428,17 @@ fn test_prerequisites() -> Result<()> {
         ("bundle", "bundler"),
         ("make", "make"),
         ("gcc", "gcc"),
+        // The box's doors (tests/tests/contain_doors.rs): real agents and a session bus with
+        // gnome-keyring's Secret Service outside it, their clients and keyctl inside.
+        ("ssh-agent", "openssh-client"),
+        ("gpg", "gpg"),
+        ("gpg-agent", "gpg-agent"),
+        ("gpg-connect-agent", "gpgconf"),
+        ("dbus-daemon", "dbus-daemon"),
+        ("dbus-send", "dbus-bin"),
+        ("gnome-keyring-daemon", "gnome-keyring"),
+        ("secret-tool", "libsecret-tools"),
+        ("keyctl", "keyutils"),
     ]
     .iter()
     .filter(|(program, _)| toolchain::find_in_path(program).is_none())
@@ -407,7 +467,7 @@ fn test_prerequisites() -> Result<()> {
     agent_clis()?;
     if importable("setuptools, wheel, uv") {
         println!(
-            "xtask: test prerequisites: node, npm, strace, auditd, rsyslogd with imrelp, nats-server, prometheus, systemd-analyze, readelf, dpkg-deb, dockerd, busybox, gem, bundle, make, gcc, ruby's headers, python3 with setuptools, wheel and uv: present"
+            "xtask: test prerequisites: node, npm, strace, auditd, rsyslogd with imrelp, nats-server, prometheus, systemd-analyze, readelf, dpkg-deb, dockerd, busybox, gem, bundle, make, gcc, ruby's headers, ssh-agent, gpg-agent, dbus-daemon, gnome-keyring, secret-tool, keyctl, python3 with setuptools, wheel and uv: present"
         );
         return Ok(());
     }
