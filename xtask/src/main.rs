@@ -221,7 +221,10 @@ fn test() -> Result<()> {
     let Some(kernels_ready) = kernels_ready else {
         bail!("the end-to-end tests load eBPF programs and need root: run `sudo -E cargo xtask test`");
     };
-    kernels_ready.join().map_err(|_| anyhow::anyhow!("the kernel matrix's set-up panicked"))??;
+    kernels_ready
+        .join()
+        .map_err(|_| anyhow::anyhow!("the kernel matrix's set-up panicked"))?
+        .context("setting up the kernel matrix (its packages, kernels and base image)")?;
     phases.done("waiting for the kernel matrix's set-up");
     // The binary the tests run is the one that ships; the image test (tests/tests/image.rs)
     // makes the container image of it with `xtask image --no-build` against its own dockerd.
