@@ -13,7 +13,10 @@
 //!   is refused for the same reason.
 //!
 //! The empty file comes from a read-only tmpfs mounted in the box (and detached once bound),
-//! so nothing outside can write into it.
+//! so nothing outside can write into it. The same tmpfs gives the empty file and directory
+//! bound over the side doors, the agents' and daemons' sockets ([`doors`]).
+
+mod doors;
 
 use std::{
     collections::BTreeSet,
@@ -60,6 +63,7 @@ pub struct Containment {
     _staging: tempfile::TempDir,
     /// The hidden paths, each with what replaces it: a copy of its settings, else the empty file.
     targets: Vec<(CString, Option<SettingsCopy>)>,
+    doors: doors::Doors,
     staging_path: CString,
     empty_file: CString,
 }
@@ -80,9 +84,10 @@ impl Containment {
             .or_else(|| accounts.iter().find(|a| a.uid == uid).map(|a| PathBuf::from(&a.home)))
             .context("--contain: no HOME, and this user is not in /etc/passwd")?;
         // Root's package code could read every home; another user's, what it can read anywhere.
-        let scope = Scope { home, system_root: Some(PathBuf::from("/")), other_homes: crate::homes(&accounts) };
+        let scope =
+            Scope { home: home.clone(), system_root: Some(PathBuf::from("/")), other_homes: crate::homes(&accounts) };
         let who = Identity { name: None, uid, gids: crate::own_groups()? };
-        let plan = contain::plan(
+        let mut plan = contain::plan(
             rules,
             &who,
             &scope,
@@ -91,6 +96,8 @@ impl Containment {
         );
         let staging =
             tempfile::Builder::new().prefix("credwatch-contain-").tempdir().context("--contain: a temp dir")?;
+        let doors = doors::Doors::prepare(rules, staging.path(), &home, uid, env, &accounts)?;
+        plan.withhold_door_variables(doors.variables(rules, env));
         let c_path = |path: &Path| {
             CString::new(path.as_os_str().as_bytes()).with_context(|| format!("--contain: {}", display_path(path)))
         };
@@ -109,6 +116,7 @@ impl Containment {
             uid,
             gid,
             targets,
+            doors,
             staging_path: c_path(staging.path())?,
             empty_file: c_path(&staging.path().join("file"))?,
             _staging: staging,
@@ -143,6 +151,7 @@ impl Containment {
         for hidden in &self.plan.hidden {
             debug!("contained: hiding {} ({})", display_path(&hidden.path), hidden.rules.join(", "));
         }
+        self.doors.say();
         if self.plan.walk.truncated {
             warn!("contained: the search for credential files was cut short; some may not be hidden");
         }
@@ -165,6 +174,7 @@ impl Containment {
     pub fn enter(&self) -> Result<(), Failure> {
         // SAFETY: unshare(2) takes no pointer.
         unsafe {
+            doors::join_fresh_session_keyring()?;
             if !self.root {
                 return check(libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS), STEP_UNSHARE);
             }
@@ -194,6 +204,7 @@ impl Containment {
             let fd = libc::open(self.empty_file.as_ptr(), create, 0o444);
             check(fd, STEP_EMPTIES)?;
             libc::close(fd);
+            self.doors.make_empties(STEP_EMPTIES)?;
             for (index, (_, copy)) in self.targets.iter().enumerate() {
                 let Some((path, text)) = copy else { continue };
                 let fd = libc::open(path.as_ptr(), create, 0o444);
@@ -204,15 +215,17 @@ impl Containment {
                     return Err(Failure { step: index as u32, errno: libc::EIO });
                 }
             }
-            // Binds of a read-only mount are read-only.
+            // Binds of a read-only mount are read-only. The mount, not the tmpfs: on a read-only
+            // file system connect() fails with EROFS before it sees that a door is no socket.
             check(
-                libc::mount(null, staging, null, libc::MS_REMOUNT | libc::MS_RDONLY | sealed, null.cast()),
+                libc::mount(null, staging, null, libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | sealed, null.cast()),
                 STEP_EMPTIES,
             )?;
             for (index, (target, copy)) in self.targets.iter().enumerate() {
                 let source = copy.as_ref().map_or(self.empty_file.as_ptr(), |(path, _)| path.as_ptr());
                 check(libc::mount(source, target.as_ptr(), null, libc::MS_BIND, null.cast()), index as u32)?;
             }
+            self.doors.shut()?;
             check(libc::umount2(staging, libc::MNT_DETACH), STEP_EMPTIES)
         }
     }
@@ -231,7 +244,7 @@ impl Containment {
             STEP_LOCK => "creating the user namespace that locks the box".to_owned(),
             index => match self.plan.hidden.get(index as usize) {
                 Some(hidden) => format!("hiding {}", display_path(&hidden.path)),
-                None => format!("step {index}"),
+                None => self.doors.explain(index).unwrap_or_else(|| format!("step {index}")),
             },
         };
         anyhow::Error::from(error).context(format!("--contain: {what}"))

@@ -33,8 +33,11 @@ pub struct Hidden {
 pub struct Plan {
     /// Sorted.
     pub hidden: Vec<Hidden>,
-    /// Names of the environment variables withheld from the command.
+    /// Names of the environment variables withheld from the command, sorted.
     pub withheld: Vec<String>,
+    /// Of `withheld`, those that name a door ([`Plan::withhold_door_variables`]): the way to a
+    /// socket, no registry's secret.
+    pub door_variables: Vec<String>,
     pub walk: Walk,
 }
 
@@ -129,7 +132,7 @@ pub fn plan<'a>(
         .map(|(name, _)| String::from_utf8_lossy(name.as_bytes()).into_owned())
         .collect();
     withheld.sort();
-    Plan { hidden, withheld, walk }
+    Plan { hidden, withheld, door_variables: Vec::new(), walk }
 }
 
 impl Plan {
@@ -139,8 +142,22 @@ impl Plan {
         (self.hidden.iter())
             .filter(|hidden| hidden.category == "registry")
             .map(|hidden| display_path(&hidden.path))
-            .chain(self.withheld.iter().map(|name| format!("${}", crate::output::escape(name))))
+            .chain(
+                (self.withheld.iter())
+                    .filter(|name| !self.door_variables.contains(name))
+                    .map(|name| format!("${}", crate::output::escape(name))),
+            )
             .collect()
+    }
+
+    /// Withholds the variables that name a door too (`doors::withheld_variables`: `DISPLAY`,
+    /// `DBUS_SESSION_BUS_ADDRESS`, `SSH_AUTH_SOCK`, ...).
+    pub fn withhold_door_variables(&mut self, names: Vec<String>) {
+        self.withheld.extend(names.iter().cloned());
+        self.withheld.sort();
+        self.withheld.dedup();
+        self.door_variables = names;
+        self.door_variables.sort();
     }
 
     /// `ssh 2, cloud 1`: hidden paths per category, most first.
@@ -251,5 +268,23 @@ mod tests {
             vec![other.as_path(), &home.join(".npmrc"), &ssh.join("deploy_prod"), &ssh.join("id_ed25519")]
         );
         assert_eq!(plan.categories(), "ssh 2, cloud 1, registry 1");
+    }
+
+    #[test]
+    fn the_doors_variables_are_withheld_and_not_said_to_be_registry_credentials() {
+        let rules = RuleSet::load(None).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let scope = Scope { home: dir.path().to_owned(), system_root: None, other_homes: Vec::new() };
+        let user = Identity { name: None, uid: 4242, gids: vec![4242] };
+        let env = [
+            (OsStr::new("NPM_TOKEN"), OsStr::new("npm_FAKE")),
+            (OsStr::new("SSH_AUTH_SOCK"), OsStr::new("/tmp/ssh-x/agent.1")),
+            (OsStr::new("DISPLAY"), OsStr::new(":0")),
+        ];
+        let mut plan = plan(&rules, &user, &scope, Limits::default(), env);
+        assert_eq!(plan.withheld, vec!["NPM_TOKEN", "SSH_AUTH_SOCK"]);
+        plan.withhold_door_variables(vec!["SSH_AUTH_SOCK".into(), "DISPLAY".into()]);
+        assert_eq!(plan.withheld, vec!["DISPLAY", "NPM_TOKEN", "SSH_AUTH_SOCK"]);
+        assert_eq!(plan.registry_credentials(), vec!["$NPM_TOKEN"]);
     }
 }
