@@ -54,6 +54,11 @@ pub struct Config {
     /// `run`: CMD's tree in a box where the catalogue's credential files are empty and secret
     /// environment variables are withheld (`--contain`).
     pub contain: bool,
+    /// `run --contain`: where the box's writes to the home go (`--contain-writes`).
+    pub contain_writes: ContainWrites,
+    /// `run --contain-writes overlay`: copy what the box wrote into the real home, persistence
+    /// paths excepted (`--keep`).
+    pub contain_keep: bool,
     /// Record every event to this trace file (`record -o`).
     pub trace: Option<PathBuf>,
     /// `watch` and `record` without CMD: where their kernel side is pinned (on bpffs), so that
@@ -76,6 +81,17 @@ pub struct Config {
     /// The kernel programs: `fentry` where they load, else `tracepoint` (`auto`), or one
     /// forced (`--sensor`).
     pub sensor: SensorChoice,
+}
+
+/// Where a contained command's writes to the home go.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum ContainWrites {
+    /// Nowhere: the home is read-only but the project and the managers' caches (EROFS).
+    #[default]
+    ReadOnly,
+    /// An overlay over the home, listed after the run and dropped (kept with `--keep`).
+    Overlay,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -717,6 +733,8 @@ mod tests {
                 enforce: true,
                 linger: Some(7.0),
                 contain: false,
+                contain_writes: ContainWrites::ReadOnly,
+                contain_keep: false,
                 trace: None,
                 pin_dir: None,
                 log_format: LogFormat::Json,
@@ -852,6 +870,8 @@ mod tests {
             enforce: true,
             linger: Some(1.5),
             contain: true,
+            contain_writes: ContainWrites::Overlay,
+            contain_keep: true,
             trace: None,
             pin_dir: Some("/sys/fs/bpf/credwatch-site".into()),
             log_format: LogFormat::Json,

@@ -17,6 +17,7 @@
 //! bound over the side doors, the agents' and daemons' sockets ([`doors`]).
 
 mod doors;
+mod home;
 
 use std::{
     collections::BTreeSet,
@@ -64,6 +65,8 @@ pub struct Containment {
     /// The hidden paths, each with what replaces it: a copy of its settings, else the empty file.
     targets: Vec<(CString, Option<SettingsCopy>)>,
     doors: doors::Doors,
+    /// The home: read-only or an overlay, but the project and the managers' caches.
+    home: home::HomeBox,
     staging_path: CString,
     empty_file: CString,
 }
@@ -97,6 +100,7 @@ impl Containment {
         let staging =
             tempfile::Builder::new().prefix("credwatch-contain-").tempdir().context("--contain: a temp dir")?;
         let doors = doors::Doors::prepare(rules, staging.path(), &home, uid, env, &accounts)?;
+        let home = home::HomeBox::prepare(rules, env, &home, root, &accounts)?;
         plan.withhold_door_variables(doors.variables(rules, env));
         let c_path = |path: &Path| {
             CString::new(path.as_os_str().as_bytes()).with_context(|| format!("--contain: {}", display_path(path)))
@@ -117,11 +121,23 @@ impl Containment {
             gid,
             targets,
             doors,
+            home,
             staging_path: c_path(staging.path())?,
             empty_file: c_path(&staging.path().join("file"))?,
             _staging: staging,
             plan,
         })
+    }
+
+    /// `--contain-writes overlay`: the home is an overlay, its changes listed after the run and
+    /// dropped, or kept (`keep`) but for persistence paths.
+    pub fn overlay_home(&mut self, keep: bool) -> Result<()> {
+        self.home.use_overlay(keep)
+    }
+
+    /// After CMD's tree has exited: what the box wrote in an overlaid home.
+    pub fn after_run(&self) -> Result<()> {
+        self.home.after_run()
     }
 
     /// Whether credwatch runs as root (else the box is a user namespace, and unwatched here).
@@ -152,6 +168,7 @@ impl Containment {
             debug!("contained: hiding {} ({})", display_path(&hidden.path), hidden.rules.join(", "));
         }
         self.doors.say();
+        self.home.say();
         if self.plan.walk.truncated {
             warn!("contained: the search for credential files was cut short; some may not be hidden");
         }
@@ -198,6 +215,7 @@ impl Containment {
         unsafe {
             // Nothing mounted in the box shows outside; the machine's mounts still show inside.
             check(libc::mount(null, c"/".as_ptr(), null, libc::MS_REC | libc::MS_SLAVE, null.cast()), STEP_PRIVATE)?;
+            self.home.fill()?;
             let options = c"size=4m,mode=0755".as_ptr().cast();
             check(libc::mount(c"credwatch".as_ptr(), staging, c"tmpfs".as_ptr(), sealed, options), STEP_EMPTIES)?;
             let create = libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC;
@@ -226,6 +244,8 @@ impl Containment {
                 check(libc::mount(source, target.as_ptr(), null, libc::MS_BIND, null.cast()), index as u32)?;
             }
             self.doors.shut()?;
+            // Last: persistence paths inside writable places, whatever was bound there before.
+            self.home.seal()?;
             check(libc::umount2(staging, libc::MNT_DETACH), STEP_EMPTIES)
         }
     }
@@ -244,7 +264,9 @@ impl Containment {
             STEP_LOCK => "creating the user namespace that locks the box".to_owned(),
             index => match self.plan.hidden.get(index as usize) {
                 Some(hidden) => format!("hiding {}", display_path(&hidden.path)),
-                None => self.doors.explain(index).unwrap_or_else(|| format!("step {index}")),
+                None => (self.doors.explain(index))
+                    .or_else(|| self.home.explain(index, failure.errno))
+                    .unwrap_or_else(|| format!("step {index}")),
             },
         };
         anyhow::Error::from(error).context(format!("--contain: {what}"))

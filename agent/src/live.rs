@@ -44,7 +44,7 @@ use prometheus_client::metrics::counter::Counter;
 use tracing::{info, warn};
 
 use crate::{
-    config::{Config, Layers},
+    config::{Config, ContainWrites, Layers},
     contain::{self, Containment},
     log,
     replay::start_outputs,
@@ -848,12 +848,20 @@ pub fn run_command(config: &Config, command: &[String], linger: Option<Duration>
     let containment = if config.contain {
         let rules = RuleSet::load(config.rules.as_deref()).context("loading rules")?;
         let env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
-        let containment = Containment::prepare(&rules, &env)?;
+        let mut containment = Containment::prepare(&rules, &env)?;
+        if config.contain_writes == ContainWrites::Overlay {
+            containment.overlay_home(config.contain_keep)?;
+        }
         containment.say(&escape(&command[0]));
         Some(Arc::new(containment))
     } else {
+        anyhow::ensure!(config.contain_writes == ContainWrites::ReadOnly, "--contain-writes needs --contain");
         None
     };
+    anyhow::ensure!(
+        !config.contain_keep || config.contain_writes == ContainWrites::Overlay,
+        "--keep needs --contain-writes overlay"
+    );
     if let Some(containment) = containment.as_ref().filter(|containment| !containment.as_root()) {
         return run_contained_unwatched(Arc::clone(containment), command);
     }
@@ -867,7 +875,7 @@ pub fn run_command(config: &Config, command: &[String], linger: Option<Duration>
     let mut session = Session::start(outputs, command, contained)?;
     use signal_hook::consts::{SIGCHLD, SIGINT, SIGTERM};
     wake_on_signals(&mut session.live.sensor, &[SIGINT, SIGTERM, SIGCHLD])?;
-    let held = HeldCommand::spawn(command, containment)?;
+    let held = HeldCommand::spawn(command, containment.clone())?;
     let root = held.pid;
     if let Err(error) = session.live.sensor.mark_root(root) {
         // SAFETY: kill(2) on our own child, which is still waiting before its exec.
@@ -933,7 +941,11 @@ pub fn run_command(config: &Config, command: &[String], linger: Option<Duration>
     if let Some(error) = wait_error {
         return Err(error).context("waiting for the command");
     }
-    if session.finish()? > 0 {
+    let alerted = session.finish()?;
+    if let Some(containment) = &containment {
+        containment.after_run()?;
+    }
+    if alerted > 0 {
         return Ok(ExitCode::from(ALERT_EXIT_STATUS));
     }
     Ok(match status {
@@ -950,8 +962,9 @@ fn run_contained_unwatched(containment: Arc<Containment>, command: &[String]) ->
          a running `credwatch watch` alerts on its package code",
         escape(&command[0])
     );
-    let mut child = HeldCommand::spawn(command, Some(containment))?.release(command)?;
+    let mut child = HeldCommand::spawn(command, Some(Arc::clone(&containment)))?.release(command)?;
     let status = child.wait().context("waiting for the command")?;
+    containment.after_run()?;
     Ok(if status.success() { ExitCode::SUCCESS } else { ExitCode::from(exit_byte(status)) })
 }
 

@@ -17,7 +17,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
-use config::{Config, KernelLog, Layers, LogFormat, LogLevel, SensorChoice};
+use config::{Config, ContainWrites, KernelLog, Layers, LogFormat, LogLevel, SensorChoice};
 use credwatch::sensor;
 use credwatch_core::{engine::EngineOptions, output::escape, rules::RuleSet, samples};
 use credwatch_outputs::{Destination, OutputConfig};
@@ -221,9 +221,21 @@ struct RunArgs {
     /// empty, read-only file (a manager's configuration, a copy without its tokens), and
     /// environment variables holding secrets are withheld; reads of the files still alert. Registry
     /// tokens are not passed to the package manager (said before CMD runs). Without root: a user
-    /// namespace, and no sensor of its own (a running `credwatch watch` alerts).
+    /// namespace, and no sensor of its own (a running `credwatch watch` alerts). The home is
+    /// read-only in the box but for the project directory and the managers' caches; persistence
+    /// paths (rc files, systemd user units, agents' hooks, crontabs) stay read-only even there
+    /// (see --contain-writes).
     #[arg(long)]
     contain: bool,
+    /// With --contain: `read-only` (the default), a write to the home elsewhere fails (EROFS)
+    /// and alerts; `overlay`, the home is an overlay whose changes are listed after the run and
+    /// dropped (see --keep).
+    #[arg(long, value_name = "HOW", requires = "contain")]
+    contain_writes: Option<ContainWrites>,
+    /// With --contain-writes overlay: copy what the box wrote into the real home after the run,
+    /// but for persistence paths (said).
+    #[arg(long, requires = "contain_writes")]
+    keep: bool,
     /// The command to run, after `--`.
     #[arg(required = true, last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -425,6 +437,16 @@ fn main() -> ExitCode {
             args.metrics.add_to(&mut flags);
             if args.contain {
                 flags.insert("contain".into(), Value::Bool(true));
+            }
+            if let Some(writes) = args.contain_writes {
+                let how = match writes {
+                    ContainWrites::ReadOnly => "read-only",
+                    ContainWrites::Overlay => "overlay",
+                };
+                flags.insert("contain_writes".into(), Value::from(how));
+            }
+            if args.keep {
+                flags.insert("contain_keep".into(), Value::Bool(true));
             }
             configure(&args.config, flags).and_then(|(config, _)| {
                 linger(config.linger).and_then(|linger| live::run_command(&config, &args.command, linger))
