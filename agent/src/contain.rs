@@ -235,10 +235,8 @@ impl Containment {
             }
             // Binds of a read-only mount are read-only. The mount, not the tmpfs: on a read-only
             // file system connect() fails with EROFS before it sees that a door is no socket.
-            check(
-                libc::mount(null, staging, null, libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | sealed, null.cast()),
-                STEP_EMPTIES,
-            )?;
+            let read_only = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | sealed;
+            check(libc::mount(null, staging, null, read_only, null.cast()), STEP_EMPTIES)?;
             for (index, (target, copy)) in self.targets.iter().enumerate() {
                 let source = copy.as_ref().map_or(self.empty_file.as_ptr(), |(path, _)| path.as_ptr());
                 check(libc::mount(source, target.as_ptr(), null, libc::MS_BIND, null.cast()), index as u32)?;

@@ -100,7 +100,10 @@ fn ssh_agents_are_out_of_reach_even_through_their_paths() {
     let key = sandbox.work().join("fake_ed25519");
     sandbox.setup(
         "ssh-keygen",
-        sandbox.command("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-C", "credwatch-e2e-fake", "-f"]).arg(&key),
+        sandbox
+            .command("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-C", "credwatch-e2e-fake", "-f"])
+            .arg(&key),
     );
     let runtime = runtime_dir(&sandbox);
     // One agent where $SSH_AUTH_SOCK says, one at ssh-agent's own default place
@@ -339,4 +342,60 @@ fn the_box_has_a_fresh_session_keyring() {
     // Known by its id, the key is still not readable: the box possesses it no more.
     assert_eq!(field("print:"), "1", "{text}");
     assert!(!text.contains("FAKE-credwatch-e2e-key"), "the key was read in the box:\n{text}");
+}
+
+/// Another user's box (a user namespace of its own ids): its doors are shut the same way.
+#[test]
+fn without_root_the_doors_are_shut_too() {
+    credwatch_e2e::require_root();
+    const UID: u32 = 64_124;
+    let top = tempfile::Builder::new().prefix("credwatch-doors-user-").tempdir().unwrap();
+    fs::set_permissions(top.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let (home, runtime) = (top.path().join("home"), top.path().join("run"));
+    for dir in [&home, &runtime] {
+        fs::create_dir(dir).unwrap();
+        std::os::unix::fs::chown(dir, Some(UID), Some(UID)).unwrap();
+    }
+    fs::set_permissions(&runtime, fs::Permissions::from_mode(0o700)).unwrap();
+    // The user's agent and bus: sockets it may connect to.
+    let (agent, bus) = (runtime.join("ssh-agent.sock"), runtime.join("bus"));
+    let _listeners: Vec<UnixListener> = [&agent, &bus]
+        .into_iter()
+        .map(|socket| {
+            let listener = UnixListener::bind(socket).unwrap();
+            std::os::unix::fs::chown(socket, Some(UID), Some(UID)).unwrap();
+            listener
+        })
+        .collect();
+    // A copy the user can reach: the checkout may be under a home of mode 0700 (/root).
+    let binary = top.path().join("credwatch");
+    fs::copy(credwatch_e2e::credwatch_binary(), &binary).unwrap();
+    let as_user = |program: &Path| {
+        let mut command = Command::new("setpriv");
+        command
+            .args(["--reuid", &UID.to_string(), "--regid", &UID.to_string(), "--clear-groups", "--"])
+            .arg(program)
+            .env_clear()
+            .env("HOME", &home)
+            .env("XDG_RUNTIME_DIR", &runtime)
+            .env("SSH_AUTH_SOCK", &agent)
+            .env("PATH", "/usr/bin:/bin")
+            .current_dir(top.path());
+        command
+    };
+    // The system's python3: pyenv's lives in root's home.
+    let probe = |command: &mut Command| {
+        let output = command.args(["/usr/bin/python3", "-c", CONNECT_PROBE]).arg(&agent).arg(&bus).output().unwrap();
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        (output, text)
+    };
+    let (_, outside) = probe(&mut as_user(Path::new("env")));
+    assert_eq!(outside.matches(": connected").count(), 2, "{outside}");
+    let (output, inside) = probe(as_user(&binary).args(["run", "--contain", "--"]));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{}\n{inside}\n{stderr}", output.status);
+    for socket in [&agent, &bus] {
+        assert!(inside.contains(&format!("{}: ECONNREFUSED", socket.display())), "{inside}\n{stderr}");
+    }
+    assert!(stderr.contains("contained: shut 2 doors"), "{stderr}");
 }

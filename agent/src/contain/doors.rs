@@ -69,7 +69,9 @@ impl Doors {
                 runtime_dir_of(account.uid).is_dir() || (account.home != "/" && Path::new(&account.home).is_dir())
             });
             scopes.extend(
-                others.map(|account| scope(Path::new(&account.home), account.uid, runtime_dir_of(account.uid), Vec::new())),
+                others.map(|account| {
+                    scope(Path::new(&account.home), account.uid, runtime_dir_of(account.uid), Vec::new())
+                }),
             );
         }
         let (mut found, mut cut) = (Vec::new(), Vec::new());
@@ -144,7 +146,10 @@ impl Doors {
         let null = std::ptr::null::<libc::c_char>();
         for (index, (door, target)) in self.found.iter().zip(&self.targets).enumerate() {
             let source = if door.directory { self.empty_dir.as_ptr() } else { self.empty_file.as_ptr() };
-            let bound = check(libc::mount(source, target.as_ptr(), null, libc::MS_BIND, null.cast()), STEP_DOORS + index as u32);
+            let bound = check(
+                libc::mount(source, target.as_ptr(), null, libc::MS_BIND, null.cast()),
+                STEP_DOORS + index as u32,
+            );
             if let Err(failure) = bound {
                 if failure.errno != libc::ENOENT {
                     return Err(failure);
