@@ -320,6 +320,8 @@ fn values_name_paths_in_each_form() {
         ["/private/tmp/com.apple.launchd.x/org.xquartz"]
     );
     assert_eq!(paths(ValueForm::GpgAgentInfo, "/g/S.gpg-agent"), ["/g/S.gpg-agent"]);
+    assert_eq!(paths(ValueForm::GnupgHome, "/ci/gnupg").len(), GNUPG_SOCKETS.len());
+    assert!(paths(ValueForm::GnupgHome, "gnupg").is_empty());
     assert!(paths(ValueForm::Krb5Cache, "MEMORY:x").is_empty());
     let long = format!("/{}", "a".repeat(MAX_VALUE_BYTES));
     assert!(paths(ValueForm::Path, &long).is_empty(), "a value longer than any path names none");
@@ -389,4 +391,16 @@ fn doors_of_several_searches_are_tidied_as_one() {
             ("/run/user/1000/gnupg-other", None)
         ]
     );
+}
+
+#[test]
+fn a_gnupghome_elsewhere_leads_to_its_sockets() {
+    let tree = tree();
+    let gnupg = tree.elsewhere.join("gnupg");
+    let _agent = socket(&gnupg.join("S.gpg-agent"));
+    touch(&gnupg.join("pubring.kbx"));
+    let doors = find(&RuleSet::defaults().unwrap(), &scope(&tree, &[("GNUPGHOME", gnupg.display().to_string())]));
+    let found: Vec<(&Path, &str, Option<&str>)> =
+        doors.iter().map(|d| (d.path.as_path(), d.kind.as_str(), d.from_variable.as_deref())).collect();
+    assert_eq!(found, [(gnupg.join("S.gpg-agent").as_path(), "gpg-agent", Some("GNUPGHOME"))]);
 }

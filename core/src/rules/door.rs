@@ -104,7 +104,7 @@ pub struct DoorSamples {
     /// Paths that none of them finds.
     #[serde(default)]
     pub not_found: Vec<String>,
-    /// Values of the entry's variables, and the path each names (none: no path).
+    /// Values of the entry's variables, and a path each names (none: no path at all).
     #[serde(default)]
     pub values: Vec<ValueSample>,
 }
@@ -141,6 +141,9 @@ pub enum ValueForm {
     WaylandDisplay,
     /// `path:pid:protocol` (`GPG_AGENT_INFO`, gnupg before 2.1).
     GpgAgentInfo,
+    /// A gnupg home directory (`GNUPGHOME`): the sockets gnupg puts there when there is no
+    /// `/run/user/UID` (containers, CI), by the names `gpgconf --list-dirs` gives.
+    GnupgHome,
 }
 
 /// How `credwatch exposure` asks a door what it holds, never for a secret.
