@@ -331,8 +331,10 @@ fn boot_one(cache: &Path, kernel: &Kernel, lsm: bool, binaries: &Binaries, full:
     })
 }
 
-/// Boots at once. The tests in a guest mostly wait (a sensor test run takes ~90 s on the host
-/// and ~250 s under TCG, far from 2.8 CPUs busy), so two guests on CI's two cores share them.
+/// Boots at once: each guest keeps more than one of CI's two cores busy (its two vCPUs 57-69%
+/// busy, its tests' time growing with the host's load: 5.10's tracepoint sensor tests took 225 s
+/// in a CI-like run and 549 s at a load average of 10), so two fill them and a third would not
+/// shorten the matrix.
 const PARALLEL_BOOTS: usize = 2;
 
 /// Runs `boot` on every job, [`PARALLEL_BOOTS`] at a time; the results in the jobs' order.
