@@ -263,7 +263,7 @@ impl Containment {
             index => match self.plan.hidden.get(index as usize) {
                 Some(hidden) => format!("hiding {}", display_path(&hidden.path)),
                 None => (self.doors.explain(index))
-                    .or_else(|| self.home.explain(index, failure.errno))
+                    .or_else(|| self.home.explain(index))
                     .unwrap_or_else(|| format!("step {index}")),
             },
         };

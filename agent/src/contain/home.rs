@@ -57,6 +57,16 @@ struct MountAttr {
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
 /// `AT_RECURSIVE` (linux/fcntl.h): the mount and every mount below it.
 const AT_RECURSIVE: libc::c_int = 0x8000;
+/// `statvfs`'s `f_flag` bits (linux/statfs.h) and the mount flags they stand for: a remount
+/// must repeat them (in a user namespace the kernel refuses one that would drop them).
+const KEPT_FLAGS: &[(libc::c_ulong, libc::c_ulong)] = &[
+    (2, libc::MS_NOSUID),
+    (4, libc::MS_NODEV),
+    (8, libc::MS_NOEXEC),
+    (1024, libc::MS_NOATIME),
+    (2048, libc::MS_NODIRATIME),
+    (4096, libc::MS_RELATIME),
+];
 
 /// The overlay over the home.
 struct Overlay {
@@ -78,6 +88,10 @@ pub(super) struct HomeBox {
     /// Each writable place, and the mount point of its view.
     writable: Vec<(CString, CString)>,
     persistence: Vec<CString>,
+    /// The kernel has `mount_setattr` (5.12+); else each read-only bind is remounted alone,
+    /// with these flags of `read_only` then `persistence`, and submounts stay writable.
+    setattr: bool,
+    remount_flags: Vec<libc::c_ulong>,
     overlay: Option<Overlay>,
 }
 
@@ -117,20 +131,28 @@ impl HomeBox {
         for (index, place) in plan.writable.iter().enumerate() {
             let view = stage.path().join(index.to_string());
             // A mount point is of its source's kind.
-            if place.is_dir() {
-                fs::create_dir(&view)
-            } else {
-                fs::write(&view, "")
-            }
-            .with_context(|| format!("--contain: creating {}", view.display()))?;
+            if place.is_dir() { fs::create_dir(&view) } else { fs::write(&view, "") }
+                .with_context(|| format!("--contain: creating {}", view.display()))?;
             writable.push((c_path(place)?, c_path(&view)?));
         }
-        let read_only = std::iter::once(&plan.home).chain(&plan.other_homes).map(|p| c_path(p)).collect::<Result<_>>()?;
+        let read_only: Vec<CString> =
+            std::iter::once(&plan.home).chain(&plan.other_homes).map(|p| c_path(p)).collect::<Result<_>>()?;
+        let persistence: Vec<CString> = plan.persistence.iter().map(|p| c_path(p)).collect::<Result<_>>()?;
+        let setattr = has_mount_setattr();
+        if !setattr {
+            warn!(
+                "contained: this kernel has no mount_setattr (Linux 5.12): the home is remounted read-only alone, \
+                 and file systems mounted below it stay writable"
+            );
+        }
+        let remount_flags = read_only.iter().chain(&persistence).map(kept_flags).collect();
         Ok(HomeBox {
             home: c_path(&plan.home)?,
             read_only,
             writable,
-            persistence: plan.persistence.iter().map(|p| c_path(p)).collect::<Result<_>>()?,
+            persistence,
+            setattr,
+            remount_flags,
             _stage: stage,
             rules: rules.clone(),
             root,
@@ -219,7 +241,7 @@ impl HomeBox {
             }
             for (index, area) in self.read_only.iter().enumerate() {
                 check(libc::mount(area.as_ptr(), area.as_ptr(), null, bind, null.cast()), step(KIND_READ_ONLY, index))?;
-                check(read_only(area), step(KIND_READ_ONLY, index))?;
+                check(self.read_only(area, index), step(KIND_READ_ONLY, index))?;
             }
             for (index, (place, view)) in self.writable.iter().enumerate() {
                 check(libc::mount(view.as_ptr(), place.as_ptr(), null, bind, null.cast()), step(KIND_WRITABLE, index))?;
@@ -236,15 +258,36 @@ impl HomeBox {
         unsafe {
             for (index, path) in self.persistence.iter().enumerate() {
                 let bind = libc::MS_BIND | libc::MS_REC;
-                check(libc::mount(path.as_ptr(), path.as_ptr(), null, bind, null.cast()), step(KIND_PERSISTENCE, index))?;
-                check(read_only(path), step(KIND_PERSISTENCE, index))?;
+                check(
+                    libc::mount(path.as_ptr(), path.as_ptr(), null, bind, null.cast()),
+                    step(KIND_PERSISTENCE, index),
+                )?;
+                let flags = self.read_only.len() + index;
+                check(self.read_only(path, flags), step(KIND_PERSISTENCE, index))?;
             }
         }
         Ok(())
     }
 
+    /// Makes the bind at `path` read-only: with every mount below it where the kernel can
+    /// (`mount_setattr`), else alone, with its flags (`remount_flags[flags]`).
+    ///
+    /// # Safety
+    /// `path` is a NUL-terminated string.
+    unsafe fn read_only(&self, path: &CString, flags: usize) -> libc::c_int {
+        if self.setattr {
+            let attr = MountAttr { attr_set: MOUNT_ATTR_RDONLY, attr_clr: 0, propagation: 0, userns_fd: 0 };
+            let size = std::mem::size_of::<MountAttr>();
+            return libc::syscall(libc::SYS_mount_setattr, libc::AT_FDCWD, path.as_ptr(), AT_RECURSIVE, &attr, size)
+                as libc::c_int;
+        }
+        let remount = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | self.remount_flags[flags];
+        let null = std::ptr::null::<libc::c_char>();
+        libc::mount(null, path.as_ptr(), null, remount, null.cast())
+    }
+
     /// What a failed step of the home was, if it is one.
-    pub(super) fn explain(&self, step: u32, errno: i32) -> Option<String> {
+    pub(super) fn explain(&self, step: u32) -> Option<String> {
         let (kind, index) = (step.checked_sub(STEP_HOME)? >> 24, (step & 0x00FF_FFFF) as usize);
         let place = |index: usize| self.plan.writable.get(index).map(|p| display_path(p)).unwrap_or_default();
         let area = |index: usize| {
@@ -254,7 +297,6 @@ impl HomeBox {
             };
             homes.get(index).map(|p| display_path(p)).unwrap_or_default()
         };
-        let too_old = if errno == libc::ENOSYS { " (mount_setattr needs Linux 5.12 or later)" } else { "" };
         Some(match kind {
             KIND_VIEW => format!("taking a view of {} to write through", place(index)),
             KIND_OVERLAY if self.root => format!("mounting the overlay over the home {}", area(0)),
@@ -263,10 +305,10 @@ impl HomeBox {
                  or use --contain-writes read-only)",
                 display_path(&self.plan.home)
             ),
-            KIND_READ_ONLY => format!("making {} read-only{too_old}", area(index)),
+            KIND_READ_ONLY => format!("making {} read-only", area(index)),
             KIND_WRITABLE => format!("binding {} writable", place(index)),
             KIND_PERSISTENCE => format!(
-                "making the persistence path {} read-only{too_old}",
+                "making the persistence path {} read-only",
                 self.plan.persistence.get(index).map(|p| display_path(p)).unwrap_or_default()
             ),
             _ => return None,
@@ -280,7 +322,10 @@ impl HomeBox {
         let upper = overlay.dir.path().join("upper");
         let changes = changes(&upper, &self.plan.home).context("reading what the box wrote")?;
         // The overlay's own work directory is left mode 000 by the kernel: open it to removal.
-        let _ = fs::set_permissions(overlay.dir.path().join("work/work"), std::os::unix::fs::PermissionsExt::from_mode(0o700));
+        let _ = fs::set_permissions(
+            overlay.dir.path().join("work/work"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        );
         if changes.is_empty() {
             info!("the box wrote nothing in the home");
             return Ok(());
@@ -312,14 +357,21 @@ fn step(kind: u32, index: usize) -> u32 {
     STEP_HOME | kind << 24 | (index as u32 & 0x00FF_FFFF)
 }
 
-/// `mount_setattr(path, AT_RECURSIVE, read-only)`: the mount at `path` and every one below it.
-///
-/// # Safety
-/// `path` is a NUL-terminated string.
-unsafe fn read_only(path: &CString) -> libc::c_int {
-    let attr = MountAttr { attr_set: MOUNT_ATTR_RDONLY, attr_clr: 0, propagation: 0, userns_fd: 0 };
-    let size = std::mem::size_of::<MountAttr>();
-    libc::syscall(libc::SYS_mount_setattr, libc::AT_FDCWD, path.as_ptr(), AT_RECURSIVE, &attr, size) as libc::c_int
+/// Whether the kernel has `mount_setattr(2)`: asked with a bad descriptor, it says EBADF.
+fn has_mount_setattr() -> bool {
+    // SAFETY: no pointer is dereferenced for a bad descriptor.
+    let result = unsafe { libc::syscall(libc::SYS_mount_setattr, -1, std::ptr::null::<libc::c_char>(), 0, 0, 0) };
+    !(result < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS))
+}
+
+/// The mount flags of the file system at `path` that a remount must repeat.
+fn kept_flags(path: &CString) -> libc::c_ulong {
+    // SAFETY: statvfs writes into the zeroed struct it is given; `path` is NUL-terminated.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut stat) } != 0 {
+        return 0;
+    }
+    KEPT_FLAGS.iter().filter(|(bit, _)| stat.f_flag & bit != 0).fold(0, |all, (_, flag)| all | flag)
 }
 
 fn c_path(path: &Path) -> Result<CString> {

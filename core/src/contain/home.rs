@@ -159,9 +159,9 @@ fn is_persistence_rule(rule: &Rule) -> bool {
 pub fn is_persistence_path(rules: &RuleSet, path: &Path, home: &Path, directory: bool) -> bool {
     let (Some(text), home) = (path.to_str(), home.to_str()) else { return false };
     let probe = format!("{}/{PROBE}", text.trim_end_matches('/'));
-    (rules.rules().iter()).filter(|rule| is_persistence_rule(rule)).any(|rule| {
-        rule.matches_path(text, home) || (directory && rule.matches_path(&probe, home))
-    })
+    (rules.rules().iter())
+        .filter(|rule| is_persistence_rule(rule))
+        .any(|rule| rule.matches_path(text, home) || (directory && rule.matches_path(&probe, home)))
 }
 
 /// The project directory of a command run in `cwd`, when it lies in one of the `areas` (the
@@ -413,13 +413,13 @@ mod tests {
         // A command outside every home (/tmp/build) needs nothing made writable.
         let elsewhere = tree.at("build");
         fs::create_dir_all(&elsewhere).unwrap();
-        assert_eq!(project_dir(&[home.clone()], &elsewhere), None);
+        assert_eq!(project_dir(std::slice::from_ref(&home), &elsewhere), None);
         // Without `.git`, the highest directory with a project file: a workspace's top.
         touch(&home.join("w/Cargo.toml"));
         touch(&home.join("w/crates/a/Cargo.toml"));
-        assert_eq!(project_dir(&[home.clone()], &home.join("w/crates/a")), Some(home.join("w")));
+        assert_eq!(project_dir(std::slice::from_ref(&home), &home.join("w/crates/a")), Some(home.join("w")));
         fs::create_dir_all(home.join("notes/today")).unwrap();
-        assert_eq!(project_dir(&[home.clone()], &home.join("notes/today")), Some(home.join("notes/today")));
+        assert_eq!(project_dir(std::slice::from_ref(&home), &home.join("notes/today")), Some(home.join("notes/today")));
     }
 
     #[test]
@@ -428,7 +428,8 @@ mod tests {
         let root = tree.at("system");
         let home = root.join("root");
         let alice = root.join("home/alice");
-        for file in ["etc/cron.d/job", "etc/crontab", "etc/profile.d/x.sh", "var/spool/cron/atjobs/a1", "etc/hostname"] {
+        for file in ["etc/cron.d/job", "etc/crontab", "etc/profile.d/x.sh", "var/spool/cron/atjobs/a1", "etc/hostname"]
+        {
             touch(&root.join(file));
         }
         fs::create_dir_all(&home).unwrap();
@@ -436,18 +437,19 @@ mod tests {
         let rules = RuleSet::defaults().unwrap();
         let cwd = alice.join("app");
         let homes = [alice.clone(), root.join("home"), home.clone()];
-        let plan = plan(&Input {
-            other_homes: &homes,
-            system_root: Some(&root),
-            ..input(&rules, &home, &cwd, &[])
-        });
+        let plan = plan(&Input { other_homes: &homes, system_root: Some(&root), ..input(&rules, &home, &cwd, &[]) });
         // /home holds alice's home: it is the one kept; the user's own home is not "other".
         assert_eq!(plan.other_homes, vec![root.join("home")]);
         assert_eq!(plan.project, Some(cwd.clone()), "root's command in alice's project");
         assert_eq!(plan.writable, vec![cwd]);
         assert_eq!(
             plan.persistence,
-            vec![root.join("etc/cron.d"), root.join("etc/crontab"), root.join("etc/profile.d"), root.join("var/spool/cron")]
+            vec![
+                root.join("etc/cron.d"),
+                root.join("etc/crontab"),
+                root.join("etc/profile.d"),
+                root.join("var/spool/cron")
+            ]
         );
     }
 
@@ -455,9 +457,8 @@ mod tests {
     fn persistence_paths_are_told_for_keep() {
         let rules = RuleSet::defaults().unwrap();
         let home = Path::new("/home/alice");
-        let persistence = |relative: &str, directory: bool| {
-            is_persistence_path(&rules, &home.join(relative), home, directory)
-        };
+        let persistence =
+            |relative: &str, directory: bool| is_persistence_path(&rules, &home.join(relative), home, directory);
         assert!(persistence(".bashrc", false));
         assert!(persistence(".config/systemd/user/evil.service", false));
         assert!(persistence(".config/systemd/user", true));
@@ -475,12 +476,11 @@ mod tests {
         fs::create_dir_all(home.join(".local/lib/python3.12")).unwrap();
         fs::create_dir_all(home.join(".local/lib/python3.13")).unwrap();
         fs::create_dir_all(home.join(".local/lib/ruby")).unwrap();
-        let mut sources: Vec<(String, String)> = Vec::new();
-        sources.push((
+        let sources = vec![(
             "managers.yaml".into(),
             "schema: 2\nmanagers:\n  - name: pip\n    execs: [pip]\nhome_files:\n  - manager: pip\n    files: [.pypirc]\n    writes: [\".local/lib/python3*\", .cache/pip]\n"
                 .into(),
-        ));
+        )];
         let rules = RuleSet::from_sources(sources).unwrap();
         let plan = plan(&input(&rules, &home, &home, &[]));
         assert_eq!(plan.writable, vec![home.join(".local/lib/python3.12"), home.join(".local/lib/python3.13")]);
