@@ -68,6 +68,20 @@ const KEPT_FLAGS: &[(libc::c_ulong, libc::c_ulong)] = &[
     (4096, libc::MS_RELATIME),
 ];
 
+/// A place bound read-only: its path, as a C string, and the flags a remount repeats.
+struct Bound {
+    path: PathBuf,
+    c_path: CString,
+    flags: libc::c_ulong,
+}
+
+impl Bound {
+    fn new(path: &Path) -> Result<Bound> {
+        let c_path = c_path(path)?;
+        Ok(Bound { flags: kept_flags(&c_path), c_path, path: path.to_path_buf() })
+    }
+}
+
 /// The overlay over the home.
 struct Overlay {
     /// Holds `upper` and `work`; removed when dropped.
@@ -84,14 +98,13 @@ pub(super) struct HomeBox {
     _stage: tempfile::TempDir,
     home: CString,
     /// The homes made read-only: the user's (unless an overlay) and, as root, the others.
-    read_only: Vec<CString>,
+    read_only: Vec<Bound>,
     /// Each writable place, and the mount point of its view.
     writable: Vec<(CString, CString)>,
-    persistence: Vec<CString>,
+    persistence: Vec<Bound>,
     /// The kernel has `mount_setattr` (5.12+); else each read-only bind is remounted alone,
-    /// with these flags of `read_only` then `persistence`, and submounts stay writable.
+    /// with its flags, and submounts stay writable.
     setattr: bool,
-    remount_flags: Vec<libc::c_ulong>,
     overlay: Option<Overlay>,
 }
 
@@ -125,6 +138,11 @@ impl HomeBox {
             writes: Writes::ReadOnly,
             path: &path,
         });
+        // A daemon's HOME of `/`, or one that does not exist: no home to keep anything out of.
+        let has_home = home::is_home(&plan.home);
+        if !has_home {
+            warn!("contained: the home {} is not a home directory: it stays as it is", display_path(&plan.home));
+        }
         create_as_owner(&plan.home, &plan.create)?;
         let stage = tempfile::Builder::new().prefix("credwatch-home-").tempdir().context("--contain: a temp dir")?;
         let mut writable = Vec::with_capacity(plan.writable.len());
@@ -135,9 +153,11 @@ impl HomeBox {
                 .with_context(|| format!("--contain: creating {}", view.display()))?;
             writable.push((c_path(place)?, c_path(&view)?));
         }
-        let read_only: Vec<CString> =
-            std::iter::once(&plan.home).chain(&plan.other_homes).map(|p| c_path(p)).collect::<Result<_>>()?;
-        let persistence: Vec<CString> = plan.persistence.iter().map(|p| c_path(p)).collect::<Result<_>>()?;
+        let read_only: Vec<Bound> = (has_home.then_some(&plan.home).into_iter())
+            .chain(&plan.other_homes)
+            .map(|p| Bound::new(p))
+            .collect::<Result<_>>()?;
+        let persistence: Vec<Bound> = plan.persistence.iter().map(|p| Bound::new(p)).collect::<Result<_>>()?;
         let setattr = has_mount_setattr();
         if !setattr {
             warn!(
@@ -145,14 +165,12 @@ impl HomeBox {
                  and file systems mounted below it stay writable"
             );
         }
-        let remount_flags = read_only.iter().chain(&persistence).map(kept_flags).collect();
         Ok(HomeBox {
             home: c_path(&plan.home)?,
             read_only,
             writable,
             persistence,
             setattr,
-            remount_flags,
             _stage: stage,
             rules: rules.clone(),
             root,
@@ -164,6 +182,11 @@ impl HomeBox {
     /// `--contain-writes overlay`: the home becomes an overlay over itself whose changes are
     /// listed after the run, and kept (but for persistence paths) with `keep`.
     pub(super) fn use_overlay(&mut self, keep: bool) -> Result<()> {
+        anyhow::ensure!(
+            self.read_only.first().is_some_and(|bound| bound.path == self.plan.home),
+            "--contain-writes overlay: the home {} is not a home directory",
+            display_path(&self.plan.home)
+        );
         let home = self.plan.home.to_str().filter(|home| !home.contains([',', ':', '\\']));
         let home = home.with_context(|| {
             format!(
@@ -185,18 +208,23 @@ impl HomeBox {
         let options = format!("lowerdir={home},upperdir={at}/upper,workdir={at}/work{userxattr}");
         self.overlay = Some(Overlay { options: CString::new(options)?, dir, keep });
         self.plan.writes = Writes::Overlay;
-        self.read_only.remove(0);
+        self.read_only.retain(|bound| bound.path != self.plan.home);
         Ok(())
     }
 
     pub(super) fn say(&self) {
         let how = match self.plan.writes {
             Writes::ReadOnly => "read-only",
-            Writes::Overlay => "an overlay, dropped after the run,",
+            Writes::Overlay => "an overlay, listed after the run,",
         };
         let home = &self.plan.home;
-        let project = self.plan.project.as_ref().map(|project| format!("the project {} and ", tilde(home, project)));
-        let caches = self.plan.writable.len() - usize::from(project.is_some());
+        if !self.read_only.iter().any(|bound| bound.path == *home) && self.overlay.is_none() {
+            info!("contained: {} read-only", count(self.plan.persistence.len(), "persistence path"));
+            return;
+        }
+        let project = self.plan.project.as_ref();
+        let caches = self.plan.writable.iter().filter(|place| Some(*place) != project).count();
+        let project = project.map(|project| format!("the project {} and ", tilde(home, project)));
         info!(
             "contained: the home {} is {how} but for {}the managers' caches ({caches}); {} read-only{}",
             display_path(home),
@@ -239,9 +267,9 @@ impl HomeBox {
                 let mounted = libc::mount(c"credwatch".as_ptr(), self.home.as_ptr(), c"overlay".as_ptr(), 0, options);
                 check(mounted, step(KIND_OVERLAY, 0))?;
             }
-            for (index, area) in self.read_only.iter().enumerate() {
+            for (index, Bound { c_path: area, flags, .. }) in self.read_only.iter().enumerate() {
                 check(libc::mount(area.as_ptr(), area.as_ptr(), null, bind, null.cast()), step(KIND_READ_ONLY, index))?;
-                check(self.read_only(area, index), step(KIND_READ_ONLY, index))?;
+                check(self.read_only(area, *flags), step(KIND_READ_ONLY, index))?;
             }
             for (index, (place, view)) in self.writable.iter().enumerate() {
                 check(libc::mount(view.as_ptr(), place.as_ptr(), null, bind, null.cast()), step(KIND_WRITABLE, index))?;
@@ -256,32 +284,31 @@ impl HomeBox {
         let null = std::ptr::null::<libc::c_char>();
         // SAFETY: as in `fill`.
         unsafe {
-            for (index, path) in self.persistence.iter().enumerate() {
+            for (index, Bound { c_path: path, flags, .. }) in self.persistence.iter().enumerate() {
                 let bind = libc::MS_BIND | libc::MS_REC;
                 check(
                     libc::mount(path.as_ptr(), path.as_ptr(), null, bind, null.cast()),
                     step(KIND_PERSISTENCE, index),
                 )?;
-                let flags = self.read_only.len() + index;
-                check(self.read_only(path, flags), step(KIND_PERSISTENCE, index))?;
+                check(self.read_only(path, *flags), step(KIND_PERSISTENCE, index))?;
             }
         }
         Ok(())
     }
 
     /// Makes the bind at `path` read-only: with every mount below it where the kernel can
-    /// (`mount_setattr`), else alone, with its flags (`remount_flags[flags]`).
+    /// (`mount_setattr`), else alone, with its `flags`.
     ///
     /// # Safety
     /// `path` is a NUL-terminated string.
-    unsafe fn read_only(&self, path: &CString, flags: usize) -> libc::c_int {
+    unsafe fn read_only(&self, path: &CString, flags: libc::c_ulong) -> libc::c_int {
         if self.setattr {
             let attr = MountAttr { attr_set: MOUNT_ATTR_RDONLY, attr_clr: 0, propagation: 0, userns_fd: 0 };
             let size = std::mem::size_of::<MountAttr>();
             return libc::syscall(libc::SYS_mount_setattr, libc::AT_FDCWD, path.as_ptr(), AT_RECURSIVE, &attr, size)
                 as libc::c_int;
         }
-        let remount = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | self.remount_flags[flags];
+        let remount = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | flags;
         let null = std::ptr::null::<libc::c_char>();
         libc::mount(null, path.as_ptr(), null, remount, null.cast())
     }
@@ -290,16 +317,12 @@ impl HomeBox {
     pub(super) fn explain(&self, step: u32) -> Option<String> {
         let (kind, index) = (step.checked_sub(STEP_HOME)? >> 24, (step & 0x00FF_FFFF) as usize);
         let place = |index: usize| self.plan.writable.get(index).map(|p| display_path(p)).unwrap_or_default();
-        let area = |index: usize| {
-            let homes: Vec<&PathBuf> = match self.overlay {
-                Some(_) => self.plan.other_homes.iter().collect(),
-                None => std::iter::once(&self.plan.home).chain(&self.plan.other_homes).collect(),
-            };
-            homes.get(index).map(|p| display_path(p)).unwrap_or_default()
-        };
+        let area = |index: usize| self.read_only.get(index).map(|bound| display_path(&bound.path)).unwrap_or_default();
         Some(match kind {
             KIND_VIEW => format!("taking a view of {} to write through", place(index)),
-            KIND_OVERLAY if self.root => format!("mounting the overlay over the home {}", area(0)),
+            KIND_OVERLAY if self.root => {
+                format!("mounting the overlay over the home {}", display_path(&self.plan.home))
+            }
             KIND_OVERLAY => format!(
                 "mounting the overlay over the home {} (an overlay in a user namespace needs Linux 5.11 or later; \
                  or use --contain-writes read-only)",
@@ -344,7 +367,7 @@ impl HomeBox {
                 continue;
             }
             change.apply(self.root).with_context(|| format!("keeping {shown}"))?;
-            kept.push(shown);
+            kept.push(change.describe(&self.plan.home));
         }
         if !kept.is_empty() {
             info!("kept: {}", kept.join(", "));
@@ -548,7 +571,7 @@ mod tests {
             listed,
             [
                 "~/.bashrc (+1 line)",
-                "~/.config/systemd/user/evil.service (new, 8 bytes)",
+                "~/.config/systemd/user/evil.service (new, 7 bytes)",
                 "~/empty\\u{1b}[2J (new directory)",
                 "~/link (new link to /tmp/x)",
             ]

@@ -88,7 +88,9 @@ pub fn plan(input: &Input) -> HomePlan {
         (input.other_homes.iter().map(|other| real(other)))
             .filter(|other| !home.starts_with(other) && !other.starts_with(&home)),
     );
-    let areas: Vec<PathBuf> = std::iter::once(home.clone()).chain(other_homes.iter().cloned()).collect();
+    // A daemon's HOME of `/`, or one that does not exist, is no home to make read-only.
+    let areas: Vec<PathBuf> =
+        (is_home(&home).then(|| home.clone()).into_iter()).chain(other_homes.iter().cloned()).collect();
     let cwd = real(input.cwd);
     let project = project_dir(&areas, &cwd);
 
@@ -146,6 +148,11 @@ pub fn plan(input: &Input) -> HomePlan {
         persistence,
         truncated: finder.truncated,
     }
+}
+
+/// Whether `home` is a home directory the box can make read-only.
+pub fn is_home(home: &Path) -> bool {
+    home != Path::new("/") && home.is_dir()
 }
 
 /// A rule about writing persistence: its targets never pass the box.
@@ -451,6 +458,18 @@ mod tests {
                 root.join("var/spool/cron")
             ]
         );
+    }
+
+    #[test]
+    fn a_home_of_slash_is_no_home_to_make_read_only() {
+        let tree = Tree::new();
+        let root = tree.at("system");
+        touch(&root.join("etc/cron.d/job"));
+        let rules = RuleSet::defaults().unwrap();
+        let slash = Path::new("/");
+        let plan = plan(&Input { system_root: Some(&root), ..input(&rules, slash, &root, &[]) });
+        assert_eq!((plan.project, plan.writable, plan.create), (None, Vec::new(), Vec::new()));
+        assert_eq!(plan.persistence, vec![root.join("etc/cron.d")]);
     }
 
     #[test]
