@@ -54,6 +54,9 @@ pub struct Config {
     /// `run`: CMD's tree in a box where the catalogue's credential files are empty and secret
     /// environment variables are withheld (`--contain`).
     pub contain: bool,
+    /// `run --contain`: the box's only network is credwatch's proxy to the registries
+    /// (`--contain-net`).
+    pub contain_net: Option<ContainNet>,
     /// `run --contain`: where the box's writes to the home go (`--contain-writes`).
     pub contain_writes: ContainWrites,
     /// `run --contain-writes overlay`: copy what the box wrote into the real home, persistence
@@ -92,6 +95,15 @@ pub enum ContainWrites {
     ReadOnly,
     /// An overlay over the home, listed after the run and dropped (kept with `--keep`).
     Overlay,
+}
+
+/// What network a contained command gets besides none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ContainNet {
+    /// The usual registries of the rules (`network:` names) and the user's configured ones,
+    /// through credwatch's proxy.
+    Registries,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -733,6 +745,7 @@ mod tests {
                 enforce: true,
                 linger: Some(7.0),
                 contain: false,
+                contain_net: None,
                 contain_writes: ContainWrites::ReadOnly,
                 contain_keep: false,
                 trace: None,
@@ -870,6 +883,7 @@ mod tests {
             enforce: true,
             linger: Some(1.5),
             contain: true,
+            contain_net: Some(ContainNet::Registries),
             contain_writes: ContainWrites::Overlay,
             contain_keep: true,
             trace: None,

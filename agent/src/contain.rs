@@ -19,6 +19,9 @@
 mod doors;
 mod home;
 
+pub mod net;
+mod proxy;
+
 use std::{
     collections::BTreeSet,
     ffi::{CString, OsString},
@@ -60,6 +63,8 @@ pub struct Containment {
     root: bool,
     uid: u32,
     gid: u32,
+    /// `--contain-net`: the network namespace the box joins.
+    network: Option<net::Joined>,
     /// Mounted over in the box only, for the empty file; removed when dropped.
     _staging: tempfile::TempDir,
     /// The hidden paths, each with what replaces it: a copy of its settings, else the empty file.
@@ -119,6 +124,7 @@ impl Containment {
             root,
             uid,
             gid,
+            network: None,
             targets,
             doors,
             home,
@@ -197,6 +203,7 @@ impl Containment {
             }
             check(libc::unshare(libc::CLONE_NEWNS), STEP_UNSHARE)?;
             self.fill()?;
+            self.join_network()?;
             check(libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS), STEP_LOCK)
         }
     }
@@ -260,6 +267,7 @@ impl Containment {
             STEP_PRIVATE => "making the mounts private".to_owned(),
             STEP_EMPTIES => "mounting the empty file".to_owned(),
             STEP_LOCK => "creating the user namespace that locks the box".to_owned(),
+            net::STEP_NET => "joining the box's network namespace (--contain-net)".to_owned(),
             index => match self.plan.hidden.get(index as usize) {
                 Some(hidden) => format!("hiding {}", display_path(&hidden.path)),
                 None => (self.doors.explain(index))

@@ -758,6 +758,9 @@ impl HeldCommand {
         for name in containment.iter().flat_map(|containment| containment.withheld()) {
             held.env_remove(name);
         }
+        for (name, value) in containment.iter().flat_map(|containment| containment.added_env()) {
+            held.env(name, value);
+        }
         let boxed = containment.clone();
         let mut handshake = Some((pid_writer, release_reader));
         // SAFETY: the closure only calls getpid(2), write(2) and read(2) on pipes and the
@@ -845,6 +848,7 @@ impl HeldCommand {
 /// `run`, or `record -- CMD`: CMD's tree only, until every process of it has exited (or
 /// `linger` has passed since CMD exited).
 pub fn run_command(config: &Config, command: &[String], linger: Option<Duration>) -> Result<ExitCode> {
+    let mut network = None;
     let containment = if config.contain {
         let rules = RuleSet::load(config.rules.as_deref()).context("loading rules")?;
         let env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
@@ -853,8 +857,12 @@ pub fn run_command(config: &Config, command: &[String], linger: Option<Duration>
             containment.overlay_home(config.contain_keep)?;
         }
         containment.say(&escape(&command[0]));
+        if config.contain_net.is_some() {
+            network = Some(containment.shut_network(&rules, &env)?);
+        }
         Some(Arc::new(containment))
     } else {
+        anyhow::ensure!(config.contain_net.is_none(), "--contain-net needs --contain");
         anyhow::ensure!(config.contain_writes == ContainWrites::ReadOnly, "--contain-writes needs --contain");
         None
     };
@@ -894,6 +902,9 @@ pub fn run_command(config: &Config, command: &[String], linger: Option<Duration>
     let mut wait_error = None;
     let mut last_read = false;
     session.drive(|live, engine| {
+        if let Some(network) = &network {
+            live.queued.extend(network.refused(root));
+        }
         if last_read {
             // That read may have brought more of the tree: a process CMD forked just before it
             // exited, whose fork record was still in the ring when CMD's exit was seen.

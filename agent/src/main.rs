@@ -17,7 +17,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
-use config::{Config, ContainWrites, KernelLog, Layers, LogFormat, LogLevel, SensorChoice};
+use config::{Config, ContainNet, ContainWrites, KernelLog, Layers, LogFormat, LogLevel, SensorChoice};
 use credwatch::sensor;
 use credwatch_core::{engine::EngineOptions, output::escape, rules::RuleSet, samples};
 use credwatch_outputs::{Destination, OutputConfig};
@@ -236,6 +236,12 @@ struct RunArgs {
     /// but for persistence paths (said).
     #[arg(long, requires = "contain_writes")]
     keep: bool,
+    /// With --contain, as root: the box's only network is a proxy of credwatch's that reaches
+    /// the usual registries (the rules' `network:` names, on ports 443 and 80) and the registries
+    /// CMD's environment and npmrc files configure; every other connection fails (no route) or,
+    /// through the proxy, gets 403 and an alert. Loopback in the box is the box's own.
+    #[arg(long, value_name = "WHAT", requires = "contain")]
+    contain_net: Option<ContainNet>,
     /// The command to run, after `--`.
     #[arg(required = true, last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -447,6 +453,9 @@ fn main() -> ExitCode {
             }
             if args.keep {
                 flags.insert("contain_keep".into(), Value::Bool(true));
+            }
+            if let Some(ContainNet::Registries) = args.contain_net {
+                flags.insert("contain_net".into(), Value::from("registries"));
             }
             configure(&args.config, flags).and_then(|(config, _)| {
                 linger(config.linger).and_then(|linger| live::run_command(&config, &args.command, linger))
