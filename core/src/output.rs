@@ -207,8 +207,9 @@ pub fn destination_text(destination: &AlertDestination) -> String {
         None => destination.address.clone(),
     };
     match &destination.domain {
-        Some(name) => format!("{name} ({address})"),
-        None => address,
+        // A name the box's proxy refused is its address too.
+        Some(name) if *name != destination.address => format!("{name} ({address})"),
+        _ => address,
     }
 }
 
@@ -220,7 +221,8 @@ fn headline(alert: &Alert) -> String {
         return format!("{what} {} kinds of credentials", sweep.categories.len());
     }
     if let Some(destination) = &alert.destination {
-        return format!("connected to {}", escape(&destination_text(destination)));
+        let verb = if alert.credwatch.enforcement == "proxy" { "asked the box's proxy for" } else { "connected to" };
+        return format!("{verb} {}", escape(&destination_text(destination)));
     }
     if let Some(syscall) = &alert.credwatch.syscall {
         let mut text = format!("called {}", escape(&syscall.name));

@@ -190,10 +190,18 @@ impl Engine {
         // Blocked: the kernel held the process at the connect, and the agent kills it on this
         // verdict (see the README); nothing it would send after the connect leaves.
         let blocked = connect.held && rule.action == crate::rules::schema::Action::Kill;
-        let stop = if blocked { Stop::Killed } else { Stop::None };
+        // Refused by the box's proxy: the process lives, and nothing left.
+        let refused = connect.proxy_refused.is_some();
+        let stop = match (blocked, refused) {
+            (true, _) => Stop::Killed,
+            (false, true) => Stop::Denied,
+            (false, false) => Stop::None,
+        };
         let mut alert = self.alert(event, id, rule, judgement, "connect", stop, None);
         if blocked {
             alert.credwatch.enforcement = "kernel-hold".into();
+        } else if refused {
+            alert.credwatch.enforcement = "proxy".into();
         }
         alert.destination = Some(AlertDestination {
             address: (connect.address.clone().or_else(|| connect.path.clone()))
@@ -362,6 +370,8 @@ mod tests {
         };
         let by_address = refused("169.254.169.254", Some("169.254.169.254"), 80);
         assert_eq!(ids(&by_address), ["contain-net-refused"]);
+        let (outcome, enforcement) = (&by_address[0].event.outcome, &by_address[0].credwatch.enforcement);
+        assert_eq!((outcome.as_str(), enforcement.as_str()), ("denied", "proxy"));
         let destination = by_address[0].destination.as_ref().unwrap();
         assert_eq!((destination.address.as_str(), destination.domain.as_deref()), ("169.254.169.254", None));
         let by_name = refused("collector.exfil.invalid", None, 443);
@@ -369,9 +379,10 @@ mod tests {
         let destination = by_name[0].destination.as_ref().unwrap();
         assert_eq!(destination.domain.as_deref(), Some("collector.exfil.invalid"));
         assert_eq!(destination.port, Some(443));
-        // Another host is another alert; the same one again is a repeat.
+        // Another host is another alert; each repeat is told too, with its count, as what the
+        // kernel denied is.
         assert_eq!(ids(&refused("127.0.0.11", Some("127.0.0.11"), 80)), ["contain-net-refused"]);
-        assert!(refused("collector.exfil.invalid", None, 443).is_empty());
+        assert_eq!(refused("collector.exfil.invalid", None, 443)[0].credwatch.count, Some(2));
     }
 
     #[test]
