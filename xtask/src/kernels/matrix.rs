@@ -35,14 +35,18 @@ const ONE_BOOT_PER_KERNEL: [&str; 2] =
 
 /// Sensor tests whose result the kernel's version cannot change once the programs load and
 /// attach (which every other test checks on every kernel): a million opens overflowing the bulk
-/// ring buffer while the key's record goes through the priority one (the BPF ring buffer
-/// behaves the same from 5.8 on), and two of userspace logic, the credential table following
-/// its directories by inotify and the seed of trees already running (a walk of /proc). Unless
-/// `--full`, they run on [`GUEST_TESTS_ON`]'s kernel alone, once per backend.
-const ONE_KERNEL_PER_BACKEND: [&str; 3] = [
+/// ring buffer while the key's record goes through the priority one, and an idle poll woken by
+/// the first record (the BPF ring buffer and its wakeups behave the same from 5.8 on); and three
+/// of userspace logic, the credential table following its directories by inotify, the seed of
+/// trees already running (a walk of /proc), and the credential indexes kept through a reload and
+/// an adoption (the pinned set's adoption itself runs on every boot). Unless `--full`, they run
+/// on [`GUEST_TESTS_ON`]'s kernel alone, once per backend.
+const ONE_KERNEL_PER_BACKEND: [&str; 5] = [
     "a_flood_of_bulk_opens_does_not_push_out_the_key_record",
+    "an_idle_poll_sleeps_until_a_record_or_the_waker",
     "the_credential_table_follows_its_directories_by_inotify",
     "seed_marks_trees_that_were_already_running",
+    "credential_indexes_survive_a_reload_and_an_adoption",
 ];
 
 /// Each step's time limit in the guest (a hung test fails its step, not the whole matrix).
@@ -576,14 +580,14 @@ mod tests {
 
     #[test]
     fn tests_are_left_out_by_backend_and_kernel_unless_full() {
-        let [flood, inotify, seed] = ONE_KERNEL_PER_BACKEND;
+        let [flood, idle, inotify, seed, indexes] = ONE_KERNEL_PER_BACKEND;
         let [auto, doctor] = ONE_BOOT_PER_KERNEL;
         // The tests that pick their backends themselves run on the lsm=bpf boot alone...
         assert_eq!(skipped("6.12", false, false), [auto, doctor]);
         assert_eq!(skipped("6.12", true, false), [] as [&str; 0]);
         // ... and those the kernel's version cannot change on one kernel, once per backend.
-        assert_eq!(skipped("5.10", false, false), [auto, doctor, flood, inotify, seed]);
-        assert_eq!(skipped("sid", true, false), [flood, inotify, seed]);
+        assert_eq!(skipped("5.10", false, false), [auto, doctor, flood, idle, inotify, seed, indexes]);
+        assert_eq!(skipped("sid", true, false), [flood, idle, inotify, seed, indexes]);
         assert_eq!(skipped("5.10", false, true), [] as [&str; 0]);
     }
 
