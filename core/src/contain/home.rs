@@ -395,10 +395,10 @@ mod tests {
         assert_eq!(plan.project.as_deref(), Some(project.as_path()), "the repository's top");
         // npm is on PATH: its cache is created; cargo's exists; pip's neither exists nor is
         // its manager installed.
-        assert_eq!(plan.create, vec![home.join(".cache/node-gyp"), home.join(".npm")]);
+        assert_eq!(plan.create, vec![home.join(".cache"), home.join(".npm")]);
         assert_eq!(
             plan.writable,
-            vec![home.join(".cache/node-gyp"), home.join(".cargo/registry"), home.join(".npm"), project.clone()]
+            vec![home.join(".cache"), home.join(".cargo/registry"), home.join(".npm"), project.clone()]
         );
         // In the project only: ~/.bashrc and the unit are in the read-only home already, and
         // a package's own workflows run nowhere.
