@@ -849,6 +849,10 @@ impl HeldCommand {
 /// `linger` has passed since CMD exited).
 pub fn run_command(config: &Config, command: &[String], linger: Option<Duration>) -> Result<ExitCode> {
     let mut network = None;
+    anyhow::ensure!(
+        !config.contain_keep || config.contain_writes == ContainWrites::Overlay,
+        "--keep needs --contain-writes overlay"
+    );
     let containment = if config.contain {
         let rules = RuleSet::load(config.rules.as_deref()).context("loading rules")?;
         let env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
@@ -866,10 +870,6 @@ pub fn run_command(config: &Config, command: &[String], linger: Option<Duration>
         anyhow::ensure!(config.contain_writes == ContainWrites::ReadOnly, "--contain-writes needs --contain");
         None
     };
-    anyhow::ensure!(
-        !config.contain_keep || config.contain_writes == ContainWrites::Overlay,
-        "--keep needs --contain-writes overlay"
-    );
     if let Some(containment) = containment.as_ref().filter(|containment| !containment.as_root()) {
         return run_contained_unwatched(Arc::clone(containment), command);
     }
