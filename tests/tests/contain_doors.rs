@@ -109,7 +109,8 @@ fn ssh_agents_are_out_of_reach_even_through_their_paths() {
     // One agent where $SSH_AUTH_SOCK says, one at ssh-agent's own default place
     // (/tmp/ssh-XXXXXXXXXX/agent.PPID), which no variable of credwatch's names.
     let named = runtime.join("ssh-agent.sock");
-    let _named_agent = Daemon::start("ssh-agent", sandbox.command("ssh-agent").arg("-D").arg("-a").arg(&named));
+    let _named_agent =
+        Daemon::start("ssh-agent", sandbox.command("ssh-agent").arg("-D").arg("-a").arg(&named).stdout(Stdio::null()));
     let mut default_agent =
         Daemon::start("ssh-agent", sandbox.command("ssh-agent").arg("-D").env("TMPDIR", "/tmp").stdout(Stdio::piped()));
     // `-D` prints `SSH_AUTH_SOCK=/tmp/ssh-.../agent.N; export SSH_AUTH_SOCK;` first.

@@ -189,3 +189,33 @@ pub(super) unsafe fn join_fresh_session_keyring() -> Result<(), Failure> {
 fn runtime_dir_of(uid: u32) -> PathBuf {
     PathBuf::from(format!("/run/user/{uid}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_step_names_the_door_or_the_keyring() {
+        let door = Door {
+            path: PathBuf::from("/run/docker.sock"),
+            kind: "docker".into(),
+            name: "the docker socket".into(),
+            category: "containers".into(),
+            directory: false,
+            from_variable: None,
+            probe: None,
+        };
+        let doors = Doors {
+            targets: vec![CString::new("/run/docker.sock").unwrap()],
+            found: vec![door],
+            cut: Vec::new(),
+            empty_file: CString::new("/staging/door").unwrap(),
+            empty_dir: CString::new("/staging/directory").unwrap(),
+        };
+        assert_eq!(doors.explain(STEP_DOORS).as_deref(), Some("shutting /run/docker.sock (the docker socket)"));
+        assert_eq!(doors.explain(STEP_KEYRING).as_deref(), Some("joining a fresh session keyring"));
+        // Past the doors, and the hidden files' indexes: not a door's.
+        assert_eq!(doors.explain(STEP_DOORS + 1), None);
+        assert_eq!(doors.explain(3), None);
+    }
+}
