@@ -234,6 +234,8 @@ fn a_real_install_comes_through_the_proxy_and_every_other_way_out_is_shut_with_a
     assert_eq!(named["destination"]["port"], 443, "{named:#}");
     for alert in &refused {
         assert_eq!(alert["rule"]["severity"], "medium", "{alert:#}");
+        assert_eq!(alert["event"]["outcome"], "denied", "{alert:#}");
+        assert_eq!(alert["credwatch"]["enforcement"], "proxy", "{alert:#}");
         assert_eq!(alert["package"]["name"], PACKAGE, "{alert:#}");
         assert_eq!(alert["package"]["lifecycle"], "postinstall", "{alert:#}");
         assert_eq!(alert["process"]["args"], serde_json::json!(["node", "probe.js"]), "{alert:#}");
