@@ -42,6 +42,8 @@ const KIND_PERSISTENCE: u32 = 4;
 const FIRST_PERSON_UID: u32 = 1000;
 /// `nobody`.
 const NOBODY: u32 = 65534;
+/// Where the mount points of the writable places' views go while the box is made.
+const STAGE_PARENT: &str = "/tmp";
 /// Where the overlay's upper directory goes: a disk file system that keeps the xattrs overlayfs
 /// needs, not a tmpfs (user xattrs on tmpfs need Linux 6.6), and outside every home.
 const OVERLAY_PARENT: &str = "/var/tmp";
@@ -144,7 +146,12 @@ impl HomeBox {
             warn!("contained: the home {} is not a home directory: it stays as it is", display_path(&plan.home));
         }
         create_as_owner(&plan.home, &plan.create)?;
-        let stage = tempfile::Builder::new().prefix("credwatch-home-").tempdir().context("--contain: a temp dir")?;
+        // Outside every home, whatever TMPDIR says: a view mounted inside the home would be made
+        // read-only with it.
+        let stage = tempfile::Builder::new()
+            .prefix("credwatch-home-")
+            .tempdir_in(STAGE_PARENT)
+            .with_context(|| format!("--contain: a temp dir in {STAGE_PARENT}"))?;
         let mut writable = Vec::with_capacity(plan.writable.len());
         for (index, place) in plan.writable.iter().enumerate() {
             let view = stage.path().join(index.to_string());
