@@ -80,8 +80,8 @@ impl Doors {
             found.extend(search.doors);
             cut.extend(search.cut);
         }
-        found.sort_by(|a, b| a.path.cmp(&b.path));
-        found.dedup_by(|a, b| a.path == b.path);
+        // One per path, and none inside a directory door: it would not exist in the empty one.
+        let found = doors::tidy(found);
         let c_path = |path: &Path| {
             CString::new(path.as_os_str().as_bytes()).with_context(|| format!("--contain: {}", display_path(path)))
         };
