@@ -37,11 +37,15 @@ struct Lab {
     namespace: File,
     registry: SocketAddr,
     other: SocketAddr,
+    /// A stand-in of the user's own proxy (see [`serve_upstream`]).
+    upstream: SocketAddr,
     abstract_name: String,
     /// The registry stand-in's request lines.
     requests: Arc<Mutex<Vec<String>>>,
     other_connections: Arc<AtomicUsize>,
     abstract_connections: Arc<AtomicUsize>,
+    /// The upstream stand-in's request lines.
+    upstream_requests: Arc<Mutex<Vec<String>>>,
 }
 
 impl Lab {
@@ -51,7 +55,7 @@ impl Lab {
         let abstract_name = format!("credwatch-test-contain-net-{}", std::process::id());
         let name = abstract_name.clone();
         // Namespaces are per thread: the listeners stay in this one after the thread ends.
-        let (namespace, registry, other, unix) = thread::spawn(move || {
+        let (namespace, registry, other, upstream, unix) = thread::spawn(move || {
             // SAFETY: unshare(2) takes no pointer; it changes this thread only.
             let unshared = unsafe { libc::unshare(libc::CLONE_NEWNET) };
             assert_eq!(unshared, 0, "unshare(CLONE_NEWNET): {}", io::Error::last_os_error());
@@ -59,10 +63,11 @@ impl Lab {
             assert!(up.success(), "ip link set lo up: {up}");
             let registry = TcpListener::bind("127.0.0.10:0").unwrap();
             let other = TcpListener::bind("127.0.0.11:0").unwrap();
+            let upstream = TcpListener::bind("127.0.0.12:0").unwrap();
             let address = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
             let unix = UnixListener::bind_addr(&address).unwrap();
             let namespace = File::open("/proc/thread-self/ns/net").unwrap();
-            (namespace, registry, other, unix)
+            (namespace, registry, other, upstream, unix)
         })
         .join()
         .expect("the lab's thread");
@@ -70,11 +75,15 @@ impl Lab {
             namespace,
             registry: registry.local_addr().unwrap(),
             other: other.local_addr().unwrap(),
+            upstream: upstream.local_addr().unwrap(),
             abstract_name,
             requests: Arc::default(),
             other_connections: Arc::default(),
             abstract_connections: Arc::default(),
+            upstream_requests: Arc::default(),
         };
+        let requests = Arc::clone(&lab.upstream_requests);
+        thread::spawn(move || serve_upstream(&upstream, &requests));
         let (base, bytes, requests) = (lab.registry_url(), fs::read(tarball).unwrap(), Arc::clone(&lab.requests));
         thread::spawn(move || serve_registry(&registry, &base, &bytes, &requests));
         let counted = Arc::clone(&lab.other_connections);
@@ -141,15 +150,7 @@ fn serve_registry(listener: &TcpListener, base: &str, tarball: &[u8], requests: 
         let requests = Arc::clone(requests);
         thread::spawn(move || {
             let mut stream: TcpStream = stream;
-            let mut head = Vec::new();
-            let mut chunk = [0u8; 4096];
-            while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_HEAD {
-                match stream.read(&mut chunk) {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => head.extend_from_slice(&chunk[..n]),
-                }
-            }
-            let line = String::from_utf8_lossy(head.split(|&b| b == b'\r').next().unwrap_or_default()).into_owned();
+            let Some(line) = request_line(&mut stream) else { return };
             let path = line.split_whitespace().nth(1).unwrap_or_default().to_owned();
             requests.lock().unwrap().push(line);
             let (status, body, kind) = if path == format!("/{PACKAGE}") {
@@ -168,6 +169,50 @@ fn serve_registry(listener: &TcpListener, base: &str, tarball: &[u8], requests: 
     }
 }
 
+/// The request line of the head a client sends (the head is read whole).
+fn request_line(stream: &mut TcpStream) -> Option<String> {
+    let mut head = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_HEAD {
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => head.extend_from_slice(&chunk[..n]),
+        }
+    }
+    Some(String::from_utf8_lossy(head.split(|&b| b == b'\r').next().unwrap_or_default()).into_owned())
+}
+
+/// The user's own proxy, as a stand-in: it records each request line, accepts every CONNECT,
+/// and answers the one request sent through the tunnel itself (`upstream`), reaching nothing.
+fn serve_upstream(listener: &TcpListener, requests: &Arc<Mutex<Vec<String>>>) {
+    for stream in listener.incoming().flatten() {
+        let requests = Arc::clone(requests);
+        thread::spawn(move || {
+            let mut stream: TcpStream = stream;
+            let Some(line) = request_line(&mut stream) else { return };
+            requests.lock().unwrap().push(line);
+            let _ = stream.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
+            if request_line(&mut stream).is_some() {
+                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\nConnection: close\r\n\r\nupstream");
+            }
+        });
+    }
+}
+
+/// `credwatch run --contain --contain-net registries -- npm install PACKAGE` in the lab, from
+/// its registry stand-in (the user's configured registry), with `env` for credwatch.
+fn install_in_the_box(sandbox: &Sandbox, lab: &Lab, project: &Path, report: &Path, env: &[(&str, String)]) -> Run {
+    let mut command = sandbox.credwatch("run");
+    command.arg("--json").arg("--alerts").arg(sandbox.alerts_file());
+    command.args(["--contain", "--contain-net", "registries", "--", "npm", "install", PACKAGE]);
+    command.current_dir(project).envs(lab.probe_env(report));
+    command.env("npm_config_registry", lab.registry_url()).env("npm_config_offline", "false");
+    command.env("npm_config_fetch_retries", "0");
+    command.envs(env.iter().map(|(name, value)| (name, value)));
+    lab.enter(&mut command);
+    sandbox.wait(sandbox.spawn(command))
+}
+
 /// The probe's report.
 fn report(path: &Path, run: &Run) -> Value {
     let text = fs::read_to_string(path).unwrap_or_else(|_| panic!("the probe did not report\n{}", run.describe()));
@@ -182,14 +227,7 @@ fn a_real_install_comes_through_the_proxy_and_every_other_way_out_is_shut_with_a
     let lab = Lab::start(&tarball);
     let report_path = sandbox.work().join("probe.json");
 
-    let mut command = sandbox.credwatch("run");
-    command.arg("--json").arg("--alerts").arg(sandbox.alerts_file());
-    command.args(["--contain", "--contain-net", "registries", "--", "npm", "install", PACKAGE]);
-    command.current_dir(&project).envs(lab.probe_env(&report_path));
-    command.env("npm_config_registry", lab.registry_url()).env("npm_config_offline", "false");
-    command.env("npm_config_fetch_retries", "0");
-    lab.enter(&mut command);
-    let run = sandbox.wait(sandbox.spawn(command));
+    let run = install_in_the_box(&sandbox, &lab, &project, &report_path, &[]);
 
     // The install: npm asked the configured registry for the packument and the tarball through
     // the proxy (absolute-URI requests, sent on in origin form), and the package's postinstall ran.
@@ -240,6 +278,28 @@ fn a_real_install_comes_through_the_proxy_and_every_other_way_out_is_shut_with_a
         assert_eq!(alert["package"]["lifecycle"], "postinstall", "{alert:#}");
         assert_eq!(alert["process"]["args"], serde_json::json!(["node", "probe.js"]), "{alert:#}");
     }
+}
+
+#[test]
+fn the_proxy_goes_through_the_users_own_proxy_when_credwatch_has_one() {
+    let sandbox = Sandbox::new();
+    let tarball = sandbox.npm_pack(&format!("npm/{PACKAGE}"));
+    let project = sandbox.npm_project();
+    let lab = Lab::start(&tarball);
+    let report_path = sandbox.work().join("probe.json");
+    let upstream = format!("http://{}", lab.upstream);
+    let run = install_in_the_box(&sandbox, &lab, &project, &report_path, &[("HTTPS_PROXY", upstream.clone())]);
+    run.assert_exit(EXIT_ALERT);
+    let report = report(&report_path, &run);
+    // The box's clients still see credwatch's proxy, not the user's.
+    assert_ne!(report["proxy"], upstream.as_str(), "{report:#}");
+    // The allowed tunnel went through the user's proxy (which answered it itself); the refused
+    // ones never reached it.
+    assert_eq!(report["registryTunnel"]["status"], 200, "{report:#}");
+    assert_eq!(report["registryTunnel"]["answer"], "HTTP/1.1 200 OK", "{report:#}");
+    let requests = lab.upstream_requests.lock().unwrap().clone();
+    assert_eq!(requests, [format!("CONNECT {} HTTP/1.1", lab.registry)], "{report:#}\n{}", run.describe());
+    assert_eq!(report["otherTunnel"]["status"], 403, "{report:#}");
 }
 
 #[test]
