@@ -151,9 +151,10 @@ impl Containment {
         self.root
     }
 
-    /// The hidden files, as alerts name them.
+    /// The hidden files and the shut doors, as alerts name them.
     pub fn hidden_paths(&self) -> BTreeSet<String> {
-        self.plan.hidden.iter().map(|hidden| hidden.path.to_string_lossy().into_owned()).collect()
+        let files = self.plan.hidden.iter().map(|hidden| hidden.path.to_string_lossy().into_owned());
+        files.chain(self.doors.paths()).collect()
     }
 
     /// The environment variables to remove from the command's.

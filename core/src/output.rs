@@ -191,7 +191,11 @@ pub fn render(alert: &Alert, colour: bool) -> String {
     for item in &alert.credwatch.rotate {
         let _ = writeln!(out, "  rotate   {}", escape(item));
     }
-    if alert.credwatch.contained {
+    if alert.credwatch.contained && alert.destination.is_some() {
+        out.push_str(
+            "  note     contained: the box shut the socket (an empty file over it); the connection was refused\n",
+        );
+    } else if alert.credwatch.contained {
         out.push_str("  note     contained: the box replaced the file (empty, or its settings without secrets); the credential was not read\n");
     } else if !matches!(alert.event.outcome.as_str(), "blocked" | "denied") {
         let what = if alert.destination.is_some() { "connection" } else { "read" };

@@ -144,6 +144,14 @@ fn ssh_agents_are_out_of_reach_even_through_their_paths() {
         assert!(text.contains(&format!("{}: ECONNREFUSED", socket.display())), "{text}\n{}", run.describe());
     }
     assert!(said_shut(&run).contains("ssh-agent"), "{}", run.describe());
+    // The connects alert as outside the box, and say that the agent signed nothing.
+    let agent_alerts: Vec<_> =
+        run.alerts().into_iter().filter(|alert| alert["rule"]["id"] == "ssh-agent-socket").collect();
+    assert!(!agent_alerts.is_empty(), "no ssh-agent-socket alert\n{}", run.describe());
+    for alert in &agent_alerts {
+        assert_eq!(alert["credwatch"]["contained"], true, "{alert:#}");
+        assert_eq!(alert["credwatch"]["rotate"], serde_json::json!([]), "{alert:#}");
+    }
     // Outside, both agents still answer.
     for socket in [&named, &default] {
         let listed = sandbox.setup("ssh-add -L", sandbox.command("ssh-add").arg("-L").env("SSH_AUTH_SOCK", socket));

@@ -95,6 +95,16 @@ impl Doors {
         })
     }
 
+    /// The doors' paths as a connect names them: each resolved path, and under `/var/run`
+    /// too for one in `/run` (the same directory by a link on every current distribution).
+    pub(super) fn paths(&self) -> impl Iterator<Item = String> + '_ {
+        self.found.iter().flat_map(|door| {
+            let path = door.path.to_string_lossy().into_owned();
+            let alias = path.strip_prefix("/run/").map(|rest| format!("/var/run/{rest}"));
+            std::iter::once(path).chain(alias)
+        })
+    }
+
     /// The variables of `env` that name a door, to withhold.
     pub(super) fn variables(&self, rules: &RuleSet, env: &[(OsString, OsString)]) -> Vec<String> {
         doors::withheld_variables(rules, env, &self.found)

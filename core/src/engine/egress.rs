@@ -215,6 +215,12 @@ impl Engine {
         if with_credentials {
             alert.credwatch.credentials_touched = self.egress.touched.get(&p.tree).cloned().unwrap_or_default();
         }
+        // A socket `run --contain` shut (an empty file bound over it): the connect was refused,
+        // so the agent behind it signed nothing.
+        if connect.path.as_ref().is_some_and(|path| self.options.contained.contains(path)) {
+            alert.credwatch.contained = true;
+            alert.credwatch.rotate = Vec::new();
+        }
         alert
     }
 }
@@ -239,8 +245,11 @@ mod tests {
 
     impl Run {
         fn new(rules: RuleSet) -> Run {
-            let options = EngineOptions { host_name: "box".into(), ..EngineOptions::default() };
-            Run { engine: Engine::new(rules, options), time_ns: 1 }
+            Run::with(rules, EngineOptions::default())
+        }
+
+        fn with(rules: RuleSet, options: EngineOptions) -> Run {
+            Run { engine: Engine::new(rules, EngineOptions { host_name: "box".into(), ..options }), time_ns: 1 }
         }
 
         fn send(&mut self, pid: u32, data: EventData) -> Vec<Alert> {
@@ -412,7 +421,24 @@ mod tests {
         let unix =
             |path: &str| Connect { tid: 101, family: "unix".into(), path: Some(path.into()), ..Connect::default() };
         assert!(run.send(101, EventData::Connect(unix("/run/user/1000/bus"))).is_empty());
-        assert_eq!(ids(&run.send(101, EventData::Connect(unix("/run/user/1000/gcr/ssh")))), ["ssh-agent-socket"]);
+        let alerts = run.send(101, EventData::Connect(unix("/run/user/1000/gcr/ssh")));
+        assert_eq!(ids(&alerts), ["ssh-agent-socket"]);
+        assert!(!alerts[0].credwatch.contained && !alerts[0].credwatch.rotate.is_empty());
+    }
+
+    #[test]
+    fn a_connect_to_a_socket_the_box_shut_is_contained_and_has_nothing_to_rotate() {
+        let contained = ["/tmp/ssh-XXXXabcd/agent.4242".to_owned()].into();
+        let mut run = Run::with(RuleSet::defaults().unwrap(), EngineOptions { contained, ..EngineOptions::default() });
+        run.exec(100, 1, &["npm", "install"], &[]);
+        run.exec(101, 100, &["node", "x.js"], &[]);
+        let unix =
+            |path: &str| Connect { tid: 101, family: "unix".into(), path: Some(path.into()), ..Connect::default() };
+        let alerts = run.send(101, EventData::Connect(unix("/tmp/ssh-XXXXabcd/agent.4242")));
+        assert_eq!(ids(&alerts), ["ssh-agent-socket"]);
+        assert!(alerts[0].credwatch.contained && alerts[0].credwatch.rotate.is_empty(), "{:?}", alerts[0].credwatch);
+        let text = crate::output::render(&alerts[0], false);
+        assert!(text.contains("contained: the box shut the socket"), "{text}");
     }
 
     #[test]
