@@ -243,6 +243,12 @@ impl HomeBox {
                 format!(", and {}", count(self.plan.other_homes.len(), "other home"))
             },
         );
+        if let Some(overlay) = &self.overlay {
+            info!(
+                "contained: the box's writes to the home go to {} until the run ends",
+                display_path(overlay.dir.path())
+            );
+        }
         for place in &self.plan.writable {
             debug!("contained: writable: {}", display_path(place));
         }
