@@ -352,6 +352,9 @@ pub struct AlertUser {
 }
 
 /// credwatch's own fields.
+/// `enforcement` of a write a read-only mount refused (EROFS): nothing was written.
+pub const READ_ONLY_MOUNT: &str = "read-only-mount";
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct AlertCredwatch {
     /// pid of the tree's root.
@@ -359,7 +362,9 @@ pub struct AlertCredwatch {
     /// What to rotate or check now, for a person to act on.
     pub rotate: Vec<String>,
     /// Whether this match could have been blocked in the kernel (`kernel`: a kill; `lsm`: a
-    /// BPF LSM refusal; `kernel-hold`: a held connect) or only alerted on (`userspace`).
+    /// BPF LSM refusal; `kernel-hold`: a held connect) or only alerted on (`userspace`); what
+    /// refused it otherwise (`proxy`: `--contain-net`'s; [`READ_ONLY_MOUNT`]: a write the file
+    /// system refused, as `run --contain`'s home does).
     pub enforcement: String,
     /// `run --contain`: the file (every file, for a sweep) was one the box had replaced by an
     /// empty one, so the credential was not read and nothing is to rotate for it.

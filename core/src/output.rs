@@ -195,6 +195,8 @@ pub fn render(alert: &Alert, colour: bool) -> String {
         out.push_str(
             "  note     contained: the box shut the socket (an empty file over it); the connection was refused\n",
         );
+    } else if alert.credwatch.enforcement == crate::alert::READ_ONLY_MOUNT {
+        out.push_str("  note     refused: the file system is read-only here (EROFS: run --contain's home); nothing was written\n");
     } else if alert.credwatch.contained {
         out.push_str("  note     contained: the box replaced the file (empty, or its settings without secrets); the credential was not read\n");
     } else if !matches!(alert.event.outcome.as_str(), "blocked" | "denied") {

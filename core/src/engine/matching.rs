@@ -7,7 +7,7 @@ use super::{
     Engine, Id,
 };
 use crate::{
-    alert::{Alert, AlertFile, AlertSyscall, Severity},
+    alert::{Alert, AlertFile, AlertSyscall, Severity, READ_ONLY_MOUNT},
     event::{normalize_path, Event, Open, Rename, Syscall},
     rules::{
         manager::basename,
@@ -184,7 +184,14 @@ impl Engine {
             let chain = (!open.stopped() && severity.why.is_none())
                 .then(|| self.chain_verdict(&self.procs[&id], rule, judged))
                 .flatten();
-            let alert = self.alert(event, id, rule, severity, "open", Stop::of(open.blocked, open.denied), Some(file));
+            let mut alert =
+                self.alert(event, id, rule, severity, "open", Stop::of(open.blocked, open.denied), Some(file));
+            if refused_write {
+                // Nothing was written: the mount refused it, so nothing is to be undone.
+                alert.event.outcome = "denied".into();
+                alert.credwatch.enforcement = READ_ONLY_MOUNT.into();
+                alert.credwatch.rotate = Vec::new();
+            }
             let subject = open_subject(rule, alert.credwatch.why.is_some(), judged);
             match chain {
                 Some(chain) => {

@@ -329,6 +329,12 @@ fn a_write_a_read_only_mount_refused_alerts() {
     let seen: Vec<(&str, &str)> =
         alerts.iter().map(|a| (a.rule.id.as_str(), a.file.as_ref().unwrap().path.as_str())).collect();
     assert_eq!(seen, [("shell-rc-write", "/home/alice/.bashrc")]);
+    // Said as refused, with nothing to undo.
+    let alert = &alerts[0];
+    assert_eq!((alert.event.outcome.as_str(), alert.credwatch.enforcement.as_str()), ("denied", "read-only-mount"));
+    assert!(alert.credwatch.rotate.is_empty(), "{:?}", alert.credwatch.rotate);
+    let text = crate::output::render(alert, false);
+    assert!(text.contains("refused: the file system is read-only") && !text.contains("was not blocked"), "{text}");
 }
 
 #[test]
