@@ -9,7 +9,7 @@ pub mod servers;
 
 use std::{
     fs,
-    os::unix::process::CommandExt,
+    os::unix::{fs::PermissionsExt as _, process::CommandExt},
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
     sync::OnceLock,
@@ -138,6 +138,60 @@ pub fn credwatch_binary() -> PathBuf {
     let binary = workspace.join("target/release/credwatch");
     assert!(binary.is_file(), "{} is missing: run `cargo xtask build` (or `cargo xtask test`)", binary.display());
     binary
+}
+
+/// A user with ids of its own and no passwd entry, for `credwatch run --contain` without root:
+/// a top directory anyone may enter, holding its home and a copy of credwatch it can run (the
+/// checkout may be under a home of mode 0700, as /root is).
+pub struct OtherUser {
+    pub uid: u32,
+    top: TempDir,
+    pub home: PathBuf,
+    pub binary: PathBuf,
+}
+
+impl OtherUser {
+    /// Its home is made, empty; [`OtherUser::own`] gives it the files written there.
+    pub fn new(uid: u32) -> OtherUser {
+        require_root();
+        let top = tempfile::Builder::new().prefix("credwatch-e2e-user-").tempdir().unwrap();
+        fs::set_permissions(top.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let home = top.path().join("home");
+        fs::create_dir(&home).unwrap();
+        let binary = top.path().join("credwatch");
+        fs::copy(credwatch_binary(), &binary).unwrap();
+        let mode = fs::metadata(&binary).unwrap().permissions().mode();
+        assert!(mode & 0o001 != 0, "the copy of credwatch is not executable by others");
+        let user = OtherUser { uid, top, home, binary };
+        user.own(&user.home);
+        user
+    }
+
+    pub fn top(&self) -> &Path {
+        self.top.path()
+    }
+
+    /// `path` and everything below it becomes the user's.
+    pub fn own(&self, path: &Path) {
+        let ids = format!("{0}:{0}", self.uid);
+        let chown = Command::new("chown").args(["-R", &ids]).arg(path).status().unwrap();
+        assert!(chown.success(), "chown -R {ids} {}", path.display());
+    }
+
+    /// `program` run as the user (its own group, no other), with `HOME` and the test's `PATH`
+    /// alone in its environment, in the top directory.
+    pub fn command(&self, program: &Path) -> Command {
+        let uid = self.uid.to_string();
+        let mut command = Command::new("setpriv");
+        command
+            .args(["--reuid", &uid, "--regid", &uid, "--clear-groups", "--"])
+            .arg(program)
+            .env_clear()
+            .env("HOME", &self.home)
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .current_dir(self.top());
+        command
+    }
 }
 
 /// Fails the test at once, with the reason, when it is not root: nothing here works without it.

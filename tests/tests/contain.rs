@@ -2,14 +2,9 @@
 //! empty and secret variables gone, cannot unmount or reach around the box, and its reads still
 //! alert; real installs in the box succeed; without root the box is a user namespace.
 
-use std::{
-    fs,
-    os::unix::fs::{MetadataExt as _, PermissionsExt as _},
-    path::Path,
-    process::Command,
-};
+use std::{fs, path::Path};
 
-use credwatch_e2e::{assert_field, credwatch_binary, Run, Sandbox, EXIT_ALERT, FAKE_CREDENTIALS};
+use credwatch_e2e::{assert_field, OtherUser, Run, Sandbox, EXIT_ALERT, FAKE_CREDENTIALS};
 use serde_json::Value;
 
 /// Variables the fixtures' environment carries, as a CI job's would: all withheld in the box.
@@ -142,32 +137,20 @@ fn real_installs_succeed_in_the_box() {
 /// that it watches nothing itself.
 #[test]
 fn without_root_the_box_is_a_user_namespace() {
-    credwatch_e2e::require_root();
     const UID: u32 = 64_123;
-    let top = tempfile::Builder::new().prefix("credwatch-contain-user-").tempdir().unwrap();
-    fs::set_permissions(top.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    let home = top.path().join("home");
+    let user = OtherUser::new(UID);
+    let home = &user.home;
     for (relative, text) in FAKE_CREDENTIALS {
         let path = home.join(relative);
         fs::create_dir_all(path.parent().unwrap()).unwrap();
         fs::write(&path, text).unwrap();
     }
-    let chown = Command::new("chown").args(["-R", &format!("{UID}:{UID}")]).arg(&home).status().unwrap();
-    assert!(chown.success());
-    // A copy the user can reach: the checkout may be under a home of mode 0700 (/root).
-    let binary = top.path().join("credwatch");
-    fs::copy(credwatch_binary(), &binary).unwrap();
-    assert!(fs::metadata(&binary).unwrap().mode() & 0o001 != 0, "the copy is not executable by others");
-    let output = Command::new("setpriv")
-        .args(["--reuid", &UID.to_string(), "--regid", &UID.to_string(), "--clear-groups", "--"])
-        .arg(&binary)
+    user.own(home);
+    let output = user
+        .command(&user.binary)
         .args(["run", "--contain", "--", "sh", "-c"])
         .arg("cat ~/.ssh/id_ed25519 ~/.aws/credentials ~/.npmrc; echo \"token=$NPM_TOKEN\"; id -u")
-        .env_clear()
-        .env("HOME", &home)
-        .env("PATH", std::env::var_os("PATH").unwrap())
         .env("NPM_TOKEN", "npm_FAKEcredwatchE2E")
-        .current_dir(top.path())
         .output()
         .unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));

@@ -16,7 +16,7 @@ use std::{
 
 use credwatch_e2e::{
     servers::{signal, Dockerd},
-    slow, Run, Sandbox,
+    slow, OtherUser, Run, Sandbox,
 };
 
 /// A `connect()` to each unix socket path of its arguments: `PATH: connected`, or `PATH:` and
@@ -356,15 +356,10 @@ fn the_box_has_a_fresh_session_keyring() {
 /// Another user's box (a user namespace of its own ids): its doors are shut the same way.
 #[test]
 fn without_root_the_doors_are_shut_too() {
-    credwatch_e2e::require_root();
-    const UID: u32 = 64_124;
-    let top = tempfile::Builder::new().prefix("credwatch-doors-user-").tempdir().unwrap();
-    fs::set_permissions(top.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    let (home, runtime) = (top.path().join("home"), top.path().join("run"));
-    for dir in [&home, &runtime] {
-        fs::create_dir(dir).unwrap();
-        std::os::unix::fs::chown(dir, Some(UID), Some(UID)).unwrap();
-    }
+    let user = OtherUser::new(64_124);
+    let runtime = user.top().join("run");
+    fs::create_dir(&runtime).unwrap();
+    user.own(&runtime);
     fs::set_permissions(&runtime, fs::Permissions::from_mode(0o700)).unwrap();
     // The user's agent and bus: sockets it may connect to.
     let (agent, bus) = (runtime.join("ssh-agent.sock"), runtime.join("bus"));
@@ -372,24 +367,13 @@ fn without_root_the_doors_are_shut_too() {
         .into_iter()
         .map(|socket| {
             let listener = UnixListener::bind(socket).unwrap();
-            std::os::unix::fs::chown(socket, Some(UID), Some(UID)).unwrap();
+            user.own(socket);
             listener
         })
         .collect();
-    // A copy the user can reach: the checkout may be under a home of mode 0700 (/root).
-    let binary = top.path().join("credwatch");
-    fs::copy(credwatch_e2e::credwatch_binary(), &binary).unwrap();
     let as_user = |program: &Path| {
-        let mut command = Command::new("setpriv");
-        command
-            .args(["--reuid", &UID.to_string(), "--regid", &UID.to_string(), "--clear-groups", "--"])
-            .arg(program)
-            .env_clear()
-            .env("HOME", &home)
-            .env("XDG_RUNTIME_DIR", &runtime)
-            .env("SSH_AUTH_SOCK", &agent)
-            .env("PATH", "/usr/bin:/bin")
-            .current_dir(top.path());
+        let mut command = user.command(program);
+        command.env("XDG_RUNTIME_DIR", &runtime).env("SSH_AUTH_SOCK", &agent).env("PATH", "/usr/bin:/bin");
         command
     };
     // The system's python3: pyenv's lives in root's home.
@@ -400,7 +384,7 @@ fn without_root_the_doors_are_shut_too() {
     };
     let (_, outside) = probe(&mut as_user(Path::new("env")));
     assert_eq!(outside.matches(": connected").count(), 2, "{outside}");
-    let (output, inside) = probe(as_user(&binary).args(["run", "--contain", "--"]));
+    let (output, inside) = probe(as_user(&user.binary).args(["run", "--contain", "--"]));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{}\n{inside}\n{stderr}", output.status);
     for socket in [&agent, &bus] {

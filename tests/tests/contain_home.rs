@@ -5,14 +5,9 @@
 //! drops it, and with `--keep` keeps all but the persistence paths; without root the same box
 //! is a user namespace's.
 
-use std::{
-    fs,
-    os::unix::fs::{MetadataExt as _, PermissionsExt as _},
-    path::Path,
-    process::Command,
-};
+use std::{fs, path::Path};
 
-use credwatch_e2e::{credwatch_binary, Run, Sandbox, EXIT_ALERT};
+use credwatch_e2e::{OtherUser, Run, Sandbox, EXIT_ALERT};
 use serde_json::Value;
 
 /// The user's own start-up file, which nothing in the box may change.
@@ -231,30 +226,18 @@ fn an_overlay_lists_what_the_box_wrote_drops_it_and_keeps_all_but_persistence() 
 /// overlay works there (Linux 5.11+).
 #[test]
 fn without_root_the_home_is_read_only_and_an_overlay_works() {
-    credwatch_e2e::require_root();
-    const UID: u32 = 64_124;
-    let top = tempfile::Builder::new().prefix("credwatch-contain-home-user-").tempdir().unwrap();
-    fs::set_permissions(top.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    let home = top.path().join("home");
+    let user = OtherUser::new(64_124);
+    let home = &user.home;
     fs::create_dir_all(home.join("app")).unwrap();
     fs::write(home.join("app/package.json"), "{}\n").unwrap();
     fs::write(home.join(".bashrc"), BASHRC).unwrap();
-    let chown = Command::new("chown").args(["-R", &format!("{UID}:{UID}")]).arg(&home).status().unwrap();
-    assert!(chown.success());
-    // A copy the user can reach: the checkout may be under a home of mode 0700 (/root).
-    let binary = top.path().join("credwatch");
-    fs::copy(credwatch_binary(), &binary).unwrap();
-    assert!(fs::metadata(&binary).unwrap().mode() & 0o001 != 0, "the copy is not executable by others");
+    user.own(home);
     let run = |options: &[&str], script: &str| {
-        let output = Command::new("setpriv")
-            .args(["--reuid", &UID.to_string(), "--regid", &UID.to_string(), "--clear-groups", "--"])
-            .arg(&binary)
+        let output = user
+            .command(&user.binary)
             .args(["run", "--contain"])
             .args(options)
             .args(["--", "sh", "-c", script])
-            .env_clear()
-            .env("HOME", &home)
-            .env("PATH", std::env::var_os("PATH").unwrap())
             .current_dir(home.join("app"))
             .output()
             .unwrap();
