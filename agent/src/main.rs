@@ -224,7 +224,10 @@ struct RunArgs {
     /// namespace, and no sensor of its own (a running `credwatch watch` alerts). The home is
     /// read-only in the box but for the project directory and the managers' caches; persistence
     /// paths (rc files, systemd user units, agents' hooks, crontabs) stay read-only even there
-    /// (see --contain-writes).
+    /// (see --contain-writes). The side doors are shut: the sockets of ssh-agent, gpg-agent, the
+    /// container engines, the session bus and the user's systemd manager, X11 and Wayland, and
+    /// Kerberos caches (rules' `doors:`), with their variables; the box gets a fresh session
+    /// keyring.
     #[arg(long)]
     contain: bool,
     /// With --contain: `read-only` (the default), a write to the home elsewhere fails (EROFS)
