@@ -25,7 +25,7 @@ use crate::{cargo, run, workspace};
 /// The targets in the order they run, each with the longest input worth trying: a kernel
 /// record is at most a few KiB; text inputs get enough lines for processes to fork, exec and
 /// open, without the fuzzer spending its time on megabytes.
-pub const TARGETS: [(&str, usize); 8] = [
+pub const TARGETS: [(&str, usize); 9] = [
     ("record", 32 << 10),
     ("trace", 64 << 10),
     ("strace", 64 << 10),
@@ -34,6 +34,8 @@ pub const TARGETS: [(&str, usize); 8] = [
     ("tracee", 64 << 10),
     ("rules", 64 << 10),
     ("fleet", 64 << 10),
+    // A request head: the proxy refuses more than 16 KiB.
+    ("proxy", 32 << 10),
 ];
 
 /// The cargo-fuzz release the targets are measured with (`cargo install --locked`).
