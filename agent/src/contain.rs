@@ -107,9 +107,6 @@ impl Containment {
         let doors = doors::Doors::prepare(rules, staging.path(), &home, uid, env, &accounts)?;
         let home = home::HomeBox::prepare(rules, env, &home, root, &accounts)?;
         plan.withhold_door_variables(doors.variables(rules, env));
-        let c_path = |path: &Path| {
-            CString::new(path.as_os_str().as_bytes()).with_context(|| format!("--contain: {}", display_path(path)))
-        };
         let mut targets = Vec::with_capacity(plan.hidden.len());
         for (index, hidden) in plan.hidden.iter().enumerate() {
             // Unreadable (gone since the search): the empty file will do.
@@ -295,6 +292,11 @@ impl Containment {
             write("gid_map", &format!("{0} {0} 1\n", self.gid))
         }
     }
+}
+
+/// `path` for a system call of the box, whose failure names it.
+fn c_path(path: &Path) -> Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).with_context(|| format!("--contain: {}", display_path(path)))
 }
 
 /// A system call's result: negative is a failure at `step`, with errno.

@@ -681,7 +681,11 @@ fn config_show(file: Option<PathBuf>) -> Result<ExitCode> {
 fn exposure(args: &ExposureArgs) -> Result<ExitCode> {
     use std::ffi::OsString;
 
-    use credwatch_core::{doors::DoorScope, exposure, import::passwd};
+    use credwatch_core::{
+        doors::{runtime_dir_of, DoorScope},
+        exposure,
+        import::passwd,
+    };
     let rules = RuleSet::load(args.rules.as_deref()).context("loading rules")?;
     let (passwd_file, group_file) = (args.passwd.display().to_string(), args.group.display().to_string());
     let read = |path: &Path| std::fs::read(path).map(|text| String::from_utf8_lossy(&text).into_owned());
@@ -689,7 +693,6 @@ fn exposure(args: &ExposureArgs) -> Result<ExitCode> {
     let running_uid = unsafe { libc::geteuid() };
     let env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
     let env_runtime_dir = std::env::var_os("XDG_RUNTIME_DIR").filter(|dir| !dir.is_empty()).map(PathBuf::from);
-    let runtime_dir_of = |uid: u32| PathBuf::from(format!("/run/user/{uid}"));
     let (who, scope, door_scope) = if let Some(user) = &args.user {
         let text = read(&args.passwd).with_context(|| format!("reading {passwd_file}"))?;
         let accounts = passwd::accounts(&passwd_file, &text)?;

@@ -75,6 +75,12 @@ pub struct Search {
     pub cut: Vec<String>,
 }
 
+/// `/run/user/UID`: where logind puts a user's runtime directory (`XDG_RUNTIME_DIR` when its
+/// session does not say otherwise).
+pub fn runtime_dir_of(uid: u32) -> PathBuf {
+    PathBuf::from(format!("/run/user/{uid}"))
+}
+
 /// The doors of `rules` that exist in `scope`: sorted by path, deduplicated by resolved path
 /// (`/var/run/docker.sock` is `/run/docker.sock`), none inside a directory door (binding the
 /// directory shuts it), at most [`MAX_DOORS`].

@@ -8,11 +8,10 @@
 
 use std::{
     ffi::{CString, OsString},
-    os::unix::ffi::OsStrExt as _,
     path::{Path, PathBuf},
 };
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use credwatch_core::{
     doors::{self, Door, DoorScope},
     exposure::display_path,
@@ -21,7 +20,7 @@ use credwatch_core::{
 };
 use tracing::{debug, info, warn};
 
-use super::{check, count, Failure};
+use super::{c_path, check, count, Failure};
 
 /// Failure steps of the doors: the door's index past this.
 const STEP_DOORS: u32 = 1 << 30;
@@ -62,17 +61,16 @@ impl Doors {
         };
         let runtime_dir = (env.iter())
             .find(|(name, value)| name == "XDG_RUNTIME_DIR" && !value.is_empty())
-            .map_or_else(|| runtime_dir_of(uid), |(_, value)| PathBuf::from(value));
+            .map_or_else(|| doors::runtime_dir_of(uid), |(_, value)| PathBuf::from(value));
         let mut scopes = vec![scope(home, uid, runtime_dir, env.to_vec())];
         if uid == 0 {
             let others = accounts.iter().filter(|account| account.uid != uid).filter(|account| {
-                runtime_dir_of(account.uid).is_dir() || (account.home != "/" && Path::new(&account.home).is_dir())
+                doors::runtime_dir_of(account.uid).is_dir()
+                    || (account.home != "/" && Path::new(&account.home).is_dir())
             });
-            scopes.extend(
-                others.map(|account| {
-                    scope(Path::new(&account.home), account.uid, runtime_dir_of(account.uid), Vec::new())
-                }),
-            );
+            scopes.extend(others.map(|account| {
+                scope(Path::new(&account.home), account.uid, doors::runtime_dir_of(account.uid), Vec::new())
+            }));
         }
         let (mut found, mut cut) = (Vec::new(), Vec::new());
         for scope in &scopes {
@@ -82,9 +80,6 @@ impl Doors {
         }
         // One per path, and none inside a directory door: it would not exist in the empty one.
         let found = doors::tidy(found);
-        let c_path = |path: &Path| {
-            CString::new(path.as_os_str().as_bytes()).with_context(|| format!("--contain: {}", display_path(path)))
-        };
         let targets = found.iter().map(|door| c_path(&door.path)).collect::<Result<_>>()?;
         Ok(Doors {
             found,
@@ -193,11 +188,6 @@ pub(super) unsafe fn join_fresh_session_keyring() -> Result<(), Failure> {
         std::ptr::null::<libc::c_char>(),
     );
     check(if joined < 0 { -1 } else { 0 }, STEP_KEYRING)
-}
-
-/// `/run/user/UID`: where logind puts a user's runtime directory.
-fn runtime_dir_of(uid: u32) -> PathBuf {
-    PathBuf::from(format!("/run/user/{uid}"))
 }
 
 #[cfg(test)]

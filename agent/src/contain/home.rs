@@ -11,23 +11,20 @@
 use std::{
     ffi::{CString, OsString},
     fs, io,
-    os::unix::{
-        ffi::OsStrExt as _,
-        fs::{FileTypeExt as _, MetadataExt as _},
-    },
+    os::unix::fs::{FileTypeExt as _, MetadataExt as _},
     path::{Path, PathBuf},
 };
 
 use anyhow::{Context as _, Result};
 use credwatch_core::{
-    contain::home::{self, HomePlan, Writes},
+    contain::home::{self, HomePlan, PersistenceRules, Writes},
     exposure::display_path,
     import::passwd::Account,
     rules::RuleSet,
 };
 use tracing::{debug, info, warn};
 
-use super::{check, count, Failure};
+use super::{c_path, check, count, Failure};
 
 /// Failure steps of the home: `STEP_HOME | kind << 24 | index`.
 const STEP_HOME: u32 = 0xA000_0000;
@@ -94,7 +91,8 @@ struct Overlay {
 
 pub(super) struct HomeBox {
     plan: HomePlan,
-    rules: RuleSet,
+    /// What `--keep` never copies out of the overlay.
+    persistence_rules: PersistenceRules,
     root: bool,
     /// The mount points of the writable places' own views while the box is made.
     _stage: tempfile::TempDir,
@@ -179,7 +177,7 @@ impl HomeBox {
             persistence,
             setattr,
             _stage: stage,
-            rules: rules.clone(),
+            persistence_rules: PersistenceRules::of(rules),
             root,
             overlay: None,
             plan,
@@ -375,7 +373,7 @@ impl HomeBox {
         let mut kept = Vec::new();
         for change in &changes {
             let shown = tilde(&self.plan.home, &change.real);
-            if home::is_persistence_path(&self.rules, &change.real, &self.plan.home, change.is_dir()) {
+            if self.persistence_rules.matches(&change.real, &self.plan.home, change.is_dir()) {
                 warn!("not kept: {shown} (a persistence path)");
                 continue;
             }
@@ -408,10 +406,6 @@ fn kept_flags(path: &CString) -> libc::c_ulong {
         return 0;
     }
     KEPT_FLAGS.iter().filter(|(bit, _)| stat.f_flag & bit != 0).fold(0, |all, (_, flag)| all | flag)
-}
-
-fn c_path(path: &Path) -> Result<CString> {
-    CString::new(path.as_os_str().as_bytes()).with_context(|| format!("--contain: {}", display_path(path)))
 }
 
 /// Creates `dirs` (and their missing parents) under `home`, owned by the home's owner when

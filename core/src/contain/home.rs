@@ -123,9 +123,9 @@ pub fn plan(input: &Input) -> HomePlan {
     create.sort();
     create.dedup();
 
-    let persistence_rules: Vec<&Rule> = input.rules.rules().iter().filter(|rule| is_persistence_rule(rule)).collect();
+    let persistence_rules = PersistenceRules::of(input.rules);
     let mut finder = Finder {
-        rules: &persistence_rules,
+        rules: &persistence_rules.0,
         home: home.to_str().map(str::to_owned),
         system_root: input.system_root.map(Path::to_path_buf),
         found: Vec::new(),
@@ -155,20 +155,24 @@ pub fn is_home(home: &Path) -> bool {
     home != Path::new("/") && home.is_dir()
 }
 
-/// A rule about writing persistence: its targets never pass the box.
-fn is_persistence_rule(rule: &Rule) -> bool {
-    rule.category == "persistence" && rule.kind == RuleKind::Target(Access::Write)
-}
+/// The rules about writing persistence: their targets never pass the box.
+#[derive(Clone, Debug)]
+pub struct PersistenceRules(Vec<Rule>);
 
-/// Whether a write at `path` (in a home whose path is `home`) is a persistence path: a target
-/// of a persistence rule, or a directory whose every file would be one. `--keep` never copies
-/// those out of the overlay.
-pub fn is_persistence_path(rules: &RuleSet, path: &Path, home: &Path, directory: bool) -> bool {
-    let (Some(text), home) = (path.to_str(), home.to_str()) else { return false };
-    let probe = format!("{}/{PROBE}", text.trim_end_matches('/'));
-    (rules.rules().iter())
-        .filter(|rule| is_persistence_rule(rule))
-        .any(|rule| rule.matches_path(text, home) || (directory && rule.matches_path(&probe, home)))
+impl PersistenceRules {
+    pub fn of(rules: &RuleSet) -> PersistenceRules {
+        let persistence = |rule: &&Rule| rule.category == "persistence" && rule.kind == RuleKind::Target(Access::Write);
+        PersistenceRules(rules.rules().iter().filter(persistence).cloned().collect())
+    }
+
+    /// Whether a write at `path` (in a home whose path is `home`) is a persistence path: a
+    /// target of a persistence rule, or a directory whose every file would be one. `--keep`
+    /// never copies those out of the overlay.
+    pub fn matches(&self, path: &Path, home: &Path, directory: bool) -> bool {
+        let (Some(text), home) = (path.to_str(), home.to_str()) else { return false };
+        let probe = format!("{}/{PROBE}", text.trim_end_matches('/'));
+        (self.0.iter()).any(|rule| rule.matches_path(text, home) || (directory && rule.matches_path(&probe, home)))
+    }
 }
 
 /// The project directory of a command run in `cwd`, when it lies in one of the `areas` (the
@@ -227,7 +231,7 @@ fn outermost(paths: impl IntoIterator<Item = PathBuf>) -> Vec<PathBuf> {
 
 /// Looks for the existing persistence paths.
 struct Finder<'a> {
-    rules: &'a [&'a Rule],
+    rules: &'a [Rule],
     home: Option<String>,
     system_root: Option<PathBuf>,
     found: Vec<PathBuf>,
@@ -474,10 +478,9 @@ mod tests {
 
     #[test]
     fn persistence_paths_are_told_for_keep() {
-        let rules = RuleSet::defaults().unwrap();
+        let rules = PersistenceRules::of(&RuleSet::defaults().unwrap());
         let home = Path::new("/home/alice");
-        let persistence =
-            |relative: &str, directory: bool| is_persistence_path(&rules, &home.join(relative), home, directory);
+        let persistence = |relative: &str, directory: bool| rules.matches(&home.join(relative), home, directory);
         assert!(persistence(".bashrc", false));
         assert!(persistence(".config/systemd/user/evil.service", false));
         assert!(persistence(".config/systemd/user", true));
