@@ -443,6 +443,16 @@ fn test_prerequisites() -> Result<()> {
         ("gnome-keyring-daemon", "gnome-keyring"),
         ("secret-tool", "libsecret-tools"),
         ("keyctl", "keyutils"),
+        // `credwatch notify` (tests/tests/notify.rs): a session bus of its own, an X server, a
+        // real notification daemon and its control, the bus's monitor; `import` screenshots the
+        // popup. The incident page is loaded in a real headless Chromium.
+        ("Xvfb", "xvfb"),
+        ("dbus-launch", "dbus-x11"),
+        ("dunst", "dunst"),
+        ("notify-send", "libnotify-bin"),
+        ("import", "imagemagick"),
+        ("xdpyinfo", "x11-utils"),
+        ("chromium", "chromium"),
     ]
     .iter()
     .filter(|(program, _)| toolchain::find_in_path(program).is_none())
@@ -471,7 +481,7 @@ fn test_prerequisites() -> Result<()> {
     agent_clis()?;
     if importable("setuptools, wheel, uv") {
         println!(
-            "xtask: test prerequisites: node, npm, strace, auditd, rsyslogd with imrelp, nats-server, prometheus, systemd-analyze, readelf, dpkg-deb, dockerd, busybox, gem, bundle, make, gcc, ruby's headers, ssh-agent, gpg-agent, dbus-daemon, gnome-keyring, secret-tool, keyctl, python3 with setuptools, wheel and uv: present"
+            "xtask: test prerequisites: node, npm, strace, auditd, rsyslogd with imrelp, nats-server, prometheus, systemd-analyze, readelf, dpkg-deb, dockerd, busybox, gem, bundle, make, gcc, ruby's headers, ssh-agent, gpg-agent, dbus-daemon, gnome-keyring, secret-tool, keyctl, Xvfb, dunst, notify-send, import, chromium, python3 with setuptools, wheel and uv: present"
         );
         return Ok(());
     }
