@@ -4,6 +4,7 @@ mod config;
 mod contain;
 mod fleet;
 mod live;
+mod local;
 mod log;
 mod replay;
 

@@ -394,6 +394,10 @@ pub struct AlertCredwatch {
     /// the gap, which the kernel side recorded through and the restarted agent caught up on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gap: Option<AlertGap>,
+    /// The tree is one `credwatch selftest` registered with the agent: a rehearsal of an attack
+    /// on fake credentials, not an incident.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub selftest: bool,
 }
 
 /// The time the agent was down (see [`AlertCredwatch::gap`]).
