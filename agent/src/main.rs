@@ -6,6 +6,7 @@ mod fleet;
 mod live;
 mod local;
 mod log;
+mod notify;
 mod replay;
 
 use std::{
@@ -71,6 +72,10 @@ enum Commands {
     /// Check a configuration file, or print the configuration in force.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Show the running agent's alerts as desktop notifications, in the user's session: the
+    /// alerts of the user's own processes (all of them for root and group `credwatch`), and at
+    /// start those raised since the last one shown.
+    Notify(notify::NotifyArgs),
 }
 
 /// The configuration of `watch`, `run` and `record`: a file, `CREDWATCH_<KEY>` variables over
@@ -525,6 +530,7 @@ fn main() -> ExitCode {
         }),
         Commands::Config(ConfigCommand::Check { file }) => config_check(&file),
         Commands::Config(ConfigCommand::Show { config }) => config_show(config),
+        Commands::Notify(args) => notify::run(&args),
     };
     result.unwrap_or_else(|error| {
         // Line by line: a configuration's errors are one a line.

@@ -90,10 +90,21 @@ struct Entry {
     mode: u32,
 }
 
-const FILES: [Entry; 4] = [
+const FILES: [Entry; 6] = [
     Entry { path: "usr/bin/credwatch", source: "", mode: 0o755 },
     Entry { path: "lib/systemd/system/credwatch.service", source: "deploy/credwatch.service", mode: 0o644 },
     Entry { path: "etc/credwatch/credwatch.yaml", source: "deploy/credwatch.yaml", mode: 0o644 },
+    // `credwatch notify` in every graphical session, or as a user unit where wanted.
+    Entry {
+        path: "etc/xdg/autostart/credwatch-notify.desktop",
+        source: "deploy/credwatch-notify.desktop",
+        mode: 0o644,
+    },
+    Entry {
+        path: "usr/lib/systemd/user/credwatch-notify.service",
+        source: "deploy/credwatch-notify.service",
+        mode: 0o644,
+    },
     Entry { path: "usr/share/doc/credwatch/README.md", source: "README.md", mode: 0o644 },
 ];
 
@@ -101,9 +112,11 @@ const FILES: [Entry; 4] = [
 const DIRS: [&str; 3] = ["etc/credwatch/rules.d", "var/lib/credwatch", "var/log/credwatch"];
 
 /// Everything the package puts on the machine or its service makes there: gone after a purge.
-const INSTALLED: [&str; 6] = [
+const INSTALLED: [&str; 8] = [
     "/usr/bin/credwatch",
     "/lib/systemd/system/credwatch.service",
+    "/etc/xdg/autostart/credwatch-notify.desktop",
+    "/usr/lib/systemd/user/credwatch-notify.service",
     "/etc/credwatch",
     "/usr/share/doc/credwatch",
     "/var/lib/credwatch",
@@ -182,7 +195,10 @@ pub fn package() -> Result<PathBuf> {
     fs::create_dir_all(&debian)?;
     let control = CONTROL.replace("@VERSION@", VERSION).replace("@SIZE@", &size.div_ceil(1024).to_string());
     fs::write(debian.join("control"), control)?;
-    fs::write(debian.join("conffiles"), "/etc/credwatch/credwatch.yaml\n")?;
+    fs::write(
+        debian.join("conffiles"),
+        "/etc/credwatch/credwatch.yaml\n/etc/xdg/autostart/credwatch-notify.desktop\n",
+    )?;
     for (name, script) in [("postinst", POSTINST), ("prerm", PRERM), ("postrm", POSTRM)] {
         fs::write(debian.join(name), script)?;
         fs::set_permissions(debian.join(name), fs::Permissions::from_mode(0o755))?;
@@ -261,8 +277,12 @@ fn check_installed() -> Result<()> {
     ensure!(checked.contains("valid"), "config check said {checked:?}");
     let conffiles =
         output("dpkg-query conffiles", Command::new("dpkg-query").args(["-W", "-f=${Conffiles}", "credwatch"]))?;
-    ensure!(conffiles.contains("/etc/credwatch/credwatch.yaml"), "not a conffile: {conffiles:?}");
+    for conffile in ["/etc/credwatch/credwatch.yaml", "/etc/xdg/autostart/credwatch-notify.desktop"] {
+        ensure!(conffiles.contains(conffile), "{conffile} is not a conffile: {conffiles:?}");
+    }
     verify_unit(Path::new("/lib/systemd/system/credwatch.service"))?;
+    verify_user_unit(Path::new("/usr/lib/systemd/user/credwatch-notify.service"))?;
+    check_autostart(Path::new("/etc/xdg/autostart/credwatch-notify.desktop"))?;
     ensure!(
         !Path::new("/etc/systemd/system/multi-user.target.wants/credwatch.service").exists(),
         "installing enabled the service"
@@ -277,8 +297,25 @@ fn check_installed() -> Result<()> {
 /// `systemd-analyze verify UNIT` passes without a word on the unit (unknown keys are only
 /// warnings, with status 0).
 pub fn verify_unit(unit: &Path) -> Result<()> {
-    let verified =
-        Command::new("systemd-analyze").arg("verify").arg(unit).output().context("starting systemd-analyze")?;
+    verify(Command::new("systemd-analyze").arg("verify").arg(unit), unit)
+}
+
+/// [`verify_unit`] of a user unit: `systemd-analyze verify --user` needs a runtime directory,
+/// which root outside a session has not (a throwaway one).
+fn verify_user_unit(unit: &Path) -> Result<()> {
+    let runtime = std::env::temp_dir().join(format!("credwatch-xtask-runtime-{}", std::process::id()));
+    fs::create_dir_all(&runtime).with_context(|| format!("creating {}", runtime.display()))?;
+    fs::set_permissions(&runtime, fs::Permissions::from_mode(0o700))?;
+    let verified = verify(
+        Command::new("systemd-analyze").args(["verify", "--user"]).arg(unit).env("XDG_RUNTIME_DIR", &runtime),
+        unit,
+    );
+    let _ = fs::remove_dir_all(&runtime);
+    verified
+}
+
+fn verify(command: &mut Command, unit: &Path) -> Result<()> {
+    let verified = command.output().context("starting systemd-analyze")?;
     let stderr = String::from_utf8_lossy(&verified.stderr);
     let name = unit.file_name().expect("a unit file").to_string_lossy();
     let about: Vec<&str> = stderr.lines().filter(|line| line.contains(&*name)).collect();
@@ -291,4 +328,72 @@ pub fn verify_unit(unit: &Path) -> Result<()> {
     );
     println!("xtask: systemd-analyze verify {}: clean", unit.display());
     Ok(())
+}
+
+/// The autostart entry: `desktop-file-validate` says nothing when it is installed; either way its
+/// `[Desktop Entry]` starts the installed `credwatch notify`.
+fn check_autostart(entry: &Path) -> Result<()> {
+    if let Ok(validated) = Command::new("desktop-file-validate").arg(entry).output() {
+        let said =
+            String::from_utf8_lossy(&validated.stdout).into_owned() + &String::from_utf8_lossy(&validated.stderr);
+        ensure!(
+            validated.status.success() && said.trim().is_empty(),
+            "desktop-file-validate {} ({}): {}",
+            entry.display(),
+            validated.status,
+            said.trim()
+        );
+        println!("xtask: desktop-file-validate {}: clean", entry.display());
+    }
+    let text = fs::read_to_string(entry).with_context(|| format!("reading {}", entry.display()))?;
+    let keys = desktop_entry(&text).with_context(|| format!("{}", entry.display()))?;
+    let key = |name: &str| keys.iter().find(|(key, _)| key == name).map(|(_, value)| value.as_str());
+    ensure!(key("Type") == Some("Application"), "{}: Type is {:?}, not Application", entry.display(), key("Type"));
+    ensure!(key("Name").is_some_and(|name| !name.is_empty()), "{}: no Name", entry.display());
+    ensure!(key("Exec") == Some("/usr/bin/credwatch notify"), "{}: Exec is {:?}", entry.display(), key("Exec"));
+    let ran = output("credwatch notify --help", Command::new("/usr/bin/credwatch").args(["notify", "--help"]))?;
+    ensure!(ran.contains("--alerts-socket"), "credwatch notify --help said {ran:?}");
+    println!("xtask: {}: a [Desktop Entry] that runs /usr/bin/credwatch notify", entry.display());
+    Ok(())
+}
+
+/// The keys of a desktop file's `[Desktop Entry]` group, in order; an error names the line
+/// that is no comment, group header or `key=value`, and a key given twice.
+fn desktop_entry(text: &str) -> Result<Vec<(String, String)>> {
+    let mut group = None;
+    let mut keys: Vec<(String, String)> = Vec::new();
+    for (number, line) in text.lines().enumerate().map(|(i, line)| (i + 1, line.trim())) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|rest| rest.strip_suffix(']')) {
+            group = Some(name.to_owned());
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else { bail!("line {number}: not key=value: {line:?}") };
+        let Some(group) = &group else { bail!("line {number}: a key before any group") };
+        if group == "Desktop Entry" {
+            let key = key.trim().to_owned();
+            ensure!(!keys.iter().any(|(k, _)| *k == key), "line {number}: {key} given twice");
+            keys.push((key, value.trim().to_owned()));
+        }
+    }
+    ensure!(group.is_some(), "no [Desktop Entry] group");
+    Ok(keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_autostart_entry_parses_and_bad_lines_are_named() {
+        let text = fs::read_to_string(workspace().join("deploy/credwatch-notify.desktop")).unwrap();
+        let keys = desktop_entry(&text).unwrap();
+        assert!(keys.contains(&("Exec".into(), "/usr/bin/credwatch notify".into())), "{keys:?}");
+        let error = desktop_entry("[Desktop Entry]\nType=Application\nnonsense\n").unwrap_err().to_string();
+        assert_eq!(error, "line 3: not key=value: \"nonsense\"");
+        let error = desktop_entry("[Desktop Entry]\nName=a\nName=b\n").unwrap_err().to_string();
+        assert_eq!(error, "line 3: Name given twice");
+    }
 }
