@@ -7,6 +7,7 @@ use std::{path::PathBuf, process::ExitCode};
 use anyhow::{Context as _, Result};
 use credwatch_core::{
     fleet::{FleetReport, PackageFilter},
+    incident::{render, Origin},
     input::InputError,
     output::escape,
 };
@@ -47,6 +48,9 @@ pub struct FleetOptions {
 
 pub fn report(options: &FleetOptions) -> Result<ExitCode> {
     let mut report = options.package.clone().map_or_else(FleetReport::default, FleetReport::only);
+    if options.format == ReportFormat::Html {
+        report = report.with_incident();
+    }
     let mut bad = 0u64;
     let mut skip = |error: &dyn std::fmt::Display| {
         bad += 1;
@@ -77,6 +81,10 @@ pub fn report(options: &FleetOptions) -> Result<ExitCode> {
         ReportFormat::Text => print!("{}", report.to_text()),
         ReportFormat::Md => print!("{}", report.to_markdown()),
         ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&report).context("serialising the report")?),
+        ReportFormat::Html => {
+            let origin = Origin::Fleet { repeats: report.repeats, hosts: report.hosts.len() };
+            print!("{}", render(report.incident().context("the incident page's gatherings")?, &origin));
+        }
     }
     tracing::info!(
         "read {source}: {} alerts from {} hosts, {} repeats dropped, {bad} bad skipped",

@@ -20,6 +20,7 @@ use credwatch_core::{
     engine::{Engine, EngineOptions},
     event::Event,
     import::{self, Format, ImportError, ImportOptions},
+    incident::{self, Incident},
     output::{escape, AlertSink},
     pipeline::{self, Control, Sink, SinkError},
     report::Report,
@@ -60,6 +61,8 @@ pub enum ReportFormat {
     Text,
     Json,
     Md,
+    /// The incident page: one self-contained HTML file (see credwatch-core's `incident`).
+    Html,
 }
 
 /// What every worker adds to.
@@ -93,16 +96,37 @@ pub fn replay(files: &[PathBuf], options: &ReplayOptions) -> Result<ExitCode> {
     let total_size: Option<u64> = files.iter().map(|f| std::fs::metadata(f).ok().map(|m| m.len())).sum();
     let show_progress = std::io::stderr().is_terminal() && total_size.is_some_and(|size| size > 0);
     let started = Instant::now();
+    let incidents = Mutex::new(Incident::default());
 
+    let html = options.report == Some(ReportFormat::Html);
     let results: Vec<Result<Option<Report>>> = thread::scope(|scope| {
         let handles: Vec<_> = (0..workers)
             .map(|_| {
                 scope.spawn(|| {
                     let mut report = options.report.map(|_| Report::default());
+                    let mut incident = html.then(Incident::default);
                     loop {
                         let index = next_file.fetch_add(1, Ordering::Relaxed);
-                        let Some(group) = groups.get(index) else { return Ok(report) };
-                        replay_file(group, &rules, &sink, dispatcher.as_ref(), report.as_mut(), options, &totals)?;
+                        let Some(group) = groups.get(index) else {
+                            if let Some(incident) = incident {
+                                incidents
+                                    .lock()
+                                    .map_err(|_| anyhow::anyhow!("a replay thread panicked"))?
+                                    .merge(incident);
+                            }
+                            return Ok(report);
+                        };
+                        let this = Some(index).zip(incident.as_mut());
+                        replay_file(
+                            group,
+                            &rules,
+                            &sink,
+                            dispatcher.as_ref(),
+                            report.as_mut(),
+                            this,
+                            options,
+                            &totals,
+                        )?;
                     }
                 })
             })
@@ -148,6 +172,10 @@ pub fn replay(files: &[PathBuf], options: &ReplayOptions) -> Result<ExitCode> {
             ReportFormat::Md => print!("{}", report.to_markdown()),
             ReportFormat::Json => {
                 println!("{}", serde_json::to_string_pretty(report).context("serialising the report")?)
+            }
+            ReportFormat::Html => {
+                let incident = incidents.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner());
+                print!("{}", incident::render(&incident, &incident::Origin::Replay { files: files.len() }));
             }
         }
     }
@@ -213,6 +241,7 @@ fn replay_file(
     sink: &Mutex<AlertSink>,
     dispatcher: Option<&Mutex<Dispatcher>>,
     report: Option<&mut Report>,
+    incident: Option<(usize, &mut Incident)>,
     options: &ReplayOptions,
     totals: &Totals,
 ) -> Result<()> {
@@ -226,6 +255,7 @@ fn replay_file(
         agent_version: Some(reader.agent_version().unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_owned())),
         ..options.engine.clone()
     };
+    let engine_options_host = engine_options.host_name.clone();
     let mut engine = Engine::new(rules.clone(), engine_options);
     let (mut counted, mut output) = (Counted(&totals.events), sink);
     let mut sinks: Vec<&mut dyn Sink> = vec![&mut counted, &mut output];
@@ -235,6 +265,10 @@ fn replay_file(
     }
     if let Some(report) = report {
         sinks.push(report);
+    }
+    if let Some((index, incident)) = incident {
+        incident.begin_source(index as u32, &engine_options_host);
+        sinks.push(incident);
     }
     let mut skip = |error: &ImportError| {
         if totals.bad_lines.fetch_add(1, Ordering::Relaxed) < BAD_LINES_SHOWN {

@@ -17,6 +17,7 @@ use time::{format_description::well_known::Rfc3339, OffsetDateTime};
 
 use crate::{
     alert::{Alert, Severity},
+    incident::Incident,
     input::{Input, InputError},
     output::{command_line, destination_text, escape},
     report::{code, key, label, ordered, push_distinct, PackageKey, MAX_COMMANDS, MAX_PACKAGES},
@@ -56,7 +57,7 @@ pub struct Place {
 impl Place {
     /// Read from the alert's identity fields, as the engine writes them; each is optional
     /// (older agents send none, a host process has no container).
-    fn of(alert: &Alert) -> Place {
+    pub(crate) fn of(alert: &Alert) -> Place {
         let container = alert.container.as_ref().map(|c| match &c.runtime {
             Some(runtime) => format!("{runtime}://{}", c.id),
             None => c.id.clone(),
@@ -218,12 +219,25 @@ pub struct FleetReport {
     ids: HashSet<String>,
     #[serde(skip)]
     only: Option<PackageFilter>,
+    /// The incident page's gatherings, when the report is to be one (`--format html`).
+    #[serde(skip)]
+    incident: Option<Box<Incident>>,
 }
 
 impl FleetReport {
     /// A report of `package`'s alerts only.
     pub fn only(package: PackageFilter) -> FleetReport {
         FleetReport { only: Some(package), ..FleetReport::default() }
+    }
+
+    /// The same report, gathering what the incident page shows too.
+    pub fn with_incident(self) -> FleetReport {
+        FleetReport { incident: Some(Box::default()), ..self }
+    }
+
+    /// What the incident page shows, when [`FleetReport::with_incident`] made the report.
+    pub fn incident(&self) -> Option<&Incident> {
+        self.incident.as_deref()
     }
 
     /// Takes in one alert as JSON (a line of an alert file, a message of the stream).
@@ -246,6 +260,9 @@ impl FleetReport {
     }
 
     fn add(&mut self, alert: &Alert, place: Place, at: OffsetDateTime) {
+        if let Some(incident) = &mut self.incident {
+            incident.observe_alert(None, alert);
+        }
         self.alerts += 1;
         let host = &alert.host.name;
         self.hosts.insert(host.clone());

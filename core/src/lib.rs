@@ -11,6 +11,7 @@ pub mod event;
 pub mod exposure;
 pub mod fleet;
 pub mod import;
+pub mod incident;
 pub mod input;
 pub mod names;
 pub mod net;

@@ -215,6 +215,11 @@ impl Engine {
         self.live(pid).map(|id| self.package(&self.procs[&id]))
     }
 
+    /// The pid of the root of the tree a live process is in.
+    pub fn root_pid_of(&self, pid: u32) -> Option<u32> {
+        self.live(pid).map(|id| self.procs[&id].root_pid)
+    }
+
     pub(super) fn live(&self, pid: u32) -> Option<Id> {
         self.by_pid.get(&pid).copied().filter(|id| self.procs[id].alive)
     }
