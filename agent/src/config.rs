@@ -84,6 +84,12 @@ pub struct Config {
     /// The kernel programs: `fentry` where they load, else `tracepoint` (`auto`), or one
     /// forced (`--sensor`).
     pub sensor: SensorChoice,
+    /// `watch`: the local alert log every alert is appended to, with its seq, for `credwatch
+    /// alerts` and `show` (`--alert-log`; default /var/lib/credwatch/alerts.jsonl).
+    pub alert_log: Option<PathBuf>,
+    /// `watch`: the Unix socket that serves the local alert log and the live alerts to this
+    /// machine's users, each their own (`--alerts-socket`; default /run/credwatch/alerts.sock).
+    pub alerts_socket: Option<PathBuf>,
 }
 
 /// Where a contained command's writes to the home go.
@@ -210,11 +216,26 @@ impl Config {
         if self.sensor != new.sensor {
             changed.push("sensor");
         }
+        // The log is open and the socket bound, with clients on it.
+        if self.alert_log != new.alert_log {
+            changed.push("alert_log");
+        }
+        if self.alerts_socket != new.alerts_socket {
+            changed.push("alerts_socket");
+        }
         changed
     }
 
     pub fn pin_dir(&self) -> &Path {
         self.pin_dir.as_deref().unwrap_or(Path::new(DEFAULT_PIN_DIR))
+    }
+
+    pub fn alert_log(&self) -> &Path {
+        self.alert_log.as_deref().unwrap_or(Path::new(crate::local::client::DEFAULT_LOG))
+    }
+
+    pub fn alerts_socket(&self) -> &Path {
+        self.alerts_socket.as_deref().unwrap_or(Path::new(crate::local::client::DEFAULT_SOCKET))
     }
 
     /// Checks of values that their type allows but that mean nothing: by key.
@@ -757,6 +778,8 @@ mod tests {
                 spool_dir: None,
                 metrics_listen: None,
                 sensor: SensorChoice::Fentry,
+                alert_log: None,
+                alerts_socket: None,
             }
         );
         assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
@@ -862,6 +885,24 @@ mod tests {
     }
 
     #[test]
+    fn the_local_alert_log_and_socket_are_keys_of_every_layer() {
+        let (_dir, path) = file("alert_log: /from/file/alerts.jsonl\nalerts_socket: /from/file/alerts.sock\n");
+        let loaded = Layers::with_env(
+            Some(path.clone()),
+            &[("CREDWATCH_ALERTS_SOCKET", "/from/env/alerts.sock")],
+            flags(&[("alert_log", "/from/flag/alerts.jsonl".into())]),
+        )
+        .load()
+        .unwrap();
+        assert_eq!(loaded.config.alert_log, Some("/from/flag/alerts.jsonl".into()));
+        assert_eq!(loaded.config.alerts_socket, Some("/from/env/alerts.sock".into()));
+        assert_eq!(loaded.places["alert_log"].to_string(), "--alert-log");
+        let (_bad, path) = file("alerts_socket: [a, b]\n");
+        let found = problems(check(&path).unwrap_err());
+        assert_eq!(found[0].key.as_deref(), Some("alerts_socket"), "{}", found[0]);
+    }
+
+    #[test]
     fn unknown_variables_are_warned_about_with_the_key_meant() {
         let layers =
             Layers::with_env(None, &[("CREDWATCH_WACH_PROJECT", "true"), ("CREDWATCH_E2E_WORK", "/w")], Map::new());
@@ -904,6 +945,8 @@ mod tests {
             spool_dir: Some("/var/spool/credwatch".into()),
             metrics_listen: Some("127.0.0.1:9464".parse().unwrap()),
             sensor: SensorChoice::Tracepoint,
+            alert_log: Some("/var/lib/credwatch/site alerts.jsonl".into()),
+            alerts_socket: Some("/run/credwatch/alerts.sock".into()),
         };
         for config in [config, Config::default()] {
             let text = config.to_yaml().unwrap();
@@ -990,11 +1033,13 @@ mod tests {
             spool_dir: Some("/s".into()),
             metrics_listen: Some("127.0.0.1:9464".parse().unwrap()),
             sensor: SensorChoice::Fentry,
+            alert_log: Some("/l/alerts.jsonl".into()),
+            alerts_socket: Some("/r/alerts.sock".into()),
             ..Config::default()
         };
         assert_eq!(
             old.restart_only_changes(&new),
-            ["trace", "log_format", "outputs", "spool_dir", "metrics_listen", "sensor"]
+            ["trace", "log_format", "outputs", "spool_dir", "metrics_listen", "sensor", "alert_log", "alerts_socket"]
         );
     }
 }

@@ -406,6 +406,8 @@ struct Session {
     /// `watch`: set by `SIGHUP`, and what to reload from.
     reload: Option<(Arc<AtomicBool>, Reload)>,
     systemd: Systemd,
+    /// `watch`: the local alert log and its socket.
+    local: Option<crate::local::Local>,
 }
 
 /// What `SIGHUP` reloads from, and what is in force.
@@ -469,6 +471,7 @@ impl Session {
             started,
             reload: None,
             systemd: Systemd::new(),
+            local: None,
         })
     }
 
@@ -493,6 +496,9 @@ impl Session {
                 sinks.push(recorder);
             }
             sinks.push(&mut self.sink);
+            if let Some(local) = &mut self.local {
+                sinks.push(local);
+            }
             if let Some(dispatcher) = &mut self.dispatcher {
                 sinks.push(dispatcher);
             }
@@ -727,6 +733,10 @@ pub fn watch_machine(config: &Config, layers: Layers) -> Result<ExitCode> {
     wake_on_signals(&mut session.live.sensor, &[SIGINT, SIGTERM, SIGHUP])?;
     session.live.wait = session.systemd.bound_wait(IDLE_POLL_INTERVAL);
     session.reload = Some((hangup, Reload { layers, config: config.clone() }));
+    let dropped = session.telemetry.as_ref().map(|telemetry| telemetry.metrics.alert_clients_dropped.clone());
+    let local = crate::local::Local::start(config.alert_log(), config.alerts_socket(), dropped.unwrap_or_default())?;
+    session.engine.mark_selftests(local.selftest_roots());
+    session.local = Some(local);
     let managers = session.engine.rules().kernel_roots();
     session.live.queued = session.live.sensor.seed(&managers).context("seeding running package trees from /proc")?;
     let (rules, startup_ms) = (session.engine.rules().rules().len(), session.started.elapsed().as_millis() as u64);

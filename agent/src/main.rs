@@ -72,6 +72,11 @@ enum Commands {
     /// Check a configuration file, or print the configuration in force.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// The alerts of the local alert log that `watch` keeps: root reads the log, anyone else
+    /// asks the agent, which gives each user the alerts about their own processes.
+    Alerts(local::commands::AlertsArgs),
+    /// One alert of the local alert log in full, and the other alerts of its process tree.
+    Show(local::commands::ShowArgs),
     /// Show the running agent's alerts as desktop notifications, in the user's session: the
     /// alerts of the user's own processes (all of them for root and group `credwatch`), and at
     /// start those raised since the last one shown.
@@ -202,6 +207,8 @@ struct WatchArgs {
     /// Also append every alert as a JSON line to FILE.
     #[arg(long, visible_alias = "alerts", value_name = "FILE")]
     output: Option<PathBuf>,
+    #[command(flatten)]
+    local: local::commands::WatchLocalArgs,
 }
 
 #[derive(Args)]
@@ -445,6 +452,7 @@ fn main() -> ExitCode {
             let mut flags = flags(&args.common, &args.outputs, &args.enforce, &args.output, None, None);
             args.pin.add_to(&mut flags);
             args.metrics.add_to(&mut flags);
+            args.local.add_to(&mut flags);
             configure(&args.config, flags).and_then(|(config, layers)| live::watch_machine(&config, layers))
         }
         Commands::Run(args) => {
@@ -530,6 +538,8 @@ fn main() -> ExitCode {
         }),
         Commands::Config(ConfigCommand::Check { file }) => config_check(&file),
         Commands::Config(ConfigCommand::Show { config }) => config_show(config),
+        Commands::Alerts(args) => local::commands::alerts(&args),
+        Commands::Show(args) => local::commands::show(&args),
         Commands::Notify(args) => notify::run(&args),
     };
     result.unwrap_or_else(|error| {

@@ -220,7 +220,7 @@ pub fn destination_text(destination: &AlertDestination) -> String {
 }
 
 /// What the process did, in a few words.
-fn headline(alert: &Alert) -> String {
+pub fn headline(alert: &Alert) -> String {
     let command = || command_line(&alert.process.args, &alert.process.executable);
     if let Some(sweep) = &alert.credwatch.sweep {
         let what = if sweep.is_final { "swept (summary)" } else { "swept" };

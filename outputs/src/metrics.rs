@@ -80,6 +80,8 @@ pub struct Metrics {
     pub programs_attached: Gauge,
     pub reloads: Family<ReloadLabels, Counter>,
     pub start_up_seconds: Gauge<f64, AtomicU64>,
+    /// Clients of the local alerts socket dropped because they stopped reading.
+    pub alert_clients_dropped: Counter,
     /// Reads the kernel's figures at a scrape (see [`Metrics::watch_kernel`]).
     kernel: OnceLock<KernelSource>,
 }
@@ -113,6 +115,7 @@ impl Metrics {
             programs_attached: Gauge::default(),
             reloads: Family::default(),
             start_up_seconds: Gauge::default(),
+            alert_clients_dropped: Counter::default(),
             registry: Registry::default(),
             kernel: OnceLock::new(),
         };
@@ -136,6 +139,11 @@ impl Metrics {
             "Time from the agent's start to watching",
             Unit::Seconds,
             metrics.start_up_seconds.clone(),
+        );
+        registry.register(
+            "alert_clients_dropped",
+            "Clients of the local alerts socket dropped for not reading",
+            metrics.alert_clients_dropped.clone(),
         );
         Metrics { registry, ..metrics }
     }

@@ -23,9 +23,14 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(10);
 /// What the agent sent.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Message {
-    Alert { seq: u64, alert: Box<Alert> },
+    Alert {
+        seq: u64,
+        alert: Box<Alert>,
+    },
     /// The history is sent: `last_seq` is the last seq the agent wrote, seen or not.
-    CaughtUp { last_seq: u64 },
+    CaughtUp {
+        last_seq: u64,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -79,10 +84,12 @@ impl AlertStream {
         let deadline = timeout.map(|timeout| Instant::now() + timeout);
         loop {
             let left = match deadline {
-                Some(deadline) => match deadline.checked_duration_since(Instant::now()).filter(|left| !left.is_zero()) {
-                    Some(left) => Some(left),
-                    None => return Err(self.timeout(timeout)),
-                },
+                Some(deadline) => {
+                    match deadline.checked_duration_since(Instant::now()).filter(|left| !left.is_zero()) {
+                        Some(left) => Some(left),
+                        None => return Err(self.timeout(timeout)),
+                    }
+                }
                 None => None,
             };
             self.reader.get_ref().set_read_timeout(left).map_err(|source| self.io("setting a timeout", source))?;
@@ -120,9 +127,11 @@ fn send(socket: &Path, request: &Request) -> Result<UnixStream, ClientError> {
     })?;
     let mut line = serde_json::to_string(request).expect("a request serialises");
     line.push('\n');
-    stream
-        .write_all(line.as_bytes())
-        .map_err(|source| ClientError::Io { socket: socket.to_owned(), what: "sending the request", source })?;
+    stream.write_all(line.as_bytes()).map_err(|source| ClientError::Io {
+        socket: socket.to_owned(),
+        what: "sending the request",
+        source,
+    })?;
     Ok(stream)
 }
 

@@ -59,7 +59,11 @@ impl AlertLog {
 
     fn with_limit(path: &Path, rotate_at: u64) -> Result<AlertLog, LogError> {
         if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
-            fs::DirBuilder::new().recursive(true).mode(0o755).create(dir).map_err(io_error(path, "creating its directory"))?;
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(dir)
+                .map_err(io_error(path, "creating its directory"))?;
         }
         let mut last_seq = last_seq_of(path)?;
         if last_seq == 0 {
@@ -74,10 +78,6 @@ impl AlertLog {
     /// The last seq written.
     pub fn last_seq(&self) -> u64 {
         self.last_seq
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     /// Appends `alert` with the next seq; returns the seq and the line written (with its newline).
@@ -114,7 +114,10 @@ impl AlertLog {
         }
         let mut last = [0u8];
         let mut reader = File::open(&self.path).map_err(io_error(&self.path, "opening it"))?;
-        reader.seek(SeekFrom::End(-1)).and_then(|_| reader.read_exact(&mut last)).map_err(io_error(&self.path, "reading it"))?;
+        reader
+            .seek(SeekFrom::End(-1))
+            .and_then(|_| reader.read_exact(&mut last))
+            .map_err(io_error(&self.path, "reading it"))?;
         if last[0] != b'\n' {
             self.file.write_all(b"\n").map_err(io_error(&self.path, "ending a torn line"))?;
             self.size += 1;
@@ -161,7 +164,12 @@ pub fn read(path: &Path, after: u64, skipped: &mut dyn FnMut(String)) -> Result<
     Ok(alerts)
 }
 
-fn read_file(path: &Path, after: u64, alerts: &mut Vec<Logged>, skipped: &mut dyn FnMut(String)) -> Result<(), LogError> {
+fn read_file(
+    path: &Path,
+    after: u64,
+    alerts: &mut Vec<Logged>,
+    skipped: &mut dyn FnMut(String),
+) -> Result<(), LogError> {
     let file = match File::open(path) {
         Ok(file) => file,
         Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(()),

@@ -36,7 +36,10 @@ mod egress;
 mod matching;
 mod process;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    sync::{Arc, Mutex},
+};
 
 pub use self::matching::open_flags;
 use self::{
@@ -70,6 +73,11 @@ pub struct EngineOptions {
     /// (`credwatch.contained`) and has nothing to rotate.
     pub contained: BTreeSet<String>,
 }
+
+/// The roots of the trees `credwatch selftest` registered with `watch` (by pid), shared with the
+/// thread that takes the registrations: their alerts carry `credwatch.selftest` until the root
+/// exits.
+pub type SelftestRoots = Arc<Mutex<HashSet<u32>>>;
 
 /// Why a running engine does not take new rules.
 #[derive(Debug, thiserror::Error)]
@@ -120,6 +128,8 @@ pub struct Engine {
     gap_ns: (u64, u64),
     /// Alerts on reads of configuration chains, until their window closes.
     held: Vec<Held>,
+    /// Set by [`Engine::mark_selftests`]; kept through reloads.
+    selftest_roots: Option<SelftestRoots>,
 }
 
 impl Engine {
@@ -137,7 +147,14 @@ impl Engine {
             gap: None,
             gap_ns: (0, 0),
             held: Vec::new(),
+            selftest_roots: None,
         }
+    }
+
+    /// From now on, alerts of the trees whose root pid is in `roots` are marked as a self-test's
+    /// (`credwatch.selftest`), and a root leaves the set when it exits.
+    pub fn mark_selftests(&mut self, roots: SelftestRoots) {
+        self.selftest_roots = Some(roots);
     }
 
     pub fn rules(&self) -> &RuleSet {
@@ -271,7 +288,12 @@ impl Engine {
             }
         }
         released.append(&mut alerts);
-        self.out(released)
+        let released = self.out(released);
+        if let (EventData::Exit(_), Some(roots)) = (&event.data, &self.selftest_roots) {
+            // After its own alerts (a sweep's final summary) were marked.
+            roots.lock().unwrap_or_else(|e| e.into_inner()).remove(&event.pid);
+        }
+        released
     }
 
     /// A live source's clock (event time) with no event to tell it: the held alerts whose
@@ -295,6 +317,12 @@ impl Engine {
     /// Alerts as they leave the engine: counted, with their ids.
     fn out(&mut self, mut alerts: Vec<Alert>) -> Vec<Alert> {
         self.stats.alerts += alerts.len() as u64;
+        if let Some(roots) = self.selftest_roots.as_ref().filter(|_| !alerts.is_empty()) {
+            let roots = roots.lock().unwrap_or_else(|e| e.into_inner());
+            for alert in &mut alerts {
+                alert.credwatch.selftest = roots.contains(&alert.credwatch.root_pid);
+            }
+        }
         set_ids(&mut alerts);
         alerts
     }

@@ -2940,3 +2940,23 @@ fn held_alerts_are_the_same_live_with_the_clock_ticking_as_in_a_replay() {
     assert!(told.contains(&("npm-registry-token", PROJECT_NPMRC, Severity::Low)), "{told:#?}");
     assert!(told.contains(&("npm-registry-token", PROJECT_NPMRC, Severity::High)), "{told:#?}");
 }
+
+#[test]
+fn a_registered_selftest_trees_alerts_are_marked_until_its_root_exits() {
+    let roots = SelftestRoots::default();
+    let mut run = Run::new();
+    run.engine.mark_selftests(Arc::clone(&roots));
+    run.exec(100, 1, &["npm", "install"], &[]).spawn(101, 100, &["node", "x.js"], POSTINSTALL);
+    run.exec(200, 1, &["npm", "install"], &[]).spawn(201, 200, &["node", "x.js"], POSTINSTALL);
+    roots.lock().unwrap().insert(100);
+    run.open(101, "/home/alice/.npmrc").open(201, "/home/alice/.npmrc");
+    let marked: Vec<(u32, bool)> = run.take().iter().map(|a| (a.credwatch.root_pid, a.credwatch.selftest)).collect();
+    assert_eq!(marked, [(100, true), (200, false)]);
+    run.exit(100);
+    assert!(roots.lock().unwrap().is_empty(), "the root left the set when it exited");
+    run.open(101, "/home/alice/.ssh/id_rsa");
+    let alert = run.one();
+    assert_eq!((alert.credwatch.root_pid, alert.credwatch.selftest), (100, false));
+    let json = serde_json::to_value(&alert).unwrap();
+    assert!(json["credwatch"].get("selftest").is_none(), "absent when false: {json}");
+}
