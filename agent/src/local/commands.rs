@@ -1,13 +1,14 @@
 //! `credwatch alerts` and `credwatch show`: the local alert log from the terminal.
 
 use std::{
+    fs,
     io::{self, Write as _},
     path::PathBuf,
     process::ExitCode,
     time::Duration,
 };
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use clap::Args;
 use credwatch_core::{
     alert::{Alert, Severity},
@@ -88,6 +89,12 @@ pub struct ShowArgs {
     /// from the start of its `event.id`.
     #[arg(value_name = "ID")]
     id: String,
+    /// The incident page of the alert's tree instead: one self-contained HTML file.
+    #[arg(long)]
+    html: bool,
+    /// Write the page to FILE rather than to standard output.
+    #[arg(long, value_name = "FILE", requires = "html")]
+    output: Option<PathBuf>,
     #[command(flatten)]
     source: Source,
 }
@@ -194,6 +201,14 @@ pub fn show(args: &ShowArgs) -> Result<ExitCode> {
     let logged = args.source.logged()?;
     let (seq, alert) = find(&logged, &wanted)?;
     let tree = tree_of(&logged, alert);
+    if args.html {
+        let page = credwatch_core::incident::page_of_tree(seq, &tree);
+        match &args.output {
+            Some(path) => fs::write(path, page).with_context(|| format!("writing {}", path.display()))?,
+            None => io::stdout().lock().write_all(page.as_bytes())?,
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let colour = unsafe { libc::isatty(libc::STDOUT_FILENO) } == 1;
     let mut out = io::stdout().lock();
     writeln!(out, "alert {seq} ({})", escape(&alert.event.id))?;

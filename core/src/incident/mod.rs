@@ -837,6 +837,16 @@ impl Incident {
     }
 }
 
+/// The page of alert `seq` of the local alert log with the other alerts of its tree
+/// (`show SEQ --html`).
+pub fn page_of_tree(seq: u64, tree: &[&(u64, Alert)]) -> String {
+    let mut incident = Incident::default();
+    for (number, alert) in tree {
+        incident.observe_alert(Some(*number), alert);
+    }
+    render(&incident, &Origin::Show { seq })
+}
+
 fn key_of(alert: &Alert) -> PackageKey {
     key(&alert.package)
 }
