@@ -734,9 +734,10 @@ pub fn watch_machine(config: &Config, layers: Layers) -> Result<ExitCode> {
     session.live.wait = session.systemd.bound_wait(IDLE_POLL_INTERVAL);
     session.reload = Some((hangup, Reload { layers, config: config.clone() }));
     let dropped = session.telemetry.as_ref().map(|telemetry| telemetry.metrics.alert_clients_dropped.clone());
-    let local = crate::local::Local::start(config.alert_log(), config.alerts_socket(), dropped.unwrap_or_default())?;
-    session.engine.mark_selftests(local.selftest_roots());
-    session.local = Some(local);
+    session.local = crate::local::Local::start(config.alert_log(), config.alerts_socket(), dropped.unwrap_or_default());
+    if let Some(local) = &session.local {
+        session.engine.mark_selftests(local.selftest_roots());
+    }
     let managers = session.engine.rules().kernel_roots();
     session.live.queued = session.live.sensor.seed(&managers).context("seeding running package trees from /proc")?;
     let (rules, startup_ms) = (session.engine.rules().rules().len(), session.started.elapsed().as_millis() as u64);

@@ -281,6 +281,12 @@ impl Sandbox {
         self.dir.path().join("alerts.jsonl")
     }
 
+    /// The local alert log of `watch` run by this sandbox (`--alert-log`; its socket is
+    /// `alerts.sock` beside), not the machine's.
+    pub fn alert_log(&self) -> PathBuf {
+        self.dir.path().join("local-alerts.jsonl")
+    }
+
     /// Where `credwatch watch` run by this sandbox pins its kernel side (`--pin-dir`): its own,
     /// on bpffs, so that tests neither adopt each other's programs nor leave them attached
     /// (dropping the sandbox runs `credwatch stop` on it).
@@ -334,8 +340,11 @@ impl Sandbox {
             .env("PIP_DISABLE_PIP_VERSION_CHECK", "1")
             .env("PYTHONNOUSERSITE", "1")
             .env("PYTHONDONTWRITEBYTECODE", "1")
-            // Every `watch` of the sandbox pins in its own directory (see `pin_dir`).
+            // Every `watch` of the sandbox pins in its own directory (see `pin_dir`), and keeps
+            // its local alert log and socket in the sandbox (see `alert_log`).
             .env("CREDWATCH_PIN_DIR", self.pin_dir())
+            .env("CREDWATCH_ALERT_LOG", self.alert_log())
+            .env("CREDWATCH_ALERTS_SOCKET", self.dir.path().join("alerts.sock"))
             .current_dir(self.work());
         command
     }

@@ -35,8 +35,18 @@ pub struct Local {
 
 impl Local {
     /// Opens the log at `log` and serves `socket`; `dropped` counts the clients dropped for not
-    /// reading (`credwatch_alert_clients_dropped_total`).
-    pub fn start(log: &Path, socket: &Path, dropped: Counter) -> Result<Local> {
+    /// reading (`credwatch_alert_clients_dropped_total`). When either cannot be, the log says
+    /// why and the agent watches without them: its other outputs still alert.
+    pub fn start(log: &Path, socket: &Path, dropped: Counter) -> Option<Local> {
+        Local::try_start(log, socket, dropped)
+            .inspect_err(|error| {
+                let error = credwatch_core::output::escape(&format!("{error:#}")).into_owned();
+                warn!("{error}: `credwatch alerts`, `show` and `notify` get nothing from this agent");
+            })
+            .ok()
+    }
+
+    fn try_start(log: &Path, socket: &Path, dropped: Counter) -> Result<Local> {
         let alert_log = AlertLog::open(log).context("the local alert log (--alert-log)")?;
         let roots = SelftestRoots::default();
         let server = Server::start(socket, log, alert_log.last_seq(), roots.clone(), dropped)
