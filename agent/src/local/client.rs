@@ -186,11 +186,8 @@ pub fn logged_alerts(socket: &Path, log: &Path) -> Result<Vec<(u64, Alert)>, Cli
     } else {
         let mut stream = AlertStream::connect(socket, Some(0), false)?;
         let mut logged = Vec::new();
-        loop {
-            match stream.next(Some(ANSWER_WITHIN))? {
-                Some(Message::Alert { seq, alert }) => logged.push(Logged { seq, alert: *alert }),
-                Some(Message::CaughtUp { .. }) | None => break,
-            }
+        while let Some(Message::Alert { seq, alert }) = stream.next(Some(ANSWER_WITHIN))? {
+            logged.push(Logged { seq, alert: *alert });
         }
         logged
     };
