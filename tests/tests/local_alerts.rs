@@ -481,3 +481,47 @@ fn a_client_gets_the_alerts_after_its_last_seq_across_a_restart_and_bad_requests
     assert_eq!(none, [json!({"caught_up": {"last_seq": all.last().unwrap()}})]);
     watch.stop();
 }
+
+#[test]
+fn a_tree_registered_as_a_self_test_has_its_alerts_marked_and_only_its_owner_or_root_may_register_it() {
+    let sandbox = Sandbox::new();
+    let dir = open_dir();
+    let socket = dir.path().join("alerts.sock");
+    let log = sandbox.alert_log();
+    let manager = sandbox.fake_manager();
+    let work = sandbox.work();
+    // The fake npm is the tree's root (exec keeps the pid it wrote); it reads once `go-read` is there.
+    let script = format!(
+        r#"exec {} rehearsal 'while [ ! -e go-read ]; do sleep 0.05; done; cat "$HOME/.npmrc" >/dev/null; sleep 0.5'"#,
+        manager.display()
+    );
+    let start = credwatch_e2e::detached(&sandbox, &work, "selftest", &[], &script);
+    let watch = sandbox.watch_with(&["--alerts-socket", socket.to_str().unwrap()]);
+    start();
+    let root = credwatch_e2e::detached_pid(&work, "selftest");
+
+    let stranger = OtherUser::new(64_134);
+    let client = dir.path().join("register.py");
+    fs::write(
+        &client,
+        "import socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\ns.sendall(sys.argv[2].encode() + b'\\n')\nprint(s.makefile().readline(), end='')\n",
+    )
+    .unwrap();
+    let register = |pid: u32| format!(r#"{{"selftest": {{"pid": {pid}}}}}"#);
+    let refused =
+        stranger.command(Path::new("/usr/bin/python3")).arg(&client).arg(&socket).arg(register(root)).output().unwrap();
+    let refused = String::from_utf8_lossy(&refused.stdout).into_owned();
+    assert!(refused.contains(&format!("process {root} is not yours")), "{refused}");
+    assert_eq!(ask(&socket, &register(u32::MAX)), [json!({"error": format!("no process {}", u32::MAX)})]);
+    assert_eq!(ask(&socket, &register(root)), [json!({"selftest": {"ok": true}})]);
+
+    fs::write(work.join("go-read"), "").unwrap();
+    let line = wait_logged(&log, &sandbox.credential(".npmrc"));
+    let run = watch.stop();
+    assert_eq!(line["alert"]["credwatch"]["root_pid"], root, "{line:#}\n{}", run.describe());
+    assert_eq!(line["alert"]["credwatch"]["selftest"], true, "{line:#}");
+    let printed = run.alerts_for(&sandbox.credential(".npmrc"));
+    assert!(printed.iter().all(|a| a["credwatch"]["selftest"] == true), "every output has the mark: {printed:#?}");
+    let (stdout, _) = text(&local(&sandbox, &["show", &line["seq"].to_string()]));
+    assert!(stdout.contains("a self-test's alert"), "{stdout}");
+}
