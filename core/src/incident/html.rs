@@ -120,7 +120,8 @@ summary{cursor:pointer;color:var(--muted);font-size:13px}
 .paths li:first-child,.connections li:first-child,.places li:first-child{border-top:0}
 .dest{font-weight:600}
 footer{color:var(--muted);font-size:12.5px;padding-bottom:28px}
-@media (max-width:640px){body{font-size:14.5px}h1{font-size:21px}section{padding:14px 12px;border-radius:10px}header,main,footer{padding:0 10px}.timeline li.entry{grid-template-columns:auto minmax(0,1fr);gap:0 8px}.timeline .what,.timeline .detail{grid-column:1/-1}}
+@media (min-width:900px){.verdict-grid{display:grid;grid-template-columns:minmax(0,2fr) minmax(0,3fr);gap:22px;align-items:start}#rotate h3{margin-top:0}.verdicts{grid-template-columns:1fr}}
+@media (max-width:640px){body{font-size:14.5px}h1{font-size:21px}section{padding:14px 12px;border-radius:10px}header,main,footer{padding-left:10px;padding-right:10px}header{padding-top:16px}.timeline li.entry{grid-template-columns:auto minmax(0,1fr);gap:0 8px}.timeline .what,.timeline .detail{grid-column:1/-1}}
 "#;
 
 /// The one way a string from the monitored system reaches the page: its first `limit`
@@ -345,7 +346,7 @@ fn header(html: &mut Html, incident: &Incident, origin: &Origin, top: Option<(&s
 }
 
 fn verdict_section(html: &mut Html, incident: &Incident, verdicts: &[(&String, &super::PackageKey, &Verdict)]) {
-    html.markup("<section id=\"verdict\">\n<h2>Verdict</h2>\n");
+    html.markup("<section id=\"verdict\">\n<h2>Verdict</h2>\n<div class=\"verdict-grid\">\n<div>\n");
     let (alerted, quiet): (Vec<_>, Vec<_>) = verdicts.iter().partition(|(_, _, v)| v.worst.is_some());
     if alerted.is_empty() {
         html.markup("<p>No alerts: nothing the rules watch for was done.</p>\n");
@@ -381,14 +382,17 @@ fn verdict_section(html: &mut Html, incident: &Incident, verdicts: &[(&String, &
         html.markup("<p class=\"more\">… and ").count(incident.packages_not_shown, "package", "packages");
         html.markup(" past the page's limit.</p>\n");
     }
-    html.markup("<div id=\"rotate\">\n<h3>Rotate now</h3>\n");
+    html.markup("</div>\n<div id=\"rotate\">\n<h3>Rotate now</h3>\n");
     if incident.rotate.is_empty() {
         html.markup("<p>Nothing to rotate: no credential was touched.</p>\n");
     } else {
+        // Which hosts, only when there are several.
+        let hosts: BTreeSet<&String> = incident.rotate.values().flatten().collect();
+        let one_host = hosts.len() <= 1;
         html.markup("<ul class=\"checklist\">\n");
         for (item, hosts) in &incident.rotate {
             html.markup("<li><label><input type=\"checkbox\"><span>").text(item);
-            if !hosts.is_empty() {
+            if !hosts.is_empty() && !one_host {
                 html.markup("<span class=\"hosts\">on ");
                 hosts_list(html, hosts);
                 html.markup("</span>");
@@ -397,7 +401,7 @@ fn verdict_section(html: &mut Html, incident: &Incident, verdicts: &[(&String, &
         }
         html.markup("</ul>\n");
     }
-    html.markup("</div>\n</section>\n");
+    html.markup("</div>\n</div>\n</section>\n");
 }
 
 fn hosts_list(html: &mut Html, hosts: &BTreeSet<String>) {
@@ -460,7 +464,9 @@ fn verdict_card(html: &mut Html, key: &super::PackageKey, verdict: &Verdict) {
         html.markup("<dt>seen</dt><dd><time>");
         moment(html, first);
         html.markup("</time>");
-        if first != last {
+        // To the second: an alert's time has nanoseconds.
+        let second = |time: &str| time.get(..19).unwrap_or(time).to_owned();
+        if second(first) != second(last) {
             html.markup(" → <time>");
             moment(html, last);
             html.markup("</time>");
@@ -792,7 +798,7 @@ fn connections_section(html: &mut Html, incident: &Incident) {
         html.markup("<p>No connection was seen.</p>\n");
     } else {
         let mut connections: Vec<&Connection> = incident.connections.values().collect();
-        connections.sort_by(|a, b| b.worst.cmp(&a.worst));
+        connections.sort_by_key(|c| std::cmp::Reverse(c.worst));
         html.markup("<ul class=\"connections\">\n");
         for connection in connections {
             html.markup("<li class=\"").markup(severity_class(connection.worst)).markup("\">");

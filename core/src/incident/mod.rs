@@ -14,7 +14,7 @@ use time::{format_description::well_known::Rfc3339, OffsetDateTime};
 
 pub use self::html::{render, Origin};
 use crate::{
-    alert::{Alert, AlertDestination, Severity},
+    alert::{Alert, AlertDestination, AlertPackage, Severity},
     engine::{open_flags, Engine},
     event::{Connect, Event, EventData, Exec, Open, Rename},
     fleet::Place,
@@ -84,6 +84,9 @@ impl Kind {
     }
 }
 
+/// The category of credential files known only from a sweep.
+const SWEPT: &str = "in a credential sweep";
+
 /// Timeline entries with an alert kept per tree.
 const MAX_ALERT_ENTRIES: usize = 200;
 
@@ -129,6 +132,8 @@ pub struct TreeKey {
 pub struct Tree {
     /// The first package its code ran as, or its manager.
     pub package: Option<String>,
+    /// `package` names a package (not only its manager).
+    package_named: bool,
     pub worst: Option<Severity>,
     pub alerts: u64,
     pub user: Option<u32>,
@@ -167,10 +172,10 @@ impl Tree {
     /// An alert about what an event of the replay already put on the timeline marks that
     /// entry rather than adding one.
     fn mark(&mut self, entry: &Entry) -> bool {
-        let recent = self.timeline.iter_mut().rev().take(16);
+        let mut recent = self.timeline.iter_mut().rev().take(16);
         let same =
             |e: &&mut Entry| e.pid == entry.pid && e.kind == entry.kind && e.at_ns.is_some() && e.at_ns == entry.at_ns;
-        let Some(found) = recent.filter(same).next() else { return false };
+        let Some(found) = recent.find(same) else { return false };
         if found.severity.is_none() && self.kept_alerts < MAX_ALERT_ENTRIES {
             self.kept_alerts += 1;
             self.kept[found.kind.index()] -= 1;
@@ -179,6 +184,15 @@ impl Tree {
         found.detail.clone_from(&entry.detail);
         found.seq = found.seq.or(entry.seq);
         true
+    }
+
+    /// The tree is named after its first package, or its manager until one is seen.
+    fn name_package(&mut self, package: &AlertPackage) {
+        let named = package.name.is_some();
+        if self.package.is_none() || (named && !self.package_named) {
+            self.package = Some(label(&key(package)));
+            self.package_named = named;
+        }
     }
 
     fn process(&mut self, pid: u32, parent: Option<u32>, command: &str, order: u64) -> Option<&mut Process> {
@@ -194,7 +208,9 @@ impl Tree {
     }
 
     fn merge(&mut self, other: Tree) {
-        self.package = self.package.take().or(other.package);
+        if self.package.is_none() || (other.package_named && !self.package_named) {
+            (self.package, self.package_named) = (other.package, other.package_named);
+        }
         self.worst = self.worst.max(other.worst);
         self.alerts += other.alerts;
         self.ended |= other.ended;
@@ -477,8 +493,8 @@ impl Incident {
         }
         let order = self.order();
         let Some(tree) = self.event_tree(root) else { return };
-        if tree.package.is_none() || tree.package.as_deref().is_some_and(|p| !p.contains('@')) {
-            tree.package = package.as_ref().map(|p| label(&key(p))).or(tree.package.take());
+        if let Some(package) = &package {
+            tree.name_package(package);
         }
         tree.user.get_or_insert(exec.uid);
         let line = command(&exec.args, &exec.executable);
@@ -491,7 +507,6 @@ impl Incident {
         tree.push(entry(time, Kind::Exec, pid, line, step));
     }
 
-    /// What package code wrote (the managers' own writes are their job).
     fn write(&mut self, engine: &Engine, pid: u32, time: u64, open: &Open) {
         let path = open.target_path();
         if open.ret < 0 || !is_write(open.flags) || path.starts_with("/dev/") || path.starts_with("/proc/") {
@@ -509,9 +524,11 @@ impl Incident {
         self.package_write(engine, pid, time, format!("{old} → {new}"), Some(rename.syscall.clone()));
     }
 
+    /// A write of package code: a process of a named package, not the tree's root (the
+    /// manager installing the package writes its cache, its logs and the project's files).
     fn package_write(&mut self, engine: &Engine, pid: u32, time: u64, what: String, detail: Option<String>) {
-        let Some(root) = engine.root_pid_of(pid) else { return };
-        if !engine.package_of(pid).is_some_and(|p| p.name.is_some()) {
+        let Some(root) = engine.root_pid_of(pid).filter(|root| *root != pid) else { return };
+        if engine.package_of(pid).is_none_or(|p| p.name.is_none()) {
             return;
         }
         if let Some(tree) = self.event_tree(root) {
@@ -536,15 +553,18 @@ impl Incident {
         };
         let by = tree.processes.get(&pid).map(|p| format!("[{pid}] {}", p.command)).unwrap_or(format!("[{pid}]"));
         tree.push(entry(time, Kind::Connect, pid, destination_text(&destination), outcome.clone()));
-        self.connection(&destination, by, None, outcome);
+        self.connection(&destination, by, None, outcome, 1);
     }
 
+    /// Counts `connects` connects to `destination` (0 for an alert about a connect the
+    /// replay's events counted already).
     fn connection(
         &mut self,
         destination: &AlertDestination,
         by: String,
         severity: Option<Severity>,
         outcome: Option<String>,
+        connects: u64,
     ) {
         let text = destination_text(destination);
         if !self.connections.contains_key(&text) && self.connections.len() >= MAX_CONNECTIONS {
@@ -561,7 +581,7 @@ impl Incident {
             by,
             ..Connection::default()
         });
-        seen.connects += 1;
+        seen.connects += connects;
         seen.worst = seen.worst.max(severity);
         if seen.outcome.is_none() {
             seen.outcome = outcome;
@@ -619,20 +639,17 @@ impl Incident {
         if let Some(destination) = &alert.destination {
             let by = format!("[{}] {}", alert.process.pid, command(&alert.process.args, &alert.process.executable));
             let outcome = (alert.event.outcome != "alerted").then(|| alert.event.outcome.clone());
-            self.connection(destination, by, Some(severity), outcome);
+            // In a replay the connect's event counted it.
+            let connects = u64::from(self.events == 0);
+            self.connection(destination, by, Some(severity), outcome, connects);
         }
 
         let key = TreeKey { source: self.source, host: host.to_owned(), root_pid: alert.credwatch.root_pid };
-        let package = label(&key_of(alert));
         let Some(tree) = self.tree(key) else { return };
         tree.alerts += 1;
         tree.worst = tree.worst.max(Some(severity));
         tree.user.get_or_insert(alert.user.id);
-        if alert.package.name.is_some() || tree.package.is_none() {
-            if !tree.package.as_deref().is_some_and(|p| p.contains('@')) {
-                tree.package = Some(package);
-            }
-        }
+        tree.name_package(&alert.package);
         let chain = alert.process.ancestors.iter().map(|a| (a.pid, command(&a.args, &a.executable)));
         let mut parent = None;
         for (pid, line) in
@@ -714,18 +731,30 @@ impl Incident {
         }
     }
 
-    /// The alert's credential files, under its rule's category; a sweep's under the categories
-    /// it spans (it does not say which file was which).
+    /// The alert's credential files, under its rule's category. A sweep does not say which of
+    /// its files was which kind: each goes under the category an alert of its own gave it, else
+    /// under [`SWEPT`].
     fn files_of(&mut self, alert: &Alert) {
-        let own = alert.file.iter().map(|f| (alert.rule.category.clone(), f.path.clone()));
-        let swept = alert.credwatch.sweep.iter().flat_map(|sweep| {
-            let category = match sweep.categories.as_slice() {
-                [one] => one.clone(),
-                many => format!("swept: {}", many.join(", ")),
-            };
-            sweep.files.iter().map(move |path| (category.clone(), path.clone()))
-        });
-        for (category, path) in own.chain(swept).collect::<Vec<_>>() {
+        let own = alert.file.iter().map(|f| f.path.clone());
+        // The sweep's own file is among its files: counted once.
+        let swept = alert
+            .credwatch
+            .sweep
+            .iter()
+            .flat_map(|sweep| sweep.files.iter())
+            .filter(|path| alert.file.as_ref().is_none_or(|file| file.path != **path));
+        let swept = swept.cloned();
+        let paths: Vec<(String, String)> = match &alert.credwatch.sweep {
+            None => own.map(|path| (alert.rule.category.clone(), path)).collect(),
+            Some(_) => own
+                .chain(swept)
+                .map(|path| {
+                    let known = self.files.iter().find(|(_, paths)| paths.contains_key(&path));
+                    (known.map_or(SWEPT.to_owned(), |(category, _)| category.clone()), path)
+                })
+                .collect(),
+        };
+        for (category, path) in paths {
             let known = self.files.get(&category).is_some_and(|paths| paths.contains_key(&path));
             if !known && self.files_kept >= MAX_FILES {
                 self.files_not_shown += 1;
@@ -845,10 +874,6 @@ pub fn page_of_tree(seq: u64, tree: &[&(u64, Alert)]) -> String {
         incident.observe_alert(Some(*number), alert);
     }
     render(&incident, &Origin::Show { seq })
-}
-
-fn key_of(alert: &Alert) -> PackageKey {
-    key(&alert.package)
 }
 
 fn entry(time_ns: u64, kind: Kind, pid: u32, what: String, detail: Option<String>) -> Entry {

@@ -295,6 +295,21 @@ fn replay_of(text: &str, extra_execs: u32) -> Incident {
                 ..Open::default()
             }),
         ),
+        // The manager's own write (its lock file): not package code's.
+        at(
+            6,
+            100,
+            EventData::Open(Open {
+                tid: 100,
+                syscall: "openat".into(),
+                dirfd: -100,
+                flags: 0o1101,
+                path: "/home/alice/app/package-lock.json".into(),
+                abs_path: Some("/home/alice/app/package-lock.json".into()),
+                ret: 5,
+                ..Open::default()
+            }),
+        ),
         at(
             7,
             102,
@@ -353,6 +368,7 @@ fn a_replay_puts_execs_reads_writes_lookups_connects_and_blind_spots_on_the_time
     ] {
         assert!(kinds.contains(&wanted), "{wanted:?} in {kinds:?}");
     }
+    assert!(!kinds.iter().any(|(_, what, _)| what.ends_with("package-lock.json")), "the manager's writes left out");
     assert_eq!(tree.processes.keys().copied().collect::<Vec<_>>(), [100, 101, 102]);
     assert_eq!(tree.processes[&102].parent, Some(101));
     assert_eq!(tree.package.as_deref(), Some("npm package evil@1.0.0"));
@@ -449,4 +465,36 @@ fn merged_workers_keep_each_files_trees() {
     assert_eq!(one.trees.len(), 2);
     assert_eq!(one.alerts, alerts);
     assert_eq!(one.packages.len(), 2);
+}
+
+#[test]
+fn a_sweeps_files_go_under_the_category_their_own_alert_gave_else_under_swept() {
+    let mut read = alert_with("b");
+    read.credwatch.sweep = None;
+    read.rule.category = "registry".into();
+    read.file.as_mut().unwrap().path = "/home/a/.npmrc".into();
+    let mut sweep = read.clone();
+    sweep.rule.category = "sweep".into();
+    sweep.credwatch.sweep = Some(crate::alert::AlertSweep {
+        categories: vec!["cloud".into(), "registry".into()],
+        files: vec!["/home/a/.npmrc".into(), "/home/a/.aws/credentials".into()],
+        ..Default::default()
+    });
+    let mut incident = Incident::default();
+    incident.observe_alert(None, &read);
+    incident.observe_alert(None, &sweep);
+    let files: Vec<(&str, Vec<&str>)> =
+        incident.files.iter().map(|(c, paths)| (c.as_str(), paths.keys().map(String::as_str).collect())).collect();
+    assert_eq!(files, [(SWEPT, vec!["/home/a/.aws/credentials"]), ("registry", vec!["/home/a/.npmrc"])]);
+    assert_eq!(incident.files["registry"]["/home/a/.npmrc"].alerts, 2);
+}
+
+#[test]
+fn the_hosts_to_rotate_on_are_named_only_when_there_are_several() {
+    let page = page_of_alerts(&[alert_with("b")]);
+    assert!(!page.contains("class=\"hosts\">on "), "one host: not named");
+    let mut other = alert_with("b");
+    other.host.name = "c".into();
+    let page = page_of_alerts(&[alert_with("b"), other]);
+    assert!(page.contains("class=\"hosts\">on b, c<"), "two hosts: named");
 }
