@@ -857,8 +857,9 @@ impl HeldCommand {
 }
 
 /// `run`, or `record -- CMD`: CMD's tree only, until every process of it has exited (or
-/// `linger` has passed since CMD exited).
-pub fn run_command(config: &Config, command: &[String], linger: Option<Duration>) -> Result<ExitCode> {
+/// `linger` has passed since CMD exited). `selftest`: the tree is `credwatch selftest`'s, its
+/// alerts marked so.
+pub fn run_command(config: &Config, command: &[String], linger: Option<Duration>, selftest: bool) -> Result<ExitCode> {
     let mut network = None;
     anyhow::ensure!(
         !config.contain_keep || config.contain_writes == ContainWrites::Overlay,
@@ -896,6 +897,9 @@ pub fn run_command(config: &Config, command: &[String], linger: Option<Duration>
     wake_on_signals(&mut session.live.sensor, &[SIGINT, SIGTERM, SIGCHLD])?;
     let held = HeldCommand::spawn(command, containment.clone())?;
     let root = held.pid;
+    if selftest {
+        session.engine.mark_selftests(Arc::new(Mutex::new([root].into())));
+    }
     if let Err(error) = session.live.sensor.mark_root(root) {
         // SAFETY: kill(2) on our own child, which is still waiting before its exec.
         unsafe { libc::kill(root as libc::pid_t, libc::SIGKILL) };

@@ -8,6 +8,7 @@ mod local;
 mod log;
 mod notify;
 mod replay;
+mod selftest;
 
 use std::{
     io::{self, Write as _},
@@ -77,6 +78,14 @@ enum Commands {
     Alerts(local::commands::AlertsArgs),
     /// One alert of the local alert log in full, and the other alerts of its process tree.
     Show(local::commands::ShowArgs),
+    /// Rehearse a real npm attack (Nx "s1ngularity", Shai-Hulud 2.0) as package code of the real
+    /// npm, in a throwaway home of fake credentials, its network steps to a loopback stub, and
+    /// check that the running agent (else credwatch's own sensor, as root) raised each alert it
+    /// must. The agent marks them `credwatch.selftest` and sends them to its outputs.
+    ///
+    /// Exit status: 0 when every expected alert came, 3 when one is missing, 4 when the agent did
+    /// not answer or report in time (or none runs, with --agent), 1 on an error.
+    Selftest(SelftestArgs),
     /// Show the running agent's alerts as desktop notifications, in the user's session: the
     /// alerts of the user's own processes (all of them for root and group `credwatch`), and at
     /// start those raised since the last one shown.
@@ -258,9 +267,29 @@ struct RunArgs {
     /// through the proxy, gets 403 and an alert. Loopback in the box is the box's own.
     #[arg(long, value_name = "WHAT", requires = "contain")]
     contain_net: Option<ContainNet>,
+    /// `credwatch selftest` runs its attack so when no agent runs: the alerts are marked
+    /// `credwatch.selftest`.
+    #[arg(long, hide = true)]
+    selftest: bool,
     /// The command to run, after `--`.
     #[arg(required = true, last = true, value_name = "CMD")]
     command: Vec<String>,
+}
+
+#[derive(Args)]
+struct SelftestArgs {
+    /// The attack to reproduce.
+    #[arg(long, value_enum, value_name = "ATTACK", default_value = "all")]
+    attack: selftest::Which,
+    /// Only the running agent checks: fail when none answers (a canary after a rollout).
+    #[arg(long)]
+    agent: bool,
+    /// The running agent's socket.
+    #[arg(long, value_name = "PATH", default_value = local::client::DEFAULT_SOCKET)]
+    alerts_socket: PathBuf,
+    /// The report as one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -475,7 +504,8 @@ fn main() -> ExitCode {
                 flags.insert("contain_net".into(), Value::from("registries"));
             }
             configure(&args.config, flags).and_then(|(config, _)| {
-                linger(config.linger).and_then(|linger| live::run_command(&config, &args.command, linger))
+                linger(config.linger)
+                    .and_then(|linger| live::run_command(&config, &args.command, linger, args.selftest))
             })
         }
         Commands::Record(args) => {
@@ -490,7 +520,7 @@ fn main() -> ExitCode {
                 if args.command.is_empty() {
                     live::watch_machine(&config, layers)
                 } else {
-                    linger(config.linger).and_then(|linger| live::run_command(&config, &args.command, linger))
+                    linger(config.linger).and_then(|linger| live::run_command(&config, &args.command, linger, false))
                 }
             })
         }
@@ -540,6 +570,12 @@ fn main() -> ExitCode {
         Commands::Config(ConfigCommand::Show { config }) => config_show(config),
         Commands::Alerts(args) => local::commands::alerts(&args),
         Commands::Show(args) => local::commands::show(&args),
+        Commands::Selftest(args) => selftest::selftest(&selftest::Options {
+            which: args.attack,
+            agent_only: args.agent,
+            socket: args.alerts_socket,
+            json: args.json,
+        }),
         Commands::Notify(args) => notify::run(&args),
     };
     result.unwrap_or_else(|error| {
