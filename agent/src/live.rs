@@ -722,8 +722,9 @@ fn open_trace(path: &Path, rules: &RuleSet, command: &[String]) -> Result<TraceW
 }
 
 /// `watch`, or `record` without CMD: every package tree on the machine until Ctrl-C; `SIGHUP`
-/// reloads `layers` (the configuration file) and the rules.
-pub fn watch_machine(config: &Config, layers: Layers) -> Result<ExitCode> {
+/// reloads `layers` (the configuration file) and the rules. `local_alerts` (`watch`): the local
+/// alert log kept and served on its socket.
+pub fn watch_machine(config: &Config, layers: Layers, local_alerts: bool) -> Result<ExitCode> {
     let stop = stop_flag()?;
     let hangup = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hangup))
@@ -734,7 +735,10 @@ pub fn watch_machine(config: &Config, layers: Layers) -> Result<ExitCode> {
     session.live.wait = session.systemd.bound_wait(IDLE_POLL_INTERVAL);
     session.reload = Some((hangup, Reload { layers, config: config.clone() }));
     let dropped = session.telemetry.as_ref().map(|telemetry| telemetry.metrics.alert_clients_dropped.clone());
-    session.local = crate::local::Local::start(config.alert_log(), config.alerts_socket(), dropped.unwrap_or_default());
+    if local_alerts {
+        session.local =
+            crate::local::Local::start(config.alert_log(), config.alerts_socket(), dropped.unwrap_or_default());
+    }
     if let Some(local) = &session.local {
         session.engine.mark_selftests(local.selftest_roots());
     }

@@ -482,7 +482,7 @@ fn main() -> ExitCode {
             args.pin.add_to(&mut flags);
             args.metrics.add_to(&mut flags);
             args.local.add_to(&mut flags);
-            configure(&args.config, flags).and_then(|(config, layers)| live::watch_machine(&config, layers))
+            configure(&args.config, flags).and_then(|(config, layers)| live::watch_machine(&config, layers, true))
         }
         Commands::Run(args) => {
             let mut flags = flags(&args.common, &args.outputs, &args.enforce, &args.alerts, args.linger, None);
@@ -518,7 +518,7 @@ fn main() -> ExitCode {
                     anyhow::bail!("record needs a trace file: -o FILE, or `trace` in the configuration");
                 }
                 if args.command.is_empty() {
-                    live::watch_machine(&config, layers)
+                    live::watch_machine(&config, layers, false)
                 } else {
                     linger(config.linger).and_then(|linger| live::run_command(&config, &args.command, linger, false))
                 }
