@@ -19,7 +19,7 @@ use crate::{alert::Severity, output::escape};
 /// shows its first 1,000).
 const TEXT_LIMIT: usize = 1_000;
 /// Characters of a process's label drawn in the SVG (the timeline has the whole command).
-const SVG_LABEL_LIMIT: usize = 56;
+const SVG_LABEL_LIMIT: usize = 48;
 /// Packages with alerts given a verdict card; the rest are counted.
 const VERDICTS_SHOWN: usize = 12;
 /// Packages without alerts named; the rest are counted.
@@ -58,7 +58,7 @@ pub enum Origin {
 
 const STYLE: &str = r#"
 :root{color-scheme:light dark;--bg:#f4f6f8;--card:#fff;--fg:#1a1e23;--muted:#5c6670;--line:#d9dee4;--soft:#eef1f4;--accent:#0b63ce;--critical:#b3001e;--high:#d1430b;--medium:#9a6700;--low:#1f7a74;--node:#8a95a1}
-@media (prefers-color-scheme:dark){:root{--bg:#0e1114;--card:#171b20;--fg:#e4e8ec;--muted:#9aa5b1;--line:#2b323a;--soft:#20262d;--accent:#6db3ff;--critical:#ff5470;--high:#ff8747;--medium:#e7b545;--low:#4fc4bc;--node:#6c7783}}
+@media (prefers-color-scheme:dark){:root{--bg:#0e1114;--card:#171b20;--fg:#e4e8ec;--muted:#9aa5b1;--line:#2b323a;--soft:#20262d;--accent:#6db3ff;--critical:#ff5470;--high:#ff8747;--medium:#e7b545;--low:#4fc4bc;--node:#6c7783}.badge{color:#0e1114}}
 *{box-sizing:border-box}
 html{-webkit-text-size-adjust:100%;text-size-adjust:100%}
 body{margin:0;background:var(--bg);color:var(--fg);font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,"Noto Sans",sans-serif;overflow-wrap:anywhere}
