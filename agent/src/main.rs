@@ -337,7 +337,7 @@ struct ReplayArgs {
     /// each incident's process tree, and what to rotate) instead of each alert.
     #[arg(long)]
     report: bool,
-    /// The report's format.
+    /// The report's format (`html`: the incident page, one self-contained file).
     #[arg(long, value_enum, value_name = "FORMAT", default_value = "text")]
     report_format: replay::ReportFormat,
     /// The files' format: credwatch, strace, auditd, tetragon or tracee (detected when omitted).
@@ -429,8 +429,8 @@ struct FleetReportArgs {
     /// the first one.
     #[arg(long)]
     keep_going: bool,
-    /// The report's format.
-    #[arg(long, value_enum, value_name = "FORMAT", default_value = "text")]
+    /// The report's format (`html`: the incident page, one self-contained file).
+    #[arg(long, visible_alias = "format", value_enum, value_name = "FORMAT", default_value = "text")]
     report_format: replay::ReportFormat,
     /// Alert files: JSON lines, as the `file:` output and `--alerts` write them (`.gz`, `.zst`
     /// too); `-` reads standard input.
