@@ -136,7 +136,7 @@ pub fn alert_notice(seq: u64, alert: &Alert, others: u64) -> Notice {
     }
     if others > 0 {
         let s = if others == 1 { "" } else { "s" };
-        lines.push(format!("+{others} more alert{s} of this process tree"));
+        lines.push(format!("+{others} more alert{s} of the same package and tree"));
     }
     Notice {
         summary: clip(&summary(alert)),
@@ -251,7 +251,7 @@ pub(crate) mod tests {
         assert_eq!(
             notice.body,
             "file: /h/&lt;b&gt;bold&lt;/b&gt;&amp;amp;\\u{1b}[31m\\nline2\n\
-             rotate: &lt;a href='x'&gt;click&lt;/a&gt;\n+2 more alerts of this process tree"
+             rotate: &lt;a href='x'&gt;click&lt;/a&gt;\n+2 more alerts of the same package and tree"
         );
     }
 

@@ -28,15 +28,16 @@ type Pages = Arc<Mutex<HashMap<u32, u64>>>;
 pub struct Desktop {
     connection: Option<Connection>,
     pages: Pages,
-    /// Where incident pages are written.
+    /// The agent's socket, and where incident pages are written.
+    socket: PathBuf,
     cache: PathBuf,
     /// The last failure said, so that it is said once.
     said: Option<String>,
 }
 
 impl Desktop {
-    pub fn new(cache: PathBuf) -> Desktop {
-        Desktop { connection: None, pages: Pages::default(), cache, said: None }
+    pub fn new(socket: PathBuf, cache: PathBuf) -> Desktop {
+        Desktop { connection: None, pages: Pages::default(), socket, cache, said: None }
     }
 
     /// The connection, made (with its signal reader) when there is none.
@@ -48,10 +49,10 @@ impl Desktop {
         let rule = MatchRule::builder().msg_type(Type::Signal).interface(NAME).path(PATH).build()?;
         // Subscribed before the first Notify, so that no action is missed.
         let stream = zbus::block_on(MessageStream::for_match_rule(rule, &connection, None))?;
-        let (pages, cache) = (Arc::clone(&self.pages), self.cache.clone());
+        let (pages, socket, cache) = (Arc::clone(&self.pages), self.socket.clone(), self.cache.clone());
         std::thread::Builder::new()
             .name("notify-actions".into())
-            .spawn(move || zbus::block_on(read_signals(stream, pages, cache)))
+            .spawn(move || zbus::block_on(read_signals(stream, pages, socket, cache)))
             .map_err(|e| zbus::Error::InputOutput(Arc::new(e)))?;
         self.connection = Some(connection.clone());
         Ok(connection)
@@ -123,7 +124,7 @@ impl Desk for Desktop {
 
 /// Reads the server's signals until the connection ends: "Details" (or a click) opens the
 /// alert's incident page; a closed notification is forgotten.
-async fn read_signals(mut stream: MessageStream, pages: Pages, cache: PathBuf) {
+async fn read_signals(mut stream: MessageStream, pages: Pages, socket: PathBuf, cache: PathBuf) {
     while let Some(Ok(message)) = stream.next().await {
         let header = message.header();
         let member = header.member().map(|m| m.as_str().to_owned()).unwrap_or_default();
@@ -133,7 +134,7 @@ async fn read_signals(mut stream: MessageStream, pages: Pages, cache: PathBuf) {
                 let Ok((id, action)) = body.deserialize::<(u32, String)>() else { continue };
                 let seq = pages.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(&id).copied();
                 if let (Some(seq), DETAILS | "default") = (seq, action.as_str()) {
-                    open_details(seq, &cache);
+                    open_details(&socket, seq, &cache);
                 }
             }
             "NotificationClosed" => {
@@ -148,9 +149,9 @@ async fn read_signals(mut stream: MessageStream, pages: Pages, cache: PathBuf) {
 
 /// Writes the incident page of alert `seq` to the cache and opens it with `xdg-open`; says
 /// `credwatch show SEQ` when it cannot.
-fn open_details(seq: u64, cache: &Path) {
+fn open_details(socket: &Path, seq: u64, cache: &Path) {
     let page = cache.join(format!("incident-{seq}.html"));
-    if let Err(error) = super::write_incident_page(seq, &page) {
+    if let Err(error) = super::write_incident_page(socket, seq, &page) {
         tracing::warn!("writing the incident page of alert {seq}: {error:#}; see `credwatch show {seq}`");
         return;
     }

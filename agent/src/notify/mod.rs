@@ -59,7 +59,8 @@ pub fn run(args: &NotifyArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     };
     let state = SeqFile { path: state_dir.join("notify.seq") };
-    let mut desk = desktop::Desktop::new(xdg_dir("XDG_CACHE_HOME", ".cache")?.join("credwatch"));
+    let cache = xdg_dir("XDG_CACHE_HOME", ".cache")?.join("credwatch");
+    let mut desk = desktop::Desktop::new(args.alerts_socket.clone(), cache);
     let mut volume = volume::Volume::default();
     let mut shown = state.read();
     let socket = &args.alerts_socket;
@@ -208,20 +209,28 @@ impl SeqFile {
     }
 }
 
-/// The incident page of alert `seq` (`credwatch show SEQ --html`), written to `page`.
-fn write_incident_page(seq: u64, page: &Path) -> Result<()> {
-    if let Some(dir) = page.parent() {
-        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+/// The incident page of alert `seq` (what `credwatch show SEQ --html` writes), from the alerts
+/// the agent gives this user, written to `page`.
+fn write_incident_page(socket: &Path, seq: u64, page: &Path) -> Result<()> {
+    let mut stream = AlertStream::connect(socket, Some(0), false)?;
+    let mut logged = Vec::new();
+    while let Some(message) = stream.next(Some(Duration::from_secs(10)))? {
+        match message {
+            Message::Alert { seq, alert } => logged.push((seq, *alert)),
+            Message::CaughtUp { .. } => break,
+        }
     }
-    let program = std::env::current_exe().context("finding credwatch's own program")?;
-    let status = std::process::Command::new(program)
-        .args(["show", &seq.to_string(), "--html", "--output"])
-        .arg(page)
-        .stdin(std::process::Stdio::null())
-        .status()
-        .context("running credwatch show")?;
-    anyhow::ensure!(status.success(), "credwatch show {seq} --html failed ({status})");
-    Ok(())
+    let (_, alert) = logged
+        .iter()
+        .rev()
+        .find(|(logged, _)| *logged == seq)
+        .with_context(|| format!("alert {seq} is no longer in the agent's log"))?;
+    let tree = crate::local::commands::tree_of(&logged, alert);
+    if let Some(dir) = page.parent() {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", escape(&dir.display().to_string())))?;
+    }
+    fs::write(page, credwatch_core::incident::page_of_tree(seq, &tree))
+        .with_context(|| format!("writing {}", escape(&page.display().to_string())))
 }
 
 #[cfg(test)]

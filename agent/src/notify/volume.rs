@@ -1,4 +1,4 @@
-//! How many notifications: the alerts of one process tree share one notification, updated in
+//! How many notifications: the alerts of one package in a process tree share one notification, updated in
 //! place (`replaces_id`), so a sweep is one popup however many files it took; new popups are
 //! limited to [`BURST`] per [`WINDOW`], and what is held back past that is counted in one
 //! notification; alerts raised while `notify` was not running are shown one by one only when
@@ -32,8 +32,9 @@ pub trait Desk {
     fn show(&mut self, notice: &Notice, replaces: Option<u32>) -> Option<u32>;
 }
 
-/// A process tree: the host and its root's pid.
-type Tree = (String, u32);
+/// A package in a process tree: the host, the root's pid, the package (one `npm install` may run
+/// several packages' scripts; a test's tree is the `cargo test` running it).
+type Tree = (String, u32, Option<String>, Option<String>);
 
 /// The alerts of one tree and its notification.
 struct Group {
@@ -103,7 +104,8 @@ pub struct Volume {
 }
 
 fn tree_of(alert: &Alert) -> Tree {
-    (alert.host.name.clone(), alert.credwatch.root_pid)
+    let package = &alert.package;
+    (alert.host.name.clone(), alert.credwatch.root_pid, package.name.clone(), package.version.clone())
 }
 
 impl Volume {
@@ -297,7 +299,7 @@ mod tests {
         let (last, _) = desk.shown.last().unwrap();
         assert!(last.summary.contains("swept 3 kinds"), "{}", last.summary);
         assert_eq!(last.details, Some(5));
-        assert!(last.body.ends_with("+4 more alerts of this process tree"), "{}", last.body);
+        assert!(last.body.ends_with("+4 more alerts of the same package and tree"), "{}", last.body);
         let (middle, _) = &desk.shown[1];
         assert_eq!(middle.details, Some(3), "the sweep leads, not the read it folded");
     }
@@ -332,7 +334,7 @@ mod tests {
         let few = vec![(1, read_alert("a", "/h/.npmrc", 1)), (2, read_alert("a", "/h/.ssh/id_rsa", 1))];
         volume.missed(few, now, &mut desk);
         assert_eq!(desk.shown.len(), 1);
-        assert!(desk.shown[0].0.body.contains("+1 more alert of this process tree"));
+        assert!(desk.shown[0].0.body.contains("+1 more alert of the same package and tree"));
         let many: Vec<(u64, Alert)> =
             (0..5u32).map(|i| (10 + u64::from(i), read_alert(&format!("m{i}"), "/h/.npmrc", 50 + i))).collect();
         let mut desk = Recorder::default();
