@@ -34,6 +34,7 @@ pub enum Which {
     /// Shai-Hulud 2.0 (Nov 2025): the preinstall setup_bun.js and its bun_environment.js.
     #[value(name = "shai-hulud-2")]
     ShaiHulud2,
+    /// Every attack, one after the other.
     All,
 }
 
@@ -69,15 +70,15 @@ pub fn selftest(options: &Options) -> Result<ExitCode> {
     };
     let socket = escape(&options.socket.display().to_string()).into_owned();
     let mut sensor = match AlertStream::connect(&options.socket, None, true) {
-        Ok(mut stream) => match caught_up(&mut stream) {
+        Ok(mut stream) => match caught_up(&mut stream, &options.socket) {
             Ok(()) => Sensor::Agent(stream),
             Err(ClientError::Timeout { .. }) => {
                 return no_answer(
                     options,
                     &format!(
-                    "the agent at {socket} did not report the self-test within {} s: is it stopped?",
-                    ANSWER_WITHIN.as_secs()
-                ),
+                        "the agent at {socket} did not report the self-test within {} s: is it stopped?",
+                        ANSWER_WITHIN.as_secs()
+                    ),
                 );
             }
             Err(error) => return Err(error).context("connecting to the agent"),
@@ -167,7 +168,7 @@ fn no_answer(options: &Options, why: &str) -> Result<ExitCode> {
 }
 
 /// Waits for the agent's `caught_up`: it answers, and the stream is live from here on.
-fn caught_up(stream: &mut AlertStream) -> Result<(), ClientError> {
+fn caught_up(stream: &mut AlertStream, socket: &Path) -> Result<(), ClientError> {
     let deadline = Instant::now() + ANSWER_WITHIN;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -176,7 +177,7 @@ fn caught_up(stream: &mut AlertStream) -> Result<(), ClientError> {
             Some(Message::Alert { .. }) => {}
             None => {
                 return Err(ClientError::Protocol {
-                    socket: PathBuf::new(),
+                    socket: socket.to_owned(),
                     why: "the agent closed the connection before it caught up".into(),
                 })
             }
@@ -365,7 +366,7 @@ fn run_attack(attack: &Attack, npm: &Path, sensor: &mut Sensor, socket: &Path) -
                 let said = tail(&fs::read_to_string(&log).unwrap_or_default());
                 return Err(anyhow::anyhow!("`credwatch run` failed ({status:?}):\n{}", escape(&said)).into());
             }
-            let alerts: Vec<(Option<u64>, Alert)> = fs::read_to_string(&out)
+            let alerts: Seen = fs::read_to_string(&out)
                 .with_context(|| format!("reading {}", out.display()))?
                 .lines()
                 .filter_map(|line| serde_json::from_str::<Alert>(line).ok())
@@ -416,6 +417,9 @@ fn run_attack(attack: &Attack, npm: &Path, sensor: &mut Sensor, socket: &Path) -
     })
 }
 
+/// The tree's alerts, each with its seq in the agent's local log (none from `credwatch run`).
+type Seen = Vec<(Option<u64>, Alert)>;
+
 /// Reads the agent's alerts of the tree at `root` while npm runs, then until every expected one
 /// came or [`ALERTS_WITHIN`] passed. Returns how npm ended and the alerts.
 fn follow(
@@ -425,11 +429,13 @@ fn follow(
     attack: &Attack,
     lab: &Path,
     socket: &Path,
-) -> Result<(Result<(), String>, Vec<(Option<u64>, Alert)>), Failure> {
+) -> Result<(Result<(), String>, Seen), Failure> {
     let started = Instant::now();
     let mut alerts = Vec::new();
     let mut status: Option<Option<ExitStatus>> = None;
     let mut exited_at = Instant::now();
+    // The root of a tree npm turned out to be part of (credwatch selftest run by a package script).
+    let mut outer = None;
     loop {
         if status.is_none() {
             if let Some(exited) = child.try_wait().context("waiting for npm")? {
@@ -452,10 +458,23 @@ fn follow(
             Ok(Some(Message::Alert { seq, alert })) if alert.credwatch.root_pid == root => {
                 alerts.push((Some(seq), *alert))
             }
+            Ok(Some(Message::Alert { alert, .. }))
+                if alert.process.pid == root || alert.process.ancestors.iter().any(|a| a.pid == root) =>
+            {
+                outer.get_or_insert(alert.credwatch.root_pid);
+            }
             Ok(Some(_)) | Err(ClientError::Timeout { .. }) => {}
             Ok(None) => return Err(anyhow::anyhow!("the agent closed the connection during the self-test").into()),
             Err(error) => return Err(anyhow::Error::from(error).context("reading the agent's alerts").into()),
         }
+    }
+    if let (true, Some(outer)) = (alerts.is_empty(), outer) {
+        return Err(anyhow::anyhow!(
+            "npm (pid {root}) ran inside a tree the agent already watches (root pid {outer}): its alerts are that \
+             tree's, not a self-test's; run `credwatch selftest` from a shell, a service or a CI step, not under a \
+             package manager"
+        )
+        .into());
     }
     if alerts.is_empty() {
         return Err(Failure::NoAnswer(format!(
