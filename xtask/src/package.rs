@@ -137,10 +137,15 @@ Description: alerts when package code touches credentials
  kernel >= 5.8 with BTF, and no library.
 ";
 
-/// Installing starts nothing: the unit is made known to systemd, not enabled or started. An
-/// upgrade restarts a service that runs (it adopts its pinned programs).
+/// Installing starts nothing: the unit is made known to systemd, not enabled or started, and the
+/// group `credwatch` is made. An upgrade restarts a service that runs (it adopts its pinned
+/// programs).
 const POSTINST: &str = "#!/bin/sh
 set -e
+# Its members see every user's alerts on the local alerts socket (README: Past alerts).
+if [ \"$1\" = configure ] && ! getent group credwatch >/dev/null; then
+    groupadd --system credwatch
+fi
 if [ \"$1\" = configure ] && [ -d /run/systemd/system ]; then
     systemctl daemon-reload || true
     if [ -n \"$2\" ]; then
