@@ -125,6 +125,11 @@ fn tags(html: &str) -> Vec<(String, Vec<(String, String)>)> {
                 let close = after.find('"').expect("a quoted value ends");
                 value = after[..close].to_owned();
                 attrs = &after[close + 1..];
+            } else if let Some(after) = attrs.strip_prefix('=') {
+                // Unquoted (the renderer never writes one: it can only come from input).
+                let end = after.find(char::is_whitespace).unwrap_or(after.len());
+                value = after[..end].to_owned();
+                attrs = &after[end..];
             }
             attributes.push((attribute, value));
             attrs = attrs.trim_start();
@@ -272,7 +277,6 @@ fn hostile_trace(dir: &Path, hostile: &[String]) -> PathBuf {
     let pick = |n: usize| hostile[n % hostile.len()].clone();
     let text = fs::read_to_string(fixtures().join(TRACE)).unwrap();
     let mut lines = Vec::new();
-    let mut last = (0u64, 0u32);
     for (index, line) in text.lines().enumerate() {
         let mut value: Value = serde_json::from_str(line).unwrap();
         if index == 0 {
@@ -300,10 +304,9 @@ fn hostile_trace(dir: &Path, hostile: &[String]) -> PathBuf {
             value["executable"] = format!("/usr/bin/node{}", pick(4)).into();
         }
         let is_second_read = value["path"].as_str().is_some_and(|p| p.ends_with("/.ssh/id_ed25519"));
-        last = (value["time_ns"].as_u64().unwrap(), value["pid"].as_u64().unwrap() as u32);
+        let (time, pid) = (value["time_ns"].as_u64().unwrap(), value["pid"].as_u64().unwrap() as u32);
         lines.push(value.to_string());
         if is_second_read {
-            let (time, pid) = last;
             let long_path = format!("/tmp/{}/{}", pick(1), "x".repeat(4096));
             let added = [
                 serde_json::json!({"time_ns": time + 1, "pid": pid, "kind": "open", "tid": pid, "syscall": "openat",

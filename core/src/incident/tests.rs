@@ -108,6 +108,11 @@ fn tags(page: &str) -> Vec<Tag> {
                 let close = after.find('"').expect("a quoted value ends");
                 value = after[..close].to_owned();
                 attrs = &after[close + 1..];
+            } else if let Some(after) = attrs.strip_prefix('=') {
+                // Unquoted (the renderer never writes one: it can only come from input).
+                let end = after.find(char::is_whitespace).unwrap_or(after.len());
+                value = after[..end].to_owned();
+                attrs = &after[end..];
             }
             tag.attributes.push((name, value));
             attrs = attrs.trim_start();
