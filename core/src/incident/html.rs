@@ -35,6 +35,8 @@ const DEPTH_DRAWN: usize = 12;
 const FOLD_AFTER: usize = 8;
 /// Entries shown before a fold.
 const FOLD_SHOWN: usize = 4;
+/// Places (host, container, pod, CI job) listed; the rest are counted.
+const PLACES_SHOWN: usize = 50;
 /// Hosts named after an item to rotate.
 const HOSTS_SHOWN: usize = 10;
 
@@ -411,7 +413,9 @@ fn hosts_list(html: &mut Html, hosts: &BTreeSet<String>) {
         }
         html.text(host);
     }
-    if hosts.len() > HOSTS_SHOWN {
+    if hosts.len() >= super::MAX_HOSTS {
+        html.markup(" and at least ").number(hosts.len() - HOSTS_SHOWN).markup(" more hosts");
+    } else if hosts.len() > HOSTS_SHOWN {
         html.markup(" and ").number(hosts.len() - HOSTS_SHOWN).markup(" more hosts");
     }
 }
@@ -459,7 +463,10 @@ fn verdict_card(html: &mut Html, key: &super::PackageKey, verdict: &Verdict) {
         html.markup(")</span>");
     }
     html.markup("</dd>\n<dt>alerts</dt><dd>").count(verdict.alerts, "alert", "alerts").markup(" on ");
-    html.count(verdict.hosts.len() as u64 + verdict.hosts_not_shown, "host", "hosts").markup("</dd>\n");
+    if verdict.more_hosts {
+        html.markup("more than ");
+    }
+    html.count(verdict.hosts.len() as u64, "host", "hosts").markup("</dd>\n");
     if let (Some(first), Some(last)) = (&verdict.first_seen, &verdict.last_seen) {
         html.markup("<dt>seen</dt><dd><time>");
         moment(html, first);
@@ -786,8 +793,8 @@ fn files_section(html: &mut Html, incident: &Incident) {
         html.markup("</ul>\n");
     }
     if incident.files_not_shown > 0 {
-        html.markup("<p class=\"more\">… and ").count(incident.files_not_shown, "more file", "more files");
-        html.markup(".</p>\n");
+        html.markup("<p class=\"more\">… and ").count(incident.files_not_shown, "alert", "alerts");
+        html.markup(" about files past the page's limit.</p>\n");
     }
     html.markup("</section>\n");
 }
@@ -831,7 +838,7 @@ fn connections_section(html: &mut Html, incident: &Incident) {
 
 fn where_section(html: &mut Html, incident: &Incident) {
     html.markup("<section id=\"where\">\n<h2>Where it ran</h2>\n<ul class=\"places\">\n");
-    for (place, seen) in &incident.places {
+    for (place, seen) in incident.places.iter().take(PLACES_SHOWN) {
         html.markup("<li><dl>\n<dt>host</dt><dd><code>").text(&place.host).markup("</code></dd>\n");
         let optional: [(&'static str, &Option<String>); 3] =
             [("container", &place.container), ("pod", &place.pod), ("CI job", &place.ci_job)];
@@ -859,9 +866,13 @@ fn where_section(html: &mut Html, incident: &Incident) {
     if incident.places.is_empty() && incident.hosts.is_empty() {
         html.markup("<p>Not known: no alert named a host.</p>\n");
     }
+    if incident.places.len() > PLACES_SHOWN {
+        let more = (incident.places.len() - PLACES_SHOWN) as u64;
+        html.markup("<p class=\"more\">… and ").count(more, "more place", "more places").markup(".</p>\n");
+    }
     if incident.places_not_shown > 0 {
-        html.markup("<p class=\"more\">… and ").count(incident.places_not_shown, "more place", "more places");
-        html.markup(".</p>\n");
+        html.markup("<p class=\"more\">… and ").count(incident.places_not_shown, "alert", "alerts");
+        html.markup(" from places past the page's limit.</p>\n");
     }
     html.markup("</section>\n");
 }

@@ -37,7 +37,7 @@ const MAX_CONNECTIONS: usize = 500;
 /// Places (host, container, pod, CI job) kept; later ones are only counted.
 const MAX_PLACES: usize = 1_000;
 /// Hosts named per package and per item to rotate; later ones are only counted.
-const MAX_HOSTS: usize = 100;
+pub(crate) const MAX_HOSTS: usize = 100;
 
 /// What a timeline entry is, and how many of each a tree keeps (the rest are counted).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -241,7 +241,8 @@ pub struct Verdict {
     pub rules: BTreeMap<String, (String, u64)>,
     pub alerts: u64,
     pub hosts: BTreeSet<String>,
-    pub hosts_not_shown: u64,
+    /// Hosts past [`MAX_HOSTS`] were left out of `hosts`.
+    pub more_hosts: bool,
     /// What the first of its worst alerts was about.
     pub headline: Option<(Kind, String)>,
     pub first_seen: Option<String>,
@@ -621,7 +622,7 @@ impl Incident {
                 verdict.worst = Some(severity);
                 verdict.headline = Some((kind, what.clone()));
             }
-            verdict.hosts_not_shown += u64::from(insert_bounded(&mut verdict.hosts, host, MAX_HOSTS));
+            verdict.more_hosts |= insert_bounded(&mut verdict.hosts, host, MAX_HOSTS);
             let time = &alert.timestamp;
             if verdict.first_seen.as_ref().is_none_or(|first| time < first) {
                 verdict.first_seen = Some(time.clone());
@@ -789,9 +790,9 @@ impl Incident {
                 ours.rules.entry(rule).or_insert((name, 0)).1 += count;
             }
             ours.alerts += theirs.alerts;
-            ours.hosts_not_shown += theirs.hosts_not_shown;
+            ours.more_hosts |= theirs.more_hosts;
             for host in &theirs.hosts {
-                ours.hosts_not_shown += u64::from(insert_bounded(&mut ours.hosts, host, MAX_HOSTS));
+                ours.more_hosts |= insert_bounded(&mut ours.hosts, host, MAX_HOSTS);
             }
             ours.first_seen = [ours.first_seen.take(), theirs.first_seen].into_iter().flatten().min();
             ours.last_seen = [ours.last_seen.take(), theirs.last_seen].into_iter().flatten().max();

@@ -503,3 +503,18 @@ fn the_hosts_to_rotate_on_are_named_only_when_there_are_several() {
     let page = page_of_alerts(&[alert_with("b"), other]);
     assert!(page.contains("class=\"hosts\">on b, c<"), "two hosts: named");
 }
+
+#[test]
+fn many_hosts_and_places_are_counted_not_listed() {
+    let alerts: Vec<Alert> = (0..150)
+        .map(|n| {
+            let mut alert = alert_with("b");
+            alert.host.name = format!("host-{n:03}");
+            alert
+        })
+        .collect();
+    let page = page_of_alerts(&alerts);
+    assert!(page.contains("150 alerts on more than 100 hosts"), "hosts of a package, bounded");
+    assert!(page.contains("… and 100 more places."), "50 places listed");
+    assert!(page.contains(" and at least 90 more hosts"), "hosts to rotate on, bounded");
+}
