@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use credwatch_e2e::{slow, write_executable, Run, Sandbox, Watch};
+use credwatch_e2e::{slow, write_executable, OtherUser, Sandbox, Watch, FAKE_CREDENTIALS, FAKE_MANAGER};
 use serde_json::Value;
 use time::{format_description::well_known::Rfc3339, OffsetDateTime};
 
@@ -29,8 +29,9 @@ struct Session {
 impl Session {
     /// A session bus that knows no service (nothing is activated: no notification server
     /// unless the test starts one), and `dbus-monitor` writing the Notify calls to a file.
-    fn start(sandbox: &Sandbox) -> Session {
-        let dir = sandbox.top().join("session");
+    /// Its files in `dir`: a directory other users can enter when they are to connect.
+    fn start(dir: &Path) -> Session {
+        let dir = dir.to_owned();
         fs::create_dir_all(&dir).unwrap();
         let config = dir.join("bus.conf");
         fs::write(
@@ -43,6 +44,7 @@ impl Session {
   <listen>unix:path={}</listen>
   <auth>EXTERNAL</auth>
   <policy context="default">
+    <allow user="*"/>
     <allow send_destination="*" eavesdrop="true"/>
     <allow eavesdrop="true"/>
     <allow own="*"/>
@@ -53,13 +55,14 @@ impl Session {
             ),
         )
         .unwrap();
-        let out = sandbox.setup(
-            "dbus-daemon --session",
-            Command::new("dbus-daemon")
-                .arg(format!("--config-file={}", config.display()))
-                .args(["--fork", "--print-address=1", "--print-pid=1"])
-                .stdin(Stdio::null()),
-        );
+        let out = Command::new("dbus-daemon")
+            .arg(format!("--config-file={}", config.display()))
+            .args(["--fork", "--print-address=1", "--print-pid=1"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("running dbus-daemon");
+        assert!(out.status.success(), "dbus-daemon: {}: {}", out.status, String::from_utf8_lossy(&out.stderr));
+        let out = String::from_utf8_lossy(&out.stdout);
         let mut lines = out.lines();
         let address = lines.next().expect("dbus-daemon printed its address").trim().to_owned();
         let bus_pid = lines.next().and_then(|pid| pid.trim().parse().ok()).expect("dbus-daemon printed its pid");
@@ -88,8 +91,8 @@ impl Session {
     }
 
     /// [`Session::start`] with `Xvfb` on a free display and `dunst` on it.
-    fn with_server(sandbox: &Sandbox) -> Session {
-        let mut session = Session::start(sandbox);
+    fn with_server(dir: &Path) -> Session {
+        let mut session = Session::start(dir);
         session.start_server();
         session
     }
@@ -187,11 +190,21 @@ impl Session {
         }
     }
 
-    /// `credwatch notify` in the session, as root, in the sandbox's home (its state and cache),
+    /// `credwatch notify` in the session, as root in the sandbox's home (its state and cache),
     /// with a fake `xdg-open` that writes down what it was asked to open.
-    fn notify(&self, sandbox: &Sandbox, socket: &Path, options: &[&str]) -> Notify {
-        let stderr = self.dir.join(format!("notify-{}.stderr", fs::read_dir(&self.dir).unwrap().count()));
-        let child = self.notify_command(sandbox, socket, options, &stderr).spawn().expect("starting credwatch notify");
+    fn notify(&self, sandbox: &Sandbox, socket: &Path) -> Notify {
+        self.follow(self.notify_command(sandbox.credwatch("notify"), socket))
+    }
+
+    fn notify_stderr(&self) -> PathBuf {
+        self.dir.join(format!("notify-{}.stderr", fs::read_dir(&self.dir).unwrap().count()))
+    }
+
+    /// Starts `command` (`credwatch notify ...`) and waits until it follows the agent.
+    fn follow(&self, mut command: Command) -> Notify {
+        let stderr = self.notify_stderr();
+        command.stderr(fs::File::create(&stderr).unwrap());
+        let child = command.spawn().expect("starting credwatch notify");
         let notify = Notify { child: Some(child), stderr };
         let start = Instant::now();
         while !notify.stderr().contains("following the agent's alerts") {
@@ -205,7 +218,9 @@ impl Session {
         notify
     }
 
-    fn notify_command(&self, sandbox: &Sandbox, socket: &Path, options: &[&str], stderr: &Path) -> Command {
+    /// `command` (`credwatch notify`) for this session: the agent's socket, the bus, a fake
+    /// `xdg-open` first on PATH.
+    fn notify_command(&self, mut command: Command, socket: &Path) -> Command {
         let bin = self.dir.join("bin");
         if !bin.exists() {
             write_executable(
@@ -213,16 +228,17 @@ impl Session {
                 &format!("#!/bin/sh\necho \"$1\" >> {}\n", self.opened().display()),
             );
         }
-        let mut command = sandbox.credwatch("notify");
+        let path = std::env::join_paths(
+            std::iter::once(bin).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
+        )
+        .unwrap();
         command
             .arg("--alerts-socket")
             .arg(socket)
-            .args(options)
             .env("DBUS_SESSION_BUS_ADDRESS", &self.address)
-            .env("PATH", sandbox.path_with(&bin))
+            .env("PATH", path)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(stderr).unwrap());
+            .stdout(Stdio::null());
         command
     }
 
@@ -348,9 +364,10 @@ fn quoted_strings(args: &str) -> Vec<String> {
     strings
 }
 
-/// `watch` serving its socket and log in the sandbox.
-fn watch(sandbox: &Sandbox) -> (Watch<'_>, PathBuf) {
-    let socket = sandbox.top().join("run/alerts.sock");
+/// `watch` serving its socket in `dir` (a directory others can enter when they are to connect)
+/// and its log in the sandbox.
+fn watch<'a>(sandbox: &'a Sandbox, dir: &Path) -> (Watch<'a>, PathBuf) {
+    let socket = dir.join("run/alerts.sock");
     let log = sandbox.top().join("lib/alerts.jsonl");
     let watch =
         sandbox.watch_with(&["--alerts-socket", socket.to_str().unwrap(), "--alert-log", log.to_str().unwrap()]);
@@ -362,6 +379,49 @@ fn package_code(sandbox: &Sandbox, package: &str, script: &str) {
     sandbox.setup(&format!("{package}'s postinstall"), sandbox.command(sandbox.fake_manager()).args([package, script]));
 }
 
+/// A user of the machine with fake credentials in its home and package code of its own: its
+/// `notify` sees only its own alerts (the agent gives each uid its own), whatever else runs on
+/// the machine meanwhile, so that the tests can count notifications.
+const NOBODY: u32 = 65_534;
+
+struct Tenant {
+    user: OtherUser,
+    manager: PathBuf,
+}
+
+impl Tenant {
+    /// `nobody`: dbus-daemon lets in only users it finds in passwd.
+    fn new() -> Tenant {
+        let user = OtherUser::new(NOBODY);
+        for (relative, text) in FAKE_CREDENTIALS {
+            let path = user.home.join(relative);
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(&path, text).unwrap();
+        }
+        user.own(&user.home);
+        let manager = user.top().join("fake-manager/npm");
+        write_executable(&manager, FAKE_MANAGER);
+        Tenant { user, manager }
+    }
+
+    /// [`package_code`] as the user.
+    fn package_code(&self, sandbox: &Sandbox, package: &str, script: &str) {
+        sandbox.setup(&format!("{package}'s postinstall"), self.user.command(&self.manager).args([package, script]));
+    }
+
+    /// `credwatch notify` in the session as the user (its home: its state and cache).
+    fn notify(&self, session: &Session, socket: &Path) -> Notify {
+        let mut command = self.user.command(&self.user.binary);
+        command.arg("notify");
+        session.follow(session.notify_command(command, socket))
+    }
+
+    /// A session whose bus the user may reach.
+    fn session(&self) -> Session {
+        Session::with_server(&self.user.top().join("session"))
+    }
+}
+
 /// The alert of `package` in the watch's alerts file, within 30 s.
 fn alert_of(sandbox: &Sandbox, package: &str) -> Value {
     sandbox
@@ -369,20 +429,16 @@ fn alert_of(sandbox: &Sandbox, package: &str) -> Value {
         .unwrap_or_else(|| panic!("no alert of {package} in {}", sandbox.alerts_file().display()))
 }
 
-fn describe(session: &Session, notify: &str, run: Option<&Run>) -> String {
-    format!(
-        "Notify calls: {:#?}\nnotify's stderr:\n{notify}\n{}",
-        session.calls(),
-        run.map(Run::describe).unwrap_or_default()
-    )
+fn describe(session: &Session, notify: &str) -> String {
+    format!("Notify calls: {:#?}\nnotify's stderr:\n{notify}", session.calls())
 }
 
 #[test]
 fn an_npm_postinstall_reading_a_key_pops_up_a_critical_notification_naming_the_package() {
     let sandbox = Sandbox::new();
-    let session = Session::with_server(&sandbox);
-    let (watch, socket) = watch(&sandbox);
-    let notify = session.notify(&sandbox, &socket, &[]);
+    let session = Session::with_server(&sandbox.top().join("session"));
+    let (watch, socket) = watch(&sandbox, sandbox.top());
+    let notify = session.notify(&sandbox, &socket);
     assert_eq!(session.dunst_total(), 0, "dunst had notifications before the attack");
 
     // A real npm package whose postinstall reads the fake SSH key.
@@ -401,9 +457,8 @@ fn an_npm_postinstall_reading_a_key_pops_up_a_critical_notification_naming_the_p
 
     let call = session.wait_for_call(|call| call.summary.contains("notify-stealer@2.0.1"));
     let alert = alert_of(&sandbox, "notify-stealer");
-    let call = call.unwrap_or_else(|| {
-        panic!("no notification naming the package\n{}", describe(&session, &notify.stderr(), None))
-    });
+    let call =
+        call.unwrap_or_else(|| panic!("no notification naming the package\n{}", describe(&session, &notify.stderr())));
     assert_eq!(call.summary, "CRITICAL notify-stealer@2.0.1 read SSH private keys", "{call:#?}");
     assert_eq!(call.urgency, Some(2), "not critical: {call:#?}");
     let key = sandbox.credential(".ssh/id_ed25519");
@@ -441,9 +496,10 @@ fn an_npm_postinstall_reading_a_key_pops_up_a_critical_notification_naming_the_p
 #[test]
 fn a_sweep_is_one_notification_and_its_summary_replaces_it() {
     let sandbox = Sandbox::new();
-    let session = Session::with_server(&sandbox);
-    let (_watch, socket) = watch(&sandbox);
-    let notify = session.notify(&sandbox, &socket, &[]);
+    let tenant = Tenant::new();
+    let session = tenant.session();
+    let (_watch, socket) = watch(&sandbox, tenant.user.top());
+    let notify = tenant.notify(&session, &socket);
     // Six kinds of credentials, then more of them folded into the sweep.
     let files = [
         ".ssh/id_ed25519",
@@ -456,30 +512,23 @@ fn a_sweep_is_one_notification_and_its_summary_replaces_it() {
         ".s3cfg",
     ];
     let script: String = files.iter().map(|f| format!("cat \"$HOME/{f}\" > /dev/null; ")).collect();
-    package_code(&sandbox, "notify-sweeper", &script);
-    let summary =
-        session.wait_for_call(|call| call.summary.contains("notify-sweeper") && call.summary.contains("swept"));
-    let first = session.calls().into_iter().find(|call| call.summary.contains("notify-sweeper"));
-    let (Some(first), Some(_)) = (first, summary) else {
-        panic!("no sweep notification\n{}", describe(&session, &notify.stderr(), None))
-    };
+    tenant.package_code(&sandbox, "notify-sweeper", &script);
     // The tree ended: the sweep's final summary comes (it folded files) and replaces the popup.
     let sweep_final = sandbox.wait_for(
         |a| a["package"]["name"] == "notify-sweeper" && a["credwatch"]["sweep"]["final"] == true,
         Duration::from_secs(30),
     );
     assert!(sweep_final.is_some(), "no final sweep summary in the alerts");
-    // Its update is sent within a second of its turn.
-    thread::sleep(slow(Duration::from_secs(2)));
-    let calls: Vec<NotifyCall> =
-        session.calls().into_iter().filter(|call| call.summary.contains("notify-sweeper")).collect();
-    let popups = calls.iter().filter(|call| call.replaces == 0).count();
-    assert_eq!(popups, 1, "one popup for the tree: {calls:#?}");
-    let id = first.replaces;
-    assert_eq!(id, 0);
+    let summary =
+        session.wait_for_call(|call| call.summary.contains("notify-sweeper") && call.body.contains("folded in"));
+    assert!(summary.is_some(), "the sweep's summary was not shown\n{}", describe(&session, &notify.stderr()));
+    let calls = session.calls();
+    assert!(calls.iter().all(|call| call.summary.contains("notify-sweeper")), "{calls:#?}");
+    assert_eq!(calls.iter().filter(|call| call.replaces == 0).count(), 1, "one popup for the tree: {calls:#?}");
+    let id = calls[1..].first().map(|call| call.replaces).unwrap_or_default();
+    assert!(id != 0 && calls[1..].iter().all(|call| call.replaces == id), "{calls:#?}");
     let last = calls.last().unwrap();
-    assert!(last.replaces != 0 && calls[1..].iter().all(|call| call.replaces == last.replaces), "{calls:#?}");
-    assert!(last.summary.contains("swept") && last.body.contains("more alert"), "{last:#?}");
+    assert!(last.summary.contains("swept") && last.urgency == Some(2), "{last:#?}");
     session.wait_until("dunst shows it", || session.dunst_total() >= 1);
     assert_eq!(session.dunst_total(), 1, "dunst has more than one notification: {calls:#?}");
     notify.stop();
@@ -488,25 +537,37 @@ fn a_sweep_is_one_notification_and_its_summary_replaces_it() {
 #[test]
 fn a_burst_shows_three_and_one_notification_counts_the_rest() {
     let sandbox = Sandbox::new();
-    let session = Session::with_server(&sandbox);
-    let (_watch, socket) = watch(&sandbox);
-    let notify = session.notify(&sandbox, &socket, &[]);
+    let tenant = Tenant::new();
+    let session = tenant.session();
+    let (_watch, socket) = watch(&sandbox, tenant.user.top());
+    let notify = tenant.notify(&session, &socket);
     for i in 0..7 {
-        package_code(&sandbox, &format!("notify-burst-{i}"), "cat \"$HOME/.ssh/id_ed25519\" > /dev/null");
+        tenant.package_code(&sandbox, &format!("notify-burst-{i}"), "cat \"$HOME/.ssh/id_ed25519\" > /dev/null");
     }
     for i in 0..7 {
         alert_of(&sandbox, &format!("notify-burst-{i}"));
     }
     let held = session.wait_for_call(|call| call.summary == "credwatch: 4 more alerts held back");
     let calls = session.calls();
-    let named = calls.iter().filter(|call| call.summary.contains("notify-burst-") && call.replaces == 0).count();
-    assert!(held.is_some(), "no count of the 4 held back\n{}", describe(&session, &notify.stderr(), None));
-    assert_eq!(named, 3, "{calls:#?}");
+    assert!(held.is_some(), "no count of the 4 held back\n{}", describe(&session, &notify.stderr()));
+    let popups: Vec<&str> = calls.iter().filter(|call| call.replaces == 0).map(|call| call.summary.as_str()).collect();
+    assert_eq!(
+        popups,
+        [
+            "CRITICAL notify-burst-0@1.0.0 read SSH private keys",
+            "CRITICAL notify-burst-1@1.0.0 read SSH private keys",
+            "CRITICAL notify-burst-2@1.0.0 read SSH private keys",
+            "credwatch: 1 more alert held back",
+        ],
+        "{calls:#?}"
+    );
     let held = held.unwrap();
     assert!(held.body.contains("`credwatch alerts`") && held.urgency == Some(2), "{held:#?}");
-    // One popup for the count, updated in place as the burst went on.
+    // The count is one popup, updated in place as the burst went on.
     let counts: Vec<&NotifyCall> = calls.iter().filter(|call| call.summary.contains("held back")).collect();
-    assert_eq!(counts.iter().filter(|call| call.replaces == 0).count(), 1, "{counts:#?}");
+    assert!(counts[1..].iter().all(|call| call.replaces != 0), "{counts:#?}");
+    session.wait_until("dunst shows them", || session.dunst_total() >= 4);
+    assert_eq!(session.dunst_total(), 4, "{calls:#?}");
     let stderr = notify.stop();
     for i in 0..7 {
         assert!(stderr.contains(&format!("notify-burst-{i}@1.0.0")), "alert {i} not logged:\n{stderr}");
@@ -516,43 +577,47 @@ fn a_burst_shows_three_and_one_notification_counts_the_rest() {
 #[test]
 fn alerts_raised_while_notify_was_stopped_are_shown_at_its_next_start() {
     let sandbox = Sandbox::new();
-    let session = Session::with_server(&sandbox);
-    let (_watch, socket) = watch(&sandbox);
+    let tenant = Tenant::new();
+    let session = tenant.session();
+    let (_watch, socket) = watch(&sandbox, tenant.user.top());
     // The first start ever shows no history: it only remembers where the agent is.
-    package_code(&sandbox, "notify-before", "cat \"$HOME/.ssh/id_ed25519\" > /dev/null");
+    tenant.package_code(&sandbox, "notify-before", "cat \"$HOME/.ssh/id_ed25519\" > /dev/null");
     alert_of(&sandbox, "notify-before");
-    let first = session.notify(&sandbox, &socket, &[]);
-    thread::sleep(slow(Duration::from_secs(1)));
+    let first = tenant.notify(&session, &socket);
+    let state = tenant.user.home.join(".local/state/credwatch/notify.seq");
+    session.wait_until("notify stores where it is", || state.exists());
     first.stop();
-    let state = sandbox.home().join(".local/state/credwatch/notify.seq");
     let shown: u64 = fs::read_to_string(&state).unwrap().trim().parse().unwrap();
     assert!(shown >= 1, "notify.seq: {shown}");
-    assert!(session.calls().iter().all(|call| !call.summary.contains("notify-before")), "{:#?}", session.calls());
+    assert!(session.calls().is_empty(), "{:#?}", session.calls());
 
     // Raised while it is stopped: one tree, shown as itself at the next start.
-    package_code(
+    tenant.package_code(
         &sandbox,
         "notify-missed",
         "cat \"$HOME/.ssh/id_ed25519\" > /dev/null; cat \"$HOME/.npmrc\" > /dev/null",
     );
     alert_of(&sandbox, "notify-missed");
-    let second = session.notify(&sandbox, &socket, &[]);
+    let second = tenant.notify(&session, &socket);
     let call = session.wait_for_call(|call| call.summary.contains("notify-missed@1.0.0"));
-    assert!(call.is_some(), "the missed alert was not shown\n{}", describe(&session, &second.stderr(), None));
+    assert!(call.is_some(), "the missed alert was not shown\n{}", describe(&session, &second.stderr()));
+    assert!(call.unwrap().body.contains("+1 more alert"), "{:#?}", session.calls());
     second.stop();
 
     // Many trees while it is stopped: one notification counts them.
     for i in 0..5 {
-        package_code(&sandbox, &format!("notify-away-{i}"), "cat \"$HOME/.aws/credentials\" > /dev/null");
+        tenant.package_code(&sandbox, &format!("notify-away-{i}"), "cat \"$HOME/.aws/credentials\" > /dev/null");
     }
     for i in 0..5 {
         alert_of(&sandbox, &format!("notify-away-{i}"));
     }
-    let third = session.notify(&sandbox, &socket, &[]);
+    let third = tenant.notify(&session, &socket);
     let count = session.wait_for_call(|call| call.summary.ends_with("alerts while notify was not running"));
     let calls = session.calls();
-    assert!(count.is_some(), "no count of the missed alerts\n{}", describe(&session, &third.stderr(), None));
-    assert!(count.unwrap().summary.starts_with("credwatch: 5 alerts"), "{calls:#?}");
+    assert!(count.is_some(), "no count of the missed alerts\n{}", describe(&session, &third.stderr()));
+    let count = count.unwrap();
+    assert_eq!(count.summary, "credwatch: 5 alerts while notify was not running", "{calls:#?}");
+    assert!(count.body.contains("notify-away-4@1.0.0") && count.body.contains("and 2 more"), "{count:#?}");
     assert!(calls.iter().all(|call| !call.summary.contains("notify-away-")), "shown one by one: {calls:#?}");
     third.stop();
 }
@@ -561,21 +626,14 @@ fn alerts_raised_while_notify_was_stopped_are_shown_at_its_next_start() {
 fn without_a_notification_server_it_says_so_once_logs_the_alerts_and_finds_one_started_later() {
     let sandbox = Sandbox::new();
     // A bus, and nothing owning org.freedesktop.Notifications on it.
-    let mut session = Session::start(&sandbox);
-    let (_watch, socket) = watch(&sandbox);
-    let notify = session.notify(&sandbox, &socket, &[]);
+    let mut session = Session::start(&sandbox.top().join("session"));
+    let (_watch, socket) = watch(&sandbox, sandbox.top());
+    let notify = session.notify(&sandbox, &socket);
     for package in ["notify-unseen-1", "notify-unseen-2"] {
         package_code(&sandbox, package, "cat \"$HOME/.ssh/id_ed25519\" > /dev/null");
         alert_of(&sandbox, package);
     }
-    let logged = |package: &str| {
-        let start = Instant::now();
-        while start.elapsed() < slow(Duration::from_secs(20)) && !notify.stderr().contains(&format!("{package}@1.0.0"))
-        {
-            thread::sleep(Duration::from_millis(20));
-        }
-    };
-    logged("notify-unseen-2");
+    session.wait_until("notify logs the second alert", || notify.stderr().contains("notify-unseen-2@1.0.0"));
     let stderr = notify.stderr();
     assert_eq!(stderr.matches("no notification server").count(), 1, "{stderr}");
     assert!(stderr.contains("CRITICAL notify-unseen-1@1.0.0 read SSH private keys"), "{stderr}");
@@ -585,7 +643,7 @@ fn without_a_notification_server_it_says_so_once_logs_the_alerts_and_finds_one_s
     session.start_server();
     package_code(&sandbox, "notify-seen", "cat \"$HOME/.ssh/id_ed25519\" > /dev/null");
     let call = session.wait_for_call(|call| call.summary.contains("notify-seen@1.0.0"));
-    assert!(call.is_some(), "not shown once a server runs\n{}", describe(&session, &notify.stderr(), None));
+    assert!(call.is_some(), "not shown once a server runs\n{}", describe(&session, &notify.stderr()));
     session.wait_until("dunst counts it", || session.dunst_total() >= 1);
     let stderr = notify.stop();
     assert_eq!(stderr.matches("no notification server").count(), 1, "{stderr}");
@@ -594,19 +652,21 @@ fn without_a_notification_server_it_says_so_once_logs_the_alerts_and_finds_one_s
 #[test]
 fn without_an_agent_it_says_so_once_and_follows_the_agent_once_it_starts() {
     let sandbox = Sandbox::new();
-    let session = Session::with_server(&sandbox);
+    let session = Session::with_server(&sandbox.top().join("session"));
     let socket = sandbox.top().join("run/alerts.sock");
-    let stderr = session.dir.join("notify-early.stderr");
-    let child = session.notify_command(&sandbox, &socket, &[], &stderr).spawn().expect("starting credwatch notify");
-    let notify = Notify { child: Some(child), stderr };
+    let stderr = session.notify_stderr();
+    let mut command = session.notify_command(sandbox.credwatch("notify"), &socket);
+    command.stderr(fs::File::create(&stderr).unwrap());
+    let notify = Notify { child: Some(command.spawn().expect("starting credwatch notify")), stderr };
     session.wait_until("notify says there is no agent", || notify.stderr().contains("no credwatch agent at"));
+    // Tried again every 3 s, said once.
     thread::sleep(slow(Duration::from_secs(4)));
     assert_eq!(notify.stderr().matches("no credwatch agent at").count(), 1, "{}", notify.stderr());
-    let _watch = watch(&sandbox);
+    let _watch = watch(&sandbox, sandbox.top());
     session.wait_until("notify follows the agent", || notify.stderr().contains("following the agent's alerts"));
     package_code(&sandbox, "notify-late", "cat \"$HOME/.ssh/id_ed25519\" > /dev/null");
     let call = session.wait_for_call(|call| call.summary.contains("notify-late@1.0.0"));
-    assert!(call.is_some(), "{}", describe(&session, &notify.stderr(), None));
+    assert!(call.is_some(), "{}", describe(&session, &notify.stderr()));
     notify.stop();
 }
 

@@ -124,6 +124,9 @@ pub fn alert_notice(seq: u64, alert: &Alert, others: u64) -> Notice {
         }
         lines.push(format!("files: {}", files.join(", ")));
         lines.push(format!("kinds: {}", escape(&sweep.categories.join(", "))));
+        if sweep.folded > 0 {
+            lines.push(format!("{} more credential reads folded in", sweep.folded));
+        }
     } else if let Some(destination) = &alert.destination {
         lines.push(format!("to: {}", escape(&destination_text(destination))));
     } else if let Some(file) = &alert.file {
@@ -277,13 +280,15 @@ pub(crate) mod tests {
                 "/h/.kube/config".into(),
             ],
             files_not_listed: 2,
+            folded: 9,
             ..Default::default()
         });
         let notice = alert_notice(3, &alert, 0);
         assert_eq!(notice.summary, "CRITICAL stealer@1.0.0 swept 3 kinds of credentials");
         assert!(
             notice.body.starts_with(
-                "files: /h/.ssh/id_rsa, /h/.npmrc, /h/.aws/credentials, 3 more files\nkinds: cloud, npm, ssh\n"
+                "files: /h/.ssh/id_rsa, /h/.npmrc, /h/.aws/credentials, 3 more files\nkinds: cloud, npm, ssh\n\
+                 9 more credential reads folded in\n"
             ),
             "{}",
             notice.body
