@@ -65,6 +65,29 @@ pub enum ReportFormat {
     Html,
 }
 
+/// What a worker gathers from its files for the report: the page's gatherings for `html`, the
+/// report's for the other formats.
+struct Gathered {
+    report: Option<Report>,
+    incident: Option<Incident>,
+}
+
+impl Gathered {
+    fn new(format: Option<ReportFormat>) -> Gathered {
+        let html = format == Some(ReportFormat::Html);
+        Gathered { report: format.filter(|_| !html).map(|_| Report::default()), incident: html.then(Incident::default) }
+    }
+
+    fn merge(&mut self, other: Gathered) {
+        if let (Some(ours), Some(theirs)) = (&mut self.report, other.report) {
+            ours.merge(theirs);
+        }
+        if let (Some(ours), Some(theirs)) = (&mut self.incident, other.incident) {
+            ours.merge(theirs);
+        }
+    }
+}
+
 /// What every worker adds to.
 #[derive(Default)]
 struct Totals {
@@ -96,37 +119,17 @@ pub fn replay(files: &[PathBuf], options: &ReplayOptions) -> Result<ExitCode> {
     let total_size: Option<u64> = files.iter().map(|f| std::fs::metadata(f).ok().map(|m| m.len())).sum();
     let show_progress = std::io::stderr().is_terminal() && total_size.is_some_and(|size| size > 0);
     let started = Instant::now();
-    let incidents = Mutex::new(Incident::default());
 
-    let html = options.report == Some(ReportFormat::Html);
-    let results: Vec<Result<Option<Report>>> = thread::scope(|scope| {
+    let results: Vec<Result<Gathered>> = thread::scope(|scope| {
         let handles: Vec<_> = (0..workers)
             .map(|_| {
                 scope.spawn(|| {
-                    let mut report = options.report.map(|_| Report::default());
-                    let mut incident = html.then(Incident::default);
+                    let mut gathered = Gathered::new(options.report);
                     loop {
                         let index = next_file.fetch_add(1, Ordering::Relaxed);
-                        let Some(group) = groups.get(index) else {
-                            if let Some(incident) = incident {
-                                incidents
-                                    .lock()
-                                    .map_err(|_| anyhow::anyhow!("a replay thread panicked"))?
-                                    .merge(incident);
-                            }
-                            return Ok(report);
-                        };
-                        let this = Some(index).zip(incident.as_mut());
-                        replay_file(
-                            group,
-                            &rules,
-                            &sink,
-                            dispatcher.as_ref(),
-                            report.as_mut(),
-                            this,
-                            options,
-                            &totals,
-                        )?;
+                        let Some(group) = groups.get(index) else { return Ok(gathered) };
+                        let (file, shared) = ((index, group.as_slice()), (&sink, dispatcher.as_ref()));
+                        replay_file(file, &rules, shared, &mut gathered, options, &totals)?;
                     }
                 })
             })
@@ -150,14 +153,9 @@ pub fn replay(files: &[PathBuf], options: &ReplayOptions) -> Result<ExitCode> {
             .collect()
     });
 
-    let mut report: Option<Report> = None;
+    let mut gathered = Gathered::new(options.report);
     for result in results {
-        if let Some(part) = result? {
-            match &mut report {
-                Some(report) => report.merge(part),
-                None => report = Some(part),
-            }
-        }
+        gathered.merge(result?);
     }
     if let Some(dispatcher) = dispatcher {
         let dispatcher = dispatcher.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -166,18 +164,18 @@ pub fn replay(files: &[PathBuf], options: &ReplayOptions) -> Result<ExitCode> {
     let seconds = started.elapsed().as_secs_f64().max(1e-9);
     let events = totals.events.load(Ordering::Relaxed);
     let alerts = sink.lock().map(|s| s.written()).unwrap_or(0);
-    if let (Some(report), Some(format)) = (&report, options.report) {
+    if let (Some(report), Some(format)) = (&gathered.report, options.report) {
         match format {
             ReportFormat::Text => print!("{}", report.to_text()),
             ReportFormat::Md => print!("{}", report.to_markdown()),
             ReportFormat::Json => {
                 println!("{}", serde_json::to_string_pretty(report).context("serialising the report")?)
             }
-            ReportFormat::Html => {
-                let incident = incidents.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner());
-                print!("{}", incident::render(&incident, &incident::Origin::Replay { files: files.len() }));
-            }
+            ReportFormat::Html => {}
         }
+    }
+    if let Some(incident) = &gathered.incident {
+        print!("{}", incident::render(incident, &incident::Origin::Replay { files: files.len() }));
     }
     tracing::info!(
         "replayed {} file(s): {events} events, {alerts} alerts, {} bad lines skipped in {seconds:.1}s ({:.0} events/s, {:.1} MB/s)",
@@ -235,13 +233,12 @@ impl Sink for SharedOutputs<'_> {
     }
 }
 
+/// Replays file group `index` to the shared alert sink and outputs, and into `gathered`.
 fn replay_file(
-    group: &[PathBuf],
+    (index, group): (usize, &[PathBuf]),
     rules: &RuleSet,
-    sink: &Mutex<AlertSink>,
-    dispatcher: Option<&Mutex<Dispatcher>>,
-    report: Option<&mut Report>,
-    incident: Option<(usize, &mut Incident)>,
+    (sink, dispatcher): (&Mutex<AlertSink>, Option<&Mutex<Dispatcher>>),
+    gathered: &mut Gathered,
     options: &ReplayOptions,
     totals: &Totals,
 ) -> Result<()> {
@@ -255,7 +252,7 @@ fn replay_file(
         agent_version: Some(reader.agent_version().unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_owned())),
         ..options.engine.clone()
     };
-    let engine_options_host = engine_options.host_name.clone();
+    let host = engine_options.host_name.clone();
     let mut engine = Engine::new(rules.clone(), engine_options);
     let (mut counted, mut output) = (Counted(&totals.events), sink);
     let mut sinks: Vec<&mut dyn Sink> = vec![&mut counted, &mut output];
@@ -263,11 +260,11 @@ fn replay_file(
     if let Some(outputs) = &mut outputs {
         sinks.push(outputs);
     }
-    if let Some(report) = report {
+    if let Some(report) = &mut gathered.report {
         sinks.push(report);
     }
-    if let Some((index, incident)) = incident {
-        incident.begin_source(index as u32, &engine_options_host);
+    if let Some(incident) = &mut gathered.incident {
+        incident.begin_source(index as u32, &host);
         sinks.push(incident);
     }
     let mut skip = |error: &ImportError| {
