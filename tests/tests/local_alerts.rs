@@ -525,3 +525,47 @@ fn a_tree_registered_as_a_self_test_has_its_alerts_marked_and_only_its_owner_or_
     let (stdout, _) = text(&local(&sandbox, &["show", &line["seq"].to_string()]));
     assert!(stdout.contains("a self-test's alert"), "{stdout}");
 }
+
+#[test]
+fn past_64_clients_a_new_one_is_told_and_a_client_that_closed_frees_its_place() {
+    let sandbox = Sandbox::new();
+    let socket = sandbox.top().join("alerts.sock");
+    let _watch = sandbox.watch();
+    let follow = || {
+        let mut stream = UnixStream::connect(&socket).unwrap();
+        // A refused client may find the connection closed before it sends.
+        let _ = stream.write_all(b"{\"alerts\": {\"since\": null, \"follow\": true}}\n");
+        let mut reader = BufReader::new(stream);
+        let mut first = String::new();
+        reader.read_line(&mut first).unwrap();
+        (reader, first)
+    };
+    let mut followers: Vec<_> = (0..64)
+        .map(|_| {
+            let (reader, first) = follow();
+            assert!(first.starts_with("{\"caught_up\":"), "{first}");
+            reader
+        })
+        .collect();
+    let (_, refused) = follow();
+    assert_eq!(refused.trim_end(), r#"{"error":"too many clients"}"#);
+    // One that only stops sending still follows; one that closes is let go within a few seconds.
+    followers[0].get_ref().shutdown(std::net::Shutdown::Write).unwrap();
+    drop(followers.pop());
+    let taken = wait_until("a place freed by the closed client", Duration::from_secs(10), || {
+        let (reader, first) = follow();
+        first.starts_with("{\"caught_up\":").then_some(reader)
+    });
+    followers.push(taken);
+    let (_, refused) = follow();
+    assert_eq!(refused.trim_end(), r#"{"error":"too many clients"}"#, "the half-closed one kept its place");
+    postinstall(&sandbox, "to-all", r#"cat "$HOME/.npmrc" >/dev/null"#);
+    let line = wait_logged(&sandbox.alert_log(), &sandbox.credential(".npmrc"));
+    for (index, reader) in followers.iter_mut().enumerate() {
+        let mut got = String::new();
+        reader.get_ref().set_read_timeout(Some(slow(Duration::from_secs(10)))).unwrap();
+        reader.read_line(&mut got).unwrap();
+        let got: Value = serde_json::from_str(&got).unwrap_or_else(|e| panic!("follower {index}: {got:?}: {e}"));
+        assert_eq!(got["seq"], line["seq"], "follower {index}");
+    }
+}

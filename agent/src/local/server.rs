@@ -325,12 +325,13 @@ fn follow(mut stream: &UnixStream, receiver: &mpsc::Receiver<Arc<str>>) {
     }
 }
 
-/// Whether the client closed its side (it sends nothing after its request).
+/// Whether the client closed its connection; one that only shut its sending side (it has
+/// nothing to say after its request) still follows.
 fn gone(stream: &UnixStream) -> bool {
-    let mut byte = 0u8;
-    // SAFETY: recv(2) of at most one byte into a byte we own, without waiting or consuming.
-    let got = unsafe { libc::recv(stream.as_raw_fd(), (&raw mut byte).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-    got == 0 || (got < 0 && io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock)
+    let mut poll = libc::pollfd { fd: stream.as_raw_fd(), events: 0, revents: 0 };
+    // SAFETY: poll(2) of one pollfd we own, without waiting.
+    let ready = unsafe { libc::poll(&raw mut poll, 1, 0) };
+    ready > 0 && poll.revents & (libc::POLLHUP | libc::POLLERR) != 0
 }
 
 fn peer_of(stream: &UnixStream) -> io::Result<Peer> {
@@ -410,6 +411,16 @@ fn register_selftest(peer: Peer, pid: u32, roots: &SelftestRoots) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_is_gone_when_it_closed_not_when_it_only_stopped_sending() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        assert!(!gone(&ours));
+        theirs.shutdown(std::net::Shutdown::Write).unwrap();
+        assert!(!gone(&ours), "a half-closed client still reads");
+        drop(theirs);
+        assert!(gone(&ours));
+    }
 
     #[test]
     fn the_credwatch_group_is_found_by_name_with_its_members() {
