@@ -147,7 +147,8 @@ fn finish(options: &Options, report: &Report, why: &str) -> Result<ExitCode> {
     let missing: usize = report.attacks.iter().map(|outcome| outcome.missing()).sum();
     if !options.json {
         if missing == 0 {
-            println!("passed: every expected alert was raised ({} attacks)", report.attacks.len());
+            let names: Vec<&str> = report.attacks.iter().map(|outcome| outcome.attack).collect();
+            println!("passed: every expected alert was raised ({})", names.join(", "));
         } else {
             println!("FAILED: {missing} expected alerts missing");
         }
@@ -284,13 +285,9 @@ impl Outcome {
                 None => format!("  MISSING  {:<9} {:<26} {what}\n", "", check.rule),
             };
         }
-        if !self.stub.is_empty() {
-            let requests: Vec<String> = self
-                .stub
-                .iter()
-                .map(|request| format!("{} {} ({} B)", escape(&request.method), escape(&request.path), request.bytes))
-                .collect();
-            text += &format!("  the stub received: {}\n", requests.join(", "));
+        for request in &self.stub {
+            let size = if request.bytes > 0 { format!(" ({} B)", request.bytes) } else { String::new() };
+            text += &format!("  stub     {} {}{size}\n", escape(&request.method), escape(&request.path));
         }
         for also in &self.unexpected {
             text += &format!("  also     {:<9} {:<26} {}\n", also.severity, escape(&also.rule), escape(&also.what));
@@ -302,8 +299,16 @@ impl Outcome {
         }
         let found = self.checks.len() - self.missing();
         let marked = self.checks.iter().filter_map(|check| check.found.as_ref()).filter(|found| found.selftest).count();
+        // The agent's log has them: `show` gives the tree (and `--html` its incident page).
+        let show = self
+            .checks
+            .iter()
+            .filter_map(|check| check.found.as_ref()?.seq)
+            .min()
+            .map(|seq| format!("; `credwatch show {seq}` shows the tree"))
+            .unwrap_or_default();
         text += &format!(
-            "  {}: {found} of {} expected alerts, {marked} marked as a self-test\n",
+            "  {}: {found} of {} expected alerts, {marked} marked as a self-test{show}\n",
             self.attack,
             self.checks.len()
         );
@@ -639,4 +644,89 @@ fn on_path(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|dir| dir.join(name))
         .find(|path| path.metadata().is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use credwatch_core::{alert::AlertSweep, rules::RuleSet};
+
+    use super::*;
+
+    #[test]
+    fn every_expected_alert_is_of_a_default_rule() {
+        let rules = RuleSet::defaults().unwrap();
+        let sweep = rules.sweep().map(|sweep| sweep.id.0.clone());
+        for attack in attacks::ALL {
+            for expected in attack.expected {
+                let known = rules.rules().iter().any(|rule| rule.id == expected.rule)
+                    || sweep.as_deref() == Some(expected.rule);
+                assert!(known, "{}: no default rule {}", attack.name, expected.rule);
+            }
+        }
+    }
+
+    #[test]
+    fn the_lab_holds_only_fake_credentials_and_the_marker_the_payloads_insist_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let lab = Lab::write(dir.path(), &attacks::NX, "http://127.0.0.1:9/").unwrap();
+        assert!(lab.path("home/.credwatch-selftest").is_file());
+        let npmrc = fs::read_to_string(lab.path("home/.npmrc")).unwrap();
+        assert!(npmrc.contains("//127.0.0.1:9/:_authToken=npm_FAKE"), "{npmrc}");
+        let mut credentials = 0;
+        let mut pending = vec![lab.path("home")];
+        while let Some(dir) = pending.pop() {
+            for entry in fs::read_dir(dir).unwrap().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    pending.push(path);
+                    continue;
+                }
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if [".credwatch-selftest", ".bashrc", ".zshrc", "package.json"].contains(&name.as_str()) {
+                    continue;
+                }
+                credentials += 1;
+                let text = fs::read_to_string(&path).unwrap();
+                assert!(text.contains("FAKE"), "{} says nowhere that it is fake: {text}", path.display());
+            }
+        }
+        assert!(credentials >= 9, "{credentials}");
+        // The project depends on the attack's package, whose scripts npm runs.
+        let manifest: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(lab.path("home/src/app/package.json")).unwrap()).unwrap();
+        assert_eq!(manifest["dependencies"]["credwatch-selftest-nx"], "file:../../../packages/nx");
+        assert!(lab.path("packages/nx/telemetry.js").is_file());
+    }
+
+    #[test]
+    fn a_file_is_met_by_its_own_alert_or_by_a_sweep_that_lists_it() {
+        let lab = Path::new("/tmp/lab");
+        let key = Expected { rule: "credential-sweep", what: Target::File("home/.ssh/id_rsa") };
+        let mut alert: Alert = serde_json::from_value(serde_json::json!({
+            "@timestamp": "2026-12-05T18:50:48.538366187Z",
+            "event": {"id": "d102d7973eded7ad9b05de3dff01ef98", "kind": "alert", "action": "open", "outcome": "alerted"},
+            "rule": {"id": "credential-sweep", "name": "Credential sweep", "category": "sweep", "severity": "critical", "description": ""},
+            "process": {"pid": 9711, "executable": "/usr/bin/node", "args": ["node"], "working_directory": "/", "parent": {"pid": 9704}, "ancestors": []},
+            "package": {"manager": "npm"},
+            "host": {"name": "vm"},
+            "user": {"id": 0},
+            "credwatch": {"root_pid": 9586, "rotate": [], "enforcement": "userspace"}
+        }))
+        .unwrap();
+        alert.file =
+            Some(credwatch_core::alert::AlertFile { path: "/tmp/lab/home/.npmrc".into(), ..Default::default() });
+        assert!(!meets(&key, &alert, lab));
+        alert.credwatch.sweep =
+            Some(AlertSweep { files: vec!["/tmp/lab/home/.ssh/id_rsa".into()], ..Default::default() });
+        assert!(meets(&key, &alert, lab));
+        alert.rule.id = "ssh-private-keys".into();
+        assert!(!meets(&key, &alert, lab), "another rule");
+        let gh = Expected { rule: "gh-auth-token", what: Target::Command("gh auth token") };
+        alert.rule.id = "gh-auth-token".into();
+        alert.process.args = vec!["/bin/sh".into(), "/tmp/lab/tools/gh".into(), "--version".into()];
+        assert!(!meets(&gh, &alert, lab));
+        alert.process.args = vec!["/bin/sh".into(), "/tmp/lab/tools/gh".into(), "auth".into(), "token".into()];
+        assert!(meets(&gh, &alert, lab));
+        assert_eq!(shown(&key), "~/.ssh/id_rsa");
+    }
 }
