@@ -658,6 +658,13 @@ fn without_an_agent_it_says_so_once_and_follows_the_agent_once_it_starts() {
     let sandbox = Sandbox::new();
     let session = Session::with_server(&sandbox.top().join("session"));
     let socket = sandbox.top().join("run/alerts.sock");
+    // --once does not wait: no agent is an error.
+    let mut once = sandbox.credwatch("notify");
+    once.arg("--once");
+    let once = session.notify_command(once, &socket).output().expect("running credwatch notify --once");
+    let said = String::from_utf8_lossy(&once.stderr);
+    assert_eq!(once.status.code(), Some(1), "{said}");
+    assert!(said.contains("no credwatch agent at"), "{said}");
     let stderr = session.notify_stderr();
     let mut command = session.notify_command(sandbox.credwatch("notify"), &socket);
     command.stderr(fs::File::create(&stderr).unwrap());

@@ -37,7 +37,8 @@ pub struct NotifyArgs {
     /// The least severe alerts shown: low, medium, high or critical.
     #[arg(long, value_name = "SEVERITY", default_value = "medium", value_parser = parse_severity)]
     min_severity: Severity,
-    /// Show the alerts raised since the last one shown, then exit instead of following.
+    /// Show the alerts raised since the last one shown, then exit instead of following (exit
+    /// status 1 when no agent answers).
     #[arg(long)]
     once: bool,
 }
@@ -68,6 +69,7 @@ pub fn run(args: &NotifyArgs) -> Result<ExitCode> {
     while !stop.load(Ordering::Relaxed) {
         let mut stream = match AlertStream::connect(socket, shown, !args.once) {
             Ok(stream) => stream,
+            Err(error) if args.once => return Err(error.into()),
             Err(error) => {
                 let why = error.to_string();
                 if said.as_ref() != Some(&why) {
@@ -108,11 +110,15 @@ pub fn run(args: &NotifyArgs) -> Result<ExitCode> {
                         return Ok(ExitCode::SUCCESS);
                     }
                 }
+                Ok(None) if args.once => {
+                    anyhow::bail!("the agent closed the connection before the missed alerts were sent")
+                }
                 Ok(None) => {
                     tracing::warn!("the agent closed the connection: connecting again");
                     break;
                 }
                 Err(ClientError::Timeout { .. }) => {}
+                Err(error) if args.once => return Err(error.into()),
                 Err(error) => {
                     tracing::warn!("{error}: connecting again");
                     break;
@@ -120,6 +126,8 @@ pub fn run(args: &NotifyArgs) -> Result<ExitCode> {
             }
             volume.tick(Instant::now(), &mut desk);
         }
+        // Not at once: an agent that refuses (too many clients) would be asked in a loop.
+        sleep_unless(&stop, RECONNECT_EVERY);
     }
     volume.flush(Instant::now(), &mut desk);
     Ok(ExitCode::SUCCESS)
