@@ -113,10 +113,15 @@ impl Volume {
     pub fn live(&mut self, seq: u64, alert: Alert, now: Instant, desk: &mut dyn Desk) {
         self.forget_idle(now);
         let tree = tree_of(&alert);
+        let popup_allowed = self.popup_allowed(now);
         if let Some(group) = self.trees.get_mut(&tree) {
             group.add(seq, alert, now);
-            if group.held {
-                // Its tree was held back: so is this alert.
+            if group.held && popup_allowed {
+                // Held back in a burst that is over: its own popup now.
+                group.held = false;
+                self.popups.push_back(now);
+                send(group, now, desk);
+            } else if group.held {
                 let severity = group.severity();
                 self.hold(severity, now, desk);
             } else if group.id.is_none() || group.sent.is_none_or(|sent| now.duration_since(sent) >= UPDATE_EVERY) {
@@ -125,7 +130,7 @@ impl Volume {
             return;
         }
         let mut group = Group::new(seq, alert, now);
-        if self.popup_allowed(now) {
+        if popup_allowed {
             self.popups.push_back(now);
             send(&mut group, now, desk);
         } else {
@@ -320,12 +325,16 @@ mod tests {
         assert_eq!(held.summary, "credwatch: 5 more alerts held back");
         assert!(held.critical && held.body.contains("`credwatch alerts`"));
         assert_eq!(*replaces, Some(4), "the count is updated in place");
-        // After the window, a new tree pops up again and a new burst gets a new count.
+        // After the window, a new tree pops up again, and so does a held one that alerts again.
         let later = start + WINDOW + Duration::from_secs(2);
         volume.tick(later, &mut desk);
         volume.live(20, read_alert("q", "/h/.npmrc", 500), later, &mut desk);
         assert_eq!(desk.shown.last().unwrap().1, None);
         assert!(desk.shown.last().unwrap().0.summary.contains("q@1.0.0"));
+        volume.live(21, read_alert("p7", "/h/.aws/credentials", 107), later, &mut desk);
+        let (notice, replaces) = desk.shown.last().unwrap();
+        assert_eq!(*replaces, None);
+        assert!(notice.summary.contains("p7@1.0.0") && notice.body.contains("+1 more alert"), "{notice:?}");
     }
 
     #[test]
