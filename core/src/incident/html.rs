@@ -126,30 +126,31 @@ footer{color:var(--muted);font-size:12.5px;padding-bottom:28px}
 @media (max-width:640px){body{font-size:14.5px}h1{font-size:21px}section{padding:14px 12px;border-radius:10px}header,main,footer{padding-left:10px;padding-right:10px}header{padding-top:16px}.timeline li.entry{grid-template-columns:auto minmax(0,1fr);gap:0 8px}.timeline .what,.timeline .detail{grid-column:1/-1}}
 "#;
 
+/// How a cut string says it was cut.
+#[derive(Clone, Copy)]
+enum Cut {
+    /// `… (N more characters)`.
+    Counted,
+    /// `…` alone: a label of the drawing (its tooltip and the timeline have the whole string).
+    Ellipsis,
+}
+
 /// The one way a string from the monitored system reaches the page: its first `limit`
 /// characters, escaped as the terminal shows them ([`escape`]: control characters, ANSI, NUL,
-/// bidi overrides become visible `\u{..}`), then HTML-escaped; a cut says how much was left out.
-pub(crate) fn visible(text: &str, limit: usize) -> String {
-    html_escape(&shown(text, limit))
+/// bidi overrides become visible `\u{..}`), then HTML-escaped.
+fn visible(text: &str, limit: usize, cut: Cut) -> String {
+    html_escape(&shown(text, limit, cut))
 }
 
 /// `text` cut and terminal-escaped, not yet HTML-escaped.
-fn shown(text: &str, limit: usize) -> String {
-    match text.char_indices().nth(limit) {
-        Some((cut, _)) => {
-            let rest = text[cut..].chars().count();
-            format!("{}… ({rest} more characters)", escape(&text[..cut]))
+fn shown(text: &str, limit: usize, cut: Cut) -> String {
+    match (text.char_indices().nth(limit), cut) {
+        (Some((at, _)), Cut::Counted) => {
+            let rest = text[at..].chars().count();
+            format!("{}… ({rest} more characters)", escape(&text[..at]))
         }
-        None => escape(text).into_owned(),
-    }
-}
-
-/// A label of the drawing: like [`visible`], but a cut is a bare `…` (the node's tooltip and
-/// the timeline have the whole command).
-fn label(text: &str) -> String {
-    match text.char_indices().nth(SVG_LABEL_LIMIT) {
-        Some((cut, _)) => html_escape(&format!("{}…", escape(&text[..cut]))),
-        None => html_escape(&escape(text)),
+        (Some((at, _)), Cut::Ellipsis) => format!("{}…", escape(&text[..at])),
+        (None, _) => escape(text).into_owned(),
     }
 }
 
@@ -179,12 +180,11 @@ impl Html {
     }
 
     fn text(&mut self, text: &str) -> &mut Html {
-        self.0.push_str(&visible(text, TEXT_LIMIT));
-        self
+        self.text_cut(text, TEXT_LIMIT, Cut::Counted)
     }
 
-    fn text_cut(&mut self, text: &str, limit: usize) -> &mut Html {
-        self.0.push_str(&visible(text, limit));
+    fn text_cut(&mut self, text: &str, limit: usize, cut: Cut) -> &mut Html {
+        self.0.push_str(&visible(text, limit, cut));
         self
     }
 
@@ -318,7 +318,7 @@ fn header(html: &mut Html, incident: &Incident, origin: &Origin, top: Option<(&s
             }
             html.text(id);
             if let Some((kind, what)) = &verdict.headline {
-                html.markup(" ").markup(verb(*kind)).markup(" ").text_cut(what, 160);
+                html.markup(" ").markup(verb(*kind)).markup(" ").text_cut(what, 160, Cut::Counted);
             }
         }
         None => {
@@ -514,7 +514,7 @@ fn clock(html: &mut Html, entry: &Entry) {
             html.number(millis / 100).number(millis / 10 % 10).number(millis % 10);
         }
         None => {
-            html.text_cut(&entry.time_text, 40);
+            html.text_cut(&entry.time_text, 40, Cut::Counted);
         }
     }
 }
@@ -530,7 +530,7 @@ fn moment(html: &mut Html, text: &str) {
             two(html, at.second()).markup(" UTC");
         }
         None => {
-            html.text_cut(text, 40);
+            html.text_cut(text, 40, Cut::Counted);
         }
     }
 }
@@ -729,7 +729,7 @@ fn process_svg(html: &mut Html, tree: &Tree) {
         .map(|(row, ((_, depth), label))| {
             position(row, *depth).0
                 + 12.0
-                + shown(label, SVG_LABEL_LIMIT).chars().count().min(SVG_LABEL_LIMIT + 1) as f64 * CHAR_WIDTH
+                + shown(label, SVG_LABEL_LIMIT, Cut::Ellipsis).chars().count() as f64 * CHAR_WIDTH
         })
         .fold(0.0, f64::max)
         + PAD;
@@ -757,8 +757,7 @@ fn process_svg(html: &mut Html, tree: &Tree) {
         html.markup("<g class=\"node ").markup(severity_class(process.worst)).markup("\"><title>").text(label);
         html.markup("</title><circle cx=\"").number(x).markup("\" cy=\"").number(y).markup("\" r=\"5\"/>");
         html.markup("<text x=\"").number(x + 12.0).markup("\" y=\"").number(y + 4.0).markup("\">");
-        html.0.push_str(&self::label(label));
-        html.markup("</text></g>\n");
+        html.text_cut(label, SVG_LABEL_LIMIT, Cut::Ellipsis).markup("</text></g>\n");
     }
     html.markup("</svg></figure>\n");
     let not_drawn = (tree.processes.len() - rows.len()) as u64 + tree.processes_not_shown;
