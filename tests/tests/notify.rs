@@ -627,6 +627,40 @@ fn alerts_raised_while_notify_was_stopped_are_shown_at_its_next_start() {
 }
 
 #[test]
+fn hostile_names_and_paths_reach_the_notification_escaped() {
+    let sandbox = Sandbox::new();
+    let tenant = Tenant::new();
+    let session = tenant.session();
+    let (_watch, socket) = watch(&sandbox, tenant.user.top());
+    let notify = tenant.notify(&session, &socket);
+    // Markup, an entity, ANSI, a right-to-left override and a newline in the key's name; ANSI,
+    // markup and an override in the package's.
+    let key = "id_<b onclick=x>bold&amp;\x1b[31m\u{202e}gpj.exe\nnext";
+    let path = tenant.user.home.join(".ssh").join(key);
+    fs::write(&path, "FAKE-credwatch-e2e-not-a-key\n").unwrap();
+    tenant.user.own(&path);
+    let package = "evil\x1b[2J<i>pkg\u{202e}";
+    sandbox.setup(
+        "the hostile package's postinstall",
+        tenant.user.command(&tenant.manager).args([package, "cat \"$HOME/.ssh/$1\" > /dev/null", key]),
+    );
+    let call = session.wait_for_call(|call| call.summary.contains("evil"));
+    let call = call.unwrap_or_else(|| panic!("no notification\n{}", describe(&session, &notify.stderr())));
+    assert_eq!(call.summary, "CRITICAL evil\\u{1b}[2J<i>pkg\\u{202e}@1.0.0 read SSH private keys", "{call:#?}");
+    let first = call.body.lines().next().unwrap();
+    assert_eq!(
+        first,
+        format!(
+            "file: {}/.ssh/id_&lt;b onclick=x&gt;bold&amp;amp;\\u{{1b}}[31m\\u{{202e}}gpj.exe\\nnext",
+            tenant.user.home.display()
+        ),
+        "{call:#?}"
+    );
+    let stderr = notify.stop();
+    assert!(!stderr.contains('\x1b') && !stderr.contains('\u{202e}'), "{stderr}");
+}
+
+#[test]
 fn without_a_notification_server_it_says_so_once_logs_the_alerts_and_finds_one_started_later() {
     let sandbox = Sandbox::new();
     // A bus, and nothing owning org.freedesktop.Notifications on it.
