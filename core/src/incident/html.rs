@@ -44,9 +44,9 @@ const HOSTS_SHOWN: usize = 10;
 const ROW: f64 = 26.0;
 const INDENT: f64 = 20.0;
 const PAD: f64 = 10.0;
-/// The width of a character of the labels' monospace font at 12px (an estimate: the label is
-/// cut, and the drawing scales down to fit).
-const CHAR_WIDTH: f64 = 7.3;
+/// The width of a character of the labels' monospace font at 12px (0.6 em), with room for a
+/// browser that rounds glyphs up when the drawing is scaled down to fit a phone.
+const CHAR_WIDTH: f64 = 7.8;
 
 /// What the page was made from, for its first lines.
 pub enum Origin {
@@ -99,7 +99,7 @@ dd{margin:0;min-width:0}
 .tree:first-of-type{border-top:0;margin-top:0;padding-top:0}
 .process-tree{margin:8px 0 14px;padding:8px;background:var(--soft);border-radius:8px;overflow:hidden}
 .process-tree svg{display:block;max-width:100%;height:auto}
-.process-tree text{font-family:ui-monospace,"SF Mono",Menlo,Consolas,"DejaVu Sans Mono",monospace;font-size:12px;fill:var(--fg)}
+.process-tree text{font-family:ui-monospace,"SF Mono",Menlo,Consolas,"DejaVu Sans Mono",monospace;font-size:12px;fill:var(--fg);text-rendering:geometricPrecision}
 .process-tree .edge{fill:none;stroke:var(--node);stroke-width:1.4}
 .process-tree circle{fill:var(--card);stroke:var(--node);stroke-width:2}
 .process-tree .sev-critical circle{fill:var(--critical);stroke:var(--critical)}.process-tree .sev-high circle{fill:var(--high);stroke:var(--high)}.process-tree .sev-medium circle{fill:var(--medium);stroke:var(--medium)}.process-tree .sev-low circle{fill:var(--low);stroke:var(--low)}
