@@ -260,12 +260,23 @@ impl Session {
 }
 
 impl Drop for Session {
+    /// SIGTERM first: Xvfb then removes its socket and lock file, which would otherwise use the
+    /// displays up run after run.
     fn drop(&mut self) {
         for child in self.children.iter_mut().rev() {
+            let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+            let start = Instant::now();
+            while child.try_wait().ok().flatten().is_none() && start.elapsed() < Duration::from_secs(5) {
+                thread::sleep(Duration::from_millis(20));
+            }
             let _ = child.kill();
             let _ = child.wait();
         }
         let _ = Command::new("kill").arg(self.bus_pid.to_string()).status();
+        if let Some(display) = self.display {
+            let _ = fs::remove_file(format!("/tmp/.X11-unix/X{display}"));
+            let _ = fs::remove_file(format!("/tmp/.X{display}-lock"));
+        }
     }
 }
 
