@@ -59,7 +59,7 @@ pub fn run(args: &NotifyArgs) -> Result<ExitCode> {
         tracing::info!("another credwatch notify runs in this session: nothing to do");
         return Ok(ExitCode::SUCCESS);
     };
-    let state = SeqFile { path: state_dir.join("notify.seq") };
+    let state = SeqFile { path: state_dir.join("notify.seq"), said: Default::default() };
     let cache = xdg_dir("XDG_CACHE_HOME", ".cache")?.join("credwatch");
     let mut desk = desktop::Desktop::new(args.alerts_socket.clone(), cache);
     let mut volume = volume::Volume::default();
@@ -178,6 +178,8 @@ fn sleep_unless(stop: &AtomicBool, duration: Duration) {
 /// The last alert shown (its `seq`), kept across runs.
 struct SeqFile {
     path: PathBuf,
+    /// A failed write was said (once: it would fail at every alert).
+    said: std::cell::Cell<bool>,
 }
 
 impl SeqFile {
@@ -202,7 +204,7 @@ impl SeqFile {
     }
 
     /// Replaces the file whole (a crash leaves the old number or the new one); a failure is
-    /// said and the alerts go on.
+    /// said once and the alerts go on.
     fn write(&self, seq: u64) {
         let temporary = self.path.with_extension("seq.new");
         let written = self
@@ -211,8 +213,13 @@ impl SeqFile {
             .map_or(Ok(()), fs::create_dir_all)
             .and_then(|()| fs::write(&temporary, format!("{seq}\n")))
             .and_then(|()| fs::rename(&temporary, &self.path));
-        if let Err(error) = written {
-            tracing::warn!("writing {}: {error}", escape(&self.path.display().to_string()));
+        match written {
+            Err(error) if !self.said.replace(true) => tracing::warn!(
+                "writing {}: {error}: the alerts shown are not remembered for the next start",
+                escape(&self.path.display().to_string())
+            ),
+            Err(_) => {}
+            Ok(()) => self.said.set(false),
         }
     }
 }
@@ -248,7 +255,7 @@ mod tests {
     #[test]
     fn the_shown_seq_survives_a_restart_and_a_bad_file_starts_from_now() {
         let dir = tempfile::tempdir().unwrap();
-        let state = SeqFile { path: dir.path().join("state/credwatch/notify.seq") };
+        let state = SeqFile { path: dir.path().join("state/credwatch/notify.seq"), said: Default::default() };
         assert_eq!(state.read(), None, "the first start asks for no history");
         state.write(41);
         state.write(42);
