@@ -21,11 +21,11 @@ pub struct Attack {
     pub expected: &'static [Expected],
 }
 
-/// An alert the attack must raise: its rule, and the file (a path under the lab, also found in a
-/// sweep's list) or the command (part of its argv, joined by spaces) it names.
+/// An alert the attack must raise: its rule (or one of them), and the file (a path under the lab,
+/// also found in a sweep's list) or the command (part of its argv, joined by spaces) it names.
 #[derive(Clone, Copy, Debug)]
 pub struct Expected {
-    pub rule: &'static str,
+    pub rules: &'static [&'static str],
     pub what: Target,
 }
 
@@ -36,12 +36,12 @@ pub enum Target {
     Command(&'static str),
 }
 
-const fn file(rule: &'static str, path: &'static str) -> Expected {
-    Expected { rule, what: Target::File(path) }
+const fn file(rules: &'static [&'static str], path: &'static str) -> Expected {
+    Expected { rules, what: Target::File(path) }
 }
 
-const fn command(rule: &'static str, needle: &'static str) -> Expected {
-    Expected { rule, what: Target::Command(needle) }
+const fn command(rules: &'static [&'static str], needle: &'static str) -> Expected {
+    Expected { rules, what: Target::Command(needle) }
 }
 
 /// The project both attacks are installed into, under the throwaway home as a checkout would be.
@@ -56,23 +56,25 @@ pub const NX: Attack = Attack {
     ],
     package: "credwatch-selftest-nx",
     expected: &[
-        command("gh-auth-token", "gh auth token"),
-        file("git-credentials", "home/.config/gh/hosts.yml"),
-        command("npm-token-use", "npm whoami"),
-        file("npm-registry-token", "home/.npmrc"),
-        command("ai-cli-claude-unsafe", "claude --dangerously-skip-permissions"),
-        command("ai-cli-gemini-yolo", "gemini --yolo"),
-        command("ai-cli-q-trust-all-tools", "q chat --trust-all-tools"),
+        command(&["gh-auth-token"], "gh auth token"),
+        file(&["git-credentials"], "home/.config/gh/hosts.yml"),
+        command(&["npm-token-use"], "npm whoami"),
+        file(&["npm-registry-token"], "home/.npmrc"),
+        command(&["ai-cli-claude-unsafe"], "claude --dangerously-skip-permissions"),
+        command(&["ai-cli-gemini-yolo"], "gemini --yolo"),
+        command(&["ai-cli-q-trust-all-tools"], "q chat --trust-all-tools"),
         // The wallets, key and .env the search listed: one sweep, not an alert per file.
         file(
-            "credential-sweep",
+            &["credential-sweep"],
             "home/.ethereum/keystore/UTC--2025-08-26T20-32-06.000Z--6fd9a1c3e0b2f7d4a8c5e1b3f9d2a7c4e6b8f0a1",
         ),
-        file("credential-sweep", "home/.electrum/wallets/default_wallet"),
-        file("credential-sweep", "home/.ssh/id_rsa"),
-        file("credential-sweep", "home/src/app/.env"),
-        file("shell-rc-write", "home/.bashrc"),
-        file("shell-rc-write", "home/.zshrc"),
+        file(&["credential-sweep"], "home/.electrum/wallets/default_wallet"),
+        // A key of a kill rule: under `watch --enforce` its read is blocked and told by its own
+        // rule, outside the sweep.
+        file(&["credential-sweep", "ssh-private-keys"], "home/.ssh/id_rsa"),
+        file(&["credential-sweep"], "home/src/app/.env"),
+        file(&["shell-rc-write"], "home/.bashrc"),
+        file(&["shell-rc-write"], "home/.zshrc"),
     ],
 };
 
@@ -86,19 +88,20 @@ pub const SHAI_HULUD_2: Attack = Attack {
     ],
     package: "credwatch-selftest-shai-hulud-2",
     expected: &[
-        command("downloaded-bun", ".bun/bin/bun"),
-        command("sudo-non-interactive", "sudo -n true"),
-        command("gh-auth-token", "gh auth token"),
-        file("git-credentials", "home/.config/gh/hosts.yml"),
-        file("npm-registry-token", "home/.npmrc"),
-        command("npm-token-use", "npm whoami"),
-        // The cloud credentials after the GitHub and npm ones: a sweep.
-        file("credential-sweep", "home/.aws/credentials"),
-        file("credential-sweep", "home/.config/gcloud/application_default_credentials.json"),
-        command("trufflehog", "trufflehog filesystem"),
-        command("exec-of-written-file", ".truffler-cache/trufflehog"),
-        file("github-workflow-write", "home/src/app/.github/workflows/discussion.yaml"),
-        command("npm-publish-from-package", "npm publish"),
+        command(&["downloaded-bun"], ".bun/bin/bun"),
+        command(&["sudo-non-interactive"], "sudo -n true"),
+        command(&["gh-auth-token"], "gh auth token"),
+        file(&["git-credentials"], "home/.config/gh/hosts.yml"),
+        file(&["npm-registry-token"], "home/.npmrc"),
+        command(&["npm-token-use"], "npm whoami"),
+        // The cloud credentials after the GitHub and npm ones: a sweep; under `watch --enforce`
+        // (kill rules) each read is blocked and told by its own rule.
+        file(&["credential-sweep", "aws-credentials"], "home/.aws/credentials"),
+        file(&["credential-sweep", "gcloud-credentials"], "home/.config/gcloud/application_default_credentials.json"),
+        command(&["trufflehog"], "trufflehog filesystem"),
+        command(&["exec-of-written-file"], ".truffler-cache/trufflehog"),
+        file(&["github-workflow-write"], "home/src/app/.github/workflows/discussion.yaml"),
+        command(&["npm-publish-from-package"], "npm publish"),
     ],
 };
 

@@ -15,6 +15,7 @@ use std::{
     os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, ExitCode, ExitStatus, Stdio},
+    sync::{mpsc, Arc, Mutex},
     thread,
     time::{Duration, Instant},
 };
@@ -71,7 +72,7 @@ pub fn selftest(options: &Options) -> Result<ExitCode> {
     let socket = escape(&options.socket.display().to_string()).into_owned();
     let mut sensor = match AlertStream::connect(&options.socket, None, true) {
         Ok(mut stream) => match caught_up(&mut stream, &options.socket) {
-            Ok(()) => Sensor::Agent(stream),
+            Ok(()) => Sensor::Agent(Follower::start(stream)),
             Err(ClientError::Timeout { .. }) => {
                 return no_answer(
                     options,
@@ -189,9 +190,50 @@ fn caught_up(stream: &mut AlertStream, socket: &Path) -> Result<(), ClientError>
 /// Who reports the alerts.
 enum Sensor {
     /// The running agent, followed from before the attack.
-    Agent(AlertStream),
+    Agent(Follower),
     /// `credwatch run` (this executable) around npm.
     Own(PathBuf),
+}
+
+/// The agent's alert stream, drained by a thread of its own: the agent drops a client that
+/// falls 1,024 alerts behind, and a busy machine raises that many in a second while the
+/// self-test writes a lab or waits for npm. It passes on the alerts of the trees of interest.
+struct Follower {
+    received: mpsc::Receiver<Result<Option<(u64, Alert)>, ClientError>>,
+    /// npm's pids: alerts of their trees, or under them in another tree, are passed on.
+    roots: Arc<Mutex<Vec<u32>>>,
+}
+
+impl Follower {
+    fn start(mut stream: AlertStream) -> Follower {
+        let (send, received) = mpsc::channel();
+        let roots: Arc<Mutex<Vec<u32>>> = Arc::default();
+        let watched = Arc::clone(&roots);
+        thread::spawn(move || loop {
+            let next = match stream.next(None) {
+                Ok(Some(Message::Alert { seq, alert })) => {
+                    let roots = watched.lock().unwrap_or_else(|e| e.into_inner());
+                    let ours = roots.iter().any(|root| {
+                        alert.credwatch.root_pid == *root
+                            || alert.process.pid == *root
+                            || alert.process.ancestors.iter().any(|a| a.pid == *root)
+                    });
+                    if !ours {
+                        continue;
+                    }
+                    Ok(Some((seq, *alert)))
+                }
+                Ok(Some(Message::CaughtUp { .. })) => continue,
+                Ok(None) => Ok(None),
+                Err(error) => Err(error),
+            };
+            let last = !matches!(next, Ok(Some(_)));
+            if send.send(next).is_err() || last {
+                break;
+            }
+        });
+        Follower { received, roots }
+    }
 }
 
 enum Failure {
@@ -237,6 +279,7 @@ struct Outcome {
 
 #[derive(Serialize)]
 struct Check {
+    /// The rule of the alert found, else the one expected first.
     rule: &'static str,
     /// The file (`~` is the throwaway home) or the command.
     what: String,
@@ -281,7 +324,13 @@ impl Outcome {
         for check in &self.checks {
             let what = escape(&check.what);
             text += &match &check.found {
-                Some(found) => format!("  found    {:<9} {:<26} {what}\n", found.severity, check.rule),
+                Some(found) if found.outcome == "alerted" => {
+                    format!("  found    {:<9} {:<26} {what}\n", found.severity, check.rule)
+                }
+                Some(found) => {
+                    let outcome = escape(&found.outcome);
+                    format!("  found    {:<9} {:<26} {what} ({outcome})\n", found.severity, check.rule)
+                }
                 None => format!("  MISSING  {:<9} {:<26} {what}\n", "", check.rule),
             };
         }
@@ -326,7 +375,7 @@ fn run_attack(attack: &Attack, npm: &Path, sensor: &mut Sensor, socket: &Path) -
     let npm_args = ["install", "--offline", "--no-audit", "--no-fund"];
     let log = lab.path("npm.log");
     let (root_pid, status, alerts) = match sensor {
-        Sensor::Agent(stream) => {
+        Sensor::Agent(follower) => {
             let mut command = Command::new(npm);
             command.args(npm_args);
             lab_env(&mut command, &lab, &stub);
@@ -334,6 +383,7 @@ fn run_attack(attack: &Attack, npm: &Path, sensor: &mut Sensor, socket: &Path) -
             command.stdout(output.try_clone().context("npm's output")?).stderr(output);
             let held = Held::spawn(command).context("starting npm")?;
             let pid = held.pid;
+            follower.roots.lock().unwrap_or_else(|e| e.into_inner()).push(pid);
             match register_selftest(socket, pid) {
                 Ok(()) => {}
                 Err(ClientError::Timeout { .. }) => {
@@ -350,7 +400,7 @@ fn run_attack(attack: &Attack, npm: &Path, sensor: &mut Sensor, socket: &Path) -
                 }
             }
             let mut child = held.release().context("starting npm")?;
-            let (status, alerts) = follow(stream, &mut child, pid, attack, &dir, socket)?;
+            let (status, alerts) = follow(follower, &mut child, pid, attack, &dir, socket)?;
             (pid, status, alerts)
         }
         Sensor::Own(exe) => {
@@ -385,19 +435,25 @@ fn run_attack(attack: &Attack, npm: &Path, sensor: &mut Sensor, socket: &Path) -
     let checks = attack
         .expected
         .iter()
-        .map(|expected| Check {
-            rule: expected.rule,
-            what: shown(expected),
-            found: best(expected, &alerts, &dir).map(|(seq, alert)| Found {
-                severity: alert.rule.severity.as_str(),
-                outcome: alert.event.outcome.clone(),
-                event_id: alert.event.id.clone(),
-                seq: *seq,
-                selftest: alert.credwatch.selftest,
-            }),
+        .map(|expected| {
+            let found = best(expected, &alerts, &dir);
+            Check {
+                rule: found.map_or(expected.rules[0], |(_, alert)| {
+                    expected.rules.iter().copied().find(|rule| *rule == alert.rule.id).unwrap_or(expected.rules[0])
+                }),
+                what: shown(expected),
+                found: found.map(|(seq, alert)| Found {
+                    severity: alert.rule.severity.as_str(),
+                    outcome: alert.event.outcome.clone(),
+                    event_id: alert.event.id.clone(),
+                    seq: *seq,
+                    selftest: alert.credwatch.selftest,
+                }),
+            }
         })
         .collect();
-    let expected_rules: Vec<&str> = attack.expected.iter().map(|expected| expected.rule).collect();
+    let expected_rules: Vec<&str> =
+        attack.expected.iter().flat_map(|expected| expected.rules.iter().copied()).collect();
     let unexpected = alerts
         .iter()
         .filter(|(_, alert)| !expected_rules.contains(&alert.rule.id.as_str()))
@@ -428,7 +484,7 @@ type Seen = Vec<(Option<u64>, Alert)>;
 /// Reads the agent's alerts of the tree at `root` while npm runs, then until every expected one
 /// came or [`ALERTS_WITHIN`] passed. Returns how npm ended and the alerts.
 fn follow(
-    stream: &mut AlertStream,
+    follower: &Follower,
     child: &mut Child,
     root: u32,
     attack: &Attack,
@@ -459,18 +515,22 @@ fn follow(
                 break;
             }
         }
-        match stream.next(Some(Duration::from_millis(100))) {
-            Ok(Some(Message::Alert { seq, alert })) if alert.credwatch.root_pid == root => {
-                alerts.push((Some(seq), *alert))
-            }
-            Ok(Some(Message::Alert { alert, .. }))
-                if alert.process.pid == root || alert.process.ancestors.iter().any(|a| a.pid == root) =>
-            {
+        match follower.received.recv_timeout(Duration::from_millis(100)) {
+            Ok(Ok(Some((seq, alert)))) if alert.credwatch.root_pid == root => alerts.push((Some(seq), alert)),
+            // Under npm in another tree.
+            Ok(Ok(Some((_, alert)))) => {
                 outer.get_or_insert(alert.credwatch.root_pid);
             }
-            Ok(Some(_)) | Err(ClientError::Timeout { .. }) => {}
-            Ok(None) => return Err(anyhow::anyhow!("the agent closed the connection during the self-test").into()),
-            Err(error) => return Err(anyhow::Error::from(error).context("reading the agent's alerts").into()),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Ok(Ok(None)) | Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(anyhow::anyhow!(
+                    "the agent at {} closed the connection during the self-test (it drops a client that falls 1,024 \
+                     alerts behind)",
+                    escape(&socket.display().to_string())
+                )
+                .into())
+            }
+            Ok(Err(error)) => return Err(anyhow::Error::from(error).context("reading the agent's alerts").into()),
         }
     }
     if let (true, Some(outer)) = (alerts.is_empty(), outer) {
@@ -502,7 +562,7 @@ fn best<'a>(expected: &Expected, alerts: &'a [(Option<u64>, Alert)], lab: &Path)
 }
 
 fn meets(expected: &Expected, alert: &Alert, lab: &Path) -> bool {
-    if alert.rule.id != expected.rule {
+    if !expected.rules.contains(&alert.rule.id.as_str()) {
         return false;
     }
     match expected.what {
@@ -546,8 +606,8 @@ fn lab_env(command: &mut Command, lab: &Lab, stub: &stub::Stub) {
         .env("npm_config_update_notifier", "false")
         // Installed as a copy, as from a registry's tarball, not as a link to the package.
         .env("npm_config_install_links", "true")
-        .env("CREDWATCH_SELFTEST_STUB", stub.url())
-        .env("CREDWATCH_SELFTEST_TOOLS", lab.path("tools"))
+        .env("SELFTEST_STUB", stub.url())
+        .env("SELFTEST_TOOLS", lab.path("tools"))
         .envs(attacks::FAKE_ENV.iter().copied())
         .current_dir(lab.path(PROJECT));
 }
@@ -657,10 +717,9 @@ mod tests {
         let rules = RuleSet::defaults().unwrap();
         let sweep = rules.sweep().map(|sweep| sweep.id.0.clone());
         for attack in attacks::ALL {
-            for expected in attack.expected {
-                let known = rules.rules().iter().any(|rule| rule.id == expected.rule)
-                    || sweep.as_deref() == Some(expected.rule);
-                assert!(known, "{}: no default rule {}", attack.name, expected.rule);
+            for id in attack.expected.iter().flat_map(|expected| expected.rules) {
+                let known = rules.rules().iter().any(|rule| rule.id == *id) || sweep.as_deref() == Some(*id);
+                assert!(known, "{}: no default rule {id}", attack.name);
             }
         }
     }
@@ -701,7 +760,7 @@ mod tests {
     #[test]
     fn a_file_is_met_by_its_own_alert_or_by_a_sweep_that_lists_it() {
         let lab = Path::new("/tmp/lab");
-        let key = Expected { rule: "credential-sweep", what: Target::File("home/.ssh/id_rsa") };
+        let key = Expected { rules: &["credential-sweep", "ssh-private-keys"], what: Target::File("home/.ssh/id_rsa") };
         let mut alert: Alert = serde_json::from_value(serde_json::json!({
             "@timestamp": "2026-12-05T18:50:48.538366187Z",
             "event": {"id": "d102d7973eded7ad9b05de3dff01ef98", "kind": "alert", "action": "open", "outcome": "alerted"},
@@ -719,9 +778,15 @@ mod tests {
         alert.credwatch.sweep =
             Some(AlertSweep { files: vec!["/tmp/lab/home/.ssh/id_rsa".into()], ..Default::default() });
         assert!(meets(&key, &alert, lab));
+        // Under --enforce: the key's own rule, blocked.
         alert.rule.id = "ssh-private-keys".into();
+        alert.credwatch.sweep = None;
+        assert!(!meets(&key, &alert, lab), "another file");
+        alert.file.as_mut().unwrap().path = "/tmp/lab/home/.ssh/id_rsa".into();
+        assert!(meets(&key, &alert, lab));
+        alert.rule.id = "private-key-files".into();
         assert!(!meets(&key, &alert, lab), "another rule");
-        let gh = Expected { rule: "gh-auth-token", what: Target::Command("gh auth token") };
+        let gh = Expected { rules: &["gh-auth-token"], what: Target::Command("gh auth token") };
         alert.rule.id = "gh-auth-token".into();
         alert.process.args = vec!["/bin/sh".into(), "/tmp/lab/tools/gh".into(), "--version".into()];
         assert!(!meets(&gh, &alert, lab));

@@ -13,13 +13,13 @@ const path = require("path");
 
 const home = os.homedir();
 // Never anywhere but the selftest's throwaway home: it carries this marker.
-if (!fs.existsSync(path.join(home, ".credwatch-selftest")) || !process.env.CREDWATCH_SELFTEST_STUB) {
+if (!fs.existsSync(path.join(home, ".credwatch-selftest")) || !process.env.SELFTEST_STUB) {
   console.error("credwatch selftest: not in a selftest home; doing nothing");
   process.exit(1);
 }
 if (process.platform === "win32") process.exit(0);
-const stub = new URL(process.env.CREDWATCH_SELFTEST_STUB);
-const tools = process.env.CREDWATCH_SELFTEST_TOOLS;
+const stub = new URL(process.env.SELFTEST_STUB);
+const tools = process.env.SELFTEST_TOOLS;
 // The stand-ins by their full path, so that a real gh or claude on PATH is never the one run.
 const tool = (name, args) => {
   const run = spawnSync(path.join(tools, name), args, { encoding: "utf8" });

@@ -10,11 +10,11 @@ const path = require("path");
 
 const home = os.homedir();
 // Never anywhere but the selftest's throwaway home: it carries this marker.
-if (!fs.existsSync(path.join(home, ".credwatch-selftest")) || !process.env.CREDWATCH_SELFTEST_STUB) {
+if (!fs.existsSync(path.join(home, ".credwatch-selftest")) || !process.env.SELFTEST_STUB) {
   console.error("credwatch selftest: not in a selftest home; doing nothing");
   process.exit(1);
 }
-const stub = new URL(process.env.CREDWATCH_SELFTEST_STUB);
+const stub = new URL(process.env.SELFTEST_STUB);
 
 const download = (pathname, to) =>
   new Promise((resolve, reject) => {
