@@ -390,5 +390,8 @@ fn without_root_the_doors_are_shut_too() {
     for socket in [&agent, &bus] {
         assert!(inside.contains(&format!("{}: ECONNREFUSED", socket.display())), "{inside}\n{stderr}");
     }
-    assert!(stderr.contains("contained: shut 2 doors"), "{stderr}");
+    // The machine's own doors (an X server's socket directory, ...) may be shut too: only the
+    // user's two are asserted.
+    let shut = stderr.lines().find(|line| line.contains("contained: shut")).unwrap_or_default();
+    assert!(shut.contains("the session bus") && shut.contains("an ssh-agent"), "{stderr}");
 }
