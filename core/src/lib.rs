@@ -17,6 +17,7 @@ pub mod names;
 pub mod net;
 pub mod output;
 pub mod pipeline;
+pub mod place;
 pub mod record;
 pub mod report;
 pub mod rules;

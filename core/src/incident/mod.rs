@@ -17,9 +17,9 @@ use crate::{
     alert::{Alert, AlertDestination, AlertPackage, Severity},
     engine::{open_flags, Engine},
     event::{Connect, Event, EventData, Exec, Open, Rename},
-    fleet::Place,
     output::destination_text,
     pipeline::{Sink, SinkError},
+    place::Place,
     report::{key, label, PackageKey, MAX_PACKAGES},
 };
 
