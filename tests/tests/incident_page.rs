@@ -88,7 +88,6 @@ const ATTRIBUTES: &[&str] = &[
     "role",
     "aria-label",
     "viewbox",
-    "viewBox",
     "width",
     "height",
     "d",
@@ -99,48 +98,36 @@ const ATTRIBUTES: &[&str] = &[
     "y",
 ];
 
-/// Each start tag of `html` (outside the style block), with its attributes' names and values.
-/// Text never holds a raw `<` on the page, nor in Chromium's serialisation of the DOM.
-fn tags(html: &str) -> Vec<(String, Vec<(String, String)>)> {
-    let mut out = Vec::new();
-    let mut rest = html;
-    while let Some(start) = rest.find('<') {
-        rest = &rest[start + 1..];
-        if rest.starts_with(['!', '/']) {
-            rest = &rest[rest.find('>').unwrap() + 1..];
-            continue;
+/// A page as a browser's tokenizer reads it (WHATWG tokenization): names lowercased,
+/// attribute values unquoted and their character references decoded, whatever the quoting.
+#[derive(Debug, Default)]
+struct Tokens {
+    /// Each start tag's name and attributes (name, value).
+    start_tags: Vec<(String, Vec<(String, String)>)>,
+    /// The text, character references decoded.
+    text: String,
+    /// Parse errors: the renderer writes none, so each would come from input.
+    errors: Vec<String>,
+}
+
+fn tokens(html: &str) -> Tokens {
+    let mut emitter = html5gum::DefaultEmitter::default();
+    // The style and title elements hold raw text, as a browser's tree builder tells its tokenizer.
+    emitter.naively_switch_states(true);
+    let lossy = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    let mut tokens = Tokens::default();
+    for Ok(token) in html5gum::Tokenizer::new_with_emitter(html, emitter) {
+        match token {
+            html5gum::Token::StartTag(tag) => tokens.start_tags.push((
+                lossy(&tag.name),
+                tag.attributes.iter().map(|(name, value)| (lossy(name), lossy(value))).collect(),
+            )),
+            html5gum::Token::String(text) => tokens.text.push_str(&lossy(&text)),
+            html5gum::Token::Error(error) => tokens.errors.push(error.to_string()),
+            html5gum::Token::EndTag(_) | html5gum::Token::Comment(_) | html5gum::Token::Doctype(_) => {}
         }
-        let end = rest.find('>').expect("a tag ends");
-        let inside = rest[..end].trim_end_matches('/');
-        let name_end = inside.find(char::is_whitespace).unwrap_or(inside.len());
-        let name = inside[..name_end].to_ascii_lowercase();
-        let mut attributes = Vec::new();
-        let mut attrs = inside[name_end..].trim_start();
-        while !attrs.is_empty() {
-            let name_end = attrs.find(|c: char| c == '=' || c.is_whitespace()).unwrap_or(attrs.len());
-            let attribute = attrs[..name_end].to_owned();
-            attrs = &attrs[name_end..];
-            let mut value = String::new();
-            if let Some(after) = attrs.strip_prefix("=\"") {
-                let close = after.find('"').expect("a quoted value ends");
-                value = after[..close].to_owned();
-                attrs = &after[close + 1..];
-            } else if let Some(after) = attrs.strip_prefix('=') {
-                // Unquoted (the renderer never writes one: it can only come from input).
-                let end = after.find(char::is_whitespace).unwrap_or(after.len());
-                value = after[..end].to_owned();
-                attrs = &after[end..];
-            }
-            attributes.push((attribute, value));
-            attrs = attrs.trim_start();
-        }
-        rest = &rest[end + 1..];
-        if name == "style" {
-            rest = &rest[rest.find("</style>").expect("the style block ends")..];
-        }
-        out.push((name, attributes));
     }
-    out
+    tokens
 }
 
 fn counts(tags: &[(String, Vec<(String, String)>)]) -> BTreeMap<String, usize> {
@@ -232,14 +219,16 @@ fn check_in_browser(page: &Path, trap: &FetchTrap, scratch: &Path, shown: &[(&st
         "the CSP meta"
     );
 
-    let written = tags(&html);
-    let parsed = tags(&dom);
+    let written = tokens(&html);
+    let parsed = tokens(&dom);
+    assert_eq!(written.errors, Vec::<String>::new(), "parse errors in the page");
+    assert_eq!(parsed.errors, Vec::<String>::new(), "parse errors in the DOM");
     // Chromium made of the page exactly the elements the renderer wrote, one for one.
-    assert_eq!(counts(&parsed), counts(&written), "elements in the DOM against the page");
-    for (name, attributes) in &parsed {
+    assert_eq!(counts(&parsed.start_tags), counts(&written.start_tags), "elements in the DOM against the page");
+    for (name, attributes) in &parsed.start_tags {
         assert!(TAGS.contains(&name.as_str()), "element <{name}> came from the input");
         for (attribute, value) in attributes {
-            assert!(!attribute.to_ascii_lowercase().starts_with("on"), "{attribute}= on <{name}>");
+            assert!(!attribute.starts_with("on"), "{attribute}= on <{name}>");
             assert!(ATTRIBUTES.contains(&attribute.as_str()), "attribute {attribute} on <{name}> came from the input");
             for marker in ["alert", "127.0.0.1", "quoted", "evil", "lossy", "owned", "nul"] {
                 assert!(!value.contains(marker), "{attribute}={value:?} on <{name}> holds input");
@@ -252,6 +241,7 @@ fn check_in_browser(page: &Path, trap: &FetchTrap, scratch: &Path, shown: &[(&st
     // Shown as text, and the page names no URL to fetch.
     for (text, what) in shown {
         assert!(dom.contains(text), "{what} shown as text: {text}");
+        assert!(parsed.text.contains(&tokens(text).text), "{what} read as text: {text}");
     }
     let style = &html[html.find("<style>").unwrap()..html.find("</style>").unwrap()];
     for fetch in ["url(", "@import", "image-set("] {

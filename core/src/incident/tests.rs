@@ -76,54 +76,36 @@ fn alert_with(text: &str) -> Alert {
     serde_json::from_value(with_strings(&full_alert(), text, "")).unwrap()
 }
 
-/// A tag as the page writes it: its name and its attributes (name, value).
-#[derive(Debug)]
-struct Tag {
-    name: String,
-    attributes: Vec<(String, String)>,
+/// The page as a browser's tokenizer reads it (WHATWG tokenization): names lowercased,
+/// attribute values unquoted and their character references decoded, whatever the quoting.
+#[derive(Debug, Default)]
+struct Tokens {
+    /// Each start tag's name and attributes (name, value).
+    start_tags: Vec<(String, Vec<(String, String)>)>,
+    /// The text, character references decoded.
+    text: String,
+    /// Parse errors: the renderer writes none, so each would come from input.
+    errors: Vec<String>,
 }
 
-/// The page's tags, in order. The page writes `<` only to open a tag (text escapes it), so
-/// every `<` starts one; the style block is skipped whole.
-fn tags(page: &str) -> Vec<Tag> {
-    let mut out = Vec::new();
-    let mut rest = page;
-    while let Some(start) = rest.find('<') {
-        rest = &rest[start + 1..];
-        if rest.starts_with('!') || rest.starts_with('/') {
-            rest = &rest[rest.find('>').unwrap() + 1..];
-            continue;
+fn tokens(page: &str) -> Tokens {
+    let mut emitter = html5gum::DefaultEmitter::default();
+    // The style and title elements hold raw text, as a browser's tree builder tells its tokenizer.
+    emitter.naively_switch_states(true);
+    let lossy = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    let mut tokens = Tokens::default();
+    for Ok(token) in html5gum::Tokenizer::new_with_emitter(page, emitter) {
+        match token {
+            html5gum::Token::StartTag(tag) => tokens.start_tags.push((
+                lossy(&tag.name),
+                tag.attributes.iter().map(|(name, value)| (lossy(name), lossy(value))).collect(),
+            )),
+            html5gum::Token::String(text) => tokens.text.push_str(&lossy(&text)),
+            html5gum::Token::Error(error) => tokens.errors.push(error.to_string()),
+            html5gum::Token::EndTag(_) | html5gum::Token::Comment(_) | html5gum::Token::Doctype(_) => {}
         }
-        let end = rest.find('>').expect("a tag ends");
-        let inside = rest[..end].trim_end_matches('/');
-        let name_end = inside.find(|c: char| c.is_whitespace()).unwrap_or(inside.len());
-        let mut tag = Tag { name: inside[..name_end].to_owned(), attributes: Vec::new() };
-        let mut attrs = inside[name_end..].trim_start();
-        while !attrs.is_empty() {
-            let name_end = attrs.find(|c: char| c == '=' || c.is_whitespace()).unwrap_or(attrs.len());
-            let name = attrs[..name_end].to_owned();
-            attrs = &attrs[name_end..];
-            let mut value = String::new();
-            if let Some(after) = attrs.strip_prefix("=\"") {
-                let close = after.find('"').expect("a quoted value ends");
-                value = after[..close].to_owned();
-                attrs = &after[close + 1..];
-            } else if let Some(after) = attrs.strip_prefix('=') {
-                // Unquoted (the renderer never writes one: it can only come from input).
-                let end = after.find(char::is_whitespace).unwrap_or(after.len());
-                value = after[..end].to_owned();
-                attrs = &after[end..];
-            }
-            tag.attributes.push((name, value));
-            attrs = attrs.trim_start();
-        }
-        rest = &rest[end + 1..];
-        if tag.name == "style" {
-            rest = &rest[rest.find("</style>").unwrap()..];
-        }
-        out.push(tag);
     }
-    out
+    tokens
 }
 
 const TAGS: &[&str] = &[
@@ -143,7 +125,7 @@ const ATTRIBUTES: &[&str] = &[
     "xmlns",
     "role",
     "aria-label",
-    "viewBox",
+    "viewbox",
     "width",
     "height",
     "d",
@@ -156,8 +138,8 @@ const ATTRIBUTES: &[&str] = &[
 
 fn tag_counts(page: &str) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
-    for tag in tags(page) {
-        *counts.entry(tag.name).or_default() += 1;
+    for (name, _) in tokens(page).start_tags {
+        *counts.entry(name).or_default() += 1;
     }
     counts
 }
@@ -165,9 +147,12 @@ fn tag_counts(page: &str) -> BTreeMap<String, usize> {
 /// No element nor attribute but the renderer's, no attribute value with input in it, and
 /// nothing of `text` unescaped.
 fn assert_no_markup_from(page: &str, text: &str) {
-    for tag in tags(page) {
-        assert!(TAGS.contains(&tag.name.as_str()), "tag {:?} from {text:?}", tag.name);
-        for (name, value) in &tag.attributes {
+    let tokens = tokens(page);
+    assert_eq!(tokens.errors, Vec::<String>::new(), "parse errors from {text:?}");
+    for (tag, attributes) in &tokens.start_tags {
+        assert!(TAGS.contains(&tag.as_str()), "tag {tag:?} from {text:?}");
+        for (name, value) in attributes {
+            assert!(!name.starts_with("on"), "{name}= on <{tag}> from {text:?}");
             assert!(ATTRIBUTES.contains(&name.as_str()), "attribute {name:?} from {text:?}");
             for marker in ["alert(", "script", "onerror", "<img", "lossy", "quoted", "evil", "[31m", "nul"] {
                 assert!(!value.contains(marker), "attribute {name}={value:?} from {text:?}");
@@ -202,6 +187,7 @@ fn hostile_strings_in_every_field_of_an_alert_make_no_markup() {
     }
     let page = page_of_alerts(&[alert_with(HOSTILE[0])]);
     assert!(page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"), "shown as text");
+    assert!(tokens(&page).text.contains(HOSTILE[0]), "read as text");
     let page = page_of_alerts(&[alert_with("evil\u{202e}txt\x1b[31m\0")]);
     assert!(page.contains("evil\\u{202e}txt\\u{1b}[31m\\u{0}"), "visible escapes");
 }
