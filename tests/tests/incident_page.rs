@@ -106,12 +106,13 @@ struct Tokens {
     start_tags: Vec<(String, Vec<(String, String)>)>,
     /// The text, character references decoded.
     text: String,
-    /// Parse errors: the renderer writes none, so each would come from input.
+    /// Parse errors, each with where it is: the renderer writes none, so each would come from
+    /// input.
     errors: Vec<String>,
 }
 
 fn tokens(html: &str) -> Tokens {
-    let mut emitter = html5gum::DefaultEmitter::default();
+    let mut emitter = html5gum::DefaultEmitter::<usize>::new_with_span();
     // The style and title elements hold raw text, as a browser's tree builder tells its tokenizer.
     emitter.naively_switch_states(true);
     let lossy = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
@@ -123,7 +124,11 @@ fn tokens(html: &str) -> Tokens {
                 tag.attributes.iter().map(|(name, value)| (lossy(name), lossy(value))).collect(),
             )),
             html5gum::Token::String(text) => tokens.text.push_str(&lossy(&text)),
-            html5gum::Token::Error(error) => tokens.errors.push(error.to_string()),
+            html5gum::Token::Error(error) => {
+                let around = &html.as_bytes()[error.span.start.saturating_sub(40)..html.len().min(error.span.end + 40)];
+                let around = String::from_utf8_lossy(around);
+                tokens.errors.push(format!("{} at byte {}, in {around:?}", error.value, error.span.start));
+            }
             html5gum::Token::EndTag(_) | html5gum::Token::Comment(_) | html5gum::Token::Doctype(_) => {}
         }
     }
@@ -221,8 +226,8 @@ fn check_in_browser(page: &Path, trap: &FetchTrap, scratch: &Path, shown: &[(&st
 
     let written = tokens(&html);
     let parsed = tokens(&dom);
-    assert_eq!(written.errors, Vec::<String>::new(), "parse errors in the page");
-    assert_eq!(parsed.errors, Vec::<String>::new(), "parse errors in the DOM");
+    assert_eq!(written.errors.first(), None, "parse errors in the page ({} in all)", written.errors.len());
+    assert_eq!(parsed.errors.first(), None, "parse errors in the DOM ({} in all)", parsed.errors.len());
     // Chromium made of the page exactly the elements the renderer wrote, one for one.
     assert_eq!(counts(&parsed.start_tags), counts(&written.start_tags), "elements in the DOM against the page");
     for (name, attributes) in &parsed.start_tags {
