@@ -22,6 +22,11 @@ use std::{
 use credwatch_e2e::{credwatch_binary, fixtures, Sandbox};
 use serde_json::Value;
 
+// One reader of the page for core's tests and these.
+#[path = "../../core/src/incident/tests/markup.rs"]
+mod markup;
+use markup::{tokens, ATTRIBUTES, TAGS};
+
 /// The CI trace: telemetry-helper@4.1.2's postinstall reads `.npmrc` and an SSH key in a
 /// GitHub Actions job.
 const TRACE: &str = "traces/schema-5-npm-ci.jsonl";
@@ -68,71 +73,6 @@ fn hostile(trap: &FetchTrap) -> Vec<String> {
         "nul\0byte".into(),
         String::from_utf8_lossy(b"lossy\xff\xfe<svg onload=alert(1)>").into_owned(),
     ]
-}
-
-/// Elements and attributes the renderer writes; anything else came from the input.
-const TAGS: &[&str] = &[
-    "html", "head", "meta", "title", "style", "body", "header", "p", "span", "h1", "h2", "h3", "main", "section",
-    "div", "dl", "dt", "dd", "code", "br", "time", "ul", "ol", "li", "label", "input", "article", "figure", "svg",
-    "path", "g", "circle", "text", "details", "summary", "footer",
-];
-const ATTRIBUTES: &[&str] = &[
-    "lang",
-    "charset",
-    "name",
-    "content",
-    "http-equiv",
-    "class",
-    "id",
-    "type",
-    "role",
-    "aria-label",
-    "viewbox",
-    "width",
-    "height",
-    "d",
-    "cx",
-    "cy",
-    "r",
-    "x",
-    "y",
-];
-
-/// A page as a browser's tokenizer reads it (WHATWG tokenization): names lowercased,
-/// attribute values unquoted and their character references decoded, whatever the quoting.
-#[derive(Debug, Default)]
-struct Tokens {
-    /// Each start tag's name and attributes (name, value).
-    start_tags: Vec<(String, Vec<(String, String)>)>,
-    /// The text, character references decoded.
-    text: String,
-    /// Parse errors, each with where it is: the renderer writes none, so each would come from
-    /// input.
-    errors: Vec<String>,
-}
-
-fn tokens(html: &str) -> Tokens {
-    let mut emitter = html5gum::DefaultEmitter::<usize>::new_with_span();
-    // The style and title elements hold raw text, as a browser's tree builder tells its tokenizer.
-    emitter.naively_switch_states(true);
-    let lossy = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
-    let mut tokens = Tokens::default();
-    for Ok(token) in html5gum::Tokenizer::new_with_emitter(html, emitter) {
-        match token {
-            html5gum::Token::StartTag(tag) => tokens.start_tags.push((
-                lossy(&tag.name),
-                tag.attributes.iter().map(|(name, value)| (lossy(name), lossy(value))).collect(),
-            )),
-            html5gum::Token::String(text) => tokens.text.push_str(&lossy(&text)),
-            html5gum::Token::Error(error) => {
-                let around = &html.as_bytes()[error.span.start.saturating_sub(40)..html.len().min(error.span.end + 40)];
-                let around = String::from_utf8_lossy(around);
-                tokens.errors.push(format!("{} at byte {}, in {around:?}", error.value, error.span.start));
-            }
-            html5gum::Token::EndTag(_) | html5gum::Token::Comment(_) | html5gum::Token::Doctype(_) => {}
-        }
-    }
-    tokens
 }
 
 fn counts(tags: &[(String, Vec<(String, String)>)]) -> BTreeMap<String, usize> {

@@ -10,6 +10,9 @@ use crate::{
     rules::RuleSet,
 };
 
+mod markup;
+use markup::{tokens, ATTRIBUTES, TAGS};
+
 /// Strings a hostile package could make the monitored system write.
 const HOSTILE: &[&str] = &[
     "<script>alert(1)</script>",
@@ -75,71 +78,6 @@ fn with_strings(value: &Value, text: &str, path: &str) -> Value {
 fn alert_with(text: &str) -> Alert {
     serde_json::from_value(with_strings(&full_alert(), text, "")).unwrap()
 }
-
-/// The page as a browser's tokenizer reads it (WHATWG tokenization): names lowercased,
-/// attribute values unquoted and their character references decoded, whatever the quoting.
-#[derive(Debug, Default)]
-struct Tokens {
-    /// Each start tag's name and attributes (name, value).
-    start_tags: Vec<(String, Vec<(String, String)>)>,
-    /// The text, character references decoded.
-    text: String,
-    /// Parse errors, each with where it is: the renderer writes none, so each would come from
-    /// input.
-    errors: Vec<String>,
-}
-
-fn tokens(page: &str) -> Tokens {
-    let mut emitter = html5gum::DefaultEmitter::<usize>::new_with_span();
-    // The style and title elements hold raw text, as a browser's tree builder tells its tokenizer.
-    emitter.naively_switch_states(true);
-    let lossy = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
-    let mut tokens = Tokens::default();
-    for Ok(token) in html5gum::Tokenizer::new_with_emitter(page, emitter) {
-        match token {
-            html5gum::Token::StartTag(tag) => tokens.start_tags.push((
-                lossy(&tag.name),
-                tag.attributes.iter().map(|(name, value)| (lossy(name), lossy(value))).collect(),
-            )),
-            html5gum::Token::String(text) => tokens.text.push_str(&lossy(&text)),
-            html5gum::Token::Error(error) => {
-                let around = &page.as_bytes()[error.span.start.saturating_sub(40)..page.len().min(error.span.end + 40)];
-                let around = String::from_utf8_lossy(around);
-                tokens.errors.push(format!("{} at byte {}, in {around:?}", error.value, error.span.start));
-            }
-            html5gum::Token::EndTag(_) | html5gum::Token::Comment(_) | html5gum::Token::Doctype(_) => {}
-        }
-    }
-    tokens
-}
-
-const TAGS: &[&str] = &[
-    "html", "head", "meta", "title", "style", "body", "header", "p", "span", "h1", "h2", "h3", "main", "section",
-    "div", "dl", "dt", "dd", "code", "br", "time", "ul", "ol", "li", "label", "input", "article", "figure", "svg",
-    "path", "g", "circle", "text", "details", "summary", "footer",
-];
-const ATTRIBUTES: &[&str] = &[
-    "lang",
-    "charset",
-    "name",
-    "content",
-    "http-equiv",
-    "class",
-    "id",
-    "type",
-    "xmlns",
-    "role",
-    "aria-label",
-    "viewbox",
-    "width",
-    "height",
-    "d",
-    "cx",
-    "cy",
-    "r",
-    "x",
-    "y",
-];
 
 fn tag_counts(page: &str) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
