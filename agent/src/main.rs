@@ -476,6 +476,17 @@ fn main() -> ExitCode {
     if !matches!(cli.command, Commands::Watch(_) | Commands::Run(_) | Commands::Record(_) | Commands::Stop(_)) {
         log::init(LogFormat::default(), LogLevel::default());
     }
+    // Commands whose output is for a reader (a pipe to `head`, a pager) rather than a live mode's.
+    let for_a_reader = matches!(
+        cli.command,
+        Commands::Alerts(_)
+            | Commands::Show(_)
+            | Commands::Replay(_)
+            | Commands::Rules(_)
+            | Commands::Fleet(_)
+            | Commands::Exposure(_)
+            | Commands::Config(_)
+    );
     let result = match cli.command {
         Commands::Watch(args) => {
             let mut flags = flags(&args.common, &args.outputs, &args.enforce, &args.output, None, None);
@@ -579,6 +590,13 @@ fn main() -> ExitCode {
         Commands::Notify(args) => notify::run(&args),
     };
     result.unwrap_or_else(|error| {
+        // `credwatch alerts | head`: the reader has what it wanted; nothing went wrong here.
+        let reader_left = error.chain().any(|cause| {
+            cause.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+        });
+        if for_a_reader && reader_left {
+            return ExitCode::SUCCESS;
+        }
         // Line by line: a configuration's errors are one a line.
         let text: Vec<String> = format!("{error:#}").lines().map(|line| escape(line).into_owned()).collect();
         tracing::error!("{}", text.join("\n"));

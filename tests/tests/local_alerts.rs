@@ -145,6 +145,13 @@ fn alerts_and_show_read_the_logged_alert_and_bad_ids_and_a_torn_line_are_told() 
         let found = json_lines(&local(&sandbox, &["alerts", "--json", "--severity", above]));
         assert!(!found.iter().any(|l| l["seq"] == seq), "--severity {above}");
     }
+    // `credwatch alerts | head`: a reader that went away is no error.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut piped = sandbox.credwatch("alerts");
+    piped.arg("--alert-log").arg(sandbox.alert_log()).stdout(writer);
+    let piped = piped.output().unwrap();
+    assert!(piped.status.success() && piped.stderr.is_empty(), "{}", text(&piped).1);
     let bad = local(&sandbox, &["alerts", "--since", "yesterday"]);
     assert!(!bad.status.success() && text(&bad).1.contains("neither an RFC 3339 time"), "{}", text(&bad).1);
 
