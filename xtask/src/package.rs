@@ -245,6 +245,37 @@ fn is_installed() -> Result<bool> {
     Ok(status.status.success() && !String::from_utf8_lossy(&status.stdout).contains("not-installed"))
 }
 
+/// What `credwatch watch` run from the build tree makes as the package's service would (the
+/// local alert log, the spool, an alerts file): the README's two commands run `watch`, then the
+/// tests. The package test sets them aside, since the purge removes them, and puts them back.
+const MADE_BY_WATCH: [&str; 2] = ["/var/lib/credwatch", "/var/log/credwatch"];
+
+/// Puts back what [`set_aside`] moved, when dropped: after the purge and its checks.
+struct SetAside(Vec<(PathBuf, PathBuf)>);
+
+impl Drop for SetAside {
+    fn drop(&mut self) {
+        for (original, aside) in &self.0 {
+            if let Err(error) = fs::rename(aside, original) {
+                eprintln!("xtask: putting {} back from {} failed: {error}", original.display(), aside.display());
+            }
+        }
+    }
+}
+
+fn set_aside() -> Result<SetAside> {
+    let mut moved = SetAside(Vec::new());
+    for original in MADE_BY_WATCH.map(PathBuf::from).into_iter().filter(|path| path.exists()) {
+        let aside = original.with_extension("set-aside-by-xtask");
+        ensure!(!aside.exists(), "{} exists: put it back as {} or remove it", aside.display(), original.display());
+        fs::rename(&original, &aside)
+            .with_context(|| format!("setting {} aside as {}", original.display(), aside.display()))?;
+        println!("xtask: {} set aside as {} while the package is tested", original.display(), aside.display());
+        moved.0.push((original, aside));
+    }
+    Ok(moved)
+}
+
 /// `cargo xtask test` (root): the real dpkg installs the package, `/usr/bin/credwatch` runs,
 /// systemd accepts the unit, nothing starts, and a purge leaves nothing behind. It refuses to
 /// run over a credwatch it did not install.
@@ -255,6 +286,7 @@ pub fn test_package(deb: &Path) -> Result<()> {
     if is_installed()? {
         bail!("the package credwatch is installed already: the package test installs and purges it, so it leaves it alone (`dpkg --purge credwatch` first)");
     }
+    let _set_aside = set_aside()?;
     if let Some(there) = INSTALLED.iter().find(|path| Path::new(path).exists()) {
         bail!("{there} exists and the package credwatch is not installed: the package test would overwrite or remove it, so it stops");
     }
