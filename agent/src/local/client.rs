@@ -181,15 +181,20 @@ pub fn register_selftest(socket: &Path, pid: u32) -> Result<(), ClientError> {
 /// by a crash) are logged as warnings.
 pub fn logged_alerts(socket: &Path, log: &Path) -> Result<Vec<(u64, Alert)>, ClientError> {
     let direct = std::fs::File::open(log).is_ok() || std::fs::File::open(log::rotated(log)).is_ok();
-    let logged = if direct {
-        log::read(log, 0, &mut |why| tracing::warn!("{why}"))?
-    } else {
-        let mut stream = AlertStream::connect(socket, Some(0), false)?;
-        let mut logged = Vec::new();
-        while let Some(Message::Alert { seq, alert }) = stream.next(Some(ANSWER_WITHIN))? {
-            logged.push(Logged { seq, alert: *alert });
-        }
-        logged
-    };
+    if !direct {
+        return logged_by_agent(socket);
+    }
+    let logged = log::read(log, 0, &mut |why| tracing::warn!("{why}"))?;
     Ok(logged.into_iter().map(|logged| (logged.seq, logged.alert)).collect())
+}
+
+/// The logged alerts the agent at `socket` gives the caller (`since: 0, follow: false`), oldest
+/// first: for a client of another agent than the log's (`notify --alerts-socket`).
+pub fn logged_by_agent(socket: &Path) -> Result<Vec<(u64, Alert)>, ClientError> {
+    let mut stream = AlertStream::connect(socket, Some(0), false)?;
+    let mut logged = Vec::new();
+    while let Some(Message::Alert { seq, alert }) = stream.next(Some(ANSWER_WITHIN))? {
+        logged.push((seq, *alert));
+    }
+    Ok(logged)
 }

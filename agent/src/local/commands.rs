@@ -71,7 +71,7 @@ pub struct AlertsArgs {
     #[arg(long, value_name = "T", value_parser = parse_since)]
     since: Option<Since>,
     /// Only alerts of this severity or above: low, medium, high, critical.
-    #[arg(long, value_name = "S", value_parser = parse_severity)]
+    #[arg(long, value_name = "S", value_parser = <Severity as std::str::FromStr>::from_str)]
     severity: Option<Severity>,
     /// Only this package (`NAME`, or `NAME@VERSION`; `@scope/name@1.0.0`).
     #[arg(long, value_name = "NAME[@VERSION]")]
@@ -133,11 +133,6 @@ fn parse_since(text: &str) -> Result<Since, String> {
         _ => None,
     }
     .ok_or_else(|| format!("{text:?} is neither an RFC 3339 time (2026-12-05T18:00:00Z) nor a time ago (30m, 2h, 7d)"))
-}
-
-fn parse_severity(text: &str) -> Result<Severity, String> {
-    serde_json::from_value(Value::String(text.to_ascii_lowercase()))
-        .map_err(|_| format!("{text:?} is no severity: low, medium, high or critical"))
 }
 
 fn package_matches(filter: &PackageFilter, alert: &Alert) -> bool {
@@ -229,7 +224,7 @@ pub fn show(args: &ShowArgs) -> Result<ExitCode> {
 
 /// How `show` names an alert.
 #[derive(Debug, PartialEq, Eq)]
-enum Wanted {
+pub enum Wanted {
     Seq(u64),
     IdPrefix(String),
 }
@@ -249,7 +244,7 @@ impl Wanted {
     }
 }
 
-fn find<'a>(logged: &'a [(u64, Alert)], wanted: &Wanted) -> Result<(u64, &'a Alert)> {
+pub fn find<'a>(logged: &'a [(u64, Alert)], wanted: &Wanted) -> Result<(u64, &'a Alert)> {
     let found: Vec<&(u64, Alert)> = logged
         .iter()
         .filter(|(seq, alert)| match wanted {
@@ -328,8 +323,8 @@ mod tests {
             let error = parse_since(bad).unwrap_err();
             assert!(error.contains("RFC 3339") && error.contains("30m"), "{bad}: {error}");
         }
-        assert_eq!(parse_severity("HIGH"), Ok(Severity::High));
-        assert!(parse_severity("urgent").unwrap_err().contains("low, medium, high or critical"));
+        assert_eq!("HIGH".parse::<Severity>(), Ok(Severity::High));
+        assert!("urgent".parse::<Severity>().unwrap_err().contains("low, medium, high or critical"));
     }
 
     #[test]

@@ -22,7 +22,10 @@ use std::{
 use anyhow::{Context as _, Result};
 use credwatch_core::{alert::Severity, output::escape};
 
-use crate::local::client::{self, AlertStream, ClientError, Message};
+use crate::local::{
+    client::{self, AlertStream, ClientError, Message},
+    commands::{self, Wanted},
+};
 
 /// How often a missing agent is looked for again (it may start later, at boot).
 const RECONNECT_EVERY: Duration = Duration::from_secs(3);
@@ -35,17 +38,12 @@ pub struct NotifyArgs {
     #[arg(long, value_name = "PATH", default_value = client::DEFAULT_SOCKET)]
     alerts_socket: PathBuf,
     /// The least severe alerts shown: low, medium, high or critical.
-    #[arg(long, value_name = "SEVERITY", default_value = "medium", value_parser = parse_severity)]
+    #[arg(long, value_name = "SEVERITY", default_value = "medium", value_parser = <Severity as std::str::FromStr>::from_str)]
     min_severity: Severity,
     /// Show the alerts raised since the last one shown, then exit instead of following (exit
     /// status 1 when no agent answers).
     #[arg(long)]
     once: bool,
-}
-
-fn parse_severity(text: &str) -> Result<Severity, String> {
-    serde_json::from_value(serde_json::Value::String(text.to_owned()))
-        .map_err(|_| format!("{}: not a severity (low, medium, high, critical)", escape(text)))
 }
 
 pub fn run(args: &NotifyArgs) -> Result<ExitCode> {
@@ -227,20 +225,9 @@ impl SeqFile {
 /// The incident page of alert `seq` (what `credwatch show SEQ --html` writes), from the alerts
 /// the agent gives this user, written to `page`.
 fn write_incident_page(socket: &Path, seq: u64, page: &Path) -> Result<()> {
-    let mut stream = AlertStream::connect(socket, Some(0), false)?;
-    let mut logged = Vec::new();
-    while let Some(message) = stream.next(Some(Duration::from_secs(10)))? {
-        match message {
-            Message::Alert { seq, alert } => logged.push((seq, *alert)),
-            Message::CaughtUp { .. } => break,
-        }
-    }
-    let (_, alert) = logged
-        .iter()
-        .rev()
-        .find(|(logged, _)| *logged == seq)
-        .with_context(|| format!("alert {seq} is no longer in the agent's log"))?;
-    let tree = crate::local::commands::tree_of(&logged, alert);
+    let logged = client::logged_by_agent(socket)?;
+    let (seq, alert) = commands::find(&logged, &Wanted::Seq(seq))?;
+    let tree = commands::tree_of(&logged, alert);
     if let Some(dir) = page.parent() {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", escape(&dir.display().to_string())))?;
     }
@@ -277,8 +264,8 @@ mod tests {
 
     #[test]
     fn severities_parse_and_a_bad_one_is_named() {
-        assert_eq!(parse_severity("high"), Ok(Severity::High));
-        let error = parse_severity("\x1b[31mred").unwrap_err();
+        assert_eq!("high".parse::<Severity>(), Ok(Severity::High));
+        let error = "\x1b[31mred".parse::<Severity>().unwrap_err();
         assert!(error.starts_with("\\u{1b}[31mred: not a severity"), "{error}");
     }
 }
