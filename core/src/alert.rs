@@ -12,17 +12,6 @@ pub enum Severity {
     Critical,
 }
 
-/// A severity as people type it (`high`, `HIGH`), for the commands' flags; the error names the
-/// text, escaped, and the severities.
-impl std::str::FromStr for Severity {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Severity, String> {
-        serde_json::from_value(serde_json::Value::String(text.to_ascii_lowercase()))
-            .map_err(|_| format!("{}: not a severity (low, medium, high or critical)", crate::output::escape(text)))
-    }
-}
-
 impl Severity {
     pub fn as_str(self) -> &'static str {
         match self {

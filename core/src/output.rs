@@ -259,6 +259,18 @@ fn is_write(flags: &str) -> bool {
     flags.split('|').any(|flag| matches!(flag, "O_WRONLY" | "O_RDWR" | "O_CREAT" | "O_TRUNC" | "O_APPEND"))
 }
 
+/// A severity as people type it (`high`, `HIGH`), for the commands' flags; the error names the
+/// text, escaped for the terminal it is shown on, and the severities. Here rather than beside
+/// [`Severity`], which does not depend on this module.
+impl std::str::FromStr for Severity {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Severity, String> {
+        serde_json::from_value(serde_json::Value::String(text.to_ascii_lowercase()))
+            .map_err(|_| format!("{}: not a severity (low, medium, high or critical)", escape(text)))
+    }
+}
+
 fn severity_colour(severity: Severity) -> &'static str {
     match severity {
         Severity::Low => "\x1b[36m",
