@@ -383,6 +383,25 @@ impl Open {
     }
 }
 
+/// For tests: an exec of `/usr/bin/<args[0]>` in `/home/alice/app`, the project of the reports'
+/// and the incident page's tests.
+#[cfg(test)]
+pub(crate) fn test_exec(time_ns: u64, pid: u32, ppid: u32, args: &[&str], env: &[(&str, &str)]) -> Event {
+    Event {
+        time_ns,
+        pid,
+        data: EventData::Exec(Exec {
+            ppid,
+            filename: format!("/usr/bin/{}", args[0]),
+            executable: format!("/usr/bin/{}", args[0]),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            cwd: "/home/alice/app".into(),
+            env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            ..Exec::default()
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

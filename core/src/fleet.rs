@@ -469,30 +469,14 @@ fn hosts_text(hosts: &BTreeSet<String>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::{collections::BTreeMap, io::Write as _};
+    use std::io::Write as _;
 
     use super::*;
     use crate::{
         engine::{Engine, EngineOptions},
-        event::{Event, EventData, Exec, Fork, Open},
+        event::{test_exec as exec, Event, EventData, Fork, Open},
         rules::RuleSet,
     };
-
-    fn exec(time_ns: u64, pid: u32, ppid: u32, args: &[&str], env: &[(&str, &str)]) -> Event {
-        Event {
-            time_ns,
-            pid,
-            data: EventData::Exec(Exec {
-                ppid,
-                filename: format!("/usr/bin/{}", args[0]),
-                executable: format!("/usr/bin/{}", args[0]),
-                args: args.iter().map(|a| (*a).to_owned()).collect(),
-                cwd: "/home/alice/app".into(),
-                env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect::<BTreeMap<_, _>>(),
-                ..Exec::default()
-            }),
-        }
-    }
 
     /// The alerts the engine raises, as JSON lines, on `host` at `second` (of 2023-11-14):
     /// `package`'s postinstall reads `~/.npmrc`.

@@ -294,29 +294,15 @@ impl Report {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
     use crate::{
         engine::EngineOptions,
-        event::{Exec, Fork, Open},
+        event::{Fork, Open},
         rules::RuleSet,
     };
 
     fn exec(pid: u32, ppid: u32, args: &[&str], env: &[(&str, &str)]) -> Event {
-        Event {
-            time_ns: 1_000,
-            pid,
-            data: EventData::Exec(Exec {
-                ppid,
-                filename: format!("/usr/bin/{}", args[0]),
-                executable: format!("/usr/bin/{}", args[0]),
-                args: args.iter().map(|a| (*a).to_owned()).collect(),
-                cwd: "/home/alice/app".into(),
-                env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect::<BTreeMap<_, _>>(),
-                ..Exec::default()
-            }),
-        }
+        crate::event::test_exec(1_000, pid, ppid, args, env)
     }
 
     fn report_of(events: &[Event]) -> Report {

@@ -168,19 +168,7 @@ fn the_csp_allows_exactly_the_one_style_block() {
 }
 
 fn exec(pid: u32, ppid: u32, args: &[&str], env: &[(&str, &str)]) -> Event {
-    Event {
-        time_ns: 1_796_128_455_000_000_000 + u64::from(pid) * 1_000_000,
-        pid,
-        data: EventData::Exec(Exec {
-            ppid,
-            filename: format!("/usr/bin/{}", args[0]),
-            executable: format!("/usr/bin/{}", args[0]),
-            args: args.iter().map(|a| (*a).to_owned()).collect(),
-            cwd: "/home/alice/app".into(),
-            env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
-            ..Exec::default()
-        }),
-    }
+    crate::event::test_exec(1_796_128_455_000_000_000 + u64::from(pid) * 1_000_000, pid, ppid, args, env)
 }
 
 fn at(time_ns: u64, pid: u32, data: EventData) -> Event {
