@@ -125,7 +125,19 @@ pub mod record_flag {
     /// the BPF LSM is active): the process lives and the open or call failed before it did
     /// anything.
     pub const DENIED: u32 = 128;
+    /// The kernel refused (LSM), killed (tracepoints) or held (connect) because no agent had
+    /// drained the rings for [`super::FAIL_CLOSED_AFTER_NS`] (`--enforce`), whatever the rules
+    /// said of the file.
+    pub const FAIL_CLOSED: u32 = 256;
 }
+
+/// Under `--enforce`, package code fails closed when the agent's last drain (`HEARTBEAT`) is
+/// older than this: its credential-inode opens are refused or killed and its connects held.
+/// A busy agent drains every 10 ms and writes the heartbeat at least once a second even idle;
+/// the longest gap measured between two heartbeats of an agent under a flood is far below 5 s
+/// (README "Enforcing"), so only a stopped, hung or dead agent gets here, and well before
+/// systemd's watchdog (60 s) restarts it.
+pub const FAIL_CLOSED_AFTER_NS: u64 = 5_000_000_000;
 
 /// Bits of [`CredInode::flags`].
 pub mod cred_flag {
@@ -645,6 +657,38 @@ pub mod lost_index {
     pub const COUNT: u32 = 3;
 }
 
+/// Index of each count of [`LostTree::counts`]: the kind of record lost (or a mark not made).
+pub mod lost_kind {
+    pub const EXEC: usize = 0;
+    pub const FORK: usize = 1;
+    pub const EXIT: usize = 2;
+    pub const OPEN: usize = 3;
+    /// An open of a credential inode (or a blocked/denied/failed-closed one).
+    pub const CREDENTIAL_OPEN: usize = 4;
+    pub const RENAME: usize = 5;
+    pub const SYSCALL: usize = 6;
+    pub const CONNECT: usize = 7;
+    pub const DNS_QUERY: usize = 8;
+    /// A process of the tree left unmarked: `MARKS` was full.
+    pub const MARK: usize = 9;
+    pub const COUNT: usize = 10;
+}
+
+/// Value of the `LOST_TREES` map, keyed by a tree's root tgid: what the kernel lost of that
+/// tree since the agent last read and deleted the entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LostTree {
+    /// Indexed by [`lost_kind`].
+    pub counts: [u32; lost_kind::COUNT],
+    /// Of them, records that the priority ring refused.
+    pub priority: u32,
+    pub _pad: u32,
+    /// `bpf_ktime_get_boot_ns()` of the first and last loss counted here.
+    pub first_boot_ns: u64,
+    pub last_boot_ns: u64,
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: all of these are #[repr(C)], Copy, made only of integers and integer arrays,
@@ -657,6 +701,7 @@ mod pod {
     unsafe impl aya::Pod for super::CredInode {}
     unsafe impl aya::Pod for super::SparedExe {}
     unsafe impl aya::Pod for super::HookedSyscall {}
+    unsafe impl aya::Pod for super::LostTree {}
 }
 
 #[cfg(test)]
@@ -714,5 +759,8 @@ mod tests {
         assert_eq!(size_of::<InodeKey>(), 16);
         assert_eq!(size_of::<CredInode>(), 12);
         assert_eq!(size_of::<HookedSyscall>(), 8);
+        assert_eq!(offset_of!(LostTree, priority), 40);
+        assert_eq!(offset_of!(LostTree, first_boot_ns), 48);
+        assert_eq!(size_of::<LostTree>(), 64);
     }
 }
