@@ -229,19 +229,83 @@ fn test() -> Result<()> {
     // The binary the tests run is the one that ships; the image test (tests/tests/image.rs)
     // makes the container image of it with `xtask image --no-build` against its own dockerd.
     package::check_static(&package::static_binary())?;
+    let (foreground, alongside) = e2e_targets()?;
     run(
         "privileged end-to-end tests",
-        cargo().args(["test", "-p", E2E_CRATE, "--", "--test-threads=1", "--show-output"]),
+        cargo()
+            .args(["test", "-p", E2E_CRATE])
+            .args(foreground.iter().flat_map(|target| ["--test", target]))
+            .args(["--", "--test-threads=1", "--show-output"]),
     )?;
     phases.done("end-to-end tests");
-    // Then the same binaries on the other kernels fleets run, in qemu.
-    kernels::matrix()?;
-    phases.done("kernel matrix");
+    // Then the same binaries on the other kernels fleets run, in qemu, while the end-to-end
+    // tests that mostly wait (see E2E_ALONGSIDE_MATRIX) run on the host.
+    let waiting = std::thread::spawn(move || run_captured("end-to-end tests alongside the kernel matrix", &alongside));
+    let matrix = kernels::matrix();
+    let waited = waiting.join().map_err(|_| anyhow::anyhow!("the end-to-end tests alongside the matrix panicked"))?;
+    matrix?;
+    waited?;
+    phases.done("kernel matrix, and the end-to-end tests alongside it");
     // Then the package made of it, with the real dpkg.
     let deb = package::package()?;
     package::test_package(&deb)?;
     phases.done("package");
     phases.print();
+    Ok(())
+}
+
+/// End-to-end test targets that spend their time waiting (a 2-minute SIGSTOP of the agent, a
+/// watchdog's timeout, a booting container) rather than computing: `cargo xtask test` runs them
+/// on the host while the kernel matrix keeps both cores busy in qemu, which they cannot disturb
+/// (the guests run kernels of their own); every other target runs first, alone, one test at a
+/// time, because they share the host's kernel programs.
+const E2E_ALONGSIDE_MATRIX: &[&str] = &["faults", "systemd_boot"];
+
+/// The end-to-end crate's test targets that run without features: those to run first, and
+/// [`E2E_ALONGSIDE_MATRIX`] (each checked to exist).
+fn e2e_targets() -> Result<(Vec<String>, Vec<String>)> {
+    let output = cargo()
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .output()
+        .context("running cargo metadata")?;
+    if !output.status.success() {
+        bail!("cargo metadata failed: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).context("reading cargo metadata's JSON")?;
+    let package = metadata["packages"]
+        .as_array()
+        .and_then(|packages| packages.iter().find(|package| package["name"] == E2E_CRATE))
+        .with_context(|| format!("cargo metadata lists no package {E2E_CRATE}"))?;
+    let targets = package["targets"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let names: Vec<String> = targets
+        .iter()
+        .filter(|target| target["kind"].as_array().is_some_and(|kinds| kinds.iter().any(|kind| kind == "test")))
+        .filter(|target| target["required-features"].as_array().is_none_or(Vec::is_empty))
+        .filter_map(|target| target["name"].as_str().map(str::to_owned))
+        .collect();
+    if let Some(missing) = E2E_ALONGSIDE_MATRIX.iter().find(|name| !names.iter().any(|n| n == *name)) {
+        bail!("E2E_ALONGSIDE_MATRIX names {missing}, which is no test target of {E2E_CRATE}");
+    }
+    Ok(names.into_iter().partition(|name| !E2E_ALONGSIDE_MATRIX.contains(&name.as_str())))
+}
+
+/// Runs the end-to-end test `targets` with their output kept, printed once they are done (they
+/// run beside the kernel matrix, whose own output goes on meanwhile).
+fn run_captured(what: &str, targets: &[String]) -> Result<()> {
+    let start = Instant::now();
+    let output = cargo()
+        .args(["test", "-p", E2E_CRATE])
+        .args(targets.iter().flat_map(|target| ["--test", target.as_str()]))
+        .args(["--", "--test-threads=1", "--show-output"])
+        .output()
+        .with_context(|| format!("starting {what}"))?;
+    println!("xtask: {what} ({}):", targets.join(", "));
+    std::io::Write::write_all(&mut std::io::stdout(), &output.stdout).context("printing their output")?;
+    std::io::Write::write_all(&mut std::io::stderr(), &output.stderr).context("printing their errors")?;
+    if !output.status.success() {
+        bail!("{what} failed ({})", output.status);
+    }
+    println!("xtask: {what}: done in {:.1}s", start.elapsed().as_secs_f64());
     Ok(())
 }
 
