@@ -92,13 +92,27 @@ pub enum EventData {
     /// The source was down (the agent dead or stopped) from `since_ns` to the event's time,
     /// while the kernel side kept recording: the events that follow may be from that time.
     AgentGap(AgentGap),
+    /// The kernel could not record or mark some of a tree's acts: what was missed, and when.
+    BlindSpot(BlindSpot),
 }
 
 impl EventData {
     /// Every kind, as the trace's `kind` tag spells it, in the order of [`EventData::kind_index`]:
     /// for tables indexed by kind (the metrics' counters).
-    pub const KINDS: [&'static str; 11] =
-        ["exec", "fork", "exit", "open", "rename", "syscall", "root", "lost", "connect", "dns_query", "agent_gap"];
+    pub const KINDS: [&'static str; 12] = [
+        "exec",
+        "fork",
+        "exit",
+        "open",
+        "rename",
+        "syscall",
+        "root",
+        "lost",
+        "connect",
+        "dns_query",
+        "agent_gap",
+        "blind_spot",
+    ];
 
     /// This event's kind, as an index into [`EventData::KINDS`].
     pub fn kind_index(&self) -> usize {
@@ -114,6 +128,7 @@ impl EventData {
             EventData::Connect(_) => 8,
             EventData::DnsQuery(_) => 9,
             EventData::AgentGap(_) => 10,
+            EventData::BlindSpot(_) => 11,
         }
     }
 }
@@ -307,6 +322,40 @@ pub struct AgentGap {
     /// Whether the agent before stopped cleanly (SIGTERM, Ctrl-C) rather than died.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub clean_stop: bool,
+    /// The same agent was stopped (SIGSTOP, a freezer, a hung disk), not restarted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stopped: bool,
+}
+
+/// Why the kernel missed acts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlindCause {
+    /// Records the kernel could not send (a ring was full).
+    #[default]
+    Lost,
+    /// A ring overflowed as userspace read it.
+    Overflow,
+    /// A process was left unmarked: the kernel's table of watched processes was full.
+    MarksFull,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlindSpot {
+    pub cause: BlindCause,
+    /// The tree's root pid; None when the kernel could not tell which tree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_pid: Option<u32>,
+    /// Wall-clock ns of the first and last loss in this report.
+    pub since_ns: u64,
+    pub until_ns: u64,
+    /// Lost by record kind: "exec", "fork", "exit", "open", "credential_open", "rename",
+    /// "syscall", "connect", "dns_query", "mark".
+    #[serde(default)]
+    pub counts: BTreeMap<String, u64>,
+    /// A lost record was a credential-inode open.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub credential: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -420,6 +469,7 @@ mod tests {
             EventData::Connect(Connect::default()),
             EventData::DnsQuery(DnsQuery::default()),
             EventData::AgentGap(AgentGap::default()),
+            EventData::BlindSpot(BlindSpot::default()),
         ];
         assert_eq!(every_kind.len(), EventData::KINDS.len());
         for (index, data) in every_kind.into_iter().enumerate() {

@@ -19,10 +19,11 @@ use crate::{
 /// The trace schema this build writes. 2 added the `rename` and `syscall` kinds and the
 /// `same_file_as` and `blocked` fields of `open`; 3 the `connect` and `dns_query` kinds; 4 the
 /// `agent_gap` kind; 5 identity: `host_id` in the header, `cgroups` and the CI variables on
-/// `exec`; 6 the `denied` field of `open` and `syscall` (a BPF LSM refusal).
-pub const TRACE_SCHEMA: u32 = 6;
+/// `exec`; 6 the `denied` field of `open` and `syscall` (a BPF LSM refusal); 7 the `blind_spot`
+/// kind and `stopped` on `agent_gap`.
+pub const TRACE_SCHEMA: u32 = 7;
 /// Trace schemas this build reads: every schema is a subset of the next.
-pub const READABLE_SCHEMAS: std::ops::RangeInclusive<u32> = 1..=6;
+pub const READABLE_SCHEMAS: std::ops::RangeInclusive<u32> = 1..=7;
 
 /// The first line of a trace.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -1221,7 +1221,7 @@ impl Sensor {
             kept.push(event);
         }
         kept.sort_by_key(|event| event.time_ns);
-        let data = EventData::AgentGap(AgentGap { since_ns: gap.since_ns, clean_stop: gap.clean_stop });
+        let data = EventData::AgentGap(AgentGap { since_ns: gap.since_ns, clean_stop: gap.clean_stop, stopped: false });
         let mut events = vec![Event { time_ns: gap.until_ns, pid: 0, data }];
         events.append(&mut kept);
         events

@@ -280,6 +280,7 @@ impl Engine {
                 });
                 Vec::new()
             }
+            EventData::BlindSpot(_) => Vec::new(),
         };
         alerts.append(&mut self.pending);
         if let Some(gap) = self.gap.as_ref().filter(|_| (self.gap_ns.0..=self.gap_ns.1).contains(&event.time_ns)) {

@@ -472,7 +472,7 @@ fn alerts_on_events_of_an_agent_gap_say_how_long_it_was_down() {
     let down = run.time_ns + 1_000_000_000;
     let read_meanwhile = down + 500_000_000;
     let up = down + 2_500_000_000;
-    let gap = crate::event::AgentGap { since_ns: down, clean_stop: false };
+    let gap = crate::event::AgentGap { since_ns: down, clean_stop: false, stopped: false };
     // As the restarted agent sends them: the gap first, then what waited in the kernel.
     assert!(run.engine.handle(&Event { time_ns: up, pid: 0, data: EventData::AgentGap(gap) }).is_empty());
     let open = |path: &str| {

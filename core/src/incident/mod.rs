@@ -478,7 +478,7 @@ impl Incident {
                 let how = if gap.clean_stop { "stopped" } else { "down" };
                 self.blind_spot(time, event.pid, &format!("credwatch was {how} for {seconds:.1} s; caught up after"));
             }
-            EventData::Syscall(_) | EventData::Root(_) => {}
+            EventData::Syscall(_) | EventData::Root(_) | EventData::BlindSpot(_) => {}
         }
         self.observe_alerts(alerts);
     }
