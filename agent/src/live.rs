@@ -386,6 +386,7 @@ fn figures(counts: &Counts) -> OutputFigures {
         failed_attempts: counts.failed_attempts,
         refused: counts.refused,
         dropped: counts.dropped,
+        unspooled: counts.unspooled,
         queued: counts.queued,
         spool_bytes: counts.spool_bytes,
     }
@@ -628,6 +629,7 @@ pub fn stop_outputs(dispatcher: Dispatcher) {
             failed_attempts = counts.failed_attempts,
             refused = counts.refused,
             dropped,
+            unspooled = counts.unspooled,
             spooled = counts.spooled,
             "output {name}: {} delivered, {} failed attempts, {} refused, {dropped} dropped, {} left in the spool",
             counts.delivered,

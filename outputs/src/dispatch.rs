@@ -51,7 +51,7 @@ use crate::{
     file::FileOutput,
     filter::{Filter, OutputConfig, DEFAULT_FILE_KEEP, DEFAULT_FILE_MAX_BYTES, DEFAULT_QUEUE, DEFAULT_SPOOL_MAX_BYTES},
     nats::Nats,
-    spool::{self, Spool, SpoolError, Spooled, SEVERITIES},
+    spool::{self, Change, Spool, SpoolError, Spooled, MAX_MEMORY_ONLY, RETRY_UNWRITABLE, SEVERITIES},
     syslog::Syslog,
     transport::{Outgoing, Transport, TransportError},
     webhook::{Webhook, WebhookFormat},
@@ -207,8 +207,11 @@ pub struct Counts {
     pub failed_attempts: u64,
     /// Alerts the receiver refused for good (not retried).
     pub refused: u64,
-    /// Alerts dropped because the spool was full, by severity (low, medium, high, critical).
+    /// Alerts dropped because the spool was full, or could not be written and the memory kept
+    /// meanwhile was full, by severity (low, medium, high, critical).
     pub dropped: [u64; 4],
+    /// Alerts that could not be written to the spool (kept in memory, or dropped).
+    pub unspooled: u64,
     /// Alerts in the queue, not yet taken to the spool.
     pub queued: u64,
     /// Alerts in the spool, not yet delivered, and their bytes.
@@ -222,6 +225,7 @@ struct Counters {
     failed_attempts: AtomicU64,
     refused: AtomicU64,
     dropped: [AtomicU64; 4],
+    unspooled: AtomicU64,
     queued: AtomicU64,
     spooled: AtomicU64,
     spool_bytes: AtomicU64,
@@ -247,37 +251,32 @@ impl Shared {
     }
 
     fn put(&self, seq: u64, item: Outgoing) {
-        let (id, severity) = (item.id.clone(), item.severity);
         let mut spool = self.spool();
-        match spool.put(seq, item) {
-            Ok(put) => {
-                for (severity, dropped) in SEVERITIES.into_iter().zip(put.dropped).filter(|(_, n)| *n > 0) {
-                    self.counters.dropped[severity as usize].fetch_add(dropped, Ordering::Relaxed);
-                    warn!(
-                        output = self.name,
-                        severity = severity.as_str(),
-                        dropped,
-                        "output {}: spool full, {dropped} {} alerts dropped",
-                        self.name,
-                        severity.as_str()
-                    );
-                }
-            }
-            Err(error) => {
-                self.counters.dropped[severity as usize].fetch_add(1, Ordering::Relaxed);
-                error!(output = self.name, id, "output {}: alert {id} dropped: {error}", self.name);
-            }
+        let put = spool.put(seq, item);
+        for (severity, dropped) in SEVERITIES.into_iter().zip(put.dropped).filter(|(_, n)| *n > 0) {
+            self.counters.dropped[severity as usize].fetch_add(dropped, Ordering::Relaxed);
+            warn!(
+                output = self.name,
+                severity = severity.as_str(),
+                dropped,
+                "output {}: spool full, {dropped} {} alerts dropped",
+                self.name,
+                severity.as_str()
+            );
         }
-        self.sync_counts(&spool);
+        // Said once, when the spool is written again.
+        for (severity, dropped) in SEVERITIES.into_iter().zip(put.unwritable) {
+            self.counters.dropped[severity as usize].fetch_add(dropped, Ordering::Relaxed);
+        }
+        self.sync(&mut spool);
     }
 
     /// Writes out what the spool's writers hold (what the task took from the queue, or the
     /// engine's thread put), so that it survives the agent.
     fn flush(&self) {
         let mut spool = self.spool();
-        if let Err(error) = spool.flush() {
-            error!(output = self.name, "output {}: {error}", self.name);
-        }
+        spool.flush();
+        self.sync(&mut spool);
     }
 
     /// Removes the segments the spool let go (delivered, or dropped for room by either side).
@@ -286,9 +285,32 @@ impl Shared {
         remove(doomed);
     }
 
-    fn sync_counts(&self, spool: &Spool) {
+    /// The counts from `spool`, and whether its folder stopped or started again taking alerts
+    /// (one line each way, not one per alert).
+    fn sync(&self, spool: &mut Spool) {
         self.counters.spooled.store(spool.len() as u64, Ordering::Relaxed);
         self.counters.spool_bytes.store(spool.bytes(), Ordering::Relaxed);
+        self.counters.unspooled.store(spool.unspooled(), Ordering::Relaxed);
+        for change in spool.take_changes() {
+            match change {
+                Change::Unwritable(error) => error!(
+                    output = self.name,
+                    "output {}: {error}; alerts are kept in memory (up to {} MiB, the least severe dropped \
+                     first past it) until it can be written, tried again every {} s",
+                    self.name,
+                    MAX_MEMORY_ONLY >> 20,
+                    RETRY_UNWRITABLE.as_secs()
+                ),
+                Change::Writable { kept, dropped } => warn!(
+                    output = self.name,
+                    kept,
+                    dropped,
+                    "output {}: the spool is written again; meanwhile {kept} alerts were kept in memory only \
+                     (lost if the agent stops before delivering them) and {dropped} dropped for want of room",
+                    self.name
+                ),
+            }
+        }
     }
 
     fn counts(&self) -> Counts {
@@ -299,6 +321,7 @@ impl Shared {
             failed_attempts: load(&c.failed_attempts),
             refused: load(&c.refused),
             dropped: [load(&c.dropped[0]), load(&c.dropped[1]), load(&c.dropped[2]), load(&c.dropped[3])],
+            unspooled: load(&c.unspooled),
             queued: load(&c.queued),
             spooled: load(&c.spooled),
             spool_bytes: load(&c.spool_bytes),
@@ -417,7 +440,7 @@ impl Dispatcher {
             reopen: AtomicBool::new(false),
             spooled: Notify::new(),
         });
-        shared.sync_counts(&shared.spool());
+        shared.sync(&mut shared.spool());
         let task = Task {
             transport,
             queue: Some(receiver),
@@ -567,10 +590,8 @@ impl<T: Transport> Task<T> {
                 if self.received_upto < self.shared.queued_upto.load(Ordering::Acquire) {
                     None
                 } else {
-                    let (taken, flushed) = spool.oldest(MAX_BATCH);
-                    if let Err(error) = flushed {
-                        error!(output = self.shared.name, "output {}: {error}", self.shared.name);
-                    }
+                    let taken = spool.oldest(MAX_BATCH);
+                    self.shared.sync(&mut spool);
                     Some(taken)
                 }
             };
@@ -666,14 +687,14 @@ impl<T: Transport> Task<T> {
             let doomed = {
                 let mut spool = self.shared.spool();
                 for (seq, error) in unreadable {
-                    if spool.forget([seq]).unwrap_or(1) == 1 {
+                    if spool.forget([seq]) == 1 {
                         error!(
                             output = self.shared.name,
                             "output {}: a spooled alert is lost: {error}", self.shared.name
                         );
                     }
                 }
-                self.shared.sync_counts(&spool);
+                self.shared.sync(&mut spool);
                 spool.take_doomed()
             };
             remove(doomed);
@@ -686,11 +707,8 @@ impl<T: Transport> Task<T> {
     fn forget(&self, seqs: impl Iterator<Item = u64>) {
         let doomed = {
             let mut spool = self.shared.spool();
-            if let Err(error) = spool.forget(seqs) {
-                // They are delivered all the same; a restart sends them again.
-                warn!(output = self.shared.name, "output {}: {error}", self.shared.name);
-            }
-            self.shared.sync_counts(&spool);
+            spool.forget(seqs);
+            self.shared.sync(&mut spool);
             spool.take_doomed()
         };
         remove(doomed);

@@ -197,6 +197,8 @@ pub struct OutputFigures {
     pub refused: u64,
     /// Alerts dropped (a full spool), by severity: low, medium, high, critical.
     pub dropped: [u64; 4],
+    /// Alerts it could not write to its spool (kept in memory, or dropped).
+    pub unspooled: u64,
     /// Alerts waiting in its memory queue.
     pub queued: u64,
     /// Size of its disk spool.
@@ -220,10 +222,13 @@ impl Collector for OutputsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
         let outputs = (self.0)();
         let labels = |name: &str| OutputLabels { output: name.to_string() };
-        let counters: [(&str, &str, Figure); 3] = [
+        let counters: [(&str, &str, Figure); 4] = [
             ("output_deliveries", "Alerts an output's receiver took", |f| f.delivered),
             ("output_failures", "Deliveries that failed and are tried again", |f| f.failed_attempts),
             ("output_refused", "Alerts an output's receiver refused (not retried)", |f| f.refused),
+            ("output_unspooled", "Alerts an output could not write to its spool (kept in memory, or dropped)", |f| {
+                f.unspooled
+            }),
         ];
         for (name, help, value) in counters {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
@@ -323,6 +328,7 @@ mod tests {
                 failed_attempts: 3,
                 refused: 1,
                 dropped: [5, 0, 0, 0],
+                unspooled: 6,
                 queued: 2,
                 spool_bytes: 4096,
             };
@@ -358,6 +364,7 @@ mod tests {
             "credwatch_output_failures_total{output=\"nats:nats://127.0.0.1:4222/credwatch\"} 3",
             "credwatch_output_refused_total{output=\"nats:nats://127.0.0.1:4222/credwatch\"} 1",
             "credwatch_output_dropped_total{output=\"nats:nats://127.0.0.1:4222/credwatch\",severity=\"low\"} 5",
+            "credwatch_output_unspooled_total{output=\"nats:nats://127.0.0.1:4222/credwatch\"} 6",
             "credwatch_output_dropped_total{output=\"nats:nats://127.0.0.1:4222/credwatch\",severity=\"critical\"} 0",
             "credwatch_output_queue_depth{output=\"nats:nats://127.0.0.1:4222/credwatch\"} 2",
             "credwatch_output_spool_bytes{output=\"nats:nats://127.0.0.1:4222/credwatch\"} 4096",

@@ -12,6 +12,13 @@
 //! restart skips what was (what an agent killed had delivered since its last ack is sent again:
 //! at-least-once, receivers dedup on `event.id`).
 //!
+//! When the folder cannot be written (a full disk, a file system remounted read-only), the
+//! alerts that did not reach it are kept in memory, up to [`MAX_MEMORY_ONLY`] bytes (the
+//! least severe dropped first past it), and delivered from there; each is counted (the
+//! dispatcher's `unspooled`), and the disk is tried again every [`RETRY_UNWRITABLE`]. The
+//! spool says when it started failing and when it was written again ([`Spool::take_changes`]),
+//! not at each alert.
+//!
 //! There is no fsync: the spool outlives the agent (`kill -9` included: written data is in the
 //! page cache), not a power cut (a sync per alert would cost more than the delivery). An agent
 //! killed in the middle of an append leaves a torn last record: the next one finds it, says so
@@ -25,6 +32,7 @@ use std::{
     os::unix::fs::{FileExt as _, OpenOptionsExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
     sync::Arc,
+    time::{Duration, Instant},
 };
 
 use bytes::{Bytes, BytesMut};
@@ -49,6 +57,10 @@ const MAX_SEGMENT: u64 = 4 << 20;
 /// a sixteenth of the spool at most.
 const SEGMENTS_PER_CAP: u64 = 16;
 const ACK: &str = "ack";
+/// Alerts kept in memory at most while the folder cannot be written: a few thousand alerts.
+pub const MAX_MEMORY_ONLY: u64 = 16 << 20;
+/// How often a spool that could not be written tries its folder again.
+pub const RETRY_UNWRITABLE: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 #[error("spool {}: {action}", path.display())]
@@ -132,10 +144,15 @@ struct Segment {
 struct Writer {
     key: Key,
     file: BufWriter<fs::File>,
+    /// The alerts appended since its last write out, in order: kept in memory until written.
+    pending: Vec<u64>,
+    /// The segment's bytes known to be on disk.
+    written: u64,
 }
 
 struct Entry {
-    segment: Key,
+    /// None: kept in memory only (the folder could not be written).
+    segment: Option<Key>,
     offset: u64,
     len: u32,
     /// Boxed: most entries of a full spool have none, and a full spool has ~250k entries.
@@ -159,6 +176,33 @@ pub struct Spool {
     acked: u64,
     /// Segments to remove, outside the lock the spool is under.
     doomed: Vec<Arc<Path>>,
+    /// Bytes of the alerts kept in memory only.
+    memory_only: u64,
+    /// Alerts that could not be written, since the start: kept in memory, or dropped.
+    unspooled: u64,
+    /// Set while the folder cannot be written.
+    trouble: Option<Trouble>,
+    /// What [`Spool::take_changes`] hands over.
+    changes: Vec<Change>,
+}
+
+/// An episode of a folder that cannot be written.
+struct Trouble {
+    /// When to try the folder again.
+    retry_at: Instant,
+    /// Alerts kept in memory only, and dropped for want of that room, meanwhile.
+    kept: u64,
+    dropped: u64,
+}
+
+/// The spool's folder stopped or started again taking alerts.
+#[derive(Debug)]
+pub enum Change {
+    /// It cannot be written (the first error of an episode): alerts are kept in memory.
+    Unwritable(SpoolError),
+    /// Written again; `kept` alerts were kept in memory only meanwhile, `dropped` dropped when
+    /// that room was full.
+    Writable { kept: u64, dropped: u64 },
 }
 
 /// What [`Spool::put`] did.
@@ -166,6 +210,9 @@ pub struct Spool {
 pub struct Put {
     /// The alerts dropped to make room, by severity (the new one, when it was the least).
     pub dropped: [u64; 4],
+    /// The alerts dropped because the folder cannot be written and the memory kept for that
+    /// was full, by severity (said once, when the episode ends: [`Change::Writable`]).
+    pub unwritable: [u64; 4],
 }
 
 impl Spool {
@@ -219,6 +266,10 @@ impl Spool {
             ack,
             acked,
             doomed: Vec::new(),
+            memory_only: 0,
+            unspooled: 0,
+            trouble: None,
+            changes: Vec::new(),
         };
         let mut found: Vec<(Key, PathBuf)> = Vec::new();
         let mut older: Vec<(u64, Severity, PathBuf)> = Vec::new();
@@ -264,14 +315,14 @@ impl Spool {
         for (_, severity, path) in &files {
             match read_older(path, *severity) {
                 Ok(item) => {
-                    let put = self.put(self.next_seq, item)?;
+                    let put = self.put(self.next_seq, item);
                     dropped += put.dropped.iter().sum::<u64>();
                     taken += 1;
                 }
                 Err(bytes) => recovered.push(Recovered::Corrupt { path: path.clone(), offset: 0, bytes }),
             }
         }
-        self.flush()?;
+        self.flush();
         for (_, _, path) in files {
             let _ = fs::remove_file(path);
         }
@@ -298,7 +349,8 @@ impl Spool {
                 Some(record) => {
                     if record.seq >= self.acked {
                         let len = record.len as u32;
-                        self.entries.insert(record.seq, Entry { segment: key, offset: offset as u64, len, item: None });
+                        let entry = Entry { segment: Some(key), offset: offset as u64, len, item: None };
+                        self.entries.insert(record.seq, entry);
                         live += 1;
                         lowest = lowest.min(record.seq);
                     }
@@ -355,12 +407,27 @@ impl Spool {
         self.bytes
     }
 
+    /// Alerts that could not be written since the start (kept in memory, or dropped).
+    pub fn unspooled(&self) -> u64 {
+        self.unspooled
+    }
+
+    /// When the folder stopped or started again taking alerts, since the last call.
+    pub fn take_changes(&mut self) -> Vec<Change> {
+        std::mem::take(&mut self.changes)
+    }
+
     /// Stores `item` as alert `seq` (in the buffered writer: [`Spool::flush`] writes it out).
     /// Past the cap, the least severe alerts go first: the newest segment of them, so that
     /// the start of a story stays; `item` itself when its severity is the least in the spool.
-    pub fn put(&mut self, seq: u64, item: Outgoing) -> Result<Put, SpoolError> {
+    /// While the folder cannot be written, in memory (see the module's documentation).
+    pub fn put(&mut self, seq: u64, item: Outgoing) -> Put {
         let size = record_size(&item);
         let mut put = Put::default();
+        if self.trouble.as_ref().is_some_and(|trouble| Instant::now() < trouble.retry_at) {
+            self.keep_in_memory(seq, item, &mut put);
+            return put;
+        }
         while self.bytes + size > self.max_bytes {
             let victim = self.segments.keys().find(|(severity, _)| *severity <= item.severity).map(|(severity, _)| {
                 let newest = self.segments.range((*severity, 0)..=(*severity, u64::MAX)).next_back();
@@ -373,85 +440,183 @@ impl Spool {
                 // Equal severity: the newest goes, and that is the new one.
                 _ => {
                     put.dropped[item.severity as usize] += 1;
-                    return Ok(put);
+                    return put;
                 }
             }
         }
-        let (offset, key) = self.append(seq, &item).map_err(|(path, source)| SpoolError {
-            path,
-            action: "writing an alert".into(),
-            source,
-        })?;
-        let cache = self.cached < MAX_CACHED;
-        self.cached += usize::from(cache);
+        let Some((offset, key)) = self.append(seq, &item) else {
+            self.keep_in_memory(seq, item, &mut put);
+            return put;
+        };
+        // Cached until written out (what the writer holds is lost if the write fails).
+        self.cached += 1;
         self.bytes += size;
         self.next_seq = self.next_seq.max(seq + 1);
         let segment = self.segments.get_mut(&key).expect("the writer's segment");
         segment.size += size;
         segment.live += 1;
         segment.lowest = segment.lowest.min(seq);
-        self.entries.insert(seq, Entry { segment: key, offset, len: size as u32, item: cache.then(|| Box::new(item)) });
-        Ok(put)
+        self.writers[key.0 as usize].as_mut().expect("the segment's writer").pending.push(seq);
+        let entry = Entry { segment: Some(key), offset, len: size as u32, item: Some(Box::new(item)) };
+        self.entries.insert(seq, entry);
+        put
+    }
+
+    /// The folder cannot be written: `item` in memory only, while there is room for it (else
+    /// the least severe alert kept so goes first, the new one when it is the least).
+    fn keep_in_memory(&mut self, seq: u64, item: Outgoing, put: &mut Put) {
+        let size = record_size(&item);
+        self.next_seq = self.next_seq.max(seq + 1);
+        self.unspooled += 1;
+        let trouble = self.trouble.as_mut().expect("in memory only while the folder cannot be written");
+        while self.memory_only + size > MAX_MEMORY_ONLY {
+            let victim = self
+                .entries
+                .iter()
+                .filter(|(_, entry)| entry.segment.is_none())
+                .map(|(seq, entry)| (entry.item.as_ref().expect("kept in memory").severity, *seq))
+                .filter(|(severity, _)| *severity < item.severity)
+                .min_by_key(|(severity, seq)| (*severity, std::cmp::Reverse(*seq)));
+            trouble.dropped += 1;
+            let Some((severity, victim)) = victim else {
+                put.unwritable[item.severity as usize] += 1;
+                return;
+            };
+            put.unwritable[severity as usize] += 1;
+            let entry = self.entries.remove(&victim).expect("listed above");
+            self.memory_only -= u64::from(entry.len);
+            self.cached -= 1;
+        }
+        trouble.kept += 1;
+        self.memory_only += size;
+        self.cached += 1;
+        self.entries.insert(seq, Entry { segment: None, offset: 0, len: size as u32, item: Some(Box::new(item)) });
+    }
+
+    /// The folder could not be written (`error` on `path`): said at the first failure of an
+    /// episode; the next try waits [`RETRY_UNWRITABLE`].
+    fn unwritable(&mut self, path: &Path, action: &str, source: io::Error) {
+        let retry_at = Instant::now() + RETRY_UNWRITABLE;
+        match &mut self.trouble {
+            Some(trouble) => trouble.retry_at = retry_at,
+            None => {
+                self.trouble = Some(Trouble { retry_at, kept: 0, dropped: 0 });
+                let error = SpoolError { path: path.to_owned(), action: action.into(), source };
+                self.changes.push(Change::Unwritable(error));
+            }
+        }
     }
 
     /// Appends `item`'s record to its severity's segment (a new one when there is none open or
-    /// it is full): where it went.
-    fn append(&mut self, seq: u64, item: &Outgoing) -> Result<(u64, Key), (PathBuf, io::Error)> {
+    /// it is full): where it went; None when the folder could not be written.
+    fn append(&mut self, seq: u64, item: &Outgoing) -> Option<(u64, Key)> {
         let class = item.severity as usize;
         let open = match &self.writers[class] {
             Some(writer) => self.segments[&writer.key].size >= self.segment_bytes,
             None => true,
         };
         if open {
-            self.close_writer(item.severity).map_err(|(path, error)| (path.to_path_buf(), error))?;
+            if !self.close_writer(item.severity) {
+                return None;
+            }
             let key = (item.severity, self.next_segment);
             self.next_segment += 1;
             let path = self.path(key);
-            let file = fs::OpenOptions::new()
-                .append(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&path)
-                .map_err(|error| (path.clone(), error))?;
+            let file = match fs::OpenOptions::new().append(true).create_new(true).mode(0o600).open(&path) {
+                Ok(file) => file,
+                Err(error) => {
+                    self.unwritable(&path, "creating a segment", error);
+                    return None;
+                }
+            };
             self.segments.insert(key, Segment { path: Arc::from(path), lowest: seq, size: 0, live: 0 });
-            self.writers[class] = Some(Writer { key, file: BufWriter::with_capacity(WRITE_BUFFER, file) });
+            let file = BufWriter::with_capacity(WRITE_BUFFER, file);
+            self.writers[class] = Some(Writer { key, file, pending: Vec::new(), written: 0 });
         }
         let writer = self.writers[class].as_mut().expect("opened above");
         let key = writer.key;
         let offset = self.segments[&key].size;
         if let Err(error) = encode(&mut writer.file, seq, item) {
-            // What the writer holds is in doubt: the chain goes on in a new segment, and what
-            // did not reach this one is said lost when its turn comes.
-            self.discard_writer(item.severity);
-            return Err((self.segments[&key].path.to_path_buf(), error));
+            self.write_failed(item.severity, error);
+            return None;
         }
-        Ok((offset, key))
+        Some((offset, key))
     }
 
     /// Writes out what the buffered writers hold, so that it survives the agent and reads
-    /// back. A writer that fails is let go (its segment's unwritten records are said lost when
-    /// their turn comes); the error names its segment.
-    pub fn flush(&mut self) -> Result<(), SpoolError> {
-        let mut failed = None;
+    /// back. What a write that failed held stays in memory (see the module's documentation).
+    pub fn flush(&mut self) {
         for severity in SEVERITIES {
-            if let Err((path, source)) = self.flush_writer(severity) {
-                self.discard_writer(severity);
-                failed.get_or_insert(SpoolError { path: path.to_path_buf(), action: "writing alerts".into(), source });
+            self.flush_writer(severity);
+        }
+    }
+
+    /// Writes out `severity`'s writer: whether all it held is out.
+    fn flush_writer(&mut self, severity: Severity) -> bool {
+        let Some(writer) = &mut self.writers[severity as usize] else { return true };
+        if let Err(error) = writer.file.flush() {
+            self.write_failed(severity, error);
+            return false;
+        }
+        if writer.pending.is_empty() {
+            return true;
+        }
+        writer.written = self.segments[&writer.key].size;
+        for seq in std::mem::take(&mut writer.pending) {
+            // On disk now: past the cache, read back from there when its turn comes.
+            if self.cached > MAX_CACHED {
+                if let Some(item) = self.entries.get_mut(&seq).and_then(|entry| entry.item.take()) {
+                    drop(item);
+                    self.cached -= 1;
+                }
             }
         }
-        failed.map_or(Ok(()), Err)
+        if let Some(Trouble { kept, dropped, .. }) = self.trouble.take() {
+            self.changes.push(Change::Writable { kept, dropped });
+        }
+        true
     }
 
-    fn flush_writer(&mut self, severity: Severity) -> Result<(), (Arc<Path>, io::Error)> {
-        match &mut self.writers[severity as usize] {
-            Some(writer) => writer.file.flush().map_err(|error| (Arc::clone(&self.segments[&writer.key].path), error)),
-            None => Ok(()),
+    /// A write to `severity`'s segment failed: the segment is cut back to the whole records on
+    /// disk, and the alerts that did not reach it are kept in memory only.
+    fn write_failed(&mut self, severity: Severity, error: io::Error) {
+        let Some(writer) = self.writers[severity as usize].take() else { return };
+        let (key, written) = (writer.key, writer.written);
+        let (file, _unwritten) = writer.file.into_parts();
+        let path = Arc::clone(&self.segments[&key].path);
+        self.unwritable(&path, "writing alerts", error);
+        let trouble = self.trouble.as_mut().expect("set above");
+        let on_disk = file.metadata().map_or(written, |metadata| metadata.len());
+        let segment = self.segments.get_mut(&key).expect("the writer's segment");
+        let mut whole = written;
+        for seq in writer.pending {
+            let Some(entry) = self.entries.get_mut(&seq) else { continue };
+            let end = entry.offset + u64::from(entry.len);
+            if end <= on_disk {
+                whole = whole.max(end);
+                continue;
+            }
+            // Cached while pending: from memory, and counted as not spooled.
+            entry.segment = None;
+            segment.live -= 1;
+            self.memory_only += u64::from(entry.len);
+            self.unspooled += 1;
+            trouble.kept += 1;
+        }
+        // A record half out would read as damaged at the next start (on a read-only file
+        // system nothing got out, and this fails).
+        let _ = file.set_len(whole);
+        self.bytes -= segment.size - whole;
+        segment.size = whole;
+        if segment.live == 0 {
+            self.remove_segment(key);
         }
     }
 
-    fn close_writer(&mut self, severity: Severity) -> Result<(), (Arc<Path>, io::Error)> {
+    /// Writes out and lets go `severity`'s writer: whether all it held is out.
+    fn close_writer(&mut self, severity: Severity) -> bool {
         let flushed = self.flush_writer(severity);
-        self.discard_writer(severity);
+        self.writers[severity as usize] = None;
         flushed
     }
 
@@ -466,36 +631,45 @@ impl Spool {
     /// The oldest `max` alerts, in order, with their sequence numbers: in memory, or where to
     /// [`load`] them from (outside the lock the spool is under, so that the engine's thread
     /// never waits for these reads). Flushes first, so that what is on disk is whole.
-    pub fn oldest(&mut self, max: usize) -> (Vec<(u64, Spooled)>, Result<(), SpoolError>) {
-        let flushed = self.flush();
+    pub fn oldest(&mut self, max: usize) -> Vec<(u64, Spooled)> {
+        self.flush();
         let spooled = |(&seq, entry): (&u64, &Entry)| match &entry.item {
             Some(item) => (seq, Spooled::Memory(Outgoing::clone(item))),
-            None => (
-                seq,
-                Spooled::Disk {
-                    path: Arc::clone(&self.segments[&entry.segment].path),
-                    offset: entry.offset,
-                    len: entry.len,
-                    severity: entry.segment.0,
-                },
-            ),
+            None => {
+                let segment = entry.segment.expect("an alert not in memory is on disk");
+                (
+                    seq,
+                    Spooled::Disk {
+                        path: Arc::clone(&self.segments[&segment].path),
+                        offset: entry.offset,
+                        len: entry.len,
+                        severity: segment.0,
+                    },
+                )
+            }
         };
-        (self.entries.iter().take(max).map(spooled).collect(), flushed)
+        self.entries.iter().take(max).map(spooled).collect()
     }
 
     /// Forgets the alerts `seqs` (delivered, refused or unreadable): how many were still here
     /// (not dropped meanwhile). Segments left with nothing to deliver are for
-    /// [`Spool::take_doomed`]; the `ack` file moves past what was delivered.
-    pub fn forget(&mut self, seqs: impl IntoIterator<Item = u64>) -> Result<usize, SpoolError> {
+    /// [`Spool::take_doomed`]; the `ack` file moves past what was delivered (when it cannot be
+    /// written, a restart sends them again).
+    pub fn forget(&mut self, seqs: impl IntoIterator<Item = u64>) -> usize {
         let mut forgotten = 0;
         for seq in seqs {
             let Some(entry) = self.entries.remove(&seq) else { continue };
             forgotten += 1;
             self.cached -= usize::from(entry.item.is_some());
-            let segment = self.segments.get_mut(&entry.segment).expect("an entry's segment");
-            segment.live -= 1;
-            if segment.live == 0 {
-                self.remove_segment(entry.segment);
+            match entry.segment {
+                Some(key) => {
+                    let segment = self.segments.get_mut(&key).expect("an entry's segment");
+                    segment.live -= 1;
+                    if segment.live == 0 {
+                        self.remove_segment(key);
+                    }
+                }
+                None => self.memory_only -= u64::from(entry.len),
             }
         }
         let acked = self.entries.first_key_value().map_or(self.next_seq, |(seq, _)| *seq);
@@ -503,10 +677,12 @@ impl Spool {
             let mut record = [0; 16];
             record[..8].copy_from_slice(&acked.to_le_bytes());
             record[8..].copy_from_slice(&(!acked).to_le_bytes());
-            self.ack.write_all_at(&record, 0).map_err(SpoolError::new(&self.dir.join(ACK), "writing"))?;
-            self.acked = acked;
+            match self.ack.write_all_at(&record, 0) {
+                Ok(()) => self.acked = acked,
+                Err(error) => self.unwritable(&self.dir.join(ACK), "writing", error),
+            }
         }
-        Ok(forgotten)
+        forgotten
     }
 
     /// Drops a whole segment at the cap: how many alerts went with it.
@@ -515,7 +691,7 @@ impl Spool {
         let dropped: Vec<u64> = self
             .entries
             .range(lowest..)
-            .filter(|(_, entry)| entry.segment == key)
+            .filter(|(_, entry)| entry.segment == Some(key))
             .map(|(seq, _)| *seq)
             .take(live as usize)
             .collect();
@@ -752,8 +928,7 @@ mod tests {
 
     /// The oldest alerts that load, forgotten as delivered, and the errors of those that do not.
     fn deliver(spool: &mut Spool, max: usize) -> (Vec<Outgoing>, Vec<SpoolError>) {
-        let (taken, flushed) = spool.oldest(max);
-        flushed.unwrap();
+        let taken = spool.oldest(max);
         let (mut batch, mut errors) = (Vec::new(), Vec::new());
         let mut seqs = Vec::new();
         for (seq, loaded) in load(taken) {
@@ -763,7 +938,7 @@ mod tests {
                 Err(error) => errors.push(error),
             }
         }
-        spool.forget(seqs).unwrap();
+        spool.forget(seqs);
         for path in spool.take_doomed() {
             fs::remove_file(path).unwrap();
         }
@@ -796,9 +971,9 @@ mod tests {
         assert!(recovered.is_empty());
         let severities = [Severity::High, Severity::Low, Severity::Critical, Severity::Low];
         for (seq, id) in ["a", "b", "c", "d"].into_iter().enumerate() {
-            assert_eq!(spool.put(seq as u64, outgoing(id, severities[seq])).unwrap(), Put::default());
+            assert_eq!(spool.put(seq as u64, outgoing(id, severities[seq])), Put::default());
         }
-        spool.flush().unwrap();
+        spool.flush();
         assert_eq!(spool.bytes(), 4 * record_size(&outgoing("a", Severity::Low)));
         assert_eq!(fs::metadata(&path).unwrap().mode() & 0o777, 0o700);
         for file in fs::read_dir(&path).unwrap() {
@@ -838,9 +1013,9 @@ mod tests {
         let max = 64 * size();
         let (mut spool, _) = open(dir.path(), max);
         for seq in 0..20 {
-            spool.put(seq, outgoing(&format!("{seq:02}"), Severity::Medium)).unwrap();
+            spool.put(seq, outgoing(&format!("{seq:02}"), Severity::Medium));
         }
-        spool.flush().unwrap();
+        spool.flush();
         assert_eq!(segments(dir.path()).len(), 5);
         // 10 delivered: two segments removed, the third half delivered stays.
         let (batch, _) = deliver(&mut spool, 10);
@@ -855,8 +1030,8 @@ mod tests {
         let (batch, _) = deliver(&mut spool, 100);
         assert_eq!(ids(&batch), (10..20).map(|n| format!("{n:02}")).collect::<Vec<_>>());
         // An ack file that is no ack: everything still spooled is sent again, said.
-        spool.put(20, outgoing("20", Severity::Medium)).unwrap();
-        spool.flush().unwrap();
+        spool.put(20, outgoing("20", Severity::Medium));
+        spool.flush();
         drop(spool);
         fs::write(dir.path().join(ACK), b"garbage, not an ack").unwrap();
         let (mut spool, recovered) = open(dir.path(), max);
@@ -874,17 +1049,17 @@ mod tests {
                 .into_iter()
                 .enumerate()
         {
-            spool.put(seq as u64, outgoing(id, severity)).unwrap();
+            spool.put(seq as u64, outgoing(id, severity));
         }
-        let dropped = |low, medium| Put { dropped: [low, medium, 0, 0] };
+        let dropped = |low, medium| Put { dropped: [low, medium, 0, 0], ..Put::default() };
         // Full: a critical alert takes the newest low one's place.
-        assert_eq!(spool.put(4, outgoing("c1", Severity::Critical)).unwrap(), dropped(1, 0));
+        assert_eq!(spool.put(4, outgoing("c1", Severity::Critical)), dropped(1, 0));
         // A low one is the least: it is the one dropped.
-        assert_eq!(spool.put(5, outgoing("l3", Severity::Low)).unwrap(), dropped(1, 0));
+        assert_eq!(spool.put(5, outgoing("l3", Severity::Low)), dropped(1, 0));
         // A medium one: the last low one goes.
-        assert_eq!(spool.put(6, outgoing("m2", Severity::Medium)).unwrap(), dropped(1, 0));
+        assert_eq!(spool.put(6, outgoing("m2", Severity::Medium)), dropped(1, 0));
         // Another medium: equal to the least, so the new one goes.
-        assert_eq!(spool.put(7, outgoing("m3", Severity::Medium)).unwrap(), dropped(0, 1));
+        assert_eq!(spool.put(7, outgoing("m3", Severity::Medium)), dropped(0, 1));
         assert_eq!(spool.bytes(), 4 * size());
         let (batch, _) = deliver(&mut spool, 10);
         assert_eq!(ids(&batch), ["h1", "m1", "c1", "m2"]);
@@ -900,17 +1075,17 @@ mod tests {
         // Room for 64 alerts, in segments of 4.
         let (mut spool, _) = open(dir.path(), 64 * size());
         for seq in 0..40 {
-            assert_eq!(spool.put(seq, outgoing("lo", Severity::Low)).unwrap(), Put::default());
+            assert_eq!(spool.put(seq, outgoing("lo", Severity::Low)), Put::default());
         }
         for seq in 40..64 {
-            assert_eq!(spool.put(seq, outgoing("hi", Severity::High)).unwrap(), Put::default());
+            assert_eq!(spool.put(seq, outgoing("hi", Severity::High)), Put::default());
         }
         // Full: the newest segment of low alerts (36..40) goes, 4 alerts counted.
-        assert_eq!(spool.put(64, outgoing("cr", Severity::Critical)).unwrap(), Put { dropped: [4, 0, 0, 0] });
+        assert_eq!(spool.put(64, outgoing("cr", Severity::Critical)), Put { dropped: [4, 0, 0, 0], ..Put::default() });
         for seq in 65..68 {
-            assert_eq!(spool.put(seq, outgoing("cr", Severity::Critical)).unwrap(), Put::default());
+            assert_eq!(spool.put(seq, outgoing("cr", Severity::Critical)), Put::default());
         }
-        assert_eq!(spool.put(68, outgoing("cr", Severity::Critical)).unwrap(), Put { dropped: [4, 0, 0, 0] });
+        assert_eq!(spool.put(68, outgoing("cr", Severity::Critical)), Put { dropped: [4, 0, 0, 0], ..Put::default() });
         assert_eq!((spool.len(), spool.bytes()), (61, 61 * size()));
         let doomed = spool.take_doomed();
         assert_eq!(doomed.len(), 2);
@@ -932,19 +1107,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut spool, _) = open(dir.path(), 64 * size());
         for seq in [1, 0, 2] {
-            spool.put(seq, outgoing(&format!("l{seq}"), Severity::Low)).unwrap();
+            spool.put(seq, outgoing(&format!("l{seq}"), Severity::Low));
         }
         for seq in 3..64 {
-            spool.put(seq, outgoing("hi", Severity::High)).unwrap();
+            spool.put(seq, outgoing("hi", Severity::High));
         }
-        spool.flush().unwrap();
+        spool.flush();
         drop(spool);
         let (mut spool, _) = open(dir.path(), 64 * size());
-        let (taken, _) = spool.oldest(3);
+        let taken = spool.oldest(3);
         let loaded: Vec<String> = load(taken).into_iter().map(|(_, item)| item.unwrap().id).collect();
         assert_eq!(loaded, ["l0", "l1", "l2"]);
         // Full: the low segment goes whole, each of its alerts counted, none left behind.
-        assert_eq!(spool.put(64, outgoing("cr", Severity::Critical)).unwrap(), Put { dropped: [3, 0, 0, 0] });
+        assert_eq!(spool.put(64, outgoing("cr", Severity::Critical)), Put { dropped: [3, 0, 0, 0], ..Put::default() });
         assert_eq!(spool.len(), 62);
         let (batch, errors) = deliver(&mut spool, 100);
         assert!(errors.is_empty(), "{errors:?}");
@@ -957,9 +1132,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut spool, _) = open(dir.path(), 1 << 20);
         for seq in 0..10 {
-            spool.put(seq, outgoing(&format!("{seq:02}"), Severity::High)).unwrap();
+            spool.put(seq, outgoing(&format!("{seq:02}"), Severity::High));
         }
-        spool.flush().unwrap();
+        spool.flush();
         drop(spool);
         // A byte of the 4th alert's JSON flipped on disk.
         let segment = dir.path().join(format!("{:020}-high.seg", 0));
@@ -980,17 +1155,16 @@ mod tests {
         assert_eq!(ids(&batch), ["00", "01", "02", "04", "05", "06", "07", "08", "09"]);
         // Damaged while the agent runs: that alert alone is an error naming the file and offset.
         for seq in 10..13 {
-            spool.put(seq, outgoing(&format!("{seq:02}"), Severity::High)).unwrap();
+            spool.put(seq, outgoing(&format!("{seq:02}"), Severity::High));
         }
-        let (taken, flushed) = spool.oldest(MAX_CACHED + 10);
-        flushed.unwrap();
+        let taken = spool.oldest(MAX_CACHED + 10);
         let taken: Vec<(u64, Spooled)> = taken
             .into_iter()
             .map(|(seq, spooled)| match spooled {
                 // Read back from disk, not from the cache.
                 Spooled::Memory(_) => {
                     let entry = &spool.entries[&seq];
-                    let path = Arc::clone(&spool.segments[&entry.segment].path);
+                    let path = Arc::clone(&spool.segments[&entry.segment.unwrap()].path);
                     (seq, Spooled::Disk { path, offset: entry.offset, len: entry.len, severity: Severity::High })
                 }
                 disk => (seq, disk),
@@ -1031,6 +1205,60 @@ mod tests {
         );
         let left: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(left, [ACK]);
+    }
+
+    #[test]
+    fn alerts_that_cannot_be_written_are_kept_in_memory_said_once_and_delivered() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut spool, _) = open(dir.path(), 64 << 20);
+        spool.put(0, outgoing("00", Severity::High));
+        spool.flush();
+        // The next segment's name is taken (as a full or read-only folder would refuse it).
+        std::os::unix::fs::symlink("/dev/full", spool.path((Severity::Low, spool.next_segment))).unwrap();
+        for seq in 1..4 {
+            assert_eq!(spool.put(seq, outgoing(&format!("{seq:02}"), Severity::Low)), Put::default());
+        }
+        let changes = spool.take_changes();
+        assert!(
+            matches!(&changes[..], [Change::Unwritable(error)] if error.to_string().contains("creating a segment")),
+            "{changes:?}"
+        );
+        assert_eq!(spool.unspooled(), 3);
+        let (batch, errors) = deliver(&mut spool, 2);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(ids(&batch), ["00", "01"]);
+
+        // Past the memory kept for it, the least severe goes first, the newest of them.
+        let big = |id: &str, severity| {
+            let mut item = outgoing(id, severity);
+            item.json = Bytes::from(vec![b' '; 1 << 20]);
+            item
+        };
+        let mut seq = 4;
+        while spool.put(seq, big(&format!("{seq:02}"), Severity::Low)).unwritable == [0; 4] {
+            seq += 1;
+        }
+        // The low alert `seq` was dropped itself; 3, 4.., and the critical one are kept.
+        let (last_low, kept) = (seq - 1, 3 + (seq - 4) + 1);
+        seq += 1;
+        let put = spool.put(seq, big("cr", Severity::Critical));
+        assert_eq!(put.unwritable, [1, 0, 0, 0]);
+        assert!(!spool.entries.contains_key(&last_low) && spool.entries.contains_key(&seq));
+        assert!(spool.take_changes().is_empty(), "said once");
+
+        // Tried again once the wait is over, and said when written.
+        spool.trouble.as_mut().unwrap().retry_at = Instant::now();
+        seq += 1;
+        spool.put(seq, outgoing("ok", Severity::Low));
+        spool.flush();
+        let changes = spool.take_changes();
+        assert!(matches!(changes[..], [Change::Writable { kept: k, dropped: 2 }] if k == kept), "{changes:?}");
+        let (batch, errors) = deliver(&mut spool, 100);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(batch.first().map(|item| item.id.as_str()), Some("02"));
+        assert_eq!(batch.last().map(|item| item.id.as_str()), Some("ok"));
+        assert_eq!(spool.memory_only, 0);
+        assert!(spool.is_empty());
     }
 
     #[test]
