@@ -1,5 +1,6 @@
-//! `cargo xtask toolchain [--dry-run]`, `cargo xtask build`, `cargo xtask package [--test]`,
-//! `cargo xtask image`, `cargo xtask test`,
+//! `cargo xtask toolchain [--dry-run]`, `cargo xtask build`,
+//! `cargo xtask package [--test|--no-build]`, `cargo xtask image`, `cargo xtask nspawn-root`,
+//! `cargo xtask test`,
 //! `cargo xtask bench [--quick] [--no-build] [--only SECTION,...]`, `cargo xtask corpus [OPTIONS]`,
 //! `cargo xtask fuzz [--time SECS] [--jobs N] [TARGET...]`, `cargo xtask kernels [OPTIONS]`.
 
@@ -17,6 +18,7 @@ mod corpus;
 mod fuzz;
 mod image;
 mod kernels;
+mod nspawn;
 mod package;
 mod toolchain;
 mod workflows;
@@ -37,9 +39,13 @@ const USAGE: &str = "usage: cargo xtask <command>
   build                  toolchain, then the eBPF object and the agent, linked statically (no glibc
                          version required): target/x86_64-unknown-linux-gnu/release/credwatch,
                          copied to target/release/credwatch
-  package [--test]       build, then target/credwatch_<version>_amd64.deb (the binary,
+  package [--test|--no-build]
+                         build, then target/credwatch_<version>_amd64.deb (the binary,
                          the systemd unit, the default configuration); --test (root): then
-                         install it with dpkg, check it and purge it, as `test` does
+                         install it with dpkg, check it and purge it, as `test` does;
+                         --no-build: of the binary built already (the real-systemd test's way)
+  nspawn-root            (root, network) debootstrap the Debian root that the real-systemd test
+                         boots, once: target/nspawn/root (`test` makes it)
   image [--no-build]     build, then the container image credwatch:<version> (and
                          :latest) FROM scratch (deploy/Dockerfile) with the machine's docker
                          (DOCKER_HOST: which daemon; CREDWATCH_DOCKER: another client);
@@ -93,10 +99,12 @@ fn main() -> ExitCode {
         ["toolchain", "--dry-run"] => toolchain::ensure(true).map(drop),
         ["build"] => build(),
         ["package"] => build().and_then(|()| package::package()).map(drop),
+        ["package", "--no-build"] => package::package().map(drop),
         ["package", "--test"] => build().and_then(|()| package::package()).and_then(|deb| package::test_package(&deb)),
         ["image"] => build().and_then(|()| image::image()),
         ["image", "--no-build"] => image::image(),
         ["test"] => test(),
+        ["nspawn-root"] => nspawn::prepare(),
         ["bench", options @ ..] => bench::bench(options),
         ["corpus", options @ ..] => corpus::corpus(options),
         ["fuzz", options @ ..] => fuzz::fuzz(options),
@@ -201,6 +209,8 @@ fn test() -> Result<()> {
     // network and the disk) are made meanwhile, while the host's tests and the fuzzers keep
     // the CPUs busy, and are ready before the end-to-end tests, which they would disturb.
     let kernels_ready = is_root().then(|| std::thread::spawn(kernels::prepare));
+    // So is the Debian root that the real-systemd test boots (debootstrap: the network).
+    let nspawn_ready = is_root().then(|| std::thread::spawn(nspawn::prepare));
     run(
         "host unit tests",
         cargo().args([
@@ -226,16 +236,23 @@ fn test() -> Result<()> {
         .map_err(|_| anyhow::anyhow!("the kernel matrix's set-up panicked"))?
         .context("setting up the kernel matrix (its packages, kernels and base image)")?;
     phases.done("waiting for the kernel matrix's set-up");
+    nspawn_ready
+        .expect("root, as the kernel matrix's set-up")
+        .join()
+        .map_err(|_| anyhow::anyhow!("the Debian root's set-up panicked"))?
+        .context("debootstrapping the Debian root of the real-systemd test")?;
+    phases.done("waiting for the Debian root's set-up");
     // The binary the tests run is the one that ships; the image test (tests/tests/image.rs)
     // makes the container image of it with `xtask image --no-build` against its own dockerd.
     package::check_static(&package::static_binary())?;
     let (foreground, alongside) = e2e_targets()?;
     run(
         "privileged end-to-end tests",
-        cargo()
-            .args(["test", "-p", E2E_CRATE])
-            .args(foreground.iter().flat_map(|target| ["--test", target]))
-            .args(["--", "--test-threads=1", "--show-output"]),
+        cargo().args(["test", "-p", E2E_CRATE]).args(foreground.iter().flat_map(|target| ["--test", target])).args([
+            "--",
+            "--test-threads=1",
+            "--show-output",
+        ]),
     )?;
     phases.done("end-to-end tests");
     // Then the same binaries on the other kernels fleets run, in qemu, while the end-to-end
@@ -264,14 +281,13 @@ const E2E_ALONGSIDE_MATRIX: &[&str] = &["faults", "systemd_boot"];
 /// The end-to-end crate's test targets that run without features: those to run first, and
 /// [`E2E_ALONGSIDE_MATRIX`] (each checked to exist).
 fn e2e_targets() -> Result<(Vec<String>, Vec<String>)> {
-    let output = cargo()
-        .args(["metadata", "--no-deps", "--format-version", "1"])
-        .output()
-        .context("running cargo metadata")?;
+    let output =
+        cargo().args(["metadata", "--no-deps", "--format-version", "1"]).output().context("running cargo metadata")?;
     if !output.status.success() {
         bail!("cargo metadata failed: {}", String::from_utf8_lossy(&output.stderr));
     }
-    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).context("reading cargo metadata's JSON")?;
+    let metadata: serde_json::Value =
+        serde_json::from_slice(&output.stdout).context("reading cargo metadata's JSON")?;
     let package = metadata["packages"]
         .as_array()
         .and_then(|packages| packages.iter().find(|package| package["name"] == E2E_CRATE))
@@ -486,6 +502,10 @@ fn test_prerequisites() -> Result<()> {
         ("systemd-analyze", "systemd"),
         ("readelf", "binutils"),
         ("dpkg-deb", "dpkg"),
+        // The real-systemd test (tests/tests/systemd_boot.rs): a debootstrapped Debian booted
+        // with systemd as PID 1.
+        ("debootstrap", "debootstrap"),
+        ("systemd-nspawn", "systemd-container"),
         // The image's test: its own dockerd builds and runs the image, and another container
         // (FROM scratch too: nothing is pulled) holds a static busybox.
         ("dockerd", "docker.io"),
@@ -545,7 +565,7 @@ fn test_prerequisites() -> Result<()> {
     agent_clis()?;
     if importable("setuptools, wheel, uv") {
         println!(
-            "xtask: test prerequisites: node, npm, strace, auditd, rsyslogd with imrelp, nats-server, prometheus, systemd-analyze, readelf, dpkg-deb, dockerd, busybox, gem, bundle, make, gcc, ruby's headers, ssh-agent, gpg-agent, dbus-daemon, gnome-keyring, secret-tool, keyctl, Xvfb, dunst, notify-send, import, chromium, python3 with setuptools, wheel and uv: present"
+            "xtask: test prerequisites: node, npm, strace, auditd, rsyslogd with imrelp, nats-server, prometheus, systemd-analyze, readelf, dpkg-deb, debootstrap, systemd-nspawn, dockerd, busybox, gem, bundle, make, gcc, ruby's headers, ssh-agent, gpg-agent, dbus-daemon, gnome-keyring, secret-tool, keyctl, Xvfb, dunst, notify-send, import, chromium, python3 with setuptools, wheel and uv: present"
         );
         return Ok(());
     }

@@ -166,12 +166,16 @@ if [ \"$1\" = remove ]; then
 fi
 ";
 
-/// A purge removes what the service made: the spool, the alerts, an enabled unit's link.
+/// A purge removes what the service made (the spool, the alerts, an enabled unit's link) and the
+/// group postinst made.
 const POSTRM: &str = "#!/bin/sh
 set -e
 if [ \"$1\" = purge ]; then
     rm -rf /var/lib/credwatch /var/log/credwatch
     rm -f /etc/systemd/system/multi-user.target.wants/credwatch.service
+    if getent group credwatch >/dev/null; then
+        groupdel credwatch
+    fi
 fi
 if [ -d /run/systemd/system ]; then
     systemctl daemon-reload || true
