@@ -214,6 +214,9 @@ pub struct Fork {
 pub struct Exit {
     /// Wait status (`exit_code` of the task).
     pub code: u32,
+    /// The process's acts the sensor counted, not sent, that no record of them carried.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub repeats: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -252,6 +255,15 @@ pub struct Open {
     /// the file was not opened (trace schema 6).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub denied: bool,
+    /// Identical acts of the process counted by the sensor, not sent, since the previous
+    /// record of this one (same file and access, same destination, same call); 0 when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub repeats: u64,
+}
+
+/// Serde's `skip_serializing_if` for counts that are mostly 0.
+fn is_zero(count: &u64) -> bool {
+    *count == 0
 }
 
 impl Open {
@@ -299,6 +311,10 @@ pub struct Syscall {
     /// (trace schema 6).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub denied: bool,
+    /// Identical acts of the process counted by the sensor, not sent, since the previous
+    /// record of this one (same file and access, same destination, same call); 0 when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub repeats: u64,
 }
 
 impl Syscall {
@@ -393,6 +409,10 @@ pub struct Connect {
     /// which refused it: the process's own connect went to the proxy, and nothing further.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy_refused: Option<String>,
+    /// Identical acts of the process counted by the sensor, not sent, since the previous
+    /// record of this one (same file and access, same destination, same call); 0 when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub repeats: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

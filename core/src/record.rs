@@ -138,7 +138,10 @@ impl Decoder {
         let data = match header.kind {
             kind::EXEC => EventData::Exec(exec(bytes, &header)?),
             kind::FORK => EventData::Fork(Fork { child_pid: record::<ForkEvent>(bytes, &header)?.child_pid }),
-            kind::EXIT => EventData::Exit(Exit { code: record::<ExitEvent>(bytes, &header)?.exit_code }),
+            kind::EXIT => {
+                let exit = record::<ExitEvent>(bytes, &header)?;
+                EventData::Exit(Exit { code: exit.exit_code, repeats: exit.repeats.into() })
+            }
             kind::OPEN => EventData::Open(open(bytes, &header, cred_path)?),
             kind::RENAME => EventData::Rename(rename(&*record::<RenameEvent>(bytes, &header)?)),
             kind::SYSCALL => EventData::Syscall(syscall(&*record::<SyscallEvent>(bytes, &header)?)),
@@ -337,6 +340,7 @@ fn open(bytes: &[u8], header: &EventHeader, cred_path: &dyn Fn(u32) -> Option<St
         ret: event.ret,
         dev: if opened { user_dev(event.dev) } else { 0 },
         ino: if opened { event.ino } else { 0 },
+        repeats: event.repeats.into(),
     })
 }
 
@@ -435,6 +439,7 @@ fn syscall(event: &SyscallEvent) -> Syscall {
         ret: (event.record_flags & record_flag::HAS_RET != 0).then_some(event.ret),
         blocked: event.record_flags & record_flag::BLOCKED != 0,
         denied: event.record_flags & record_flag::DENIED != 0,
+        repeats: event.repeats.into(),
     }
 }
 
@@ -450,6 +455,7 @@ fn connect(event: &ConnectEvent) -> Connect {
         ret: None,
         held: event.record_flags & record_flag::HELD != 0,
         proxy_refused: None,
+        repeats: event.repeats.into(),
     }
 }
 
@@ -754,8 +760,8 @@ mod tests {
 
         let fork = ForkEvent { header: header(kind::FORK, size_of::<ForkEvent>()), child_pid: 50, child_depth: 3 };
         assert_eq!(decode(&decoder, &bytes_of(&fork)).unwrap().data, EventData::Fork(Fork { child_pid: 50 }));
-        let exit = ExitEvent { header: header(kind::EXIT, size_of::<ExitEvent>()), exit_code: 256, _pad: 0 };
-        assert_eq!(decode(&decoder, &bytes_of(&exit)).unwrap().data, EventData::Exit(Exit { code: 256 }));
+        let exit = ExitEvent { header: header(kind::EXIT, size_of::<ExitEvent>()), exit_code: 256, repeats: 0 };
+        assert_eq!(decode(&decoder, &bytes_of(&exit)).unwrap().data, EventData::Exit(Exit { code: 256, repeats: 0 }));
     }
 
     #[test]
@@ -860,7 +866,7 @@ mod tests {
             syscall,
             record_flags,
             target_pid,
-            _pad: 0,
+            repeats: 0,
             operation,
             ret,
         };
@@ -880,6 +886,7 @@ mod tests {
                 ret: Some(-1),
                 blocked: false,
                 denied: false,
+                repeats: 0,
             }
         );
         let bpf = decoded(record(tamper_syscall::BPF, record_flag::BLOCKED, 0, 5, 0));
@@ -949,6 +956,42 @@ mod tests {
         query.copied = u32::MAX;
         query.payload[2] = 0x80;
         assert!(matches!(decode(&decoder, &bytes_of(&query)), Err(DecodeError::Dns(_))));
+    }
+
+    #[test]
+    fn repeats_are_decoded_and_kept_out_of_traces_when_zero() {
+        let decoder = Decoder::new();
+        let mut open = OpenRecord::new(3);
+        open.event.repeats = 59_998;
+        let EventData::Open(decoded) = decode(&decoder, &open.bytes()).unwrap().data else { panic!() };
+        assert_eq!(decoded.repeats, 59_998);
+        let exit = ExitEvent { header: header(kind::EXIT, size_of::<ExitEvent>()), exit_code: 0, repeats: 7 };
+        assert_eq!(decode(&decoder, &bytes_of(&exit)).unwrap().data, EventData::Exit(Exit { code: 0, repeats: 7 }));
+        let syscall = SyscallEvent {
+            header: header(kind::SYSCALL, size_of::<SyscallEvent>()),
+            syscall: tamper_syscall::BPF,
+            repeats: u32::MAX,
+            ..SyscallEvent::default()
+        };
+        let EventData::Syscall(decoded) = decode(&decoder, &bytes_of(&syscall)).unwrap().data else { panic!() };
+        assert_eq!(decoded.repeats, u64::from(u32::MAX));
+        // SAFETY: ABI records are plain integers and arrays.
+        let mut connect: ConnectEvent = unsafe { std::mem::zeroed() };
+        connect.header = header(kind::CONNECT, size_of::<ConnectEvent>());
+        connect.addr[..8].copy_from_slice(&[2, 0, 0x1f, 0x90, 127, 0, 0, 9]);
+        connect.copied = 16;
+        connect.repeats = 9_999;
+        let EventData::Connect(decoded) = decode(&decoder, &bytes_of(&connect)).unwrap().data else { panic!() };
+        assert_eq!((decoded.address.as_deref(), decoded.port, decoded.repeats), (Some("127.0.0.9"), Some(8080), 9_999));
+
+        // A trace line says `repeats` only when there were some, and one without it (an older
+        // trace's) reads as none.
+        let counted = serde_json::to_string(&EventData::Exit(Exit { code: 0, repeats: 7 })).unwrap();
+        assert!(counted.contains(r#""repeats":7"#), "{counted}");
+        let none = serde_json::to_string(&EventData::Exit(Exit { code: 0, repeats: 0 })).unwrap();
+        assert!(!none.contains("repeats"), "{none}");
+        let older: EventData = serde_json::from_str(&none).unwrap();
+        assert_eq!(older, EventData::Exit(Exit { code: 0, repeats: 0 }));
     }
 
     #[test]

@@ -196,7 +196,7 @@ mod tests {
     }
 
     fn event(pid: u32) -> Event {
-        Event { time_ns: 1, pid, data: EventData::Exit(Exit { code: 0 }) }
+        Event { time_ns: 1, pid, data: EventData::Exit(Exit { code: 0, repeats: 0 }) }
     }
 
     fn reader(text: &str) -> Result<TraceReader, TraceError> {

@@ -79,7 +79,7 @@ impl Run {
     }
 
     fn exit(&mut self, pid: u32) -> &mut Run {
-        self.send(pid, EventData::Exit(Exit { code: 0 }))
+        self.send(pid, EventData::Exit(Exit { code: 0, repeats: 0 }))
     }
 
     fn open_full(&mut self, pid: u32, given: &str, abs: Option<&str>, ret: i64, flags: u64) -> &mut Run {
@@ -676,6 +676,7 @@ fn syscall(run: &mut Run, pid: u32, name: &str, operation: Option<&str>, target:
             ret: (!blocked).then_some(0),
             blocked,
             denied: false,
+            repeats: 0,
         }),
     );
 }
@@ -2905,7 +2906,7 @@ fn chain_session() -> Vec<Event> {
     at(101, 7, open("/home/alice/app/sub/.npmrc"));
     // Long after: lone reads, one ended by its process's exit, one by the end of the stream.
     at(102, 200, open("/home/alice/.npmrc"));
-    at(102, 7, EventData::Exit(Exit { code: 0 }));
+    at(102, 7, EventData::Exit(Exit { code: 0, repeats: 0 }));
     at(101, 7, open("/home/alice/.yarnrc.yml"));
     events
 }

@@ -234,7 +234,7 @@ impl AuditdSource {
                 self.out.push_back(Event {
                     time_ns: time,
                     pid,
-                    data: EventData::Exit(Exit { code: (code & 0xff) << 8 }),
+                    data: EventData::Exit(Exit { code: (code & 0xff) << 8, repeats: 0 }),
                 });
             }
             "open" | "openat" | "openat2" | "creat" => {
@@ -279,6 +279,7 @@ impl AuditdSource {
                         ret,
                         dev: if ret >= 0 { dev } else { 0 },
                         ino: if ret >= 0 { ino } else { 0 },
+                        repeats: 0,
                     }),
                 });
             }
@@ -348,6 +349,7 @@ impl AuditdSource {
                         ret: exit,
                         blocked: false,
                         denied: false,
+                        repeats: 0,
                     }),
                 });
             }
@@ -591,7 +593,7 @@ mod tests {
         assert_eq!(open.path, "../.npmrc\nx");
         assert_eq!(open.abs_path.as_deref(), Some("/home/alice/.npmrc\nx"));
         assert_eq!((open.dirfd, open.flags, open.ret, open.ino, open.dev), (-100, 0o2000000, 3, 77, makedev(0xfe, 1)));
-        assert_eq!(events[5].data, EventData::Exit(Exit { code: 2 << 8 }));
+        assert_eq!(events[5].data, EventData::Exit(Exit { code: 2 << 8, repeats: 0 }));
     }
 
     #[test]

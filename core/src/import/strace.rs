@@ -300,7 +300,7 @@ impl StraceSource {
     }
 
     fn exit(&mut self, time: u64, tgid: u32, code: u32) {
-        self.emit(Event { time_ns: time, pid: tgid, data: EventData::Exit(Exit { code }) });
+        self.emit(Event { time_ns: time, pid: tgid, data: EventData::Exit(Exit { code, repeats: 0 }) });
         self.known.remove(tgid);
         self.parent.remove(&tgid);
         self.cwd.remove(&tgid);
@@ -514,6 +514,7 @@ impl StraceSource {
                         ret,
                         blocked: false,
                         denied: false,
+                        repeats: 0,
                     }),
                 });
             }
@@ -544,6 +545,7 @@ impl StraceSource {
                         ret,
                         held: false,
                         proxy_refused: None,
+                        repeats: 0,
                     }),
                 });
             }
@@ -1037,8 +1039,8 @@ mod tests {
         assert_eq!((open.tid, open.ret, open.abs_path.as_deref()), (101, 3, Some("/work/.npmrc")));
         let EventData::Open(failed) = &events[4].data else { panic!() };
         assert_eq!(failed.ret, -2);
-        assert_eq!(events[5].data, EventData::Exit(Exit { code: 3 << 8 }));
-        assert_eq!(events[6].data, EventData::Exit(Exit { code: 9 }));
+        assert_eq!(events[5].data, EventData::Exit(Exit { code: 3 << 8, repeats: 0 }));
+        assert_eq!(events[6].data, EventData::Exit(Exit { code: 9, repeats: 0 }));
     }
 
     #[test]

@@ -96,7 +96,7 @@ impl Decoder for Tetragon {
                 out.push_back(Event {
                     time_ns: time,
                     pid,
-                    data: EventData::Exit(Exit { code: ((status & 0xff) << 8) | signal }),
+                    data: EventData::Exit(Exit { code: ((status & 0xff) << 8) | signal, repeats: 0 }),
                 });
             }
             "process_kprobe" | "process_lsm" => {
@@ -246,7 +246,7 @@ mod tests {
         assert_eq!(sh.args, ["/bin/sh", "-c", "cat ~/.npmrc"]);
         let EventData::Open(open) = &events[4].data else { panic!() };
         assert_eq!((open.tid, open.abs_path.as_deref(), open.ret, open.flags), (12, Some("/home/alice/.npmrc"), 0, 0));
-        assert_eq!(events[5].data, EventData::Exit(Exit { code: 9 }));
+        assert_eq!(events[5].data, EventData::Exit(Exit { code: 9, repeats: 0 }));
     }
 
     fn stated(line: &str) -> Option<Box<crate::event::StatedContainer>> {

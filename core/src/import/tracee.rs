@@ -244,7 +244,7 @@ impl Decoder for Tracee {
                 }
                 let code = e.int("exit_code").unwrap_or(0) as u32;
                 self.known.remove(e.pid);
-                out.push_back(Event { time_ns: e.time, pid: e.pid, data: EventData::Exit(Exit { code }) });
+                out.push_back(Event { time_ns: e.time, pid: e.pid, data: EventData::Exit(Exit { code, repeats: 0 }) });
             }
             "open" | "openat" | "openat2" | "creat" | "security_file_open" => {
                 let lsm = e.name == "security_file_open";
@@ -296,6 +296,7 @@ impl Decoder for Tracee {
                         ret: e.ret,
                         dev,
                         ino,
+                        repeats: 0,
                     }),
                 });
             }

@@ -63,7 +63,7 @@ pub fn events(steps: &[Step]) -> Vec<Event> {
                 push(&mut out, fork.pid, EventData::Fork(Fork { child_pid: fork.child }));
                 seen.insert(fork.child);
             }
-            Step::Exit(exit) => push(&mut out, exit.pid, EventData::Exit(Exit { code: 0 })),
+            Step::Exit(exit) => push(&mut out, exit.pid, EventData::Exit(Exit { code: 0, repeats: 0 })),
             Step::Root(root) => {
                 push(&mut out, root.pid, EventData::Root(Root { reason: "run".into() }));
                 seen.insert(root.pid);
@@ -111,6 +111,7 @@ fn open_event(open: &OpenStep) -> Open {
         ret: open.ret,
         dev: 0,
         ino: 0,
+        repeats: 0,
     }
 }
 
@@ -132,6 +133,7 @@ fn connect_event(connect: &ConnectStep) -> Connect {
         ret: None,
         held: connect.held,
         proxy_refused: connect.proxy_refused.clone(),
+        repeats: 0,
     }
 }
 
@@ -158,6 +160,7 @@ fn syscall_event(syscall: &SyscallStep) -> Syscall {
         ret: syscall.ret,
         blocked: syscall.blocked,
         denied: false,
+        repeats: 0,
     }
 }
 

@@ -45,6 +45,13 @@ pub mod kind {
     pub const DNS_QUERY: u32 = 8;
 }
 
+/// An open, connect or tamper call of a marked process whose key was reported less than this
+/// ago is counted, not sent; the next record of the key (or the process's exit) carries the
+/// count in its `repeats`. Keys: open = (tgid, dev, ino, `O_ACCMODE`, failed, denied); connect
+/// = (tgid, family, address, port); tamper = (tgid, syscall, operation, target). Every act is
+/// still enforced: kill, deny and hold are decided before it is counted.
+pub const REPEAT_WINDOW_NS: u64 = 1_000_000_000;
+
 /// Bytes of a socket address kept from `connect`/`sendto` (`sizeof(struct sockaddr_storage)`).
 pub const MAX_SOCKADDR: usize = 128;
 /// Bytes of a DNS query kept: a query carries one name of at most 255 bytes, plus a 12-byte
@@ -481,7 +488,9 @@ pub struct ExitEvent {
     pub header: EventHeader,
     /// `task->exit_code`: wait status as the parent would see it.
     pub exit_code: u32,
-    pub _pad: u32,
+    /// The process's acts counted, not sent (see [`REPEAT_WINDOW_NS`]), that no later record
+    /// of their key carried.
+    pub repeats: u32,
 }
 
 /// Kind [`kind::OPEN`]: an open-family syscall of a marked process, sent at syscall exit.
@@ -516,7 +525,9 @@ pub struct OpenEvent {
     pub path_len: u32,
     /// [`path_flag`] bits of the resolved path: [`path_flag::UNRESOLVED`] when the open failed.
     pub path_flags: u32,
-    pub _pad: u32,
+    /// Identical opens (see [`REPEAT_WINDOW_NS`]) counted, not sent, since the previous record
+    /// of this one's key.
+    pub repeats: u32,
 }
 
 /// The most bytes an [`OpenEvent`] record can take.
@@ -559,7 +570,9 @@ pub struct SyscallEvent {
     pub record_flags: u32,
     /// The process acted on (with [`record_flag::HAS_TARGET`]).
     pub target_pid: u32,
-    pub _pad: u32,
+    /// Identical calls (see [`REPEAT_WINDOW_NS`]) counted, not sent, since the previous record
+    /// of this one's key.
+    pub repeats: u32,
     /// The ptrace request, bpf command, signal number or io_uring opcode.
     pub operation: u64,
     /// The result or `-errno` (with [`record_flag::HAS_RET`]).
@@ -582,6 +595,10 @@ pub struct ConnectEvent {
     pub copied: u32,
     /// The socket's type (`SOCK_STREAM` 1, `SOCK_DGRAM` 2, ...); 0 when it could not be read.
     pub sock_type: u32,
+    /// Identical connects (see [`REPEAT_WINDOW_NS`]) counted, not sent, since the previous
+    /// record of this one's key.
+    pub repeats: u32,
+    pub _pad: u32,
     /// The `struct sockaddr` as the process passed it (decoded in userspace).
     pub addr: [u8; MAX_SOCKADDR],
 }
@@ -729,6 +746,9 @@ mod tests {
         assert_eq!(offset_of!(ExecEvent, cgroup_v2_flags), 100);
         assert_eq!(size_of::<ForkEvent>(), 64);
         assert_eq!(size_of::<ExitEvent>(), 64);
+        assert_eq!(offset_of!(ExitEvent, repeats), 60);
+        assert_eq!(offset_of!(OpenEvent, repeats), 124);
+        assert_eq!(offset_of!(SyscallEvent, repeats), 68);
         assert_eq!(offset_of!(OpenEvent, flags), 64);
         assert_eq!(offset_of!(OpenEvent, record_flags), 108);
         assert_eq!(offset_of!(OpenEvent, path_flags), 120);
@@ -740,8 +760,9 @@ mod tests {
         assert_eq!(offset_of!(SyscallEvent, operation), 72);
         assert_eq!(size_of::<SyscallEvent>(), 88);
         assert_eq!(offset_of!(ConnectEvent, syscall), 56);
-        assert_eq!(offset_of!(ConnectEvent, addr), 80);
-        assert_eq!(size_of::<ConnectEvent>(), 80 + MAX_SOCKADDR);
+        assert_eq!(offset_of!(ConnectEvent, repeats), 80);
+        assert_eq!(offset_of!(ConnectEvent, addr), 88);
+        assert_eq!(size_of::<ConnectEvent>(), 88 + MAX_SOCKADDR);
         assert_eq!(align_of::<ConnectEvent>(), 8);
         assert_eq!(offset_of!(DnsQueryEvent, addr), 80);
         assert_eq!(offset_of!(DnsQueryEvent, payload), 80 + DNS_SOCKADDR);

@@ -323,7 +323,7 @@ fn try_sched_process_exit(ctx: &RawTracePointContext) -> Res<()> {
     unsafe {
         fill_header(addr_of_mut!((*event).header), kind::EXIT, size_of::<ExitEvent>(), pid_tgid, mark);
         (*event).exit_code = exit_code;
-        (*event)._pad = 0;
+        (*event).repeats = 0;
     }
     submit(entry, false);
     Ok(())

@@ -140,6 +140,8 @@ fn report_connect(pid_tgid: u64, mark: Mark, fd: i32, addr: u64, addr_len: u64) 
         (*event).addr_len = addr_len as u32;
         (*event).copied = copied;
         (*event).sock_type = sock_type;
+        (*event).repeats = 0;
+        (*event)._pad = 0;
     }
     submit(entry, true);
     Ok(())

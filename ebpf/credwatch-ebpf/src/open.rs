@@ -333,7 +333,7 @@ fn emit_open(
         zero(addr_of_mut!((*event).dev));
         zero(addr_of_mut!((*event).ino));
         zero(addr_of_mut!((*event).cred_index));
-        zero(addr_of_mut!((*event)._pad));
+        zero(addr_of_mut!((*event).repeats));
         if let Ok(opened) = opened_file(off, file) {
             at = opened.at;
             if let Ok(key) = inode_key(off, opened.inode) {

@@ -163,7 +163,7 @@ pub(crate) fn emit_syscall(
         (*event).syscall = syscall;
         (*event).record_flags = record_flags;
         (*event).target_pid = target_pid;
-        (*event)._pad = 0;
+        (*event).repeats = 0;
         (*event).operation = operation;
         (*event).ret = ret;
     }
