@@ -301,6 +301,8 @@ pub fn test_package(deb: &Path) -> Result<()> {
     ensure!(!is_installed()?, "dpkg --purge credwatch left the package installed");
     let left: Vec<&str> = INSTALLED.iter().copied().filter(|path| Path::new(path).exists()).collect();
     ensure!(left.is_empty(), "dpkg --purge credwatch left {}", left.join(", "));
+    let group = Command::new("getent").args(["group", "credwatch"]).output().context("running getent")?;
+    ensure!(!group.status.success(), "dpkg --purge credwatch left the group credwatch");
     println!("xtask: the package installs, runs, verifies and purges to nothing");
     Ok(())
 }
