@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use credwatch_e2e::{parse_alerts, servers::structured_data, servers::Rsyslog, slow, Run, Sandbox};
+use credwatch_e2e::{servers::structured_data, servers::Rsyslog, slow, Run, Sandbox};
 use serde_json::Value;
 
 fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
@@ -204,7 +204,8 @@ fn syslog_ids(rsyslog: &Rsyslog) -> BTreeSet<String> {
     rsyslog.messages().iter().filter_map(|m| structured_data(m)["id"].as_str().map(str::to_owned)).collect()
 }
 
-/// Every alert for `files` in the alerts file (one each), and their ids.
+/// Waits for an alert for each of `files` in the alerts file: the ids of their alerts (one
+/// each).
 fn wait_for_each(sandbox: &Sandbox, files: &[String]) -> BTreeSet<String> {
     let wanted: BTreeSet<&str> = files.iter().map(String::as_str).collect();
     let mut found = Vec::new();
@@ -214,10 +215,9 @@ fn wait_for_each(sandbox: &Sandbox, files: &[String]) -> BTreeSet<String> {
             .into_iter()
             .filter(|a| a["file"]["path"].as_str().is_some_and(|p| wanted.contains(p)))
             .collect();
-        found.len() >= files.len()
+        found.iter().filter_map(|a| a["file"]["path"].as_str()).collect::<BTreeSet<_>>().len() == wanted.len()
     });
-    let paths: BTreeSet<&str> = found.iter().filter_map(|a| a["file"]["path"].as_str()).collect();
-    assert_eq!(paths.len(), files.len(), "one alert per file");
+    assert_eq!(found.len(), files.len(), "one alert per file");
     found.iter().map(|a| a["event"]["id"].as_str().unwrap().to_owned()).collect()
 }
 
@@ -247,7 +247,13 @@ fn a_full_spool_folder_is_said_once_and_costs_no_alert() {
 
     installed(&sandbox, &flood);
     let ids = wait_for_each(&sandbox, &secrets);
-    let logged = parse_alerts(&fs::read_to_string(sandbox.alert_log()).unwrap_or_default());
+    // The local log's lines: `{"alert": ALERT, ...}`.
+    let logged: Vec<Value> = fs::read_to_string(sandbox.alert_log())
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .map(|line| line["alert"].clone())
+        .collect();
     for secret in &secrets {
         assert_eq!(alerts_for(&logged, secret).len(), 1, "{secret} in the local alert log");
     }
@@ -377,8 +383,10 @@ fn spool_bytes(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+const ROUNDS: usize = 5;
+
 /// `kill -9` of the agent while a burst of alerts is being spooled (the syslog server down),
-/// three times: each restarted agent delivers every whole record the killed ones spooled,
+/// a few times: each restarted agent delivers every whole record the killed ones spooled,
 /// skips a torn one with a warning, and never panics.
 #[test]
 fn kill_9_in_the_middle_of_spool_writes_loses_no_whole_record() {
@@ -388,16 +396,20 @@ fn kill_9_in_the_middle_of_spool_writes_loses_no_whole_record() {
     let options: Vec<&str> = options.iter().map(String::as_str).collect();
     let secrets = sandbox.secrets(600);
     let (mut whole, mut torn, mut warned) = (BTreeSet::new(), 0, 0);
-    for round in 0..3 {
+    for round in 0..ROUNDS {
         let tarball = reader(&sandbox, &format!("burst-{round}"), &secrets);
         let watch = sandbox.watch_with(&options);
         warned += watch_stderr_torn(&sandbox);
         let start = syslog_spool(&spool).map_or(0, |dir| spool_bytes(&dir));
         let mut npm = install(&sandbox, &tarball);
-        // Killed once the burst's writes have started (a 64 KiB write each).
-        wait_until("the burst being spooled", Duration::from_secs(60), || {
-            syslog_spool(&spool).is_some_and(|dir| spool_bytes(&dir) > start + (64 << 10))
-        });
+        // Killed right after the burst's first write (64 KiB, which ends where the buffer was
+        // full, in the middle of a record, more often than not).
+        let dir = syslog_spool(&spool).expect("the syslog output's spool");
+        let since = Instant::now();
+        while spool_bytes(&dir) < start + (64 << 10) {
+            assert!(since.elapsed() < slow(Duration::from_secs(60)), "the burst was never spooled");
+            thread::sleep(Duration::from_micros(100));
+        }
         kill(watch.pid(), libc::SIGKILL);
         let killed = watch.wait();
         assert_eq!(killed.status.and_then(|s| s.signal()), Some(libc::SIGKILL), "{}", killed.describe());
@@ -422,7 +434,7 @@ fn kill_9_in_the_middle_of_spool_writes_loses_no_whole_record() {
     assert_no_panic(&run);
     assert!(torn == 0 || warned > 0, "{torn} torn records, none warned about");
     eprintln!(
-        "fault: kill -9 mid-spool x3: {} whole records delivered {delivered_in:?} after rsyslog was back, {torn} torn \
+        "fault: kill -9 mid-spool x{ROUNDS}: {} whole records delivered {delivered_in:?} after rsyslog was back, {torn} torn \
          ({warned} warned and skipped)",
         whole.len()
     );
@@ -481,8 +493,10 @@ fn a_storm_of_sighups_loses_and_repeats_no_alert() {
     run.assert_exit(0);
     assert_no_panic(&run);
     let (first, second) = (after[0], after[1]);
+    let reloads = run.stderr.matches("reloaded").count();
     eprintln!(
-        "fault: 2 x 500 SIGHUPs: RSS {idle} KiB idle, {first} KiB after the first storm, {second} KiB after the second"
+        "fault: 2 x 500 SIGHUPs ({reloads} reloads): RSS {idle} KiB idle, {first} KiB after the first storm, {second} KiB \
+         after the second"
     );
     assert!(second <= first + 4096, "memory grew by {} KiB in the second storm", second.saturating_sub(first));
 }
@@ -588,7 +602,9 @@ fn an_agent_killed_for_memory_reports_the_gap_and_what_was_lost() {
     let counts = &lost["credwatch"]["blind_spot"]["counts"];
     let total: u64 = counts.as_object().map(|c| c.values().filter_map(Value::as_u64).sum()).unwrap_or(0);
     assert!(total > 0, "{lost:#}");
-    eprintln!("fault: OOM kill at {HEADROOM_MIB} MiB over {idle} KiB idle: restarted after {restarted_in:?}, gap {seconds:.1} s, {total} records lost and counted ({counts})");
+    eprintln!(
+        "fault: OOM kill at {HEADROOM_MIB} MiB over {idle} KiB idle: restarted after {restarted_in:?}, gap {seconds:.1} s, {total} records lost and counted ({counts})"
+    );
 }
 
 /// The issue's case: the agent SIGSTOPped for 2 minutes while package code opens `~/.npmrc`
