@@ -295,9 +295,10 @@ impl Shared {
             match change {
                 Change::Unwritable(error) => error!(
                     output = self.name,
-                    "output {}: {error}; alerts are kept in memory (up to {} MiB, the least severe dropped \
+                    "output {}: {error} ({}); alerts are kept in memory (up to {} MiB, the least severe dropped \
                      first past it) until it can be written, tried again every {} s",
                     self.name,
+                    error.source,
                     MAX_MEMORY_ONLY >> 20,
                     RETRY_UNWRITABLE.as_secs()
                 ),
