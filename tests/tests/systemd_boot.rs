@@ -423,9 +423,10 @@ fn the_deb_under_a_booted_systemd_installs_alerts_reloads_survives_a_hang_upgrad
     container.run("credwatch config check /etc/credwatch/credwatch.yaml");
     container.run("systemctl restart credwatch.service");
     assert_eq!(container.property("ActiveState"), "active", "{}", container.said());
-    let first_pid: u32 = container.property("MainPID").parse().unwrap();
+    let restarted_pid: u32 = container.property("MainPID").parse().unwrap();
+    assert_ne!(restarted_pid, first_pid, "systemctl restart kept the process");
     let journal = container.journal();
-    assert!(adopted_gap(&journal, first_pid).is_some(), "the restart adopted no pins\n{journal}");
+    assert!(adopted_gap(&journal, restarted_pid).is_some(), "the restart adopted no pins\n{journal}");
     steps.done("a changed configuration, systemctl restart");
 
     // Hung (SIGSTOP) while a package tree lives and reads a key: the watchdog kills the agent,
@@ -440,13 +441,13 @@ fn the_deb_under_a_booted_systemd_installs_alerts_reloads_survives_a_hang_upgrad
         assert!(start.elapsed() < slow(Duration::from_secs(30)), "gap-pkg never started");
         thread::sleep(Duration::from_millis(20));
     }
-    container.run(&format!("kill -STOP {first_pid}"));
+    container.run(&format!("kill -STOP {restarted_pid}"));
     let stopped = Instant::now();
     fs::write(container.root.join("root/go-gap"), "").unwrap();
-    container.wait_for_unit("the watchdog's kill", WATCHDOG * 3, |pid, _, _| pid != first_pid);
+    container.wait_for_unit("the watchdog's kill", WATCHDOG * 3, |pid, _, _| pid != restarted_pid);
     let killed = stopped.elapsed();
     container.wait_for_unit("the restart", WATCHDOG * 3, |pid, state, restarts| {
-        pid != 0 && pid != first_pid && state == "active" && restarts == 1
+        pid != 0 && pid != restarted_pid && state == "active" && restarts == 1
     });
     let restarted = stopped.elapsed();
     let second_pid: u32 = container.property("MainPID").parse().unwrap();
