@@ -28,6 +28,9 @@ const MAX_SWEEP_FILES: usize = 100;
 /// Most alerts held at once for a configuration chain's window; past it the oldest goes out
 /// at its own severity without waiting.
 const MAX_HELD: usize = 256;
+/// A held read more than this after "now" means the wall clock was stepped back (event times
+/// follow it, see `record::Decoder`): it is released rather than held until the clock caught up.
+const STEPPED_BACK_NS: u64 = 60_000_000_000;
 
 /// A read of one file of a configuration chain, held until the chain's window after it closes:
 /// if the same process opens another file of the chain by then, a loader read them all and the
@@ -212,10 +215,10 @@ impl Engine {
         }
     }
 
-    /// Releases the held alerts whose window closed before `now_ns` (event time), oldest read
-    /// first.
+    /// Releases the held alerts whose window closed before `now_ns` (event time), or that a
+    /// wall clock stepped back left in the future, oldest read first.
     pub(super) fn release_due(&mut self, now_ns: u64) -> Vec<Alert> {
-        self.release_where(|held| held.until_ns() < now_ns)
+        self.release_where(|held| held.until_ns() < now_ns || held.time_ns > now_ns.saturating_add(STEPPED_BACK_NS))
     }
 
     /// Releases the held alerts of `proc`: it ended, or read another credential, so nothing it

@@ -2772,6 +2772,18 @@ fn a_lone_chain_read_goes_out_high_once_its_window_closed_whatever_releases_it()
 }
 
 #[test]
+fn a_wall_clock_stepped_back_an_hour_releases_a_held_read() {
+    let mut run = npm_postinstall_in_app();
+    run.open(101, PROJECT_NPMRC);
+    let read_ns = run.time_ns;
+    // A second back is no step (records come a little late).
+    assert!(run.engine.tick(read_ns - 1_000_000_000).is_empty());
+    let released = run.engine.tick(read_ns - 3_600_000_000_000);
+    assert_eq!(severities(&released), [("npm-registry-token", PROJECT_NPMRC, Severity::High)]);
+    assert_eq!(run.engine.held_until(), None);
+}
+
+#[test]
 fn what_the_kernel_stopped_and_files_of_no_chain_are_never_held() {
     let mut run = npm_postinstall_in_app();
     run.send(
