@@ -21,7 +21,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use credwatch::sensor::pins::DEFAULT_PIN_DIR;
+use credwatch::sensor::{pins::DEFAULT_PIN_DIR, MapSizes};
 use credwatch_outputs::OutputConfig;
 use serde::{de, Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -90,6 +90,11 @@ pub struct Config {
     /// `watch`: the Unix socket that serves the local alert log and the live alerts to this
     /// machine's users, each their own (`--alerts-socket`; default /run/credwatch/alerts.sock).
     pub alerts_socket: Option<PathBuf>,
+    /// Sizes of kernel maps other than the built-in ones, by map name (`--map-size NAME=ENTRIES`):
+    /// `MARKS`, `LOST_TREES`, `TAINTED`, `CRED_INODES`, `REPEATS` in entries, the `EVENTS` and
+    /// `PRIORITY` rings in bytes. Applied when the programs are loaded: an adopted pinned set keeps
+    /// its own.
+    pub map_sizes: BTreeMap<String, u64>,
 }
 
 /// Where a contained command's writes to the home go.
@@ -216,6 +221,9 @@ impl Config {
         if self.sensor != new.sensor {
             changed.push("sensor");
         }
+        if self.map_sizes != new.map_sizes {
+            changed.push("map_sizes");
+        }
         // The log is open and the socket bound, with clients on it.
         if self.alert_log != new.alert_log {
             changed.push("alert_log");
@@ -224,6 +232,16 @@ impl Config {
             changed.push("alerts_socket");
         }
         changed
+    }
+
+    /// [`Config::map_sizes`] for the sensor (checked by [`Layers::load`]).
+    pub fn map_sizes(&self) -> MapSizes {
+        let mut sizes = MapSizes::default();
+        for (name, &entries) in &self.map_sizes {
+            // Checked at load: a bad one cannot be here.
+            let _ = sizes.set(name, entries);
+        }
+        sizes
     }
 
     pub fn pin_dir(&self) -> &Path {
@@ -249,6 +267,12 @@ impl Config {
         if let Some(dir) = &self.rules {
             if !dir.is_dir() {
                 invalid.push(("rules", format!("{} is not a folder of rule files", dir.display())));
+            }
+        }
+        let mut sizes = MapSizes::default();
+        for (name, &entries) in &self.map_sizes {
+            if let Err(error) = sizes.set(name, entries) {
+                invalid.push(("map_sizes", error.to_string()));
             }
         }
         for (index, output) in self.outputs.iter().enumerate() {
@@ -780,6 +804,7 @@ mod tests {
                 sensor: SensorChoice::Fentry,
                 alert_log: None,
                 alerts_socket: None,
+                map_sizes: BTreeMap::new(),
             }
         );
         assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
@@ -829,6 +854,24 @@ mod tests {
         let text = ConfigError::Invalid(found).to_string();
         assert!(text.starts_with("5 errors in the configuration:\n"), "{text}");
         assert!(text.contains(&format!("{}:2:1: key `jsno`: ", path.display())), "{text}");
+    }
+
+    #[test]
+    fn a_bad_map_size_is_named_with_its_key() {
+        for (text, named, why) in [
+            ("map_sizes:\n  MARKS: 64\n  MARKZ: 64\n", "`MARKZ=64`", "these can: MARKS, LOST_TREES"),
+            ("map_sizes:\n  PRIORITY: 5000\n", "`PRIORITY=5000`", "power of two"),
+            ("map_sizes:\n  MARKS: 0\n", "`MARKS=0`", "not between 1"),
+        ] {
+            let (_dir, path) = file(text);
+            let found = problems(check(&path).unwrap_err());
+            let shown: Vec<String> = found.iter().map(ToString::to_string).collect();
+            assert_eq!(found.len(), 1, "{shown:#?}");
+            assert_eq!(found[0].key.as_deref(), Some("map_sizes"), "{shown:#?}");
+            assert!(shown[0].contains(named) && shown[0].contains(why), "{shown:#?}");
+        }
+        let (_dir, path) = file("map_sizes:\n  MARKS: 64\n");
+        assert_eq!(check(&path).unwrap().config.map_sizes().to_string(), "MARKS=64");
     }
 
     #[test]
@@ -947,6 +990,7 @@ mod tests {
             sensor: SensorChoice::Tracepoint,
             alert_log: Some("/var/lib/credwatch/site alerts.jsonl".into()),
             alerts_socket: Some("/run/credwatch/alerts.sock".into()),
+            map_sizes: BTreeMap::from([("MARKS".to_owned(), 64), ("PRIORITY".to_owned(), 65536)]),
         };
         for config in [config, Config::default()] {
             let text = config.to_yaml().unwrap();

@@ -25,7 +25,7 @@ use credwatch::sensor::{
     credentials::system_homes,
     lost_source,
     pins::{Gap, Started},
-    Backend, Protection, Sensor, SensorError, SensorOptions,
+    Backend, MapSizes, Protection, Sensor, SensorError, SensorOptions,
 };
 use credwatch_core::{
     alert::Alert,
@@ -142,6 +142,8 @@ pub struct Outputs<'a> {
     pub pin_dir: &'a Path,
     /// `--sensor`: which kernel programs.
     pub sensor: Backend,
+    /// `--map-size`: kernel map sizes at load.
+    pub map_sizes: MapSizes,
 }
 
 impl Outputs<'_> {
@@ -158,6 +160,7 @@ impl Outputs<'_> {
             metrics_listen: config.metrics_listen,
             pin_dir: config.pin_dir(),
             sensor: config.sensor.backend(),
+            map_sizes: config.map_sizes(),
         }
     }
 }
@@ -438,7 +441,7 @@ impl Session {
             }
             None => None,
         };
-        let options = SensorOptions { backend: outputs.sensor, enforce: outputs.enforce };
+        let options = SensorOptions { backend: outputs.sensor, enforce: outputs.enforce, map_sizes: outputs.map_sizes };
         let mut sensor = if command.is_empty() {
             let (sensor, started) = Sensor::start_pinned(&rules.kernel_roots(), outputs.pin_dir, options)
                 .context("starting the eBPF sensor")?;

@@ -21,7 +21,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
 use config::{Config, ContainNet, ContainWrites, KernelLog, Layers, LogFormat, LogLevel, SensorChoice};
-use credwatch::sensor;
+use credwatch::sensor::{self, MapSizes};
 use credwatch_core::{engine::EngineOptions, output::escape, rules::RuleSet, samples};
 use credwatch_outputs::{Destination, OutputConfig};
 use serde_json::{Map, Value};
@@ -115,6 +115,11 @@ struct ConfigArgs {
     /// this level up, in the log as `kernel: ...` lines [default: off]
     #[arg(long, value_enum, value_name = "LEVEL")]
     kernel_log: Option<KernelLog>,
+    /// The size of a kernel map at load (repeatable): MARKS, LOST_TREES, TAINTED, CRED_INODES,
+    /// REPEATS in entries, the EVENTS and PRIORITY rings in bytes (a power of two). A pinned set
+    /// that is adopted keeps its own sizes.
+    #[arg(long = "map-size", value_name = "NAME=ENTRIES")]
+    map_size: Vec<MapSizes>,
 }
 
 #[derive(Args)]
@@ -650,6 +655,14 @@ fn configure(args: &ConfigArgs, mut flags: Map<String, Value>) -> Result<(Config
     }
     if let Some(level) = args.kernel_log {
         flags.insert("kernel_log".into(), serde_json::to_value(level)?);
+    }
+    if !args.map_size.is_empty() {
+        let mut sizes = MapSizes::default();
+        for size in &args.map_size {
+            sizes.merge(*size);
+        }
+        let sizes: Map<String, Value> = sizes.iter().map(|(name, size)| (name.to_owned(), Value::from(size))).collect();
+        flags.insert("map_sizes".into(), Value::Object(sizes));
     }
     let layers = Layers::new(args.config.clone(), flags);
     match layers.load() {

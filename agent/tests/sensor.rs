@@ -19,11 +19,11 @@ use aya::{
 use credwatch::sensor::{
     doctor, lost_source,
     pins::{self, AgentState, Started, Stopped},
-    Backend, Protection, Sensor, SensorError, SensorOptions,
+    Backend, MapSizes, Protection, Sensor, SensorError, SensorOptions,
 };
 use credwatch_common::{CredInode, InodeKey};
 use credwatch_core::{
-    event::{Event, EventData, Lost, Open, Rename, Syscall},
+    event::{AgentGap, BlindCause, BlindSpot, Connect, Event, EventData, Lost, Open, Rename, Syscall},
     rules::{
         manager::{Manager, ModuleRoot, ScriptRoot},
         RuleSet,
@@ -57,18 +57,28 @@ fn slow() -> u32 {
 
 /// [`Sensor::start`] with the backend under test.
 fn start(managers: &[Manager], auto_roots: bool) -> Result<Sensor, SensorError> {
-    Sensor::start(managers, auto_roots, SensorOptions { backend: backend(), enforce: false })
+    Sensor::start(
+        managers,
+        auto_roots,
+        SensorOptions { backend: backend(), enforce: false, ..SensorOptions::default() },
+    )
 }
 
 /// [`Sensor::start_pinned`] with the backend under test.
 fn start_pinned(managers: &[Manager], dir: &Path) -> Result<(Sensor, Started), SensorError> {
-    Sensor::start_pinned(managers, dir, SensorOptions { backend: backend(), enforce: false })
+    Sensor::start_pinned(
+        managers,
+        dir,
+        SensorOptions { backend: backend(), enforce: false, ..SensorOptions::default() },
+    )
 }
 
 const PYTHON: &str = "/usr/bin/python3";
 
 /// What the helper does once released: opens in every way the sensor must resolve, then
 /// double-forks a setsid'd grandchild that opens a file after its parent and the root exit.
+/// Each way opens a file of its own: the kernel counts a second open of a file by the same
+/// process within a second, whatever the path it was given, instead of reporting it.
 const HELPER: &str = r#"
 import ctypes, os, struct, sys, time
 d = sys.argv[1]
@@ -79,14 +89,14 @@ os.close(os.open("inner.txt", os.O_RDONLY, dir_fd=sub))
 os.close(os.open("link.txt", os.O_RDONLY))
 os.close(os.open(sys.argv[2], os.O_RDONLY))
 os.close(os.open("/proc/version", os.O_RDONLY))
-os.close(os.open("/proc/self/cwd/../" + os.path.basename(d) + "/secret.txt", os.O_RDONLY))
+os.close(os.open("/proc/self/cwd/../" + os.path.basename(d) + "/via-proc.txt", os.O_RDONLY))
 try:
     os.open("missing.txt", os.O_RDONLY)
 except FileNotFoundError:
     pass
 libc = ctypes.CDLL(None, use_errno=True)
 how = ctypes.create_string_buffer(struct.pack("QQQ", os.O_RDONLY, 0, 0), 24)
-fd = libc.syscall(437, -100, b"sub/../secret.txt", how, 24)
+fd = libc.syscall(437, -100, b"sub/../openat2.txt", how, 24)
 assert fd >= 0, ctypes.get_errno()
 os.close(fd)
 child = os.fork()
@@ -113,8 +123,8 @@ const NAMED: [&str; 3] = [
     "a-name-of-well-over-a-hundred-bytes-to-be-read-on-its-own-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.txt",
 ];
 
-/// A temp dir with `secret.txt`, `late.txt`, `sub/inner.txt`, `link.txt -> sub/inner.txt` and
-/// `NAMED[0]/NAMED[1]/NAMED[2]`.
+/// A temp dir with `secret.txt`, `late.txt`, `via-proc.txt`, `openat2.txt`, `sub/inner.txt`,
+/// `link.txt -> sub/linked.txt` and `NAMED[0]/NAMED[1]/NAMED[2]`.
 fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let root = fs::canonicalize(dir.path()).unwrap();
@@ -122,7 +132,10 @@ fn fixture() -> Fixture {
     fs::write(root.join("late.txt"), "late\n").unwrap();
     fs::create_dir(root.join("sub")).unwrap();
     fs::write(root.join("sub/inner.txt"), "inner\n").unwrap();
-    symlink("sub/inner.txt", root.join("link.txt")).unwrap();
+    for other in ["via-proc.txt", "openat2.txt", "sub/linked.txt"] {
+        fs::write(root.join(other), "other\n").unwrap();
+    }
+    symlink("sub/linked.txt", root.join("link.txt")).unwrap();
     fs::create_dir_all(root.join(NAMED[0]).join(NAMED[1])).unwrap();
     fs::write(root.join(NAMED.iter().collect::<PathBuf>()), "named\n").unwrap();
     Fixture { _dir: dir, root }
@@ -227,7 +240,7 @@ fn marked_tree_opens_resolve_to_absolute_paths_and_lineage_survives_setsid() {
     assert_eq!(with_dirfd.abs_path.as_deref(), Some(inner.as_str()));
 
     let through_link = open_of(&events, root, "link.txt");
-    assert_eq!(through_link.abs_path.as_deref(), Some(inner.as_str()));
+    assert_eq!(through_link.abs_path, Some(path(&fx.root.join("sub/linked.txt"))));
 
     let named = fx.root.join(NAMED.iter().collect::<PathBuf>()).to_str().unwrap().to_owned();
     assert_eq!(open_of(&events, root, &named).abs_path.as_deref(), Some(named.as_str()));
@@ -235,12 +248,12 @@ fn marked_tree_opens_resolve_to_absolute_paths_and_lineage_survives_setsid() {
     assert_eq!(open_of(&events, root, "/proc/version").abs_path.as_deref(), Some("/proc/version"));
 
     let name = fx.root.file_name().unwrap().to_str().unwrap();
-    let via_proc = open_of(&events, root, &format!("/proc/self/cwd/../{name}/secret.txt"));
-    assert_eq!(via_proc.abs_path.as_deref(), Some(secret.as_str()));
+    let via_proc = open_of(&events, root, &format!("/proc/self/cwd/../{name}/via-proc.txt"));
+    assert_eq!(via_proc.abs_path, Some(path(&fx.root.join("via-proc.txt"))));
 
-    let openat2 = open_of(&events, root, "sub/../secret.txt");
+    let openat2 = open_of(&events, root, "sub/../openat2.txt");
     assert_eq!(openat2.syscall, "openat2");
-    assert_eq!(openat2.abs_path.as_deref(), Some(secret.as_str()));
+    assert_eq!(openat2.abs_path, Some(path(&fx.root.join("openat2.txt"))));
 
     let missing = open_of(&events, root, "missing.txt");
     assert_eq!((missing.ret, missing.abs_path.as_deref()), (-2, None));
@@ -387,7 +400,9 @@ fn doctor_finds_what_this_kernel_offers() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // Starting a sensor mounts tracefs when the machine booted without it.
     drop(start(&[], false).unwrap());
-    let auto = Sensor::start(&[], false, SensorOptions { backend: Backend::Auto, enforce: false }).unwrap();
+    let auto =
+        Sensor::start(&[], false, SensorOptions { backend: Backend::Auto, enforce: false, ..SensorOptions::default() })
+            .unwrap();
     let (auto_backend, auto_unwatched) = (auto.backend(), auto.unwatched().to_vec());
     drop(auto);
     let report = doctor();
@@ -419,7 +434,7 @@ fn doctor_finds_what_this_kernel_offers() {
 #[test]
 fn auto_picks_fentry_where_it_loads_and_falls_back_to_tracepoints() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let options = |backend| SensorOptions { backend, enforce: false };
+    let options = |backend| SensorOptions { backend, enforce: false, ..SensorOptions::default() };
     let auto = Sensor::start(&[], false, options(Backend::Auto)).unwrap();
     let (auto_backend, fallback) = (auto.backend(), auto.fallback().map(str::to_owned));
     drop(auto);
@@ -523,7 +538,16 @@ fn home_in(dir: tempfile::TempDir) -> Home {
 }
 
 fn protected_sensor(h: &Home, enforce: bool) -> Sensor {
-    let options = SensorOptions { backend: backend(), enforce };
+    sized_sensor(h, enforce, &[])
+}
+
+/// [`protected_sensor`] with kernel maps of the `sizes` given (`NAME=ENTRIES`).
+fn sized_sensor(h: &Home, enforce: bool, sizes: &[&str]) -> Sensor {
+    let mut map_sizes = MapSizes::default();
+    for size in sizes {
+        map_sizes.merge(size.parse().unwrap());
+    }
+    let options = SensorOptions { backend: backend(), enforce, map_sizes };
     let mut sensor = Sensor::start(&[], false, options).expect("sensor starts (run as root)");
     sensor.protect(Protection { rules: h.rules.clone(), homes: vec![h.home.clone()], enforce }).unwrap();
     assert_eq!(sensor.stats().credential_files, 3, "id_rsa, id_ed25519, .npmrc");
@@ -885,7 +909,8 @@ int main(int argc, char **argv) {
     long n = atol(argv[1]);
     char buf[64];
     for (long i = 0; i < n; i++) {
-        int fd = open("/dev/null", O_RDONLY);
+        // A failed open has no file to be counted by as a repeat: each one is a record.
+        int fd = open("/nonexistent/flood", O_RDONLY);
         if (fd >= 0) close(fd);
         if (i == n / 2) {
             int key = open(argv[2], O_RDONLY);
@@ -919,6 +944,181 @@ fn a_flood_of_bulk_opens_does_not_push_out_the_key_record() {
     assert!(stats.lost > 0 && stats.events + stats.lost >= 1_000_000, "bulk losses are counted: {stats:?}");
     assert_eq!(stats.priority_lost, 0);
     assert_eq!(lost(&events, lost_source::PRIORITY), 0);
+}
+
+/// Repeats of one act, in a child that does nothing else (so that its exit's count is theirs
+/// alone: the loader's opens in the parent may repeat): `opens PATH N KEY` opens PATH N times
+/// (half, a pause longer than the kernel's repeat window, half) then reads KEY; `connects N`
+/// connects a UDP socket to 127.0.0.1:9 N times (no packet is sent); `tainted KEY` connects
+/// there, reads KEY, and connects there twice more.
+const REPEATER: &str = r#"
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+static void opens(const char *path, long n) {
+    for (long i = 0; i < n; i++) {
+        int fd = open(path, O_RDONLY);
+        if (fd < 0) exit(2);
+        close(fd);
+    }
+}
+static void read_key(const char *path) {
+    char buf[64];
+    int fd = open(path, O_RDONLY);
+    if (fd < 0 || read(fd, buf, sizeof buf) <= 0) exit(3);
+    close(fd);
+}
+static void connect_to_discard(int s) {
+    struct sockaddr_in to;
+    memset(&to, 0, sizeof to);
+    to.sin_family = AF_INET;
+    to.sin_port = htons(9);
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(s, (struct sockaddr *)&to, sizeof to) != 0) exit(4);
+}
+static int act(char **argv) {
+    if (!strcmp(argv[1], "opens")) {
+        long n = atol(argv[3]);
+        struct timespec pause = {1, 300000000};
+        opens(argv[2], n / 2);
+        nanosleep(&pause, NULL);
+        opens(argv[2], n - n / 2);
+        read_key(argv[4]);
+        return 0;
+    }
+    int s = socket(AF_INET, SOCK_DGRAM, 0);
+    if (s < 0) return 5;
+    if (!strcmp(argv[1], "connects")) {
+        for (long i = atol(argv[2]); i > 0; i--) connect_to_discard(s);
+        return 0;
+    }
+    connect_to_discard(s);
+    read_key(argv[2]);
+    connect_to_discard(s);
+    connect_to_discard(s);
+    return 0;
+}
+int main(int argc, char **argv) {
+    int status;
+    pid_t child = fork();
+    if (child == 0) _exit(act(argv));
+    if (child < 0 || waitpid(child, &status, 0) != child) return 6;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 7;
+}
+"#;
+
+/// The one child of `root` (the repeater's), once it has exited.
+fn repeater_child(events: &[Event], root: u32) -> Option<u32> {
+    let child = *forks_of(events, root).first()?;
+    exited(events, child).map(|_| child)
+}
+
+/// The `repeats` of the exit record of `pid`.
+fn exit_repeats(events: &[Event], pid: u32) -> u64 {
+    match exited(events, pid).map(|e| &e.data) {
+        Some(EventData::Exit(exit)) => exit.repeats,
+        other => panic!("no exit of {pid}: {other:?}"),
+    }
+}
+
+fn connects_of(events: &[Event], pid: u32) -> Vec<&Connect> {
+    events
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::Connect(connect) if e.pid == pid => Some(connect),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Issue 27: 60,000 opens of `.npmrc` filled the priority ring while the agent did not read,
+/// and the key read after them was lost. Counted in the kernel, they cost a record per second
+/// of the loop, every open is accounted for, and the key's record arrives.
+#[test]
+fn repeated_opens_of_one_file_are_counted_and_the_key_read_after_them_arrives() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = home();
+    let binary = compile(&h.work, "repeater", REPEATER);
+    let mut sensor = protected_sensor(&h, false);
+    let npmrc = path(&h.home.join(".npmrc"));
+    let key = path(&h.home.join(".ssh/id_ed25519"));
+    let started = Instant::now();
+    // The agent does not read while the loop runs: 60,000 records would overflow the priority
+    // ring (about 2,500 of them).
+    let mut child = spawn_marked(&mut sensor, binary.to_str().unwrap(), &["opens", &npmrc, "60000", &key]);
+    assert!(child.wait().unwrap().success());
+    let seconds = started.elapsed().as_secs();
+    let mut events = Vec::new();
+    collect(&mut sensor, &mut events, |events| repeater_child(events, child.id()).is_some());
+    let root = repeater_child(&events, child.id()).unwrap();
+
+    let mut records: Vec<(&Event, &Open)> = opens(&events).filter(|(e, o)| e.pid == root && o.path == npmrc).collect();
+    records.sort_by_key(|(e, _)| e.time_ns);
+    let records: Vec<&Open> = records.into_iter().map(|(_, o)| o).collect();
+    let counted: u64 = records.iter().map(|o| o.repeats).sum::<u64>() + exit_repeats(&events, root);
+    assert_eq!(records.len() as u64 + counted, 60_000, "every open is a record or counted: {records:#?}");
+    // One record per window at most, and the one after the pause carries the first half's.
+    assert!(records.len() >= 2 && records.len() as u64 <= seconds + 3, "{} records in {seconds} s", records.len());
+    assert_eq!(records[0].repeats, 0, "the first open is sent as it is");
+    assert!(records[1..].iter().any(|o| o.repeats > 0), "{records:#?}");
+    assert!(records.iter().all(|o| o.same_file_as.as_deref() == Some(npmrc.as_str())));
+    let read = open_of(&events, root, &key);
+    assert_eq!(read.same_file_as.as_deref(), Some(key.as_str()));
+    let stats = sensor.stats();
+    assert_eq!((stats.lost, stats.priority_lost), (0, 0), "nothing lost: {stats:?}");
+    assert!(!events.iter().any(|e| matches!(e.data, EventData::Lost(_) | EventData::BlindSpot(_))), "{events:#?}");
+}
+
+#[test]
+fn repeated_connects_to_one_address_are_counted() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = home();
+    let binary = compile(&h.work, "repeater", REPEATER);
+    let mut sensor = protected_sensor(&h, false);
+    let mut child = spawn_marked(&mut sensor, binary.to_str().unwrap(), &["connects", "10000"]);
+    assert!(child.wait().unwrap().success());
+    let mut events = Vec::new();
+    collect(&mut sensor, &mut events, |events| repeater_child(events, child.id()).is_some());
+    let root = repeater_child(&events, child.id()).unwrap();
+    let records = connects_of(&events, root);
+    assert!(!records.is_empty() && records.len() < 100, "{} records of 10,000 connects", records.len());
+    assert!(records.iter().all(|c| (c.address.as_deref(), c.port) == (Some("127.0.0.1"), Some(9))), "{records:#?}");
+    let counted: u64 = records.iter().map(|c| c.repeats).sum::<u64>() + exit_repeats(&events, root);
+    assert_eq!(records.len() as u64 + counted, 10_000, "every connect is a record or counted");
+    let stats = sensor.stats();
+    assert_eq!((stats.lost, stats.priority_lost), (0, 0), "nothing lost: {stats:?}");
+}
+
+/// "Connect to X, read a key, connect to X again": the second connect is news (the tree has
+/// touched a credential since), the third is not.
+#[test]
+fn a_connect_after_a_credential_read_is_not_a_repeat() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = home();
+    let binary = compile(&h.work, "repeater", REPEATER);
+    let mut sensor = protected_sensor(&h, false);
+    let key = path(&h.home.join(".ssh/id_rsa"));
+    let mut child = spawn_marked(&mut sensor, binary.to_str().unwrap(), &["tainted", &key]);
+    assert!(child.wait().unwrap().success());
+    let mut events = Vec::new();
+    collect(&mut sensor, &mut events, |events| repeater_child(events, child.id()).is_some());
+    let root = repeater_child(&events, child.id()).unwrap();
+    let records = connects_of(&events, root);
+    assert_eq!(records.len(), 2, "{records:#?}");
+    assert_eq!((records[0].repeats, records[1].repeats), (0, 0));
+    // The rings are read priority first: the times tell the order.
+    let mut connected: Vec<u64> =
+        events.iter().filter(|e| e.pid == root && matches!(e.data, EventData::Connect(_))).map(|e| e.time_ns).collect();
+    connected.sort();
+    let read = events.iter().find(|e| matches!(&e.data, EventData::Open(o) if o.path == key)).unwrap().time_ns;
+    assert!(connected[0] < read && read < connected[1], "the key's read comes between the two connects");
+    assert_eq!(exit_repeats(&events, root), 1, "the third connect is counted");
 }
 
 /// A rules directory of [`RULES`] whose kill rule spares `cat` in a chain from the manager.
@@ -1155,8 +1355,9 @@ fn a_credential_file_replaced_by_a_rename_over_it_is_followed_to_its_new_inode()
     fs::rename(h.home.join(".npmrc.tmp"), &npmrc).unwrap();
     fs::hard_link(&npmrc, &new).unwrap();
     // The new inode first: once it is matched, the rescan that dropped the old one came before
-    // the old one's open.
-    let opener = "import sys\nfor name in sys.argv[1:]:\n    open(name).read()";
+    // the old one's open. Each name is opened by a process of its own: `new` and `.npmrc` are
+    // one file, which one process opening twice within a second is reported opening once.
+    let opener = "import os, sys\nfor name in sys.argv[1:]:\n    if os.fork() == 0:\n        open(name).read()\n        os._exit(0)\n    os.wait()";
     let deadline = Instant::now() + Duration::from_secs(10) * slow();
     loop {
         let mut child = python_marked(&mut sensor, opener, &[&path(&new), &path(&npmrc), &path(&old)]);
@@ -1164,7 +1365,11 @@ fn a_credential_file_replaced_by_a_rename_over_it_is_followed_to_its_new_inode()
         let mut events = Vec::new();
         collect(&mut sensor, &mut events, |events| exited(events, pid).is_some());
         assert!(child.wait().unwrap().success());
-        let same_file_as = |file: &Path| open_of(&events, pid, &path(file)).same_file_as.clone();
+        let same_file_as = |file: &Path| {
+            let given = path(file);
+            let opened = opens(&events).find(|(e, o)| e.pid != pid && o.path == given);
+            opened.unwrap_or_else(|| panic!("no open of {given}: {events:#?}")).1.same_file_as.clone()
+        };
         if same_file_as(&new).is_some() {
             assert_eq!(same_file_as(&new), Some(path(&npmrc)), "the new inode");
             assert_eq!(same_file_as(&npmrc), Some(path(&npmrc)));
@@ -1441,4 +1646,170 @@ fn enforce_passes_an_agents_chain_through_its_tool_shells_and_own_program_only()
     let key_opens: Vec<&Open> = opens(&events).map(|(_, o)| o).filter(|o| o.path == key).collect();
     assert_eq!(key_opens.len(), 5, "{events:#?}");
     assert_eq!(key_opens.iter().filter(|o| o.blocked).count(), 3, "{key_opens:#?}");
+}
+
+fn blind_spots(events: &[Event]) -> Vec<&BlindSpot> {
+    events
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::BlindSpot(spot) => Some(spot),
+            _ => None,
+        })
+        .collect()
+}
+
+fn connects(events: &[Event]) -> Vec<(u32, &Connect)> {
+    events
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::Connect(connect) => Some((e.pid, connect)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A child that waits, then connects to 127.0.0.1:argv[1]; then 100 children alive at once,
+/// which fill a small MARKS; then the first child is let go.
+const FORK_PAST_MARKS: &str = r#"
+import os, socket, sys, time
+port = int(sys.argv[1])
+go_r, go_w = os.pipe()
+if os.fork() == 0:
+    os.close(go_w)
+    os.read(go_r, 1)
+    s = socket.socket()
+    s.connect(("127.0.0.1", port))
+    s.close()
+    os._exit(0)
+os.close(go_r)
+sleepers = []
+for _ in range(100):
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(3)
+        os._exit(0)
+    sleepers.append(pid)
+os.write(go_w, b"g")
+for pid in sleepers:
+    os.waitpid(pid, 0)
+"#;
+
+#[test]
+fn a_full_marks_map_is_a_blind_spot_of_the_tree_which_is_tainted() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = home();
+    let mut sensor = sized_sensor(&h, true, &["MARKS=16"]);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port().to_string();
+    let mut child = python_marked(&mut sensor, FORK_PAST_MARKS, &[&port]);
+    let root = child.id();
+    let mut events = Vec::new();
+    let full = |events: &[Event]| {
+        blind_spots(events).iter().any(|s| s.cause == BlindCause::MarksFull && s.root_pid == Some(root))
+    };
+    let held = |events: &[Event]| connects(events).into_iter().find(|(_, c)| c.held).map(|(pid, _)| pid);
+    collect(&mut sensor, &mut events, |events| full(events) && held(events).is_some());
+    // The tree lost marks, so its connects are held under --enforce as if it had read a key.
+    let connector = held(&events).unwrap();
+    // SAFETY: kill(2) of the child the kernel stopped.
+    unsafe { libc::kill(connector as i32, libc::SIGKILL) };
+    assert!(child.wait().unwrap().success());
+    let spots: Vec<&BlindSpot> =
+        blind_spots(&events).into_iter().filter(|s| s.cause == BlindCause::MarksFull).collect();
+    let unmarked: u64 = spots.iter().filter(|s| s.root_pid == Some(root)).map(|s| s.counts["mark"]).sum();
+    // 100 children, at most 16 entries (the root, the connector and the sleepers that fit).
+    assert!((85..=100).contains(&unmarked), "{spots:#?}");
+    assert!(spots.iter().all(|s| s.root_pid == Some(root) && !s.credential && s.since_ns <= s.until_ns), "{spots:#?}");
+    assert_eq!(lost(&events, lost_source::MARKS), unmarked, "the tree's count is the whole count");
+    // The agent's canary found MARKS full meanwhile: skipped, not an error (the polls above).
+}
+
+/// 100 children that each open the key once (distinct processes: no repeat is counted instead).
+const KEY_FLOOD: &str = r#"
+import os, sys
+kids = []
+for _ in range(100):
+    pid = os.fork()
+    if pid == 0:
+        os.close(os.open(sys.argv[1], os.O_RDONLY))
+        os._exit(0)
+    kids.append(pid)
+for pid in kids:
+    os.waitpid(pid, 0)
+"#;
+
+#[test]
+fn a_flooded_priority_ring_is_a_blind_spot_naming_the_tree_and_the_lost_key_reads() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = home();
+    // One page: a few dozen credential opens fill it.
+    let mut sensor = sized_sensor(&h, false, &["PRIORITY=4096"]);
+    let key = path(&h.home.join(".ssh/id_rsa"));
+    // Not read while the tree runs.
+    let mut child = python_marked(&mut sensor, KEY_FLOOD, &[&key]);
+    assert!(child.wait().unwrap().success());
+    let root = child.id();
+    let mut events = Vec::new();
+    let spot = |events: &[Event]| {
+        blind_spots(events).into_iter().find(|s| s.cause == BlindCause::Lost && s.root_pid == Some(root)).cloned()
+    };
+    collect(&mut sensor, &mut events, |events| spot(events).is_some() && exited(events, root).is_some());
+    let spot = spot(&events).unwrap();
+    assert!(spot.credential, "{spot:#?}");
+    let lost_reads = spot.counts["credential_open"];
+    let seen = opens(&events).filter(|(_, o)| o.path == key).count() as u64;
+    assert!(lost_reads > 0 && seen + lost_reads == 100, "{seen} seen + {lost_reads} lost: {spot:#?}");
+    assert_eq!(lost(&events, lost_source::PRIORITY), spot.counts.values().sum::<u64>());
+    assert!(spot.since_ns <= spot.until_ns && spot.until_ns <= sensor.now_ns());
+    assert!(blind_spots(&events).iter().all(|s| s.root_pid.is_some()), "every loss has its tree");
+}
+
+/// Forks a child that reads `~/.npmrc` (alert-only: no kill rule), waits, and exits with what
+/// ended the child: 0 read it, 1 refused (EPERM), 9 killed.
+const READ_IN_CHILD: &str = r#"
+import os, sys
+pid = os.fork()
+if pid == 0:
+    try:
+        with open(sys.argv[1]) as f:
+            f.read()
+    except PermissionError:
+        os._exit(1)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+"#;
+
+#[test]
+fn without_a_reading_agent_enforce_fails_closed_for_package_code_only() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = home();
+    let mut sensor = protected_sensor(&h, true);
+    let npmrc = path(&h.home.join(".npmrc"));
+    let mut events = Vec::new();
+    // A first drain writes the heartbeat; then the agent reads nothing for longer than
+    // FAIL_CLOSED_AFTER_NS.
+    sensor.poll(Duration::from_millis(10), &mut events).unwrap();
+    std::thread::sleep(Duration::from_nanos(credwatch_common::FAIL_CLOSED_AFTER_NS) + Duration::from_secs(1));
+    let mut package = python_marked(&mut sensor, READ_IN_CHILD, &[&npmrc]);
+    let closed = package.wait().unwrap().code();
+    let unmarked = Command::new(PYTHON).args(["-c", READ_IN_CHILD, &npmrc]).status().unwrap().code();
+    let root = package.id();
+    let expected = if sensor.lsm() { 1 } else { libc::SIGKILL };
+    assert_eq!(closed, Some(expected), "the package code's read fails closed");
+    assert_eq!(unmarked, Some(0), "an unmarked process reads as ever");
+    collect(&mut sensor, &mut events, |events| exited(events, root).is_some());
+    let gap = events.iter().position(|e| matches!(&e.data, EventData::AgentGap(AgentGap { stopped: true, .. })));
+    let gap = gap.expect("the stop is reported as a gap");
+    let refused = events.iter().position(|e| matches!(&e.data, EventData::Open(o) if o.path == npmrc && e.pid != root));
+    let refused = refused.expect("the refused read is reported");
+    assert!(gap < refused, "the gap comes before what waited");
+    let EventData::Open(open) = &events[refused].data else { unreachable!() };
+    assert!(open.blocked || open.denied, "{open:#?}");
+
+    // Read again: the next child reads as before.
+    let mut after = python_marked(&mut sensor, READ_IN_CHILD, &[&npmrc]);
+    let after_root = after.id();
+    collect(&mut sensor, &mut events, |events| exited(events, after_root).is_some());
+    assert_eq!(after.wait().unwrap().code(), Some(0), "a reading agent: no fail-closed");
 }

@@ -52,6 +52,9 @@ pub struct SensorOptions {
     /// hooks that refuse are attached (without, a reload that turns `--enforce` on kills, as
     /// the tracepoint backend does).
     pub enforce: bool,
+    /// `--map-size`: sizes of the kernel maps other than the object's (a fresh load only: an
+    /// adopted pinned set keeps its own).
+    pub map_sizes: super::MapSizes,
 }
 
 /// The fentry (entry) and fexit (exit) programs of a syscall family (see the kernel's

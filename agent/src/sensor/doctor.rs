@@ -183,7 +183,7 @@ fn probe_fentry() -> (Result<(), String>, Vec<Unwatched>, Result<(), String>) {
         let why = format!("struct pt_regs: {e}");
         return (Err(why.clone()), fentry_hooks(&btf).1, Err(why));
     }
-    let options = SensorOptions { backend: Backend::Auto, enforce: true };
+    let options = SensorOptions { backend: Backend::Auto, enforce: true, ..SensorOptions::default() };
     let (fentry, unwatched) = match Sensor::start(&[], false, options) {
         Ok(sensor) if sensor.backend() == Backend::Fentry => (Ok(()), sensor.unwatched().to_vec()),
         Ok(sensor) => (Err(sensor.fallback().unwrap_or("not tried").to_owned()), fentry_hooks(&btf).1),

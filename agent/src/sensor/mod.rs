@@ -2,6 +2,7 @@
 //! ring buffer records into [`Event`]s. It holds no detection logic.
 
 mod backend;
+mod blind;
 pub mod btf;
 mod canary;
 pub mod cgroups;
@@ -31,16 +32,18 @@ use aya::{
 };
 use credwatch_common::{
     config_flag, lost_index, manager_flag, mark_flag, net_syscall, open_syscall, rename_syscall, syscall_family,
-    tamper_syscall, Config, CredInode, HookedSyscall, InodeKey, ManagerValue, Mark, SparedExe, MANAGER_NAME_LEN,
-    MAX_EXEC_RECORD, MODULE_KEY_LEN, NO_CGROUP_SUBSYS,
+    tamper_syscall, Config, CredInode, HookedSyscall, InodeKey, LostTree, ManagerValue, Mark, SparedExe,
+    FAIL_CLOSED_AFTER_NS, MANAGER_NAME_LEN, MAX_EXEC_RECORD, MODULE_KEY_LEN, NO_CGROUP_SUBSYS,
 };
 use thiserror::Error;
 
 pub use self::{
     backend::{bpf_lsm_active, syscall_function, Backend, SensorOptions},
+    blind::{MapSizeError, MapSizes, SIZABLE_MAPS},
     doctor::{doctor, DoctorReport},
 };
 use self::{
+    blind::TreeLosses,
     btf::BtfError,
     canary::{Canary, Verdict, CANARY_INTERVAL},
     credentials::{CredentialTable, DirWatch, FULL_RESCAN_INTERVAL, MIN_RESCAN_GAP, RESCAN_AFTER_CHANGE},
@@ -65,6 +68,15 @@ pub use credwatch_common::NO_MANAGER;
 /// ring empty, both rings are waited on until the next timer: the kernel wakes the agent on
 /// the first record after it caught up, so an idle agent sleeps.
 const BATCH_INTERVAL: Duration = Duration::from_millis(10);
+/// How often the agent writes `HEARTBEAT` (after a drain, and so at least this often while
+/// idle): the kernel fails closed under `--enforce` when it is older than
+/// `FAIL_CLOSED_AFTER_NS`, 5 of these.
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+/// Two drains further apart than this on the monotonic clock (a suspend is not a gap): the
+/// agent was stopped (SIGSTOP, a freezer, a hung disk, a long swap-in), and says so with an
+/// `AgentGap { stopped }` before what waited. The same as the kernel's fail-closed delay, so
+/// that every act the kernel refused for want of an agent falls in a reported gap.
+const STOPPED_GAP: Duration = Duration::from_nanos(FAIL_CLOSED_AFTER_NS);
 const TRACEFS: &str = "/sys/kernel/tracing";
 
 /// The raw tracepoints: program (function) name = tracepoint name.
@@ -384,6 +396,13 @@ pub struct Sensor {
     next_canary: Instant,
     /// When the bulk ring last gave records, while they flow (see [`BATCH_INTERVAL`]).
     last_drain: Option<Instant>,
+    /// When the rings were last drained, on the monotonic clock and on `CLOCK_BOOTTIME` (see
+    /// [`STOPPED_GAP`]).
+    last_read: Option<(Instant, u64)>,
+    /// `HEARTBEAT`, and when it is next written.
+    heartbeat: Array<MapData, u64>,
+    next_beat: Instant,
+    tree_losses: TreeLosses,
     decoder: Decoder,
     stats: SensorStats,
     /// The pinned set this agent runs (`watch`), or none (`run`: detached at exit).
@@ -728,6 +747,14 @@ impl Sensor {
                     } else {
                         match Sensor::adopt(managers, dir, state) {
                             Ok(sensor) => {
+                                if !options.map_sizes.is_empty() {
+                                    tracing::warn!(
+                                        "the kernel side pinned in {} keeps its map sizes: {} applies at the next \
+                                         load (after `credwatch stop`)",
+                                        dir.display(),
+                                        options.map_sizes
+                                    );
+                                }
                                 let started = sensor.gap.map_or(Started::Fresh, Started::Adopted);
                                 return Ok((sensor, started));
                             }
@@ -799,6 +826,10 @@ impl Sensor {
         let decoder = Decoder::new();
         let programs_attached = pins::link_count(dir)?;
         let (backend, lsm) = backend::pinned_backend(dir);
+        let tree_losses = TreeLosses::new(
+            pins::open_map(dir, "LOST_TREES", Map::LruHashMap)?,
+            Some(pins::open_map(dir, pins::LOST_REPORTED, Map::HashMap)?),
+        );
         Ok(Sensor {
             _ebpf: None,
             marks: pins::open_map(dir, "MARKS", Map::HashMap)?,
@@ -818,6 +849,10 @@ impl Sensor {
             canary: None,
             next_canary: Instant::now() + CANARY_INTERVAL,
             last_drain: None,
+            last_read: None,
+            heartbeat: pins::open_map(dir, "HEARTBEAT", Map::Array)?,
+            next_beat: Instant::now(),
+            tree_losses,
             decoder,
             stats: SensorStats { lost, priority_lost, marks_full, ..SensorStats::default() },
             pins: Some(pins),
@@ -863,7 +898,12 @@ impl Sensor {
             let loader = scope.spawn(|| {
                 // The verifier takes the level as a constant and drops the log calls above it.
                 let level = kernel_log::level_byte();
-                EbpfLoader::new().btf(None).override_global(aya_log::LEVEL, &level, true).load(OBJECT)
+                let mut loader = EbpfLoader::new();
+                loader.btf(None).override_global(aya_log::LEVEL, &level, true);
+                for (name, size) in options.map_sizes.iter() {
+                    loader.map_max_entries(name, size);
+                }
+                loader.load(OBJECT)
             });
             let aya_btf = want_fentry.then(|| scope.spawn(AyaBtf::from_sys_fs));
             let offsets = btf::Btf::from_sys_fs()
@@ -918,6 +958,8 @@ impl Sensor {
         let cred_map: HashMap<MapData, InodeKey, CredInode> = take_typed(&mut ebpf, "CRED_INODES")?;
         let spared_map: HashMap<MapData, InodeKey, SparedExe> = take_typed(&mut ebpf, "SPARED_EXES")?;
         let marks: HashMap<MapData, u32, Mark> = take_typed(&mut ebpf, "MARKS")?;
+        let lost_trees: HashMap<MapData, u32, LostTree> = take_typed(&mut ebpf, "LOST_TREES")?;
+        let heartbeat: Array<MapData, u64> = take_typed(&mut ebpf, "HEARTBEAT")?;
 
         let has_tracepoint =
             |category: &str, name: &str| Path::new(TRACEFS).join("events").join(category).join(name).is_dir();
@@ -1046,6 +1088,7 @@ impl Sensor {
             attach(URING_PROGRAM, "io_uring", tracepoint.to_owned())?;
         }
         let pins = pin_to.map(Pins::create).transpose()?;
+        let kept = pin_to.map(|dir| pins::open_map(dir, pins::LOST_REPORTED, Map::HashMap)).transpose()?;
         Ok(Sensor {
             _ebpf: Some(ebpf),
             marks,
@@ -1065,6 +1108,10 @@ impl Sensor {
             canary: None,
             next_canary: Instant::now() + CANARY_INTERVAL,
             last_drain: None,
+            last_read: None,
+            heartbeat,
+            next_beat: Instant::now(),
+            tree_losses: TreeLosses::new(lost_trees, kept),
             decoder,
             stats: SensorStats::default(),
             pins,
@@ -1266,7 +1313,9 @@ impl Sensor {
                 signalled = self.wait(until.min(deadline).saturating_duration_since(now), rings)? == Wake::Signal;
             }
             let before = out.len();
+            self.report_stop(out);
             self.drain(out);
+            self.beat()?;
             self.check_lost(out)?;
             self.tend_canary(out)?;
             if let Some(pins) = &mut self.pins {
@@ -1284,7 +1333,35 @@ impl Sensor {
         let rescan = self.credentials.as_ref().map(|(_, next)| *next);
         let canary = Some(self.canary.as_ref().map_or(self.next_canary, Canary::timeout_at));
         let heartbeat = self.pins.as_ref().map(Pins::next_heartbeat);
-        [rescan, canary, heartbeat].into_iter().flatten().min()
+        [rescan, canary, heartbeat, Some(self.next_beat)].into_iter().flatten().min()
+    }
+
+    /// An `AgentGap { stopped }` when the last drain is more than [`STOPPED_GAP`] ago on the
+    /// monotonic clock (this agent did not run, or did not read): before the records that
+    /// waited. Its ends are `CLOCK_BOOTTIME` readings converted now, so a wall clock stepped
+    /// meanwhile changes neither its length nor where it lies among the records.
+    fn report_stop(&mut self, out: &mut Vec<Event>) {
+        let Some((drained, drained_ns)) = self.last_read else { return };
+        if drained.elapsed() > STOPPED_GAP {
+            let data = EventData::AgentGap(AgentGap {
+                since_ns: self.decoder.wall_ns(drained_ns),
+                clean_stop: false,
+                stopped: true,
+            });
+            out.push(Event { time_ns: self.decoder.wall_ns(boot_ns()), pid: 0, data });
+        }
+    }
+
+    /// After a drain: `HEARTBEAT` when one is due (one map write), and the drain's time.
+    fn beat(&mut self) -> Result<(), SensorError> {
+        let now = Instant::now();
+        let now_ns = boot_ns();
+        self.last_read = Some((now, now_ns));
+        if now >= self.next_beat {
+            self.heartbeat.set(0, now_ns, 0).map_err(map_err("HEARTBEAT"))?;
+            self.next_beat = now + HEARTBEAT_EVERY;
+        }
+        Ok(())
     }
 
     /// Reads the priority ring buffer first, then the bulk one, then the priority one again,
@@ -1428,9 +1505,12 @@ impl Sensor {
             return Ok(());
         };
         let mark = Mark { root_pid: canary.pid, depth: 0, manager: NO_MANAGER, flags: mark_flag::BY_AGENT };
-        if let Err(error) = self.marks.insert(canary.pid, mark, 0).map_err(map_err("MARKS")) {
+        if self.marks.insert(canary.pid, mark, 0).is_err() {
+            // MARKS full (package code can fill it: that is a blind spot of its own, reported
+            // with its tree): the next interval tries again.
             canary.finish();
-            return Err(error);
+            self.next_canary = Instant::now() + CANARY_INTERVAL;
+            return Ok(());
         }
         canary.release();
         self.canary = Some(canary);
@@ -1442,7 +1522,10 @@ impl Sensor {
         Ok(values.iter().sum())
     }
 
+    /// A `Lost` event per counter of `LOST` that grew, then the blind spots of the trees they
+    /// were lost from (see [`blind`]).
     fn check_lost(&mut self, out: &mut Vec<Event>) -> Result<(), SensorError> {
+        let mut moved = [0u64; 3];
         for (index, source) in [
             (lost_index::PRIORITY, lost_source::PRIORITY),
             (lost_index::EVENTS, lost_source::EVENTS),
@@ -1460,8 +1543,13 @@ impl Sensor {
                     pid: 0,
                     data: EventData::Lost(Lost { source: source.to_owned(), count: total - *seen }),
                 });
+                moved[index as usize] = total - *seen;
                 *seen = total;
             }
+        }
+        if moved.iter().any(|&count| count > 0) {
+            let ring = moved[lost_index::EVENTS as usize] + moved[lost_index::PRIORITY as usize];
+            self.tree_losses.report(ring, moved[lost_index::MARKS_FULL as usize], &self.decoder, out);
         }
         Ok(())
     }

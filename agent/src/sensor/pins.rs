@@ -13,7 +13,8 @@
 //!   so that a new agent knows the trees that the one before saw start (attribution of what they
 //!   do during and after the gap); removed at their exits;
 //! - `cred_paths`: the credential table's index -> path, so that records made before the new
-//!   agent's first scan still name the right file.
+//!   agent's first scan still name the right file;
+//! - `lost_reported`: per tree root, the `LOST_TREES` figures already reported as blind spots.
 //!
 //! A set is built in a sibling directory (`<dir>-new-<pid>`) and renamed into place once whole,
 //! so a half-built set is never adopted. (bpffs refuses names with a `.`.)
@@ -25,7 +26,7 @@ use std::{
 };
 
 use aya::maps::{Array, HashMap, Map, MapData, MapError};
-use credwatch_common::{ForkEvent, MAX_EXEC_RECORD, MAX_RESOLVED_PATH};
+use credwatch_common::{ForkEvent, LostTree, MAX_EXEC_RECORD, MAX_RESOLVED_PATH};
 use sha2::{Digest as _, Sha256};
 
 use super::{boot_ns, SensorError, OBJECT};
@@ -48,11 +49,15 @@ pub(super) const PINNED_MAPS: &[&str] = &[
     "MANAGERS",
     "MANAGER_MODULES",
     "MANAGER_SCRIPTS",
+    "LOST_TREES",
+    "HEARTBEAT",
 ];
 const STATE: &str = "agent";
 const EXECS: &str = "execs";
 const FORKS: &str = "forks";
 const CRED_PATHS: &str = "cred_paths";
+/// The `LOST_TREES` figures the agent reported (see `blind`).
+pub(super) const LOST_REPORTED: &str = "lost_reported";
 /// How often the agent says it is alive: the precision of a gap's start when it dies. One map
 /// update and a wake-up a second, a few µs; kept at 1 s while idle, since a killed agent's gap
 /// is dated by it whether or not anything ran.
@@ -63,6 +68,8 @@ const HEARTBEAT: Duration = Duration::from_secs(1);
 const MAX_KEPT: u32 = 4096;
 /// Credential paths kept (the table's own limit).
 const MAX_CRED_PATHS: u32 = 65536;
+/// Trees whose reported losses are kept: `LOST_TREES`' own size.
+const MAX_LOST_REPORTED: u32 = 4096;
 /// Entries allocated as they are used: most of these maps hold a few entries of a large value.
 const BPF_F_NO_PREALLOC: u32 = 1;
 /// How long `credwatch stop` waits for a running agent to exit after SIGTERM.
@@ -250,6 +257,10 @@ impl Pins {
             .map_err(err("cred_paths"))?
             .pin(dir.join(CRED_PATHS))
             .map_err(pin_err(CRED_PATHS))?;
+        HashMap::<MapData, u32, LostTree>::create(MAX_LOST_REPORTED, BPF_F_NO_PREALLOC)
+            .map_err(err("lost_reported"))?
+            .pin(dir.join(LOST_REPORTED))
+            .map_err(pin_err(LOST_REPORTED))?;
         let mut pins = Pins::open(dir)?;
         pins.state = AgentState { object_id: object_id(), ..AgentState::default() };
         pins.claim()?;

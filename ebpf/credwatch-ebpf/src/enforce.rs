@@ -5,11 +5,19 @@
 //! the process never runs again to read it); for a tamper syscall (bpf, a module load, a signal
 //! to the agent) its effect happens anyway. Where the BPF LSM is active, the fentry backend
 //! refuses instead (see [`crate::lsm`]), with the same decision ([`spared`]).
+//!
+//! Failing closed: when no agent has drained the rings for [`FAIL_CLOSED_AFTER_NS`] (the
+//! `HEARTBEAT` it writes), nothing reads what package code does, so its credential-inode opens
+//! are killed or refused whatever the rules said of the file, and its connects held, until an
+//! agent is back to judge them (see [`failing_closed`]).
 
-use aya_ebpf::helpers::{bpf_get_current_pid_tgid, generated::bpf_send_signal};
-use credwatch_common::{mark_flag, spare_flag, Config, Mark, NO_MANAGER};
+use aya_ebpf::helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns, generated::bpf_send_signal};
+use credwatch_common::{config_flag, mark_flag, spare_flag, Config, Mark, FAIL_CLOSED_AFTER_NS, NO_MANAGER};
 
-use crate::{file::exe_key, maps::SPARED_EXES};
+use crate::{
+    file::exe_key,
+    maps::{HEARTBEAT, SPARED_EXES},
+};
 
 const SIGKILL: u32 = 9;
 const SIGSTOP: u32 = 19;
@@ -48,4 +56,23 @@ pub(crate) fn spared(config: &Config, mark: Mark) -> bool {
     manager_ok
         && (exe.flags & spare_flag::ANYWHERE != 0
             || (exe.flags & spare_flag::VIA_MANAGER != 0 && mark.flags & mark_flag::ACTOR_CHAIN != 0))
+}
+
+/// Whether the current process fails closed: `--enforce`, an agent drained the rings once but
+/// not for [`FAIL_CLOSED_AFTER_NS`], and the process is package code (depth > 0). A tree's root
+/// is the manager or coding agent the user ran, not package code: it reads its own credentials
+/// to do its job (npm `.npmrc`, cargo `credentials.toml`, an agent its login), and killing it
+/// would break every install while the agent is away, without stopping a payload (that runs
+/// below it). [`spared`] processes are spared as under the rules. Before a first agent read
+/// (`HEARTBEAT` 0) nothing fails closed: the programs are loaded before anything reads. After a
+/// suspend the heartbeat is old until the agent's next drain, a few ms.
+#[inline(always)]
+pub(crate) fn failing_closed(config: &Config, mark: Mark) -> bool {
+    if config.flags & config_flag::ENFORCE == 0 || mark.depth == 0 {
+        return false;
+    }
+    let Some(&beat) = HEARTBEAT.get(0) else { return false };
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_boot_ns() };
+    beat != 0 && now.saturating_sub(beat) > FAIL_CLOSED_AFTER_NS && !spared(config, mark)
 }

@@ -22,9 +22,9 @@ use aya_ebpf::{
     maps::ring_buf::RingBufEntry,
 };
 use aya_log_ebpf::warn;
-use credwatch_common::{lost_index, Config, EventHeader, Mark};
+use credwatch_common::{lost_index, lost_kind, Config, EventHeader, LostTree, Mark};
 
-use crate::maps::{CONFIG, EVENTS, LOST, MARKS, PRIORITY, WAKEUP_COUNTDOWN};
+use crate::maps::{CONFIG, EVENTS, LOST, LOST_TREES, MARKS, PRIORITY, TAINTED, WAKEUP_COUNTDOWN};
 
 /// Wake the reader when this much is waiting, although it has not caught up (while records flow
 /// it reads them on a short timer).
@@ -67,13 +67,55 @@ pub(crate) fn count_lost(index: u32) {
     }
 }
 
-/// Reserves a record in `PRIORITY` or in the bulk `EVENTS`, counting a failure per buffer.
+/// Counts a loss of tree `root` in `LOST_TREES`: a record of [`lost_kind`] `kind` that a ring
+/// refused (`priority`: the priority ring), or a process left unmarked ([`lost_kind::MARK`]).
+/// Concurrent losses of one tree may race on the counts: a count may come out short, never a
+/// tree unnamed.
+#[inline(never)]
+pub(crate) fn count_lost_tree(root: u32, kind: usize, priority: bool) {
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_boot_ns() };
+    if let Some(tree) = LOST_TREES.get_ptr_mut(&root) {
+        // SAFETY: a map value; `get_mut` checks the index.
+        unsafe {
+            if let Some(count) = (*tree).counts.get_mut(kind) {
+                *count = count.wrapping_add(1);
+            }
+            if priority {
+                (*tree).priority = (*tree).priority.wrapping_add(1);
+            }
+            (*tree).last_boot_ns = now;
+        }
+        return;
+    }
+    let mut tree = LostTree { first_boot_ns: now, last_boot_ns: now, priority: priority as u32, ..LostTree::default() };
+    if let Some(count) = tree.counts.get_mut(kind) {
+        *count = 1;
+    }
+    let _ = LOST_TREES.insert(&root, &tree, 0);
+}
+
+/// Adds one to the tree's `TAINTED` count: it opened a credential inode, or one of its
+/// processes went unmarked.
 #[inline(always)]
-pub(crate) fn reserve<T: 'static>(priority: bool) -> Option<RingBufEntry<T>> {
+pub(crate) fn taint(root: u32) {
+    if let Some(count) = TAINTED.get_ptr_mut(&root) {
+        // SAFETY: a map value.
+        unsafe { *count = (*count).wrapping_add(1) };
+    } else {
+        let _ = TAINTED.insert(&root, &1, 0);
+    }
+}
+
+/// Reserves a record of [`lost_kind`] `kind` of the tree `root` in `PRIORITY` or in the bulk
+/// `EVENTS`, counting a failure per buffer and per tree.
+#[inline(always)]
+pub(crate) fn reserve<T: 'static>(priority: bool, root: u32, kind: usize) -> Option<RingBufEntry<T>> {
     if priority {
         let entry = PRIORITY.reserve::<T>(0);
         if entry.is_none() {
             count_lost(lost_index::PRIORITY);
+            count_lost_tree(root, kind, true);
             warn!(&(), "ring buffer PRIORITY full: a {}-byte record dropped", size_of::<T>());
         }
         return entry;
@@ -81,6 +123,7 @@ pub(crate) fn reserve<T: 'static>(priority: bool) -> Option<RingBufEntry<T>> {
     let entry = EVENTS.reserve::<T>(0);
     if entry.is_none() {
         count_lost(lost_index::EVENTS);
+        count_lost_tree(root, kind, false);
         warn!(&(), "ring buffer EVENTS full: a {}-byte record dropped", size_of::<T>());
     }
     entry
@@ -96,19 +139,34 @@ pub(crate) fn submit<T>(entry: RingBufEntry<T>, priority: bool) {
     entry.submit(events_wakeup());
 }
 
-/// Copies a variable-length record built in scratch memory into `PRIORITY` or `EVENTS`, with
-/// the same wakeup policy as [`submit`].
+/// Copies a variable-length record of [`lost_kind`] `kind` of the tree `root`, built in scratch
+/// memory, into `PRIORITY` or `EVENTS`, with the same wakeup policy as [`submit`] and the same
+/// counting of failures as [`reserve`]. Returns whether it was sent.
 #[inline(always)]
-pub(crate) fn output(record: &[u8], priority: bool) {
+pub(crate) fn output(record: &[u8], priority: bool, root: u32, kind: usize) -> bool {
     if priority {
         if PRIORITY.output::<[u8]>(record, 0).is_err() {
             count_lost(lost_index::PRIORITY);
+            count_lost_tree(root, kind, true);
             warn!(&(), "ring buffer PRIORITY full: a {}-byte record dropped", record.len());
+            return false;
         }
     } else if EVENTS.output::<[u8]>(record, events_wakeup()).is_err() {
         count_lost(lost_index::EVENTS);
+        count_lost_tree(root, kind, false);
         warn!(&(), "ring buffer EVENTS full: a {}-byte record dropped", record.len());
+        return false;
     }
+    true
+}
+
+/// Counts a process of tree `root` left unmarked because `MARKS` was full, and taints the tree:
+/// what it does is unseen.
+#[inline(always)]
+pub(crate) fn count_unmarked(root: u32) {
+    count_lost(lost_index::MARKS_FULL);
+    count_lost_tree(root, lost_kind::MARK, false);
+    taint(root);
 }
 
 /// No wakeup per record: the adaptive one (flags 0) wakes the reader only for the first record

@@ -27,7 +27,7 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::{debug, warn};
 use credwatch_common::{
-    config_flag, kind, lost_index, mark_flag, path_flag, spare_flag, Config, ExecEvent, ExitEvent, ForkEvent, Mark,
+    config_flag, kind, lost_kind, mark_flag, path_flag, spare_flag, Config, ExecEvent, ExitEvent, ForkEvent, Mark,
     MAX_ARGS, MAX_CGROUP_PATH, MAX_ENV, MAX_EXEC_RECORD, MAX_GIVEN_PATH, MAX_RESOLVED_PATH, NO_CGROUP_SUBSYS,
     NO_MANAGER,
 };
@@ -36,10 +36,11 @@ use crate::{
     cgroup::{cgroup_node, cgroup_path},
     file::exe_key,
     helpers::{
-        bounded, config, count_lost, current_mark, fill_header, fill_identity, output, read, reserve, submit, Res,
+        bounded, config, count_unmarked, current_mark, fill_header, fill_identity, output, read, reserve, submit, Res,
     },
     maps::{EXEC_SCRATCH, MARKS, MAX_MARKS, SPARED_EXES},
     path::resolve_at,
+    repeats::take_uncarried,
     roots::manager_root,
 };
 
@@ -88,7 +89,7 @@ pub(crate) fn try_sched_process_exec(bprm: u64) -> Res<()> {
             Some(manager) => {
                 let mark = Mark { root_pid: tgid, depth: 0, manager, flags: 0 };
                 if MARKS.insert(&tgid, &mark, 0).is_err() {
-                    count_lost(lost_index::MARKS_FULL);
+                    count_unmarked(tgid);
                     warn!(
                         &(),
                         "MARKS full ({} entries): root pid {} of manager {} not marked", MAX_MARKS, tgid, manager
@@ -112,7 +113,11 @@ pub(crate) fn try_sched_process_exec(bprm: u64) -> Res<()> {
         fill_identity(addr_of_mut!((*scratch).event.header));
         let size = fill_exec(config, bprm, scratch)?;
         (*scratch).event.header.size = size as u32;
-        output(core::slice::from_raw_parts(scratch as *const u8, size), false);
+        // A root's exec names the tree for every alert of it: reserved room. The mark is read
+        // back from the record, not held across the walks.
+        let mark = read_volatile(addr_of_mut!((*scratch).event.header.mark));
+        let record = core::slice::from_raw_parts(scratch as *const u8, size);
+        output(record, mark.depth == 0, mark.root_pid, lost_kind::EXEC);
     }
     Ok(())
 }
@@ -261,10 +266,10 @@ pub(crate) fn try_sched_process_fork(child: u64) -> Res<()> {
     let flags = (mark.flags & !mark_flag::PARENT_IN_CHAIN) | parent_in_chain;
     let child_mark = Mark { root_pid: mark.root_pid, depth: mark.depth + 1, manager: mark.manager, flags };
     if MARKS.insert(&child_tgid, &child_mark, 0).is_err() {
-        count_lost(lost_index::MARKS_FULL);
+        count_unmarked(mark.root_pid);
         warn!(&(), "MARKS full ({} entries): child pid {} of pid {} not marked", MAX_MARKS, child_tgid, tgid);
     }
-    let Some(mut entry) = reserve::<ForkEvent>(false) else { return Ok(()) };
+    let Some(mut entry) = reserve::<ForkEvent>(false, mark.root_pid, lost_kind::FORK) else { return Ok(()) };
     let event = entry.as_mut_ptr();
     // SAFETY: event points to a reserved record of the right size.
     unsafe {
@@ -316,14 +321,16 @@ fn try_sched_process_exit(ctx: &RawTracePointContext) -> Res<()> {
     if !group_dead || MARKS.remove(&tgid).is_err() {
         return Ok(());
     }
+    // What the process's records did not carry of its counted acts (see crate::repeats).
+    let repeats = take_uncarried(tgid);
     let exit_code: u32 = read(task, off.task_struct_exit_code)?;
-    let Some(mut entry) = reserve::<ExitEvent>(false) else { return Ok(()) };
+    let Some(mut entry) = reserve::<ExitEvent>(false, mark.root_pid, lost_kind::EXIT) else { return Ok(()) };
     let event = entry.as_mut_ptr();
     // SAFETY: event points to a reserved record of the right size.
     unsafe {
         fill_header(addr_of_mut!((*event).header), kind::EXIT, size_of::<ExitEvent>(), pid_tgid, mark);
         (*event).exit_code = exit_code;
-        (*event).repeats = 0;
+        (*event).repeats = repeats;
     }
     submit(entry, false);
     Ok(())

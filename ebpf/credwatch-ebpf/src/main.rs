@@ -32,6 +32,7 @@ mod net;
 mod open;
 mod path;
 mod rename;
+mod repeats;
 mod roots;
 mod syscall;
 mod tamper;

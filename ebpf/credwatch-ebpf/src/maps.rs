@@ -5,18 +5,21 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use credwatch_common::{
-    lost_index, Config, CredInode, DnsSocket, HookedSyscall, InodeKey, ManagerValue, Mark, RenameEvent, SparedExe,
-    MANAGER_NAME_LEN, MODULE_KEY_LEN,
+    lost_index, Config, CredInode, DnsSocket, HookedSyscall, InodeKey, LostTree, ManagerValue, Mark, RenameEvent,
+    SparedExe, MANAGER_NAME_LEN, MODULE_KEY_LEN,
 };
 
 use crate::{
     lineage::ExecScratch,
     open::{OpenScratch, OpenSlot, PendingOpen},
+    repeats::{ProcessRepeats, Repeat, RepeatKey},
     roots::Scratch,
     tamper::PendingSyscall,
 };
 
-/// Processes that can be marked at once; a full map is counted in `LOST[MARKS_FULL]`.
+/// Processes that can be marked at once; a full map is counted in `LOST[MARKS_FULL]` and in the
+/// tree's `LOST_TREES` entry, and taints the tree. (The agent can set this and the other map
+/// sizes at load: `--map-size`.)
 pub(crate) const MAX_MARKS: u32 = 65536;
 const MAX_MANAGERS: u32 = 256;
 /// Entries of `SYSCALLS`, indexed by syscall number: above every number of x86_64 and arm64.
@@ -31,6 +34,10 @@ pub(crate) const MAX_PENDING_OPENS: u32 = 16384;
 /// buffer costs the agent resident memory (it maps the data twice).
 const EVENTS_BYTES: u32 = 4 << 20;
 /// Room for about 2,500 open records: enough for a burst of credential hits between two polls.
+/// Only records that make alerts come here (credential-inode opens, blocked, denied and
+/// failed-closed acts, tamper syscalls, execs of tree roots, a tainted tree's connects), and
+/// the kernel counts a repeated act instead of sending it again, so a flood of one file's
+/// opens costs a record a second, not a record per open.
 const PRIORITY_BYTES: u32 = 512 << 10;
 /// Credential files the agent can register (its table has the same limit).
 const MAX_CRED_INODES: u32 = 16384;
@@ -40,8 +47,14 @@ pub(crate) const MAX_PENDING_RENAMES: u32 = 256;
 pub(crate) const MAX_PENDING_SYSCALLS: u32 = 4096;
 /// Sockets connected to port 53 remembered at once (LRU).
 const MAX_DNS_SOCKETS: u32 = 4096;
-/// Trees remembered as having opened a credential inode (LRU).
+/// Trees remembered as having opened a credential inode or lost a mark (LRU).
 const MAX_TAINTED: u32 = 4096;
+/// Trees whose losses wait for the agent (LRU: the agent reads them whenever `LOST` moves).
+const MAX_LOST_TREES: u32 = 4096;
+/// Keys of acts (see [`crate::repeats`]) whose last record was less than a second ago, and
+/// more: LRU, an evicted key's next act is sent again (its count waits in its process's entry).
+/// A build opens a few thousand distinct files a second.
+pub(crate) const MAX_REPEATS: u32 = 16384;
 /// Per-CPU LRU lists: no lock shared by all CPUs on the open path (uapi/linux/bpf.h).
 const BPF_F_NO_COMMON_LRU: u32 = 2;
 
@@ -118,11 +131,30 @@ pub(crate) static SYSCALLS: Array<HookedSyscall> = Array::with_max_entries(SYSCA
 /// them is reported as a DNS query. LRU: a closed socket only ages out.
 #[map]
 pub(crate) static DNS_SOCKETS: LruHashMap<u64, DnsSocket> = LruHashMap::with_max_entries(MAX_DNS_SOCKETS, 0);
-/// Root tgid of a tree one of whose processes opened a credential inode (under `--enforce`
-/// only): its processes' connects are held for the agent's verdict.
+/// Root tgid -> how many credential-inode opens the tree made plus how many of its processes
+/// went unmarked (MARKS full). Under `--enforce`, its processes' connects are held for the
+/// agent's verdict.
 #[map]
 pub(crate) static TAINTED: LruHashMap<u32, u32> = LruHashMap::with_max_entries(MAX_TAINTED, 0);
+/// Root tgid -> [`LostTree`]: the records the rings refused and the marks not made, per tree,
+/// which the agent reports as blind spots naming the tree.
+#[map]
+pub(crate) static LOST_TREES: LruHashMap<u32, LostTree> = LruHashMap::with_max_entries(MAX_LOST_TREES, 0);
+/// `bpf_ktime_get_boot_ns()` of the agent's last drain of the rings (0: no agent read yet).
+/// Under `--enforce`, package code fails closed when it is older than
+/// [`credwatch_common::FAIL_CLOSED_AFTER_NS`] (see [`crate::enforce::failing_closed`]).
+#[map]
+pub(crate) static HEARTBEAT: Array<u64> = Array::with_max_entries(1, 0);
 /// Per-CPU: records left before the next look at the bulk ring's fill level (see
 /// [`crate::helpers::events_wakeup`]).
 #[map]
 pub(crate) static WAKEUP_COUNTDOWN: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+/// [`RepeatKey`] -> [`Repeat`]: when each act of a marked process was last sent, and how many
+/// identical ones were counted since (see [`crate::repeats`]).
+#[map]
+pub(crate) static REPEATS: LruHashMap<RepeatKey, Repeat> = LruHashMap::with_max_entries(MAX_REPEATS, BPF_F_NO_COMMON_LRU);
+/// tgid -> [`ProcessRepeats`]: a marked process's counted acts no record carried yet, for its
+/// exit record (freed there). As large as `MARKS`: one entry per marked process.
+#[map]
+pub(crate) static PROCESS_REPEATS: LruHashMap<u32, ProcessRepeats> =
+    LruHashMap::with_max_entries(MAX_MARKS, BPF_F_NO_COMMON_LRU);

@@ -9,7 +9,8 @@
 //!   an IP address (not port 53) by package code (depth > 0) sends SIGSTOP to the process at
 //!   the connect's entry. The handshake may complete, but the process stops before it returns
 //!   to user space, so nothing is sent until the agent, having judged the destination, sends
-//!   SIGKILL or SIGCONT.
+//!   SIGKILL or SIGCONT. While the agent is away (see [`crate::enforce::failing_closed`]),
+//!   every such connect of package code is held.
 
 use core::{ffi::c_void, mem::size_of, ptr::addr_of_mut};
 
@@ -22,15 +23,16 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use credwatch_common::{
-    config_flag, kind, net_syscall, record_flag, syscall_family, ConnectEvent, DnsQueryEvent, DnsSocket, KernelOffsets,
-    Mark, DNS_SOCKADDR, MAX_DNS_PAYLOAD, MAX_SOCKADDR,
+    config_flag, kind, lost_kind, net_syscall, record_flag, syscall_family, ConnectEvent, DnsQueryEvent, DnsSocket,
+    KernelOffsets, Mark, DNS_SOCKADDR, MAX_DNS_PAYLOAD, MAX_SOCKADDR,
 };
 
 use crate::{
-    enforce::{spared, stop_current},
+    enforce::{failing_closed, spared, stop_current},
     file::fd_file,
     helpers::{checked, config, current_mark, fill_header, read, read_user, reserve, submit, Res},
     maps::{DNS_SOCKETS, TAINTED},
+    repeats::{check, unsend, RepeatKey},
     syscall::{enter_args, hooked_syscall},
 };
 
@@ -88,25 +90,51 @@ fn family_port(head: [u8; 4]) -> (u16, u16) {
 #[inline(always)]
 fn report_connect(pid_tgid: u64, mark: Mark, fd: i32, addr: u64, addr_len: u64) -> Res<()> {
     let config = config().ok_or(-1i64)?;
-    // Connects are rare next to opens, and the agent must see a held one at once.
-    let Some(mut entry) = reserve::<ConnectEvent>(true) else { return Ok(()) };
-    let event = entry.as_mut_ptr();
+    // SAFETY: copied out at once.
+    let taint_count = unsafe { TAINTED.get(&mark.root_pid).copied() }.unwrap_or(0);
+    let tainted = taint_count != 0;
+    let closed = failing_closed(config, mark);
+    // A tainted tree's connects make alerts, and the agent must see a held one at once.
+    let priority = tainted || closed;
     let want = if addr == 0 { 0 } else { addr_len };
+    let (family, port) = if want >= 4 { family_port(read_user(addr).unwrap_or([0; 4])) } else { (0, 0) };
+    let inet = family == AF_INET || family == AF_INET6;
+    let dns = inet && port == DNS_PORT;
+    let mut record_flags = 0;
+    if inet && !dns {
+        let by_taint = mark.depth > 0 && config.flags & config_flag::ENFORCE != 0 && tainted;
+        if by_taint && !spared(config, mark) && stop_current() {
+            record_flags = record_flag::HELD;
+        } else if !by_taint && closed && stop_current() {
+            record_flags = record_flag::HELD | record_flag::FAIL_CLOSED;
+        }
+    }
+    // Held (or not) above; a held connect is always sent, and a connect to a DNS server keeps
+    // its socket known (below). Another connect to where this process connected less than a
+    // second ago, its tree having opened no credential since, is only counted (see
+    // crate::repeats).
+    let repeat = if inet && !dns && record_flags == 0 { connect_key(pid_tgid, family, port, addr, want) } else { None };
+    let carried = match &repeat {
+        Some(key) => match check(key, taint_count) {
+            Some(carried) => carried,
+            None => return Ok(()),
+        },
+        None => 0,
+    };
+    let Some(mut entry) = reserve::<ConnectEvent>(priority, mark.root_pid, lost_kind::CONNECT) else {
+        if let Some(key) = &repeat {
+            unsend(key, carried);
+        }
+        return Ok(());
+    };
+    let event = entry.as_mut_ptr();
     // SAFETY: event points to a reserved record of the right size; at most MAX_SOCKADDR bytes
     // into `addr`.
     let copied = unsafe { copy_user(addr_of_mut!((*event).addr) as *mut c_void, MAX_SOCKADDR, addr, want) };
-    let (family, port) = if copied >= 4 {
-        // SAFETY: as above; the first 4 bytes were copied.
-        family_port(unsafe { [(*event).addr[0], (*event).addr[1], (*event).addr[2], (*event).addr[3]] })
-    } else {
-        (0, 0)
-    };
     // SAFETY: kernel reads through probe helpers only.
     let sock_type = unsafe { socket_type(&config.offsets, fd) }.unwrap_or(0);
     let key = (pid_tgid & 0xffff_ffff_0000_0000) | (fd as u32 as u64);
-    let inet = family == AF_INET || family == AF_INET6;
-    let mut record_flags = 0;
-    if inet && port == DNS_PORT {
+    if dns {
         let mut socket = DnsSocket { addr_len: copied.min(DNS_SOCKADDR as u32), addr: [0; DNS_SOCKADDR] };
         // SAFETY: both buffers hold at least DNS_SOCKADDR bytes.
         unsafe {
@@ -120,16 +148,6 @@ fn report_connect(pid_tgid: u64, mark: Mark, fd: i32, addr: u64, addr_len: u64) 
     } else {
         // The fd number may have been a DNS socket once (closes are not hooked).
         let _ = DNS_SOCKETS.remove(&key);
-        if inet
-            && mark.depth > 0
-            && config.flags & config_flag::ENFORCE != 0
-            // SAFETY: copied out at once.
-            && unsafe { TAINTED.get(&mark.root_pid) }.is_some()
-            && !spared(config, mark)
-            && stop_current()
-        {
-            record_flags = record_flag::HELD;
-        }
     }
     // SAFETY: event points to a reserved record of the right size.
     unsafe {
@@ -140,11 +158,34 @@ fn report_connect(pid_tgid: u64, mark: Mark, fd: i32, addr: u64, addr_len: u64) 
         (*event).addr_len = addr_len as u32;
         (*event).copied = copied;
         (*event).sock_type = sock_type;
-        (*event).repeats = 0;
+        (*event).repeats = carried;
         (*event)._pad = 0;
     }
-    submit(entry, true);
+    submit(entry, priority);
     Ok(())
+}
+
+/// What makes a connect to the IPv4 or IPv6 address at `addr` (`len` bytes) the same as another
+/// of the process (see [`crate::repeats`]): the family, port and address, and an IPv6 address's
+/// scope. None when the address is short or unreadable.
+#[inline(always)]
+fn connect_key(pid_tgid: u64, family: u16, port: u16, addr: u64, len: u64) -> Option<RepeatKey> {
+    let tgid = (pid_tgid >> 32) as u32;
+    if family == AF_INET {
+        // sockaddr_in: family, port, 4 bytes of address.
+        if len < 8 {
+            return None;
+        }
+        let ip: u32 = read_user(addr + 4).ok()?;
+        return Some(RepeatKey::connect(tgid, family, port, 0, [ip as u64, 0]));
+    }
+    // sockaddr_in6: family, port, flow info, 16 bytes of address, scope id.
+    if len < 28 {
+        return None;
+    }
+    let ip: [u64; 2] = read_user(addr + 8).ok()?;
+    let scope: u32 = read_user(addr + 24).ok()?;
+    Some(RepeatKey::connect(tgid, family, port, scope, ip))
 }
 
 /// The type of the socket behind `fd` (`file->private_data` is its `struct socket`).
@@ -188,7 +229,7 @@ fn report_dns(
         socket = unsafe { DNS_SOCKETS.get(&key).copied() }.ok_or(-1i64)?;
         record_flags = record_flag::DNS_SOCKET;
     }
-    let Some(mut entry) = reserve::<DnsQueryEvent>(false) else { return Ok(()) };
+    let Some(mut entry) = reserve::<DnsQueryEvent>(false, mark.root_pid, lost_kind::DNS_QUERY) else { return Ok(()) };
     let event = entry.as_mut_ptr();
     // SAFETY: event points to a reserved record of the right size; at most MAX_DNS_PAYLOAD
     // bytes of user memory into `payload`.

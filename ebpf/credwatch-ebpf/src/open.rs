@@ -10,8 +10,9 @@
 //!   (s_dev, i_ino) is looked up in `CRED_INODES` (one more lookup, marked processes only), and
 //!   on a hit its `i_generation` compared with the entry's (one more read, hits only), so that a
 //!   file reusing a deleted credential file's inode number is not taken for it. A hit goes to
-//!   `PRIORITY`, and under `--enforce` a `KILL` inode kills the process. The open has completed
-//!   by then (an `O_TRUNC` has truncated), but nothing was read.
+//!   `PRIORITY`, and under `--enforce` a `KILL` inode kills the process, as does any credential
+//!   inode while the agent is away (see [`crate::enforce::failing_closed`]). The open has
+//!   completed by then (an `O_TRUNC` has truncated), but nothing was read.
 
 use core::{
     ffi::c_void,
@@ -26,21 +27,24 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use credwatch_common::{
-    config_flag, cred_flag, kind, open_syscall, path_flag, record_flag, syscall_family, Config, CredInode, InodeKey,
-    KernelOffsets, Mark, OpenEvent, MAX_GIVEN_PATH, MAX_OPEN_RECORD, MAX_RESOLVED_PATH,
+    config_flag, cred_flag, kind, lost_kind, open_syscall, path_flag, record_flag, syscall_family, Config, CredInode,
+    InodeKey, KernelOffsets, Mark, OpenEvent, MAX_GIVEN_PATH, MAX_OPEN_RECORD, MAX_RESOLVED_PATH,
 };
 
 use crate::{
-    enforce::{kill_current, spared},
+    enforce::{failing_closed, kill_current, spared},
     file::{fd_file, inode_key, opened_file},
-    helpers::{config, current_mark, fill_header, launder, output, read, zero, Res},
-    maps::{CRED_INODES, MAX_PENDING_OPENS, OPEN_SCRATCH, OPEN_SLOTS, OPEN_SLOT_COUNT, PENDING_OPENS, TAINTED},
+    helpers::{config, current_mark, fill_header, launder, output, read, taint, zero, Res},
+    maps::{CRED_INODES, MAX_PENDING_OPENS, OPEN_SCRATCH, OPEN_SLOTS, OPEN_SLOT_COUNT, PENDING_OPENS},
     path::{resolve_into, Location},
+    repeats::{check, unsend, RepeatKey},
     syscall::{enter_args, exit_result, hooked_syscall, openat_args, AT_FDCWD},
 };
 
 /// `creat(path, mode)` is `open(path, O_CREAT | O_WRONLY | O_TRUNC, mode)`.
 const CREAT_FLAGS: u64 = 0o100 | 0o1 | 0o1000;
+/// The access-mode bits of open flags (read, write, both).
+const O_ACCMODE: u64 = 3;
 /// The result of a refused open: `-EPERM`.
 const EPERM: i64 = 1;
 
@@ -250,8 +254,9 @@ fn unseen_open(off: &KernelOffsets, file: u64, syscall: u32) -> Res<PendingOpen>
 }
 
 /// The BPF LSM `file_open` hook's decision (see [`crate::lsm`]), for a marked process opening
-/// `file`: under `--enforce`, a `KILL` credential inode that [`spared`] does not spare is
-/// refused (true), and reported as [`record_flag::DENIED`] with what the open's entry saw
+/// `file`: under `--enforce`, a `KILL` credential inode that [`spared`] does not spare, or any
+/// credential inode while failing closed, is refused (true), and reported as
+/// [`record_flag::DENIED`] (and [`record_flag::FAIL_CLOSED`]) with what the open's entry saw
 /// (with the LSM hooks, the fentry backend attaches the open family's entry program too), or,
 /// for an open that no hooked syscall made (io_uring's `IORING_OP_OPENAT`), by the file's
 /// flags. The thread's slot then holds the file's open (`FILE_OPEN`) for the syscall's exit,
@@ -267,9 +272,13 @@ pub(crate) fn deny_open(pid_tgid: u64, mark: Mark, file: u64) -> bool {
     let Ok(inode) = read::<u64>(file, off.file_f_inode) else { return false };
     let Ok(key) = inode_key(off, inode) else { return false };
     let Some(cred) = cred_inode(off, inode, &key) else { return false };
-    if cred.flags & cred_flag::KILL == 0 || spared(config, mark) {
+    let denied = if cred.flags & cred_flag::KILL != 0 && !spared(config, mark) {
+        record_flag::DENIED
+    } else if failing_closed(config, mark) {
+        record_flag::DENIED | record_flag::FAIL_CLOSED
+    } else {
         return false;
-    }
+    };
     let tid = pid_tgid as u32;
     let (pending, no_entry) = match take_pending_open(tid) {
         Some(entry) if entry.syscall != open_syscall::FILE_OPEN => (entry, 0),
@@ -280,7 +289,7 @@ pub(crate) fn deny_open(pid_tgid: u64, mark: Mark, file: u64) -> bool {
     };
     let reported = PendingOpen { syscall: open_syscall::FILE_OPEN, dirfd: AT_FDCWD, flags: 0, mode: 0, given_ptr: 0 };
     let _ = save_open(tid, &reported);
-    let _ = emit_open(config, pid_tgid, mark, pending, file, -EPERM, no_entry | record_flag::DENIED);
+    let _ = emit_open(config, pid_tgid, mark, pending, file, -EPERM, no_entry | denied);
     true
 }
 
@@ -299,7 +308,8 @@ fn cred_inode(off: &KernelOffsets, inode: u64, key: &InodeKey) -> Option<CredIno
 
 /// Builds and sends the record of an open of `file` (0: none) with result `ret`, what its
 /// entry saw in `pending` and `record_flags` (NO_ENTRY, DENIED) so far; kills the process
-/// under `--enforce` when it opened a `KILL` credential inode (but for a denied open).
+/// under `--enforce` when it opened a `KILL` credential inode, or any credential inode while
+/// failing closed (but for a denied open).
 #[inline(always)]
 fn emit_open(
     config: &Config,
@@ -342,24 +352,33 @@ fn emit_open(
                 if let Some(cred) = cred_inode(off, opened.inode, &key) {
                     record_flags |= record_flag::CRED_INODE;
                     (*event).cred_index = cred.index;
-                    // The tree's later connects are held for the agent's verdict.
-                    if config.flags & config_flag::ENFORCE != 0 {
-                        let _ = TAINTED.insert(&mark.root_pid, &1, 0);
-                    }
+                    // Under `--enforce`, the tree's later connects are held for the agent's
+                    // verdict.
+                    taint(mark.root_pid);
                     // Killed before the syscall returns to user space: the fd exists, but the
                     // process never runs again to read it.
-                    if config.flags & config_flag::ENFORCE != 0
-                        && record_flags & record_flag::DENIED == 0
-                        && cred.flags & cred_flag::KILL != 0
-                        && !spared(config, mark)
-                        && kill_current()
-                    {
-                        record_flags |= record_flag::BLOCKED;
+                    if config.flags & config_flag::ENFORCE != 0 && record_flags & record_flag::DENIED == 0 {
+                        let by_rule = cred.flags & cred_flag::KILL != 0 && !spared(config, mark);
+                        let closed = !by_rule && failing_closed(config, mark);
+                        if (by_rule || closed) && kill_current() {
+                            record_flags |= record_flag::BLOCKED;
+                            if closed {
+                                record_flags |= record_flag::FAIL_CLOSED;
+                            }
+                        }
                     }
                 }
             }
         }
         write_volatile(addr_of_mut!((*event).record_flags), record_flags);
+    }
+    // Enforced above; an open of a file this process opened so less than a second ago is only
+    // counted, before the walk and the ring (see crate::repeats).
+    // SAFETY: as above.
+    if let Some(repeat) = unsafe { repeat_key(event, (pid_tgid >> 32) as u32) } {
+        let Some(carried) = check(&repeat, 0) else { return Ok(()) };
+        // SAFETY: as above.
+        unsafe { write_volatile(addr_of_mut!((*event).repeats), carried) };
     }
     // SAFETY: as above; user memory through probe helpers only; every write stays inside
     // `tail` (given <= MAX_GIVEN_PATH - 1 bytes, then at most MAX_RESOLVED_PATH).
@@ -387,8 +406,41 @@ fn emit_open(
         }
         fill_header(addr_of_mut!((*event).header), kind::OPEN, size, pid_tgid, mark);
         let record_flags = read_volatile(addr_of_mut!((*event).record_flags));
-        let priority = record_flags & (record_flag::CRED_INODE | record_flag::BLOCKED | record_flag::DENIED) != 0;
-        output(core::slice::from_raw_parts(scratch as *const u8, size), priority);
+        let acted = record_flag::BLOCKED | record_flag::DENIED | record_flag::FAIL_CLOSED;
+        let priority = record_flags & (record_flag::CRED_INODE | acted) != 0;
+        let lost_as = if priority { lost_kind::CREDENTIAL_OPEN } else { lost_kind::OPEN };
+        let record = core::slice::from_raw_parts(scratch as *const u8, size);
+        // The mark read back from the record, not held across the walk.
+        let root = read_volatile(addr_of_mut!((*event).header.mark.root_pid));
+        if !output(record, priority, root, lost_as) {
+            if let Some(repeat) = repeat_key(event, read_volatile(addr_of_mut!((*event).header.pid))) {
+                unsend(&repeat, read_volatile(addr_of_mut!((*event).repeats)));
+            }
+        }
     }
     Ok(())
+}
+
+/// What makes the open in `event` the same as another of process `tgid` (see
+/// [`crate::repeats`]): its file, access mode and enforcement. None without a file.
+///
+/// # Safety
+/// `event` points to an open record being built.
+#[inline(always)]
+unsafe fn repeat_key(event: *mut OpenEvent, tgid: u32) -> Option<RepeatKey> {
+    // SAFETY: the caller's record.
+    unsafe {
+        let ino = read_volatile(addr_of_mut!((*event).ino));
+        if ino == 0 {
+            return None;
+        }
+        let enforced = record_flag::BLOCKED | record_flag::DENIED | record_flag::FAIL_CLOSED;
+        Some(RepeatKey::open(
+            tgid,
+            read_volatile(addr_of_mut!((*event).dev)),
+            ino,
+            read_volatile(addr_of_mut!((*event).flags)) & O_ACCMODE,
+            read_volatile(addr_of_mut!((*event).record_flags)) & enforced,
+        ))
+    }
 }

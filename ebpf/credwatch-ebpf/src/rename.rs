@@ -13,7 +13,7 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use aya_log_ebpf::warn;
-use credwatch_common::{kind, rename_syscall, syscall_family, Mark, RenameEvent, MAX_GIVEN_PATH};
+use credwatch_common::{kind, lost_kind, rename_syscall, syscall_family, Mark, RenameEvent, MAX_GIVEN_PATH};
 
 use crate::{
     helpers::{config, current_mark, fill_header, reserve, submit, Res},
@@ -118,7 +118,7 @@ pub(crate) fn handle_rename_exit(pid_tgid: u64, mark: Mark, ret: i64) {
 #[inline(always)]
 fn report_rename(pid_tgid: u64, mark: Mark, tid: u32, ret: i64) -> Res<()> {
     let Some(pending) = PENDING_RENAMES.get_ptr(&tid) else { return Ok(()) };
-    let Some(mut entry) = reserve::<RenameEvent>(false) else { return Ok(()) };
+    let Some(mut entry) = reserve::<RenameEvent>(false, mark.root_pid, lost_kind::RENAME) else { return Ok(()) };
     let event = entry.as_mut_ptr();
     // SAFETY: event points to a reserved record of the right size; pending to a map value of
     // the same type.

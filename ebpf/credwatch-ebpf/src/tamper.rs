@@ -10,7 +10,7 @@ use core::{mem::size_of, ptr::addr_of_mut};
 use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
 use aya_log_ebpf::warn;
 use credwatch_common::{
-    config_flag, kind, record_flag, syscall_family, tamper_syscall, KernelOffsets, Mark, SyscallEvent,
+    config_flag, kind, lost_kind, record_flag, syscall_family, tamper_syscall, KernelOffsets, Mark, SyscallEvent,
 };
 
 use crate::{
@@ -18,6 +18,7 @@ use crate::{
     file::fd_file,
     helpers::{config, current_mark, fill_header, read, reserve, submit, Res},
     maps::{MAX_PENDING_SYSCALLS, PENDING_SYSCALLS},
+    repeats::{check, unsend, RepeatKey},
     syscall::{enter_args, exit_result, hooked_syscall},
 };
 
@@ -155,7 +156,15 @@ pub(crate) fn emit_syscall(
     ret: i64,
     priority: bool,
 ) {
-    let Some(mut entry) = reserve::<SyscallEvent>(priority) else { return };
+    // Enforced before: the same call (on the same target) as one reported less than a second
+    // ago is only counted (see crate::repeats).
+    let kept = record_flag::HAS_TARGET | record_flag::BLOCKED | record_flag::DENIED | record_flag::FAIL_CLOSED;
+    let repeat = RepeatKey::syscall((pid_tgid >> 32) as u32, syscall, record_flags & kept, operation, target_pid);
+    let Some(carried) = check(&repeat, 0) else { return };
+    let Some(mut entry) = reserve::<SyscallEvent>(priority, mark.root_pid, lost_kind::SYSCALL) else {
+        unsend(&repeat, carried);
+        return;
+    };
     let event = entry.as_mut_ptr();
     // SAFETY: event points to a reserved record of the right size.
     unsafe {
@@ -163,7 +172,7 @@ pub(crate) fn emit_syscall(
         (*event).syscall = syscall;
         (*event).record_flags = record_flags;
         (*event).target_pid = target_pid;
-        (*event).repeats = 0;
+        (*event).repeats = carried;
         (*event).operation = operation;
         (*event).ret = ret;
     }
