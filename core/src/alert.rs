@@ -92,7 +92,11 @@ impl Alert {
                 None => "",
             },
         ];
-        for part in parts {
+        // Only on blind-spot alerts, so that every other alert keeps its id: their updates
+        // differ by what they sum.
+        let blind_spot = self.credwatch.blind_spot.as_ref().filter(|_| self.event.action == BLIND_SPOT_ACTION);
+        let blind_spot = blind_spot.map(|b| format!("{}:{}:{}", b.cause.as_str(), b.reports, b.is_final));
+        for part in parts.into_iter().chain(blind_spot.as_deref()) {
             // Length-prefixed, so that no two different field lists hash the same bytes.
             digest.update((part.len() as u64).to_le_bytes());
             digest.update(part.as_bytes());
@@ -354,6 +358,11 @@ pub struct AlertUser {
 /// credwatch's own fields.
 /// `enforcement` of a write a read-only mount refused (EROFS): nothing was written.
 pub const READ_ONLY_MOUNT: &str = "read-only-mount";
+/// `event.action` of a blind-spot alert: about a tree's unseen acts, not one act.
+pub const BLIND_SPOT_ACTION: &str = "blind_spot";
+/// `enforcement` suffix of what the kernel refused, killed or held because no agent had read
+/// its rings for a while (`--enforce` fails closed): `kernel-fail-closed`, `lsm-fail-closed`.
+pub const FAIL_CLOSED: &str = "fail-closed";
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct AlertCredwatch {
@@ -398,6 +407,77 @@ pub struct AlertCredwatch {
     /// on fake credentials, not an incident.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub selftest: bool,
+    /// On a blind-spot alert (what was missed of the tree, and when); on a connect alert that
+    /// counts the tree as having touched credentials because a process of it went unmarked:
+    /// that blind spot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blind_spot: Option<AlertBlindSpot>,
+}
+
+/// How acts of a tree went unseen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlindSpotCause {
+    /// The kernel could not send records (a ring was full).
+    #[default]
+    Lost,
+    /// A ring overflowed as the agent read it.
+    Overflow,
+    /// A process went unmarked: the kernel's table of watched processes was full.
+    MarksFull,
+    /// The agent was down or stopped: nothing read the rings.
+    Gap,
+}
+
+impl BlindSpotCause {
+    pub const ALL: [BlindSpotCause; 4] =
+        [BlindSpotCause::Lost, BlindSpotCause::Overflow, BlindSpotCause::MarksFull, BlindSpotCause::Gap];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BlindSpotCause::Lost => "lost",
+            BlindSpotCause::Overflow => "overflow",
+            BlindSpotCause::MarksFull => "marks_full",
+            BlindSpotCause::Gap => "gap",
+        }
+    }
+}
+
+impl From<crate::event::BlindCause> for BlindSpotCause {
+    fn from(cause: crate::event::BlindCause) -> BlindSpotCause {
+        match cause {
+            crate::event::BlindCause::Lost => BlindSpotCause::Lost,
+            crate::event::BlindCause::Overflow => BlindSpotCause::Overflow,
+            crate::event::BlindCause::MarksFull => BlindSpotCause::MarksFull,
+        }
+    }
+}
+
+/// What a blind-spot alert says was missed (see [`AlertCredwatch::blind_spot`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AlertBlindSpot {
+    pub cause: BlindSpotCause,
+    /// RFC 3339: the first and last loss (for a gap: the agent's last sign of life, and when it
+    /// read again).
+    pub since: String,
+    pub until: String,
+    pub seconds: f64,
+    /// Records lost, by kind (`exec`, `open`, `credential_open`, `connect`, `mark`, ...); empty
+    /// for a gap, whose records the kernel kept.
+    pub counts: std::collections::BTreeMap<String, u64>,
+    /// A lost record was an open of a credential file.
+    pub credential: bool,
+    /// A gap: the same agent was stopped (SIGSTOP, a freezer, a hung disk), not restarted.
+    pub stopped: bool,
+    /// The named packages the tree ran (the first 16), the alert's `package` the latest of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub packages: Vec<AlertPackage>,
+    /// The sensor's reports summed into this alert: a tree's losses are reported at each poll
+    /// while they last.
+    pub reports: u64,
+    /// The sum since the alert that went out first, when the tree or the stream ended.
+    #[serde(rename = "final", default, skip_serializing_if = "std::ops::Not::not")]
+    pub is_final: bool,
 }
 
 /// The time the agent was down (see [`AlertCredwatch::gap`]).
@@ -411,6 +491,9 @@ pub struct AlertGap {
     /// The agent before stopped cleanly (SIGTERM) rather than died.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub clean_stop: bool,
+    /// The same agent was stopped (SIGSTOP, a freezer, a hung disk), not restarted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stopped: bool,
 }
 
 /// Where a connect went.

@@ -255,6 +255,10 @@ pub struct Open {
     /// the file was not opened (trace schema 6).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub denied: bool,
+    /// With `blocked` or `denied`: the kernel acted because no agent had read its records for a
+    /// while (`--enforce` fails closed), whatever the rules say of the file (trace schema 7).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fail_closed: bool,
     /// Identical acts of the process counted by the sensor, not sent, since the previous
     /// record of this one (same file and access, same destination, same call); 0 when none.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -269,7 +273,7 @@ fn is_zero(count: &u64) -> bool {
 impl Open {
     /// The kernel stopped it (killed the process, or refused the open).
     pub fn stopped(&self) -> bool {
-        self.blocked || self.denied
+        self.blocked || self.denied || self.fail_closed
     }
 }
 
@@ -405,6 +409,10 @@ pub struct Connect {
     /// file): the agent kills it or lets it go on after the engine's verdict.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub held: bool,
+    /// With `held`: held because no agent had read the kernel's records for a while
+    /// (`--enforce` fails closed), not for the tree's credential reads (trace schema 7).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fail_closed: bool,
     /// The host (a name or an address) the process asked of credwatch's `--contain-net` proxy,
     /// which refused it: the process's own connect went to the proxy, and nothing further.
     #[serde(default, skip_serializing_if = "Option::is_none")]

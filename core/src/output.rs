@@ -10,7 +10,9 @@ use std::{
     path::Path,
 };
 
-use crate::alert::{Alert, AlertDestination, Severity};
+use crate::alert::{
+    Alert, AlertBlindSpot, AlertDestination, AlertPackage, BlindSpotCause, Severity, BLIND_SPOT_ACTION,
+};
 
 /// Makes `text` safe to print on a terminal: control characters (C0, DEL, C1), bidirectional
 /// overrides and backslashes become visible escapes, so a hostile path cannot move the
@@ -82,18 +84,13 @@ pub fn process_tree(alert: &Alert) -> Vec<String> {
 pub fn render(alert: &Alert, colour: bool) -> String {
     let (on, off) = if colour { (severity_colour(alert.rule.severity), "\x1b[0m") } else { ("", "") };
     let package = &alert.package;
-    let mut who = format!("{} package", escape(&package.manager));
-    match (&package.name, &package.version) {
-        (Some(name), Some(version)) => {
-            let _ = write!(who, " {}@{}", escape(name), escape(version));
-        }
-        (Some(name), None) => {
-            let _ = write!(who, " {}", escape(name));
-        }
-        _ => who.push_str(" code"),
-    }
-    if let Some(step) = &package.lifecycle {
-        let _ = write!(who, " ({})", escape(step));
+    let mut who = format!("{} package {}", escape(&package.manager), package_text(package));
+    let blind_spot = alert.credwatch.blind_spot.as_ref().filter(|_| alert.event.action == BLIND_SPOT_ACTION);
+    if blind_spot.is_some() && package.manager == UNKNOWN_TREE_MANAGER {
+        who = match alert.process.pid {
+            0 => "a tree the kernel could not tell".to_owned(),
+            pid => format!("the tree of pid {pid}"),
+        };
     }
     // Under a coding agent: the agent first, then the package when a manager it ran started one.
     if let Some(agent) = &alert.coding_agent {
@@ -129,6 +126,14 @@ pub fn render(alert: &Alert, colour: bool) -> String {
     }
     if let Some(why) = &alert.credwatch.why {
         let _ = writeln!(out, "  why      {}", escape(why));
+    }
+    if let Some(spot) = &alert.credwatch.blind_spot {
+        let label = if blind_spot.is_some() { "  missed   " } else { "  unseen   " };
+        let _ = writeln!(out, "{label}{}", escape(&blind_spot_text(spot)));
+        if spot.packages.len() > 1 {
+            let names: Vec<String> = spot.packages.iter().map(package_text).collect();
+            let _ = writeln!(out, "  packages {}", names.join(", "));
+        }
     }
     if let Some(gap) = &alert.credwatch.gap {
         let _ = writeln!(
@@ -199,11 +204,56 @@ pub fn render(alert: &Alert, colour: bool) -> String {
         out.push_str("  note     refused: the file system is read-only here (EROFS: run --contain's home); nothing was written\n");
     } else if alert.credwatch.contained {
         out.push_str("  note     contained: the box replaced the file (empty, or its settings without secrets); the credential was not read\n");
-    } else if !matches!(alert.event.outcome.as_str(), "blocked" | "denied") {
+    } else if alert.credwatch.enforcement.ends_with(crate::alert::FAIL_CLOSED) {
+        out.push_str("  note     the kernel acted on its own: no agent had read its records for a while (--enforce fails closed)\n");
+    } else if blind_spot.is_none() && !matches!(alert.event.outcome.as_str(), "blocked" | "denied") {
         let what = if alert.destination.is_some() { "connection" } else { "read" };
         let _ = writeln!(out, "  note     matched in {}; the {what} was not blocked", alert.credwatch.enforcement);
     }
     out
+}
+
+/// `package.manager` of a blind-spot alert about a tree the engine could not name.
+pub const UNKNOWN_TREE_MANAGER: &str = "unknown";
+
+/// `name@version (lifecycle)` as known, escaped; `code` for code of no named package.
+pub fn package_text(package: &AlertPackage) -> String {
+    let mut text = match (&package.name, &package.version) {
+        (Some(name), Some(version)) => format!("{}@{}", escape(name), escape(version)),
+        (Some(name), None) => escape(name).into_owned(),
+        _ => "code".to_owned(),
+    };
+    if let Some(step) = &package.lifecycle {
+        let _ = write!(text, " ({})", escape(step));
+    }
+    text
+}
+
+/// What a blind spot missed, and when: `records lost from T1 to T2 (2.0 s): 60000 open, 1
+/// credential_open; 3 reports`. Not escaped (the counts' kinds come from the input).
+pub fn blind_spot_text(spot: &AlertBlindSpot) -> String {
+    let what = match spot.cause {
+        BlindSpotCause::Lost => "records lost",
+        BlindSpotCause::Overflow => "records lost to a ring overflow",
+        BlindSpotCause::MarksFull => "processes left unmarked (the kernel's table was full)",
+        BlindSpotCause::Gap if spot.stopped => "credwatch stopped",
+        BlindSpotCause::Gap => "credwatch down",
+    };
+    let mut text = format!("{what} from {} to {} ({:.1} s)", spot.since, spot.until, spot.seconds);
+    if !spot.counts.is_empty() {
+        let counts: Vec<String> = spot.counts.iter().map(|(kind, count)| format!("{count} {kind}")).collect();
+        let _ = write!(text, ": {}", counts.join(", "));
+    }
+    if spot.credential {
+        text.push_str("; one was a credential file's open");
+    }
+    if spot.reports > 1 {
+        let _ = write!(text, "; {} reports", spot.reports);
+    }
+    if spot.is_final {
+        text.push_str(" (summary)");
+    }
+    text
 }
 
 /// `name (address:port)`, or the address alone.
@@ -222,6 +272,15 @@ pub fn destination_text(destination: &AlertDestination) -> String {
 /// What the process did, in a few words.
 pub fn headline(alert: &Alert) -> String {
     let command = || command_line(&alert.process.args, &alert.process.executable);
+    if let Some(spot) = alert.credwatch.blind_spot.as_ref().filter(|_| alert.event.action == BLIND_SPOT_ACTION) {
+        let lost: u64 = spot.counts.values().sum();
+        return match spot.cause {
+            BlindSpotCause::Gap if spot.stopped => format!("ran while credwatch was stopped for {:.1} s", spot.seconds),
+            BlindSpotCause::Gap => format!("ran while credwatch was down for {:.1} s", spot.seconds),
+            BlindSpotCause::MarksFull => "ran a process unwatched: the kernel's table of processes was full".to_owned(),
+            BlindSpotCause::Lost | BlindSpotCause::Overflow => format!("went unseen: {lost} records lost"),
+        };
+    }
     if let Some(sweep) = &alert.credwatch.sweep {
         let what = if sweep.is_final { "swept (summary)" } else { "swept" };
         return format!("{what} {} kinds of credentials", sweep.categories.len());

@@ -329,6 +329,7 @@ fn open(bytes: &[u8], header: &EventHeader, cred_path: &dyn Fn(u32) -> Option<St
         same_file_as: if cred { cred_path(event.cred_index) } else { None },
         blocked: event.record_flags & record_flag::BLOCKED != 0,
         denied,
+        fail_closed: event.record_flags & record_flag::FAIL_CLOSED != 0,
         tid: event.header.tid,
         syscall: syscall_name(event.syscall).to_owned(),
         dirfd: event.dirfd,
@@ -454,6 +455,7 @@ fn connect(event: &ConnectEvent) -> Connect {
         path: addr.path,
         ret: None,
         held: event.record_flags & record_flag::HELD != 0,
+        fail_closed: event.record_flags & record_flag::FAIL_CLOSED != 0,
         proxy_refused: None,
         repeats: event.repeats.into(),
     }
@@ -809,8 +811,12 @@ mod tests {
         let mut record = OpenRecord::new(-1);
         record.event.record_flags = record_flag::CRED_INODE | record_flag::DENIED;
         let EventData::Open(open) = decode(&decoder, &record.bytes()).unwrap().data else { panic!() };
-        assert!(open.denied && !open.blocked);
+        assert!(open.denied && !open.blocked && !open.fail_closed);
         assert_eq!((open.ret, open.abs_path.as_deref(), open.ino), (-1, Some("/home/alice/.ssh/id_rsa"), 1234));
+        // Refused because no agent was reading (`--enforce` fails closed).
+        record.event.record_flags = record_flag::CRED_INODE | record_flag::DENIED | record_flag::FAIL_CLOSED;
+        let EventData::Open(open) = decode(&decoder, &record.bytes()).unwrap().data else { panic!() };
+        assert!(open.denied && open.fail_closed);
         // An open that failed on its own resolved nothing.
         record.event.record_flags = 0;
         let EventData::Open(open) = decode(&decoder, &record.bytes()).unwrap().data else { panic!() };
@@ -928,6 +934,11 @@ mod tests {
             ("inet", Some("127.0.0.9"), Some(8080), true)
         );
         assert_eq!(decoded.socket_type.as_deref(), Some("stream"));
+        assert!(!decoded.fail_closed);
+        connect.record_flags = record_flag::HELD | record_flag::FAIL_CLOSED;
+        let EventData::Connect(decoded) = decode(&decoder, &bytes_of(&connect)).unwrap().data else { panic!() };
+        assert!(decoded.held && decoded.fail_closed);
+        connect.record_flags = record_flag::HELD;
         // A lying `copied` is clamped to the buffer.
         connect.copied = u32::MAX;
         assert!(decode(&decoder, &bytes_of(&connect)).is_ok());

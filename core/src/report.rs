@@ -10,10 +10,10 @@ use std::{
 use serde::Serialize;
 
 use crate::{
-    alert::{Alert, AlertPackage, Severity},
+    alert::{Alert, AlertPackage, Severity, BLIND_SPOT_ACTION},
     engine::Engine,
     event::{Event, EventData},
-    output::{command_line, escape, process_tree},
+    output::{blind_spot_text, command_line, escape, process_tree},
 };
 
 /// Commands kept per package; past this they are only counted.
@@ -53,6 +53,9 @@ pub struct Incident {
     /// For a connect: where to (`name (address:port)`, or the socket path).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub destination: Option<String>,
+    /// For a blind spot: what was missed, and when.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub missed: Option<String>,
     /// Root first, down to the process.
     pub tree: Vec<String>,
 }
@@ -145,6 +148,12 @@ impl Report {
                     severity: alert.rule.severity,
                     file: alert.file.as_ref().map(|f| f.path.clone()),
                     destination: alert.destination.as_ref().map(crate::output::destination_text),
+                    missed: alert
+                        .credwatch
+                        .blind_spot
+                        .as_ref()
+                        .filter(|_| alert.event.action == BLIND_SPOT_ACTION)
+                        .map(blind_spot_text),
                     tree: process_tree(alert),
                 });
             } else {
@@ -220,7 +229,8 @@ impl Report {
                 let _ = writeln!(out, "  ran        ... and {} more commands", package.commands_not_shown);
             }
             for incident in &package.incidents {
-                let subject = incident.file.as_deref().or(incident.destination.as_deref());
+                let subject =
+                    incident.file.as_deref().or(incident.destination.as_deref()).or(incident.missed.as_deref());
                 let file = subject.map(|f| escape(f).into_owned()).unwrap_or_default();
                 let _ = writeln!(
                     out,
@@ -271,7 +281,9 @@ impl Report {
                 }
             }
             for incident in &package.incidents {
-                let file = incident.file.as_deref().or(incident.destination.as_deref()).map(code).unwrap_or_default();
+                let subject =
+                    incident.file.as_deref().or(incident.destination.as_deref()).or(incident.missed.as_deref());
+                let file = subject.map(code).unwrap_or_default();
                 let _ = writeln!(out, "\n### {} {} {}\n", incident.timestamp, code(&incident.rule), file);
                 out.push_str("```\n");
                 for line in &incident.tree {

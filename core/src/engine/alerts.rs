@@ -16,7 +16,6 @@ use crate::{
         Alert, AlertAgent, AlertAncestor, AlertCredwatch, AlertEvent, AlertFile, AlertHost, AlertParent, AlertProcess,
         AlertRule, AlertSweep, AlertUser,
     },
-    event::Event,
     rules::{Rule, RuleSet},
 };
 
@@ -264,7 +263,7 @@ impl Engine {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn alert(
         &self,
-        event: &Event,
+        time_ns: u64,
         id: Id,
         rule: &Rule,
         judgement: Judgement,
@@ -290,7 +289,7 @@ impl Engine {
             None => (None, None),
         };
         Alert {
-            timestamp: rfc3339(event.time_ns),
+            timestamp: rfc3339(time_ns),
             event: AlertEvent {
                 // Set once the alert is final ([`Engine::handle`]): dedup and sweeps change it.
                 id: String::new(),

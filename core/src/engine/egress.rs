@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use super::{alerts::Stop, matching::Judgement, process::Proc, Engine, Id};
 use crate::{
-    alert::{Alert, AlertDestination},
+    alert::{Alert, AlertBlindSpot, AlertDestination},
     event::{Connect, DnsQuery, Event},
     rules::{
         schema::{ConnectMatch, SocketPath},
@@ -40,6 +40,9 @@ pub(super) struct Egress {
     touched: BTreeMap<Id, Vec<String>>,
     /// By process id: the names it looked up, most recent last.
     lookups: BTreeMap<Id, VecDeque<String>>,
+    /// By root id: trees a process of which the kernel could not mark (its table was full), so
+    /// it ran unwatched: they count as having touched credentials.
+    unwatched: BTreeMap<Id, AlertBlindSpot>,
 }
 
 impl Egress {
@@ -73,10 +76,19 @@ impl Egress {
         self.lookups.get(&id).and_then(|names| names.back()).map(String::as_str)
     }
 
+    /// A process of the tree of `root` ran unwatched (`spot`: the kernel's table was full).
+    pub(super) fn unwatched(&mut self, root: Id, spot: AlertBlindSpot) {
+        self.unwatched.insert(root, spot);
+        while self.unwatched.len() > MAX_ENTRIES {
+            self.unwatched.pop_first();
+        }
+    }
+
     /// Forgets a process (its pid was reused, or it left the table).
     pub(super) fn forget(&mut self, id: Id) {
         self.lookups.remove(&id);
         self.touched.remove(&id);
+        self.unwatched.remove(&id);
     }
 }
 
@@ -160,7 +172,10 @@ impl Engine {
                 return false;
             }
         }
-        if m.after_credential && self.egress.touched.get(&p.tree).is_none_or(Vec::is_empty) {
+        if m.after_credential
+            && self.egress.touched.get(&p.tree).is_none_or(Vec::is_empty)
+            && !self.egress.unwatched.contains_key(&p.root)
+        {
             return false;
         }
         true
@@ -197,9 +212,12 @@ impl Engine {
             (false, true) => Stop::Denied,
             (false, false) => Stop::None,
         };
-        let mut alert = self.alert(event, id, rule, judgement, "connect", stop, None);
+        let mut alert = self.alert(event.time_ns, id, rule, judgement, "connect", stop, None);
         if blocked {
             alert.credwatch.enforcement = "kernel-hold".into();
+            if connect.fail_closed {
+                super::matching::fail_closed(&mut alert);
+            }
         } else if refused {
             alert.credwatch.enforcement = "proxy".into();
         }
@@ -214,6 +232,7 @@ impl Engine {
         });
         if with_credentials {
             alert.credwatch.credentials_touched = self.egress.touched.get(&p.tree).cloned().unwrap_or_default();
+            alert.credwatch.blind_spot = self.egress.unwatched.get(&p.root).cloned();
         }
         // A socket `run --contain` shut (an empty file bound over it): the connect was refused,
         // so the agent behind it signed nothing.

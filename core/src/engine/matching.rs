@@ -7,7 +7,7 @@ use super::{
     Engine, Id,
 };
 use crate::{
-    alert::{Alert, AlertFile, AlertSyscall, Severity, READ_ONLY_MOUNT},
+    alert::{Alert, AlertFile, AlertSyscall, Severity, FAIL_CLOSED, READ_ONLY_MOUNT},
     event::{normalize_path, Event, Open, Rename, Syscall},
     rules::{
         manager::basename,
@@ -65,7 +65,7 @@ impl Engine {
                 continue;
             }
             let Some(judgement) = self.severity(p, rule, None) else { continue };
-            let mut alert = self.alert(event, id, rule, judgement, "exec", Stop::None, None);
+            let mut alert = self.alert(event.time_ns, id, rule, judgement, "exec", Stop::None, None);
             alert.credwatch.written_file = written;
             hits.push((index, alert));
         }
@@ -184,8 +184,12 @@ impl Engine {
             let chain = (!open.stopped() && severity.why.is_none())
                 .then(|| self.chain_verdict(&self.procs[&id], rule, judged))
                 .flatten();
-            let mut alert =
-                self.alert(event, id, rule, severity, "open", Stop::of(open.blocked, open.denied), Some(file));
+            // A fail-closed act is a kill unless the LSM refused it.
+            let stop = Stop::of(open.blocked || open.fail_closed, open.denied);
+            let mut alert = self.alert(event.time_ns, id, rule, severity, "open", stop, Some(file));
+            if open.fail_closed {
+                fail_closed(&mut alert);
+            }
             if refused_write {
                 // Nothing was written: the mount refused it, so nothing is to be undone.
                 alert.event.outcome = "denied".into();
@@ -305,7 +309,7 @@ impl Engine {
             hits.push((
                 index,
                 new.clone(),
-                self.alert(event, id, &self.rules.rules()[index], severity, action, Stop::None, Some(file)),
+                self.alert(event.time_ns, id, &self.rules.rules()[index], severity, action, Stop::None, Some(file)),
             ));
         }
         for (index, severity) in self.target_hits(p, &old, (event.pid, rename.tid), &[Access::Read], false, None) {
@@ -318,7 +322,7 @@ impl Engine {
             hits.push((
                 index,
                 old.clone(),
-                self.alert(event, id, &self.rules.rules()[index], severity, action, Stop::None, Some(file)),
+                self.alert(event.time_ns, id, &self.rules.rules()[index], severity, action, Stop::None, Some(file)),
             ));
         }
         if !is_manager {
@@ -354,8 +358,15 @@ impl Engine {
                 continue;
             }
             let Some(judgement) = self.verdict(p, rule, syscall.stopped(), None) else { continue };
-            let mut alert =
-                self.alert(event, id, rule, judgement, "syscall", Stop::of(syscall.blocked, syscall.denied), None);
+            let mut alert = self.alert(
+                event.time_ns,
+                id,
+                rule,
+                judgement,
+                "syscall",
+                Stop::of(syscall.blocked, syscall.denied),
+                None,
+            );
             alert.credwatch.syscall = Some(AlertSyscall {
                 name: syscall.name.clone(),
                 operation: syscall.operation.clone(),
@@ -445,6 +456,12 @@ impl Engine {
     pub(super) fn verdict(&self, p: &Proc, rule: &Rule, blocked: bool, open: Option<(&str, u64)>) -> Option<Judgement> {
         self.severity(p, rule, open).or(blocked.then_some(Judgement { severity: rule.severity, why: None }))
     }
+}
+
+/// The kernel acted on its own, no agent having read its records for a while (`--enforce` fails
+/// closed): the alert's enforcement says so (`kernel-fail-closed`, `lsm-fail-closed`).
+pub(super) fn fail_closed(alert: &mut Alert) {
+    alert.credwatch.enforcement = format!("{}-{FAIL_CLOSED}", alert.credwatch.enforcement);
 }
 
 /// The severity an alert goes out at, and why it is not the rule's own when an actor lowered

@@ -32,6 +32,7 @@
 
 mod alerts;
 mod attribution;
+mod blind;
 mod egress;
 mod matching;
 mod process;
@@ -47,7 +48,7 @@ use self::{
     process::{Proc, Tree},
 };
 use crate::{
-    alert::{Alert, AlertGap},
+    alert::{Alert, AlertGap, BLIND_SPOT_ACTION},
     event::{Event, EventData},
     rules::RuleSet,
 };
@@ -130,6 +131,8 @@ pub struct Engine {
     held: Vec<Held>,
     /// Set by [`Engine::mark_selftests`]; kept through reloads.
     selftest_roots: Option<SelftestRoots>,
+    /// Blind spots folded, trees that ended, the trees a gap alerted for (see `blind`).
+    blind: blind::Blind,
 }
 
 impl Engine {
@@ -148,6 +151,7 @@ impl Engine {
             gap_ns: (0, 0),
             held: Vec::new(),
             selftest_roots: None,
+            blind: blind::Blind::default(),
         }
     }
 
@@ -244,8 +248,14 @@ impl Engine {
         self.stats.events += 1;
         // Past their window: nothing from here on can lower them.
         let mut released = self.release_due(event.time_ns);
+        // The unit an exiting process was in, for a gap's alerts.
+        let unit_before = self.gap.as_ref().and_then(|_| self.unit_of(event.pid));
         let mut alerts = match &event.data {
-            EventData::Exec(exec) => self.exec(event, exec),
+            EventData::Exec(exec) => {
+                let alerts = self.exec(event, exec);
+                self.note_package(event.pid);
+                alerts
+            }
             EventData::Fork(fork) => {
                 self.fork(event.pid, fork.child_pid);
                 Vec::new()
@@ -277,14 +287,22 @@ impl Engine {
                     down_to: alerts::rfc3339(event.time_ns),
                     seconds: event.time_ns.saturating_sub(gap.since_ns) as f64 / 1e9,
                     clean_stop: gap.clean_stop,
+                    stopped: gap.stopped,
                 });
-                Vec::new()
+                self.gap_began(gap, event.time_ns)
             }
-            EventData::BlindSpot(_) => Vec::new(),
+            EventData::BlindSpot(spot) => self.blind_spot(spot),
         };
+        if !matches!(event.data, EventData::AgentGap(_)) {
+            // The gap first: what the tree did in it comes after.
+            let mut gap_alerts = self.gap_event(event, unit_before);
+            gap_alerts.append(&mut alerts);
+            alerts = gap_alerts;
+        }
         alerts.append(&mut self.pending);
         if let Some(gap) = self.gap.as_ref().filter(|_| (self.gap_ns.0..=self.gap_ns.1).contains(&event.time_ns)) {
-            for alert in &mut alerts {
+            // A gap's own alert says it already.
+            for alert in alerts.iter_mut().filter(|alert| alert.event.action != BLIND_SPOT_ACTION) {
                 alert.credwatch.gap = Some(gap.clone());
             }
         }
@@ -312,6 +330,7 @@ impl Engine {
         let mut alerts = self.release_all();
         let (rules, contained) = (&self.rules, &self.options.contained);
         alerts.extend(self.trees.values_mut().filter_map(|tree| sweep_summary(rules, contained, tree)));
+        alerts.extend(self.blind_flush());
         self.out(alerts)
     }
 

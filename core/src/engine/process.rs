@@ -171,6 +171,8 @@ pub(super) struct Tree {
     pub(super) home: Option<String>,
     /// The packages of the proc-macros the tree built, to name them when they run.
     pub(super) proc_macro_packages: ProcMacroPackages,
+    /// The named packages its processes ran for, first seen first (see `blind`).
+    pub(super) packages: Vec<AlertPackage>,
 }
 
 impl Tree {
@@ -336,6 +338,7 @@ impl Engine {
     /// When the entry `id` that left the table holds a tree's state (a root, or a manager the
     /// project's code started), that tree is gone: its sweep's final summary is due.
     fn tree_ended(&mut self, id: Id, p: &Proc) {
+        self.blind_tree_ended(id, p);
         self.egress.forget(id);
         if p.tree != id {
             return;

@@ -10,6 +10,7 @@ use crate::{
 };
 
 mod agent_tools;
+mod blind;
 mod paths;
 
 /// Drives an engine over the default rules with hand-written events.
@@ -473,8 +474,10 @@ fn alerts_on_events_of_an_agent_gap_say_how_long_it_was_down() {
     let read_meanwhile = down + 500_000_000;
     let up = down + 2_500_000_000;
     let gap = crate::event::AgentGap { since_ns: down, clean_stop: false, stopped: false };
-    // As the restarted agent sends them: the gap first, then what waited in the kernel.
-    assert!(run.engine.handle(&Event { time_ns: up, pid: 0, data: EventData::AgentGap(gap) }).is_empty());
+    // As the restarted agent sends them: the gap first (the tree was live in it: its own
+    // alert), then what waited in the kernel.
+    let told = run.engine.handle(&Event { time_ns: up, pid: 0, data: EventData::AgentGap(gap) });
+    assert_eq!(told.iter().map(|a| a.rule.id.as_str()).collect::<Vec<_>>(), ["blind-spot-gap"]);
     let open = |path: &str| {
         let abs_path = Some(path.to_owned());
         EventData::Open(Open {

@@ -268,6 +268,7 @@ impl AuditdSource {
                         same_file_as: None,
                         blocked: false,
                         denied: false,
+                        fail_closed: false,
                         tid: pid,
                         syscall: name.clone(),
                         dirfd,

@@ -544,6 +544,7 @@ impl StraceSource {
                         path: addr.path,
                         ret,
                         held: false,
+                        fail_closed: false,
                         proxy_refused: None,
                         repeats: 0,
                     }),

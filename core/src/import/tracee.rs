@@ -285,6 +285,7 @@ impl Decoder for Tracee {
                         same_file_as: None,
                         blocked: false,
                         denied: false,
+                        fail_closed: false,
                         tid: e.tid,
                         syscall: e.name.to_owned(),
                         dirfd,

@@ -629,7 +629,12 @@ fn timeline_entry(html: &mut Html, entry: &Entry) {
         .number(entry.pid)
         .markup("]</span> <code>")
         .text(&entry.what)
-        .markup("</code></span>");
+        .markup("</code>");
+    if entry.repeats > 0 {
+        // The sensor counted the same act again rather than sending it (within a second).
+        html.markup(" <span class=\"repeats\">×").number(entry.repeats + 1).markup("</span>");
+    }
+    html.markup("</span>");
     if entry.detail.is_some() || entry.severity.is_some() || entry.seq.is_some() {
         html.markup("<span class=\"detail\">");
         if let Some(severity) = entry.severity {

@@ -14,10 +14,10 @@ use time::{format_description::well_known::Rfc3339, OffsetDateTime};
 
 pub use self::html::{render, Origin};
 use crate::{
-    alert::{Alert, AlertDestination, AlertPackage, Severity},
+    alert::{Alert, AlertDestination, AlertPackage, BlindSpotCause, Severity, BLIND_SPOT_ACTION},
     engine::{open_flags, Engine},
     event::{Connect, Event, EventData, Exec, Open, Rename},
-    output::destination_text,
+    output::{blind_spot_text, destination_text},
     pipeline::{Sink, SinkError},
     place::Place,
     report::{key, label, PackageKey, MAX_PACKAGES},
@@ -106,6 +106,8 @@ pub struct Entry {
     pub severity: Option<Severity>,
     /// The alert's number in the agent's local log (`show`).
     pub seq: Option<u64>,
+    /// The same act again, this many times, that the sensor counted rather than sent.
+    pub repeats: u64,
 }
 
 /// A process of a tree, for the drawing.
@@ -183,6 +185,7 @@ impl Tree {
         found.severity = found.severity.max(entry.severity);
         found.detail.clone_from(&entry.detail);
         found.seq = found.seq.or(entry.seq);
+        found.repeats = found.repeats.max(entry.repeats);
         true
     }
 
@@ -346,6 +349,9 @@ fn insert_bounded(set: &mut BTreeSet<String>, item: &str, max: usize) -> bool {
 
 /// What an alert was about, as a timeline entry (time, pid and severity left to the caller).
 fn alert_entry(alert: &Alert) -> (Kind, String) {
+    if let Some(spot) = alert.credwatch.blind_spot.as_ref().filter(|_| alert.event.action == BLIND_SPOT_ACTION) {
+        return (Kind::BlindSpot, blind_spot_text(spot));
+    }
     if let Some(sweep) = &alert.credwatch.sweep {
         let what = if sweep.is_final { "swept (summary)" } else { "swept" };
         return (
@@ -473,12 +479,8 @@ impl Incident {
                 let what = format!("{} events lost ({})", lost.count, lost.source);
                 self.blind_spot(time, event.pid, &what);
             }
-            EventData::AgentGap(gap) => {
-                let seconds = time.saturating_sub(gap.since_ns) as f64 / 1e9;
-                let how = if gap.clean_stop { "stopped" } else { "down" };
-                self.blind_spot(time, event.pid, &format!("credwatch was {how} for {seconds:.1} s; caught up after"));
-            }
-            EventData::Syscall(_) | EventData::Root(_) | EventData::BlindSpot(_) => {}
+            // Their alerts (`blind-spot-*`) put them on the timeline of each tree they concern.
+            EventData::Syscall(_) | EventData::Root(_) | EventData::AgentGap(_) | EventData::BlindSpot(_) => {}
         }
         self.observe_alerts(alerts);
     }
@@ -513,7 +515,7 @@ impl Incident {
         if open.ret < 0 || !is_write(open.flags) || path.starts_with("/dev/") || path.starts_with("/proc/") {
             return;
         }
-        self.package_write(engine, pid, time, path.to_owned(), Some(open_flags(open.flags)));
+        self.package_write(engine, pid, time, path.to_owned(), Some(open_flags(open.flags)), open.repeats);
     }
 
     fn rename(&mut self, engine: &Engine, pid: u32, time: u64, rename: &Rename) {
@@ -522,18 +524,26 @@ impl Incident {
         }
         let old = rename.old_abs.as_deref().unwrap_or(&rename.old_path);
         let new = rename.new_abs.as_deref().unwrap_or(&rename.new_path);
-        self.package_write(engine, pid, time, format!("{old} → {new}"), Some(rename.syscall.clone()));
+        self.package_write(engine, pid, time, format!("{old} → {new}"), Some(rename.syscall.clone()), 0);
     }
 
     /// A write of package code: a process of a named package, not the tree's root (the
     /// manager installing the package writes its cache, its logs and the project's files).
-    fn package_write(&mut self, engine: &Engine, pid: u32, time: u64, what: String, detail: Option<String>) {
+    fn package_write(
+        &mut self,
+        engine: &Engine,
+        pid: u32,
+        time: u64,
+        what: String,
+        detail: Option<String>,
+        repeats: u64,
+    ) {
         let Some(root) = engine.root_pid_of(pid).filter(|root| *root != pid) else { return };
         if engine.package_of(pid).is_none_or(|p| p.name.is_none()) {
             return;
         }
         if let Some(tree) = self.event_tree(root) {
-            tree.push(entry(time, Kind::Write, pid, what, detail));
+            tree.push(Entry { repeats, ..entry(time, Kind::Write, pid, what, detail) });
         }
     }
 
@@ -553,7 +563,11 @@ impl Incident {
             _ => None,
         };
         let by = tree.processes.get(&pid).map(|p| format!("[{pid}] {}", p.command)).unwrap_or(format!("[{pid}]"));
-        tree.push(entry(time, Kind::Connect, pid, destination_text(&destination), outcome.clone()));
+        let repeats = connect.repeats;
+        tree.push(Entry {
+            repeats,
+            ..entry(time, Kind::Connect, pid, destination_text(&destination), outcome.clone())
+        });
         self.connection(&destination, by, None, outcome, 1);
     }
 
@@ -665,6 +679,10 @@ impl Incident {
             process.worst = process.worst.max(Some(severity));
         }
         let at_ns = rfc3339_ns(&alert.timestamp);
+        if let Some(spot) = alert.credwatch.blind_spot.as_ref().filter(|s| s.cause == BlindSpotCause::Gap) {
+            // Its own entry tells the gap: the alerts inside it need not again.
+            tree.gaps.insert(spot.since.clone());
+        }
         if let Some(gap) = &alert.credwatch.gap {
             if tree.gaps.len() < Kind::BlindSpot.limit() && tree.gaps.insert(gap.down_from.clone()) {
                 let how = if gap.clean_stop { "stopped" } else { "down" };
@@ -677,6 +695,7 @@ impl Incident {
                     detail: None,
                     severity: None,
                     seq: None,
+                    repeats: 0,
                 });
             }
         }
@@ -704,6 +723,7 @@ impl Incident {
             detail: Some(detail),
             severity: Some(severity),
             seq,
+            repeats: 0,
         };
         if !tree.mark(&entry) {
             tree.push(entry);
@@ -887,6 +907,7 @@ fn entry(time_ns: u64, kind: Kind, pid: u32, what: String, detail: Option<String
         detail,
         severity: None,
         seq: None,
+        repeats: 0,
     }
 }
 

@@ -88,12 +88,12 @@ use self::{
     manager::Manager,
     schema::Pattern,
     schema::{
-        Access, Action, Actor, Conditions, ConnectMatch, Contain, ExecMatch, FileDoc, HomeFiles, KindName, ProjectCode,
-        RuleDoc, RunsCode, Samples, SchemaVersion, Sweep, SyscallMatch, UsualDestinations, Who,
+        Access, Action, Actor, BlindSpotMatch, Conditions, ConnectMatch, Contain, ExecMatch, FileDoc, HomeFiles,
+        KindName, ProjectCode, RuleDoc, RunsCode, Samples, SchemaVersion, Sweep, SyscallMatch, UsualDestinations, Who,
     },
     target::{TargetIndex, Targets},
 };
-use crate::alert::Severity;
+use crate::alert::{BlindSpotCause, Severity};
 
 mod embedded {
     include!(concat!(env!("OUT_DIR"), "/default_rules.rs"));
@@ -139,13 +139,15 @@ impl RulesError {
     }
 }
 
-/// What a rule matches: opens (and renames) of its targets, execs, or syscalls.
+/// What a rule matches: opens (and renames) of its targets, execs, syscalls, connects, or what
+/// the sensor missed of a tree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RuleKind {
     Target(Access),
     Exec,
     Syscall,
     Connect,
+    BlindSpot,
 }
 
 /// One rule.
@@ -165,6 +167,7 @@ pub struct Rule {
     pub exec: Option<ExecMatch>,
     pub syscalls: Option<SyscallMatch>,
     pub connect: Option<ConnectMatch>,
+    pub blind_spot: Option<BlindSpotMatch>,
     pub actors: Vec<Actor>,
     pub conditions: Conditions,
     pub rotate: Vec<String>,
@@ -228,6 +231,8 @@ pub struct RuleSet {
     network: Vec<(UsualDestinations, Origin)>,
     /// Connect rules.
     connect_rules: Vec<usize>,
+    /// Blind-spot rules.
+    blind_spot_rules: Vec<usize>,
     /// Sockets and directories `run --contain` shuts (by id: an overlay replaces one).
     doors: Vec<DoorEntry>,
     door_origins: Vec<Origin>,
@@ -469,6 +474,14 @@ impl RuleSet {
             .filter(move |usual| usual.managers.is_empty() || usual.managers.iter().any(|m| m == manager))
     }
 
+    /// The blind-spot rules about `cause` (indices).
+    pub fn blind_spot_rules(&self, cause: BlindSpotCause) -> impl Iterator<Item = usize> + '_ {
+        self.blind_spot_rules
+            .iter()
+            .copied()
+            .filter(move |&index| self.rules[index].blind_spot.as_ref().is_some_and(|m| m.cause == cause))
+    }
+
     pub fn sweep(&self) -> Option<&Sweep> {
         self.sweep.as_ref().map(|(sweep, _)| sweep)
     }
@@ -595,6 +608,9 @@ impl RuleSet {
             }
             if rule.connect.is_some() {
                 self.connect_rules.push(index);
+            }
+            if rule.blind_spot.is_some() {
+                self.blind_spot_rules.push(index);
             }
         }
         Ok(self)
@@ -774,6 +790,7 @@ fn build_rule(file: &str, schema: SchemaVersion, rule: Spanned<RuleDoc>) -> Resu
         (KindName::Exec, doc.exec.as_ref().map(|e| e.referenced)),
         (KindName::Syscall, doc.syscalls.as_ref().map(|s| s.referenced)),
         (KindName::Connect, doc.connect.as_ref().map(|c| c.referenced)),
+        (KindName::BlindSpot, doc.blind_spot.as_ref().map(|b| b.referenced)),
     ]
     .into_iter()
     .filter_map(|(kind, at)| Some((kind, at?)))
@@ -833,6 +850,21 @@ fn build_rule(file: &str, schema: SchemaVersion, rule: Spanned<RuleDoc>) -> Resu
                 .into(),
         ));
     }
+    if kind == KindName::BlindSpot {
+        // What the sensor missed is told whoever the tree is: nothing may spare or lower it.
+        let at = |referenced| {
+            invalid(referenced, "a blind-spot rule takes no `action: kill`, `actors`, `conditions` nor `exclude`: what was missed is always told".into())
+        };
+        if let Some(actor) = doc.actors.first() {
+            return Err(at(actor.referenced));
+        }
+        if let Some(exclude) = &doc.exclude {
+            return Err(at(exclude.referenced));
+        }
+        if doc.conditions.is_some() || doc.action == Action::Kill {
+            return Err(at(rule.referenced));
+        }
+    }
     let nothing_to_exclude = matches!(kind, KindName::Syscall | KindName::Connect);
     if let Some(exclude) = doc.exclude.as_ref().filter(|e| nothing_to_exclude && !e.value.is_empty()) {
         return Err(invalid(
@@ -845,6 +877,7 @@ fn build_rule(file: &str, schema: SchemaVersion, rule: Spanned<RuleDoc>) -> Resu
         KindName::Exec => RuleKind::Exec,
         KindName::Syscall => RuleKind::Syscall,
         KindName::Connect => RuleKind::Connect,
+        KindName::BlindSpot => RuleKind::BlindSpot,
     };
     let targets_at = doc.targets.as_ref().map(|t| t.referenced).unwrap_or(rule.referenced);
     let patterns = doc.targets.map(|t| t.value.0).unwrap_or_default();
@@ -877,6 +910,7 @@ fn build_rule(file: &str, schema: SchemaVersion, rule: Spanned<RuleDoc>) -> Resu
         exec: doc.exec.map(|e| e.value),
         syscalls: doc.syscalls.map(|s| s.value),
         connect: doc.connect.map(|c| c.value),
+        blind_spot: doc.blind_spot.map(|b| b.value),
         actors,
         conditions,
         rotate: doc.rotate,
@@ -892,7 +926,7 @@ fn build_rule(file: &str, schema: SchemaVersion, rule: Spanned<RuleDoc>) -> Resu
 /// Schema 1's error for a rule with none, or more than one, of the keys that say what it
 /// matches.
 fn needs_one_of(needs: &str) -> String {
-    format!("{needs} one of `targets`, `exec`, `syscalls` and `connect`")
+    format!("{needs} one of `targets`, `exec`, `syscalls`, `connect` and `blind_spot`")
 }
 
 /// Schema 2's error for a rule without `kind`: the key and value to add, when the rule's other

@@ -14,7 +14,10 @@ use super::{
     manager::Manager,
     target::Targets,
 };
-use crate::{alert::Severity, event::Event};
+use crate::{
+    alert::{BlindSpotCause, Severity},
+    event::Event,
+};
 
 /// One rule file.
 #[derive(Debug, Deserialize)]
@@ -137,6 +140,18 @@ impl Cidr {
         let mask = if self.prefix == 0 { 0 } else { u128::MAX << (128 - u32::from(self.prefix)) };
         bits(address) & mask == bits(self.network) & mask
     }
+}
+
+/// What a blind-spot rule matches: the sensor's reports of what it missed of a tree (lost
+/// records, an overflow, a process left unmarked) and the agent's gaps.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BlindSpotMatch {
+    pub cause: BlindSpotCause,
+    /// Said first when a lost record was an open of a credential file; the engine adds the
+    /// kinds of credentials the rules know in a home.
+    #[serde(default)]
+    pub credential_rotate: Vec<String>,
 }
 
 /// What a connect rule matches, on the connect events of tree members. Every part that is set
@@ -415,6 +430,7 @@ pub(crate) enum KindName {
     Exec,
     Syscall,
     Connect,
+    BlindSpot,
 }
 
 impl TryFrom<String> for KindName {
@@ -435,7 +451,8 @@ impl TryFrom<String> for KindName {
 }
 
 impl KindName {
-    pub const ALL: [KindName; 4] = [KindName::Target, KindName::Exec, KindName::Syscall, KindName::Connect];
+    pub const ALL: [KindName; 5] =
+        [KindName::Target, KindName::Exec, KindName::Syscall, KindName::Connect, KindName::BlindSpot];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -443,6 +460,7 @@ impl KindName {
             KindName::Exec => "exec",
             KindName::Syscall => "syscall",
             KindName::Connect => "connect",
+            KindName::BlindSpot => "blind_spot",
         }
     }
 
@@ -453,6 +471,7 @@ impl KindName {
             KindName::Exec => "exec",
             KindName::Syscall => "syscalls",
             KindName::Connect => "connect",
+            KindName::BlindSpot => "blind_spot",
         }
     }
 }
@@ -482,6 +501,8 @@ pub(crate) struct RuleDoc {
     pub syscalls: Option<Spanned<SyscallMatch>>,
     #[serde(default)]
     pub connect: Option<Spanned<ConnectMatch>>,
+    #[serde(default)]
+    pub blind_spot: Option<Spanned<BlindSpotMatch>>,
     #[serde(default)]
     pub exclude: Option<Spanned<Vec<Pattern>>>,
     #[serde(default)]
@@ -1008,6 +1029,8 @@ pub enum Step {
     Root(RootStep),
     Connect(ConnectStep),
     Dns(DnsStep),
+    BlindSpot(BlindSpotStep),
+    Gap(GapStep),
     Event(Box<Event>),
 }
 
@@ -1023,6 +1046,8 @@ struct StepDoc {
     root: Option<RootStep>,
     connect: Option<ConnectStep>,
     dns: Option<DnsStep>,
+    blind_spot: Option<BlindSpotStep>,
+    gap: Option<GapStep>,
     event: Option<Box<Event>>,
 }
 
@@ -1039,12 +1064,14 @@ impl TryFrom<StepDoc> for Step {
             doc.root.map(Step::Root),
             doc.connect.map(Step::Connect),
             doc.dns.map(Step::Dns),
+            doc.blind_spot.map(Step::BlindSpot),
+            doc.gap.map(Step::Gap),
             doc.event.map(Step::Event),
         ];
         let mut set = steps.into_iter().flatten();
         match (set.next(), set.next()) {
             (Some(step), None) => Ok(step),
-            _ => Err("a sample step is one of `exec`, `fork`, `exit`, `open`, `rename`, `syscall`, `root`, `connect`, `dns` or `event`"),
+            _ => Err("a sample step is one of `exec`, `fork`, `exit`, `open`, `rename`, `syscall`, `root`, `connect`, `dns`, `blind_spot`, `gap` or `event`"),
         }
     }
 }
@@ -1224,4 +1251,29 @@ pub struct DnsStep {
     pub name: String,
     #[serde(default)]
     pub qtype: Option<String>,
+}
+
+/// The sensor's report of what it missed of the tree of `root` (none: a tree it could not tell),
+/// over the `seconds` before the step.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BlindSpotStep {
+    #[serde(default)]
+    pub root: Option<u32>,
+    pub cause: crate::event::BlindCause,
+    #[serde(default)]
+    pub counts: BTreeMap<String, u64>,
+    #[serde(default)]
+    pub credential: bool,
+    #[serde(default)]
+    pub seconds: u64,
+}
+
+/// The agent was down (or, `stopped`, stopped) for the `seconds` before the step.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GapStep {
+    pub seconds: u64,
+    #[serde(default)]
+    pub stopped: bool,
 }

@@ -431,7 +431,12 @@ fn schema_2_kinds_and_their_keys_name_file_line_and_column() {
     );
     // A kind that does not exist; the sweep is the file's `sweep`, not a rule.
     let (error, file) = error_for(&MINIMAL_RULE.replace("kind: target", "kind: read"));
-    assert_invalid_at(&error, &file, (8, 11), "unknown kind \"read\" (kinds: target, exec, syscall, connect)");
+    assert_invalid_at(
+        &error,
+        &file,
+        (8, 11),
+        "unknown kind \"read\" (kinds: target, exec, syscall, connect, blind_spot)",
+    );
     let (error, file) = error_for(&MINIMAL_RULE.replace("kind: target", "kind: sweep"));
     assert_invalid_at(&error, &file, (8, 11), "`kind: sweep`: the sweep is the file's `sweep` section, not a rule");
 }
@@ -463,7 +468,7 @@ fn schema_2_without_kind_says_what_to_add() {
             .replace("schema: 1", "schema: 2")
             .replace("    exec:\n      names: [demo]\n      any_args: [--go]\n", ""),
     );
-    assert_invalid_at(&error, &file, (3, 5), "add `kind:` (target, exec, syscall, connect) and the one key that goes with it (`targets`, `exec`, `syscalls`, `connect`)");
+    assert_invalid_at(&error, &file, (3, 5), "add `kind:` (target, exec, syscall, connect, blind_spot) and the one key that goes with it (`targets`, `exec`, `syscalls`, `connect`, `blind_spot`)");
 }
 
 #[test]
@@ -474,7 +479,7 @@ fn schema_1_infers_the_kind_and_rejects_what_schema_2_added() {
         &error,
         &file,
         (10, 7),
-        "rule demo-exec: needs only one of `targets`, `exec`, `syscalls` and `connect`",
+        "rule demo-exec: needs only one of `targets`, `exec`, `syscalls`, `connect` and `blind_spot`",
     );
     // None: at the rule.
     let (error, file) =
@@ -483,7 +488,7 @@ fn schema_1_infers_the_kind_and_rejects_what_schema_2_added() {
         &error,
         &file,
         (3, 5),
-        "rule demo-exec: needs one of `targets`, `exec`, `syscalls` and `connect`",
+        "rule demo-exec: needs one of `targets`, `exec`, `syscalls`, `connect` and `blind_spot`",
     );
     // `access` without targets.
     let (error, file) = error_for(&EXEC_RULE_SCHEMA_1.replace("    exec:\n", "    access: write\n    exec:\n"));

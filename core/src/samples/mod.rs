@@ -7,7 +7,7 @@ use std::{collections::HashSet, fmt, path::Path};
 use crate::{
     alert::Alert,
     engine::{Engine, EngineOptions},
-    event::{Connect, DnsQuery, Event, EventData, Exec, Exit, Fork, Open, Rename, Root, Syscall},
+    event::{AgentGap, BlindSpot, Connect, DnsQuery, Event, EventData, Exec, Exit, Fork, Open, Rename, Root, Syscall},
     rules::{
         load_dir_over_defaults,
         schema::{ConnectStep, OpenStep, RenameStep, Step, SyscallStep},
@@ -82,6 +82,23 @@ pub fn events(steps: &[Step]) -> Vec<Event> {
                     server: Some("127.0.0.53:53".into()),
                 }),
             ),
+            Step::BlindSpot(spot) => {
+                let until_ns = SAMPLE_EPOCH_NS + out.len() as u64 * 1_000_000;
+                let spot = BlindSpot {
+                    cause: spot.cause,
+                    root_pid: spot.root,
+                    since_ns: until_ns - spot.seconds * 1_000_000_000,
+                    until_ns,
+                    counts: spot.counts.clone(),
+                    credential: spot.credential,
+                };
+                push(&mut out, 0, EventData::BlindSpot(spot));
+            }
+            Step::Gap(gap) => {
+                let until_ns = SAMPLE_EPOCH_NS + out.len() as u64 * 1_000_000;
+                let since_ns = until_ns - gap.seconds * 1_000_000_000;
+                push(&mut out, 0, EventData::AgentGap(AgentGap { since_ns, clean_stop: false, stopped: gap.stopped }));
+            }
             Step::Event(event) => {
                 seen.insert(event.pid);
                 if let EventData::Fork(fork) = &event.data {
@@ -100,6 +117,7 @@ fn open_event(open: &OpenStep) -> Open {
         same_file_as: open.same_file_as.clone(),
         blocked: open.blocked,
         denied: false,
+        fail_closed: false,
         tid: open.pid,
         syscall: open.syscall.clone().unwrap_or_else(|| "openat".into()),
         dirfd: -100,
@@ -132,6 +150,7 @@ fn connect_event(connect: &ConnectStep) -> Connect {
         path: connect.path.clone(),
         ret: None,
         held: connect.held,
+        fail_closed: false,
         proxy_refused: connect.proxy_refused.clone(),
         repeats: 0,
     }

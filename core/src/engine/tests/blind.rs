@@ -1,0 +1,399 @@
+//! Blind spots (issue 27 point 3): what the sensor missed of a tree, and the agent's gaps, are
+//! alerts naming the tree's package, the window and the counts; a tree's repeated reports fold.
+
+use super::*;
+use crate::{
+    alert::{BlindSpotCause, BLIND_SPOT_ACTION},
+    event::{AgentGap, BlindCause, BlindSpot, Connect, DnsQuery},
+};
+
+const SECOND: u64 = 1_000_000_000;
+
+fn ids(alerts: &[Alert]) -> Vec<&str> {
+    alerts.iter().map(|a| a.rule.id.as_str()).collect()
+}
+
+fn spot(cause: BlindCause, root_pid: Option<u32>, counts: &[(&str, u64)], credential: bool) -> BlindSpot {
+    BlindSpot {
+        cause,
+        root_pid,
+        since_ns: 0,
+        until_ns: 0,
+        counts: counts.iter().map(|(kind, count)| ((*kind).to_owned(), *count)).collect(),
+        credential,
+    }
+}
+
+impl Run {
+    /// The sensor's report of `spot`, its window the second up to now.
+    fn report(&mut self, mut spot: BlindSpot) -> &mut Run {
+        // `send` moves the clock on by a microsecond: the report comes at its window's end.
+        self.time_ns += 10_000_000 - 1_000;
+        spot.until_ns = self.time_ns + 1_000;
+        spot.since_ns = spot.until_ns - SECOND;
+        self.send(0, EventData::BlindSpot(spot))
+    }
+
+    /// The agent was down (or `stopped`) for `seconds` up to now, as the sensor tells it.
+    fn gap(&mut self, seconds: u64, stopped: bool) -> &mut Run {
+        self.time_ns += seconds * SECOND - 1_000;
+        let gap = AgentGap { since_ns: self.time_ns + 1_000 - seconds * SECOND, clean_stop: false, stopped };
+        self.send(0, EventData::AgentGap(gap))
+    }
+
+    fn connect(&mut self, pid: u32, address: &str, port: u16) -> &mut Run {
+        let connect = Connect {
+            tid: pid,
+            family: "inet".into(),
+            address: Some(address.into()),
+            port: Some(port),
+            ..Connect::default()
+        };
+        self.send(pid, EventData::Connect(connect))
+    }
+
+    /// npm (100, in alice's home) and the postinstall of evil-pkg@1.2.3 (101) under it.
+    fn npm_evil() -> Run {
+        let mut run = Run::new();
+        run.exec(100, 1, &["npm", "install"], &[("HOME", "/home/alice")]);
+        run.spawn(101, 100, &["node", "install.js"], POSTINSTALL);
+        assert!(run.take().is_empty());
+        run
+    }
+}
+
+#[test]
+fn lost_records_name_the_trees_package_window_and_counts() {
+    let mut run = Run::npm_evil();
+    run.report(spot(BlindCause::Lost, Some(100), &[("open", 60_000), ("credential_open", 1)], true));
+    let (since, until) = (super::alerts::rfc3339(run.time_ns - SECOND), super::alerts::rfc3339(run.time_ns));
+    let alert = run.one();
+    assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("blind-spot-lost", Severity::High));
+    assert_eq!(alert.event.action, BLIND_SPOT_ACTION);
+    assert_eq!((alert.package.name.as_deref(), alert.package.version.as_deref()), (Some("evil-pkg"), Some("1.2.3")));
+    assert_eq!((alert.process.pid, alert.credwatch.root_pid), (100, 100));
+    let missed = alert.credwatch.blind_spot.as_ref().unwrap();
+    assert_eq!(missed.cause, BlindSpotCause::Lost);
+    assert_eq!(missed.counts, BTreeMap::from([("open".into(), 60_000), ("credential_open".into(), 1)]));
+    assert!(missed.credential && !missed.stopped && missed.reports == 1);
+    assert_eq!(missed.seconds, 1.0);
+    assert_eq!((&missed.since, &missed.until), (&since, &until));
+    assert_eq!(alert.timestamp, missed.until);
+    // A credential's open was lost: everything the tree could reach counts as read, and the
+    // advice names the kinds of credentials of the home.
+    assert!(
+        alert.credwatch.rotate[0].contains("treat everything this tree could reach as read"),
+        "{:?}",
+        alert.credwatch.rotate
+    );
+    let kinds = &alert.credwatch.rotate[1];
+    assert!(kinds.contains("(/home/alice)") && kinds.contains("ssh") && kinds.contains("cloud"), "{kinds}");
+    let text = crate::output::render(&alert, false);
+    assert!(
+        text.starts_with("[HIGH] npm package evil-pkg@1.2.3 (postinstall) went unseen: 60001 records lost\n"),
+        "{text}"
+    );
+    let missed = format!("  missed   records lost from {since} to {until} (1.0 s): 1 credential_open, 60000 open; one was a credential file's open\n");
+    assert!(text.contains(&missed), "{text}");
+    assert!(!text.contains("note"), "{text}");
+    // Without a credential among them, the advice is the rule's alone.
+    let mut run = Run::npm_evil();
+    run.report(spot(BlindCause::Lost, Some(100), &[("open", 5)], false));
+    let alert = run.one();
+    assert!(
+        alert.credwatch.rotate.iter().all(|item| !item.contains("could reach as read")),
+        "{:?}",
+        alert.credwatch.rotate
+    );
+}
+
+#[test]
+fn losses_of_another_tree_do_not_name_this_one() {
+    let mut run = Run::npm_evil();
+    run.exec(200, 1, &["pip", "install", "fine"], &[]);
+    run.report(spot(BlindCause::Lost, Some(200), &[("exec", 2)], false));
+    let alert = run.one();
+    assert_eq!((alert.credwatch.root_pid, alert.process.pid, alert.package.manager.as_str()), (200, 200, "pip"));
+    assert_eq!(alert.package.name, None);
+    assert!(serde_json::to_string(&alert).unwrap().find("evil").is_none());
+}
+
+#[test]
+fn losses_no_tree_explains_alert_with_their_counts() {
+    let mut run = Run::npm_evil();
+    run.report(spot(BlindCause::Overflow, None, &[("open", 120)], false));
+    let alert = run.one();
+    assert_eq!(alert.rule.id, "blind-spot-overflow");
+    assert_eq!((alert.process.pid, alert.credwatch.root_pid, alert.package.manager.as_str()), (0, 0, "unknown"));
+    let text = crate::output::render(&alert, false);
+    assert!(text.starts_with("[HIGH] a tree the kernel could not tell went unseen: 120 records lost\n"), "{text}");
+    // A root the table never held (its exec was lost too) is named by its pid.
+    run.report(spot(BlindCause::Lost, Some(4242), &[("exec", 1)], false));
+    let alert = run.one();
+    assert_eq!((alert.process.pid, alert.credwatch.root_pid), (4242, 4242));
+    assert!(crate::output::render(&alert, false).starts_with("[HIGH] the tree of pid 4242 went unseen"));
+}
+
+#[test]
+fn a_tree_that_ended_before_its_losses_were_reported_is_still_named() {
+    let mut run = Run::npm_evil();
+    run.exit(101).exit(100);
+    assert_eq!(run.engine.stats().processes, 0);
+    run.report(spot(BlindCause::Lost, Some(100), &[("open", 3)], false));
+    let alert = run.one();
+    assert_eq!((alert.package.name.as_deref(), alert.credwatch.root_pid), (Some("evil-pkg"), 100));
+}
+
+#[test]
+fn a_flood_reported_every_10_ms_is_one_alert_then_its_sum() {
+    let mut run = Run::npm_evil();
+    // 10 s of reports, one per poll.
+    for _ in 0..1000 {
+        run.report(spot(BlindCause::Lost, Some(100), &[("open", 60)], false));
+    }
+    let during = run.take();
+    assert_eq!(ids(&during), ["blind-spot-lost"]);
+    assert_eq!(during[0].credwatch.blind_spot.as_ref().unwrap().reports, 1);
+    // The tree ends: the sum goes out, marked final, with its own id.
+    run.exit(101).exit(100);
+    let summary = run.one();
+    let sum = summary.credwatch.blind_spot.as_ref().unwrap();
+    assert_eq!((sum.reports, sum.counts["open"], sum.is_final), (1000, 60_000, true));
+    assert!((sum.seconds - 10.99).abs() < 0.01, "{}", sum.seconds);
+    assert_ne!(summary.event.id, during[0].event.id);
+    assert!(crate::output::render(&summary, false).contains("; 1000 reports (summary)"));
+    assert!(run.engine.flush().is_empty(), "told once");
+}
+
+#[test]
+fn a_folded_blind_spot_goes_out_again_when_a_credential_was_lost_or_a_minute_passed() {
+    let mut run = Run::npm_evil();
+    run.report(spot(BlindCause::Lost, Some(100), &[("open", 1)], false));
+    run.report(spot(BlindCause::Lost, Some(100), &[("open", 1)], false));
+    assert_eq!(run.take().len(), 1);
+    run.report(spot(BlindCause::Lost, Some(100), &[("credential_open", 1)], true));
+    let alert = run.one();
+    let spot_now = alert.credwatch.blind_spot.as_ref().unwrap();
+    assert!(spot_now.credential && spot_now.reports == 3 && !spot_now.is_final);
+    assert!(alert.credwatch.rotate[0].contains("could reach as read"));
+    run.time_ns += 61 * SECOND;
+    run.report(spot(BlindCause::Lost, Some(100), &[("open", 1)], false));
+    let alert = run.one();
+    assert_eq!(alert.credwatch.blind_spot.as_ref().unwrap().reports, 4);
+    // Nothing since: nothing at the end.
+    assert!(run.engine.flush().is_empty());
+    // Each cause and each tree is its own.
+    let mut run = Run::npm_evil();
+    run.exec(200, 1, &["npm", "ci"], &[]);
+    run.report(spot(BlindCause::Lost, Some(100), &[("open", 1)], false));
+    run.report(spot(BlindCause::MarksFull, Some(100), &[("mark", 1)], false));
+    run.report(spot(BlindCause::Lost, Some(200), &[("open", 1)], false));
+    assert_eq!(ids(&run.take()), ["blind-spot-lost", "blind-spot-marks-full", "blind-spot-lost"]);
+}
+
+#[test]
+fn a_gap_alerts_once_for_each_tree_live_in_it_and_not_without_one() {
+    // No tree: quiet.
+    let mut run = Run::new();
+    run.gap(30, false);
+    assert!(run.take().is_empty());
+    // A tree that ended before the gap: quiet too.
+    let mut run = Run::npm_evil();
+    run.exit(101).exit(100).gap(30, false);
+    assert!(run.take().is_empty());
+    // Two trees alive at its start: one alert each, whatever they do in it.
+    let mut run = Run::npm_evil();
+    run.exec(200, 1, &["pip", "install", "x"], &[]);
+    run.gap(120, true);
+    let alerts = run.take();
+    assert_eq!(ids(&alerts), ["blind-spot-gap", "blind-spot-gap"]);
+    assert_eq!((alerts[0].credwatch.root_pid, alerts[1].credwatch.root_pid), (100, 200));
+    assert_eq!(alerts[0].package.name.as_deref(), Some("evil-pkg"));
+    let missed = alerts[0].credwatch.blind_spot.as_ref().unwrap();
+    assert_eq!((missed.cause, missed.stopped, missed.seconds), (BlindSpotCause::Gap, true, 120.0));
+    assert!(missed.counts.is_empty() && !missed.credential);
+    let text = crate::output::render(&alerts[0], false);
+    assert!(
+        text.starts_with(
+            "[HIGH] npm package evil-pkg@1.2.3 (postinstall) ran while credwatch was stopped for 120.0 s\n"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("  missed   credwatch stopped from "), "{text}");
+    run.open(101, "/home/alice/.npmrc").exit(101).exit(100);
+    assert!(run.take().iter().all(|alert| alert.rule.id != "blind-spot-gap"));
+}
+
+#[test]
+fn a_tree_with_an_event_timed_inside_the_gap_alerts_and_a_later_one_does_not() {
+    let mut run = Run::new();
+    run.gap(10, false);
+    let (since, until) = (run.time_ns - 10 * SECOND, run.time_ns);
+    assert!(run.take().is_empty());
+    // Records that waited in the rings: a tree that started and ran inside the gap.
+    let exec = |args: &[&str]| {
+        EventData::Exec(Exec {
+            ppid: 1,
+            filename: args[0].into(),
+            executable: args[0].into(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            cwd: "/home/alice/app".into(),
+            ..Exec::default()
+        })
+    };
+    let inside = run.engine.handle(&Event { time_ns: since + SECOND, pid: 300, data: exec(&["npm", "install"]) });
+    assert_eq!(ids(&inside), ["blind-spot-gap"]);
+    assert_eq!(inside[0].credwatch.root_pid, 300);
+    let again =
+        run.engine.handle(&Event { time_ns: since + 2 * SECOND, pid: 300, data: EventData::Exit(Exit::default()) });
+    assert!(again.is_empty(), "once per tree: {again:#?}");
+    // A tree that starts after the gap is none of its business.
+    let after = run.engine.handle(&Event { time_ns: until + SECOND, pid: 400, data: exec(&["npm", "install"]) });
+    assert!(after.is_empty(), "{after:#?}");
+}
+
+#[test]
+fn an_adopting_agents_seeded_execs_after_the_gap_alert_for_their_trees() {
+    let mut run = Run::new();
+    // A new agent adopts the pins: the gap, then the execs it kept of trees still running,
+    // timed at their exec (before the gap began).
+    let started = run.time_ns;
+    run.gap(60, false);
+    let seeded = |ppid: u32, args: &[&str]| {
+        EventData::Exec(Exec {
+            ppid,
+            filename: args[0].into(),
+            executable: args[0].into(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            cwd: "/home/alice/app".into(),
+            seeded: true,
+            ..Exec::default()
+        })
+    };
+    let root = run.engine.handle(&Event { time_ns: started, pid: 100, data: seeded(1, &["npm", "install"]) });
+    assert_eq!(ids(&root), ["blind-spot-gap"]);
+    run.engine.handle(&Event { time_ns: started + 1, pid: 100, data: EventData::Fork(Fork { child_pid: 101 }) });
+    let child = run.engine.handle(&Event { time_ns: started + 2, pid: 101, data: seeded(100, &["node", "x.js"]) });
+    assert!(child.is_empty(), "its tree already alerted");
+    // Once live events come, a seeded exec is no longer the gap's.
+    run.send(
+        100,
+        EventData::DnsQuery(DnsQuery { tid: 100, name: "x.invalid".into(), qtype: "A".into(), server: None }),
+    );
+    let later = run.engine.handle(&Event { time_ns: run.time_ns, pid: 500, data: seeded(1, &["npm", "ci"]) });
+    assert!(later.is_empty(), "{later:#?}");
+}
+
+#[test]
+fn the_developers_own_project_command_gets_no_gap_alert_but_a_package_tree_in_it_does() {
+    let mut run = Run::new();
+    run.exec(100, 1, &["cargo", "test"], &[]);
+    run.spawn(101, 100, &["/home/alice/app/target/debug/deps/app-1234"], &[]);
+    run.spawn(102, 101, &["npm", "install"], &[]);
+    run.spawn(103, 102, &["node", "install.js"], POSTINSTALL);
+    assert!(run.take().is_empty());
+    run.gap(5, true);
+    let alerts = run.take();
+    assert_eq!(ids(&alerts), ["blind-spot-gap"]);
+    assert_eq!((alerts[0].process.pid, alerts[0].credwatch.root_pid), (102, 100));
+    assert_eq!(alerts[0].package.name.as_deref(), Some("evil-pkg"));
+}
+
+#[test]
+fn a_tree_that_filled_the_marks_counts_as_having_touched_credentials() {
+    // Without: a connect elsewhere of a tree that read nothing is fine.
+    let mut run = Run::npm_evil();
+    run.connect(101, "203.0.113.5", 443);
+    assert!(run.take().is_empty());
+    let mut run = Run::npm_evil();
+    run.report(spot(BlindCause::MarksFull, Some(100), &[("mark", 1)], false));
+    assert_eq!(ids(&run.take()), ["blind-spot-marks-full"]);
+    run.connect(101, "203.0.113.5", 443);
+    let alert = run.one();
+    assert_eq!(alert.rule.id, "exfiltration");
+    assert!(alert.credwatch.credentials_touched.is_empty());
+    assert_eq!(alert.credwatch.blind_spot.as_ref().unwrap().cause, BlindSpotCause::MarksFull);
+    let text = crate::output::render(&alert, false);
+    assert!(text.contains("  unseen   processes left unmarked (the kernel's table was full) from "), "{text}");
+    // Another tree's full marks taint only that tree.
+    let mut run = Run::npm_evil();
+    run.exec(200, 1, &["npm", "ci"], &[]);
+    run.report(spot(BlindCause::MarksFull, Some(200), &[("mark", 1)], false));
+    run.take();
+    run.connect(101, "203.0.113.5", 443);
+    assert!(run.take().is_empty());
+}
+
+#[test]
+fn a_blind_spot_of_a_package_in_a_tree_names_all_its_packages() {
+    let mut run = Run::npm_evil();
+    run.spawn(
+        102,
+        100,
+        &["node", "other.js"],
+        &[("npm_package_name", "other-pkg"), ("npm_lifecycle_event", "install")],
+    );
+    run.take();
+    run.report(spot(BlindCause::Lost, Some(100), &[("open", 1)], false));
+    let alert = run.one();
+    assert_eq!(alert.package.name.as_deref(), Some("other-pkg"), "the latest");
+    let names: Vec<_> =
+        alert.credwatch.blind_spot.as_ref().unwrap().packages.iter().map(|p| p.name.clone().unwrap()).collect();
+    assert_eq!(names, ["evil-pkg", "other-pkg"]);
+    let text = crate::output::render(&alert, false);
+    assert!(text.contains("  packages evil-pkg@1.2.3 (postinstall), other-pkg (install)\n"), "{text}");
+}
+
+#[test]
+fn what_the_kernel_did_failing_closed_alerts_as_blocked_and_says_why() {
+    let mut run = Run::npm_evil();
+    let open = |denied: bool| {
+        EventData::Open(Open {
+            tid: 101,
+            syscall: "openat".into(),
+            dirfd: AT_FDCWD,
+            path: "/home/alice/.npmrc".into(),
+            abs_path: Some("/home/alice/.npmrc".into()),
+            ret: -1,
+            blocked: !denied,
+            denied,
+            fail_closed: true,
+            ..Open::default()
+        })
+    };
+    run.send(101, open(false));
+    let alert = run.one();
+    assert_eq!((alert.event.outcome.as_str(), alert.credwatch.enforcement.as_str()), ("blocked", "kernel-fail-closed"));
+    let text = crate::output::render(&alert, false);
+    assert!(
+        text.starts_with("[HIGH] [BLOCKED] npm package evil-pkg@1.2.3 (postinstall) opened /home/alice/.npmrc"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  note     the kernel acted on its own: no agent had read its records for a while"),
+        "{text}"
+    );
+    // The BPF LSM refused it: the process lives.
+    run.send(101, open(true));
+    let alert = run.one();
+    assert_eq!((alert.event.outcome.as_str(), alert.credwatch.enforcement.as_str()), ("denied", "lsm-fail-closed"));
+    // A connect held failing closed, after a credential read: the kill rule's verdict, saying why.
+    let mut run = Run::npm_evil();
+    run.open(101, "/home/alice/.aws/credentials").take();
+    let connect = Connect {
+        tid: 101,
+        family: "inet".into(),
+        address: Some("203.0.113.5".into()),
+        port: Some(443),
+        held: true,
+        fail_closed: true,
+        ..Connect::default()
+    };
+    run.send(101, EventData::Connect(connect));
+    let alert = run.one();
+    assert_eq!(alert.rule.id, "exfiltration");
+    assert_eq!(
+        (alert.event.outcome.as_str(), alert.credwatch.enforcement.as_str()),
+        ("blocked", "kernel-hold-fail-closed")
+    );
+}
