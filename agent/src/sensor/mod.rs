@@ -902,6 +902,10 @@ impl Sensor {
                 loader.btf(None).override_global(aya_log::LEVEL, &level, true);
                 for (name, size) in options.map_sizes.iter() {
                     loader.map_max_entries(name, size);
+                    // One entry per marked process, as MARKS (the kernel's repeats.rs).
+                    if name == "MARKS" {
+                        loader.map_max_entries("PROCESS_REPEATS", size);
+                    }
                 }
                 loader.load(OBJECT)
             });
