@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use credwatch_e2e::{servers::structured_data, servers::Rsyslog, slow, Run, Sandbox};
+use credwatch_e2e::{detached, servers::structured_data, servers::Rsyslog, slow, Run, Sandbox};
 use serde_json::Value;
 
 fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
@@ -57,6 +57,30 @@ fn install(sandbox: &Sandbox, tarball: &Path) -> Child {
     command.arg("install").arg(tarball).current_dir(&project);
     command.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
     command.spawn().expect("starting npm")
+}
+
+/// [`install`] as a tree of its own, not in the tree of the `cargo` running this test: set up
+/// before the agent starts (see [`detached`]); the returned closure starts it, and
+/// [`wait_detached`] waits for its end.
+fn detached_install(sandbox: &Sandbox, tarball: &Path) -> impl Fn() {
+    let name = tarball.file_stem().unwrap().to_string_lossy().into_owned();
+    let project = sandbox.work().join("projects").join(&name);
+    fs::create_dir_all(&project).unwrap();
+    fs::write(project.join("package.json"), r#"{ "name": "faults-app", "version": "1.0.0", "private": true }"#)
+        .unwrap();
+    let script = format!(
+        "npm install '{}' >npm.log 2>&1; echo $? >npm-status.tmp; mv npm-status.tmp npm-status",
+        tarball.display()
+    );
+    detached(sandbox, &project, &name, &[], &script)
+}
+
+/// Waits for the end of a [`detached_install`] of `tarball`, which must succeed.
+fn wait_detached(sandbox: &Sandbox, tarball: &Path) {
+    let name = tarball.file_stem().unwrap().to_string_lossy().into_owned();
+    let status = sandbox.work().join("projects").join(name).join("npm-status");
+    wait_until("the detached npm install", Duration::from_secs(300), || status.exists());
+    assert_eq!(fs::read_to_string(&status).unwrap().trim(), "0", "npm install {}", tarball.display());
 }
 
 /// [`install`], to its end, which must succeed.
@@ -572,6 +596,7 @@ fn an_agent_killed_for_memory_reports_the_gap_and_what_was_lost() {
         stop.display()
     );
     let tarball = package(&sandbox, "oom-flood", &script);
+    let go = detached_install(&sandbox, &tarball);
     let watch = sandbox.watch_with(&options);
     let idle = rss_kib(watch.pid());
     let cgroup = MemoryCgroup::new(&format!("credwatch-faults-{}", std::process::id()));
@@ -579,7 +604,7 @@ fn an_agent_killed_for_memory_reports_the_gap_and_what_was_lost() {
     // What it is charged once in (its pages may stay charged where they were), and a little more.
     let limit = cgroup.usage() + (HEADROOM_MIB << 20);
     cgroup.limit(limit);
-    let mut npm = install(&sandbox, &tarball);
+    go();
     let killed = watch.wait();
     let killed_at = Instant::now();
     assert_eq!(killed.status.and_then(|s| s.signal()), Some(libc::SIGKILL), "{}", killed.describe());
@@ -594,7 +619,7 @@ fn an_agent_killed_for_memory_reports_the_gap_and_what_was_lost() {
     let lost = sandbox
         .wait_for(|a| rule_is(a, "blind-spot-lost") && a["package"]["name"] == "oom-flood", Duration::from_secs(30));
     fs::write(&stop, "").unwrap();
-    assert!(npm.wait().unwrap().success());
+    wait_detached(&sandbox, &tarball);
     let run = watch.stop();
     assert_no_panic(&run);
     let gap = gap.unwrap_or_else(|| panic!("no blind-spot-gap alert naming the package\n{}", run.describe()));
@@ -620,12 +645,13 @@ fn an_agent_stopped_for_2_minutes_during_an_attack_reports_the_key_read() {
     let (npmrc, key) = (sandbox.credential(".npmrc"), sandbox.credential(".ssh/id_ed25519"));
     let script = format!("i=0; while [ $i -lt 60000 ]; do : < '{npmrc}'; i=$((i+1)); done; : < '{key}'\n");
     let tarball = package(&sandbox, "stopped-flood", &script);
+    let go = detached_install(&sandbox, &tarball);
     let watch = sandbox.watch();
     kill(watch.pid(), libc::SIGSTOP);
     let stopped = Instant::now();
-    let attack = Instant::now();
-    installed(&sandbox, &tarball);
-    let attack = attack.elapsed();
+    go();
+    wait_detached(&sandbox, &tarball);
+    let attack = stopped.elapsed();
     thread::sleep(slow(Duration::from_secs(120)).saturating_sub(stopped.elapsed()));
     kill(watch.pid(), libc::SIGCONT);
     let stopped = stopped.elapsed();
