@@ -217,21 +217,32 @@ pub struct Put {
 
 impl Spool {
     /// Opens (creating it) the spool in `dir`, with what an earlier agent left there, and what
-    /// was found wrong in it.
+    /// was found wrong in it. A folder that cannot be created is an error; one that exists but
+    /// cannot be written (a file system read-only or full when an agent restarts) starts the
+    /// spool in memory, as when it fails later (see the module's documentation).
     pub fn open(dir: &Path, max_bytes: u64) -> Result<(Spool, Vec<Recovered>), SpoolError> {
         fs::create_dir_all(dir).map_err(SpoolError::new(dir, "creating the folder"))?;
-        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
-            .map_err(SpoolError::new(dir, "making the folder 0700"))?;
+        let mode = fs::metadata(dir).map_err(SpoolError::new(dir, "reading the folder"))?.permissions().mode();
+        let mut unwritable = None;
+        if mode & 0o777 != 0o700 {
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+                .map_err(SpoolError::new(dir, "making the folder 0700"))?;
+        }
         let mut recovered = Vec::new();
         let ack_path = dir.join(ACK);
-        let ack = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&ack_path)
-            .map_err(SpoolError::new(&ack_path, "opening"))?;
+        let open_ack = |write: bool| {
+            fs::OpenOptions::new().read(true).write(write).create(write).truncate(false).mode(0o600).open(&ack_path)
+        };
+        let ack = match open_ack(true) {
+            Ok(ack) => ack,
+            Err(error) => match open_ack(false) {
+                Ok(ack) => {
+                    unwritable = Some(("writing", ack_path.clone(), error));
+                    ack
+                }
+                Err(_) => return Err(SpoolError::new(&ack_path, "opening")(error)),
+            },
+        };
         // Two agents appending to one spool would interleave their records and acknowledge
         // each other's: the lock (released when the process dies) keeps it to one.
         ack.try_lock().map_err(|error| {
@@ -291,11 +302,17 @@ impl Spool {
             let last = found.get(n + 1).is_none_or(|(next, _)| next.0 != key.0);
             spool.load_segment(*key, path, last, &mut recovered)?;
         }
-        // Writable now rather than at the first alert: a spool that cannot be written is a
-        // start-up error.
+        // Whether it can be written, said now rather than at the first alert.
+        if let Some((action, path, error)) = unwritable {
+            spool.unwritable(&path, action, error);
+        }
         let probe = dir.join(".probe.tmp");
-        fs::write(&probe, b"").map_err(SpoolError::new(dir, "writing"))?;
-        let _ = fs::remove_file(probe);
+        match fs::write(&probe, b"") {
+            Ok(()) => {
+                let _ = fs::remove_file(probe);
+            }
+            Err(error) => spool.unwritable(dir, "writing", error),
+        }
         spool.take_older(older, &mut recovered)?;
         Ok((spool, recovered))
     }
@@ -323,8 +340,11 @@ impl Spool {
             }
         }
         self.flush();
-        for (_, _, path) in files {
-            let _ = fs::remove_file(path);
+        // Kept in memory only while the folder cannot be written: the files stay for the next agent.
+        if self.trouble.is_none() {
+            for (_, _, path) in files {
+                let _ = fs::remove_file(path);
+            }
         }
         recovered.push(Recovered::Older { dir: self.dir.clone(), taken, dropped });
         Ok(())
@@ -363,12 +383,12 @@ impl Spool {
                     if next.is_none() && last_of_chain {
                         // The agent died in the middle of this append: cut it off, so that the
                         // next append to this chain (in a new segment) is not behind garbage.
-                        fs::OpenOptions::new()
-                            .write(true)
-                            .open(&path)
-                            .and_then(|file| file.set_len(offset as u64))
-                            .map_err(SpoolError::new(&path, "cutting off a torn record"))?;
-                        size = offset as u64;
+                        let cut =
+                            fs::OpenOptions::new().write(true).open(&path).and_then(|file| file.set_len(offset as u64));
+                        match cut {
+                            Ok(()) => size = offset as u64,
+                            Err(error) => self.unwritable(&path, "cutting off a torn record", error),
+                        }
                         recovered.push(Recovered::Torn { path: path.to_path_buf(), offset: offset as u64, bytes });
                     } else {
                         recovered.push(Recovered::Corrupt { path: path.to_path_buf(), offset: offset as u64, bytes });
@@ -1262,7 +1282,7 @@ mod tests {
     }
 
     #[test]
-    fn a_spool_that_cannot_be_written_is_an_error_at_open() {
+    fn a_spool_folder_that_cannot_be_created_is_an_error_at_open() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("file");
         fs::write(&file, b"").unwrap();

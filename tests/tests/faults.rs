@@ -343,7 +343,8 @@ fn a_full_spool_folder_is_said_once_and_costs_no_alert() {
 /// The spool's file system turned read-only by ext4 itself (`errors=remount-ro` after an
 /// error, triggered through its sysfs knob) while alerts flow and the syslog server is down:
 /// what was spooled before and what came after are all delivered once the server is back, the
-/// second from memory, and the log says it once per output. (A remount read-only by hand is
+/// second from memory, and the log says it once per output; an agent started again on it
+/// alerts on. (A remount read-only by hand is
 /// refused while the agent holds its spool files open for writing; an ext4 that turned itself
 /// read-only stays so until unmounted.)
 #[test]
@@ -363,9 +364,11 @@ fn a_read_only_spool_folder_is_said_once_and_costs_no_alert() {
     let trigger =
         PathBuf::from("/sys/fs/ext4").join(Path::new(device.trim()).file_name().unwrap()).join("trigger_fs_error");
     let (mut rsyslog, options) = syslog_down(&sandbox, &spool);
-    let secrets = sandbox.secrets(200);
+    let secrets = sandbox.secrets(300);
     let (before, after) = secrets.split_at(100);
+    let (after, restarted) = after.split_at(100);
     let (first, second) = (reader(&sandbox, "ro-before", before), reader(&sandbox, "ro-after", after));
+    let third = reader(&sandbox, "ro-restarted", restarted);
     let options: Vec<&str> = options.iter().map(String::as_str).collect();
     let watch = sandbox.watch_with(&options);
 
@@ -387,9 +390,25 @@ fn a_read_only_spool_folder_is_said_once_and_costs_no_alert() {
     run.assert_exit(0);
     assert_no_panic(&run);
     assert_eq!(unwritable_lines(&run.stderr).len(), said.len(), "{}", run.describe());
+
+    // Restarted while it is still read-only (as systemd would after a crash): it watches, says
+    // so once, and alerts on to every output.
+    let watch = sandbox.watch_with(&options);
+    installed(&sandbox, &third);
+    let more = wait_for_each(&sandbox, restarted);
+    wait_until("the restarted agent's alerts in rsyslog", Duration::from_secs(60), || {
+        syslog_ids(&rsyslog).is_superset(&more)
+    });
+    let run = watch.stop();
+    run.assert_exit(0);
+    assert_no_panic(&run);
+    let said_again = unwritable_lines(&run.stderr);
+    assert_eq!(said_again.iter().filter(|line| line.contains("syslog:tcp")).count(), 1, "{}", run.describe());
     eprintln!(
-        "fault: spool folder read-only: {} alerts, 0 lost; all delivered {delivered_in:?} after rsyslog was back",
-        ids.len()
+        "fault: spool folder read-only: {} alerts, 0 lost; all delivered {delivered_in:?} after rsyslog was back; \
+         {} more from an agent restarted on it",
+        ids.len(),
+        more.len()
     );
 }
 
@@ -605,7 +624,7 @@ fn an_agent_killed_for_memory_reports_the_gap_and_what_was_lost() {
     let (_rsyslog, options) = syslog_down(&sandbox, &spool);
     let mut options: Vec<&str> = options.iter().map(String::as_str).collect();
     // Small rings and a small repeat window, so that the flood overflows them while no agent reads.
-    options.extend(["--map-size", "EVENTS=65536"]);
+    options.extend(["--map-size", "EVENTS=8192"]);
     let secrets = sandbox.secrets(4000);
     let list = sandbox.work().join("oom.list");
     fs::write(&list, secrets.join("\n") + "\n").unwrap();
