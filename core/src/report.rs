@@ -387,4 +387,35 @@ mod tests {
         let report = report_of(&[exec(100, 1, &["npm", "install"], &[])]);
         assert!(report.to_text().contains("nothing: no credential was touched"));
     }
+
+    #[test]
+    fn a_blind_spot_says_what_was_missed_of_which_package_and_when() {
+        let env =
+            [("npm_package_name", "evil"), ("npm_package_version", "1.0.0"), ("npm_lifecycle_event", "postinstall")];
+        let spot = crate::event::BlindSpot {
+            cause: crate::event::BlindCause::Lost,
+            root_pid: Some(100),
+            since_ns: 1_000_000_000,
+            until_ns: 3_000_000_000,
+            counts: [("open\x1b[2J".to_owned(), 5)].into(),
+            credential: false,
+        };
+        let report = report_of(&[
+            exec(100, 1, &["npm", "install"], &[]),
+            Event { time_ns: 2_000, pid: 100, data: EventData::Fork(Fork { child_pid: 101 }) },
+            exec(101, 100, &["node", "x.js"], &env),
+            Event { time_ns: 3_000_000_000, pid: 0, data: EventData::BlindSpot(spot) },
+        ]);
+        let text = report.to_text();
+        assert!(text.contains("npm package evil@1.0.0 [HIGH]"), "{text}");
+        assert!(
+            text.contains("  incident   1970-01-01T00:00:03Z high blind-spot-lost records lost from 1970-01-01T00:00:01Z to 1970-01-01T00:00:03Z (2.0 s): 5 open\\u{1b}[2J\n"),
+            "{text}"
+        );
+        assert!(
+            report.to_markdown().contains("`blind-spot-lost` `records lost from 1970-01-01T00:00:01Z"),
+            "{}",
+            report.to_markdown()
+        );
+    }
 }

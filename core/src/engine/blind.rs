@@ -6,8 +6,10 @@
 //! rule are folded: the first alerts, later ones add to it, and the sum goes out again when a
 //! lost record turns out to be a credential's, when [`FOLD_NS`] of event time passed since it
 //! last went out, and (`final`) when the tree leaves the table or the stream ends. A gap alerts
-//! once per tree live in it: alive when the gap is told, or with an event timed inside it (the
-//! records that waited in the rings, and an adopting agent's seeded execs).
+//! once per tree live in it: alive when the gap is told (at once), or with an event timed inside
+//! it (the records that waited in the rings, and an adopting agent's seeded execs: once the
+//! gap's events are over, the first event past it, the live clock past it, the tree's end or
+//! the stream's, so that the alert names the packages they ran).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -66,8 +68,12 @@ pub(super) struct Blind {
     folded: BTreeMap<(Whose, String), Folded>,
     /// Trees that left the table, latest last: (root pid, name).
     ended: Vec<(u32, Named)>,
-    /// The trees (units) the current gap already alerted for.
+    /// The last gap, as its alerts say it.
+    gap_spot: Option<AlertBlindSpot>,
+    /// The trees (units) the last gap alerted for, or will.
     gap_told: BTreeSet<Id>,
+    /// Trees with an event inside the last gap, whose alert waits until its events are over.
+    gap_pending: BTreeSet<Id>,
     /// Since the gap was told, only an adopting agent's seeded execs (and their forks) came.
     seeding: bool,
 }
@@ -311,6 +317,10 @@ impl Engine {
     /// The entry `id` left the table: its folded blind spots' sums go out (final), and a root is
     /// remembered for reports that come after it.
     pub(super) fn blind_tree_ended(&mut self, id: Id, p: &Proc) {
+        if self.blind.gap_pending.remove(&id) {
+            let alerts = self.gap_alert(id, p);
+            self.pending.extend(alerts);
+        }
         if p.root == id {
             let named = self.name_tree(id, p);
             if self.blind.ended.len() >= MAX_ENDED {
@@ -335,20 +345,23 @@ impl Engine {
     /// The agent was down or stopped: a gap alert for each tree live now (it was alive when the
     /// gap began, since every event from before it came first).
     pub(super) fn gap_began(&mut self, gap: &AgentGap, until_ns: u64) -> Vec<Alert> {
+        let mut alerts = self.gap_due();
         self.blind.gap_told.clear();
         self.blind.seeding = true;
+        let spot = AlertBlindSpot {
+            cause: BlindSpotCause::Gap,
+            stopped: gap.stopped,
+            reports: 1,
+            ..AlertBlindSpot::default()
+        };
+        self.blind.gap_spot = Some(window(spot, gap.since_ns, until_ns));
         let units: BTreeSet<Id> = self.procs.values().filter(|p| p.alive).map(|p| p.tree).collect();
-        let spot = window(
-            AlertBlindSpot {
-                cause: BlindSpotCause::Gap,
-                stopped: gap.stopped,
-                reports: 1,
-                ..AlertBlindSpot::default()
-            },
-            gap.since_ns,
-            until_ns,
-        );
-        units.into_iter().flat_map(|unit| self.gap_alert(unit, &spot)).collect()
+        for unit in units {
+            if self.gap_concerns(unit) {
+                alerts.extend(self.gap_alert(unit, &self.procs[&unit]));
+            }
+        }
+        alerts
     }
 
     /// The entry (unit) of the tree `pid` is in, if it is live; for [`Engine::gap_event`].
@@ -356,10 +369,14 @@ impl Engine {
         self.live(pid).map(|id| self.procs[&id].tree)
     }
 
-    /// After `event` (of a process of the unit `before`, when it was in one): the gap alert of
-    /// its tree, when the event is timed inside the last gap or is an adopting agent's seed.
+    /// After `event` (of a process of the unit `before`, when it was in one): an event timed
+    /// inside the last gap, or an adopting agent's seed, puts its tree's gap alert off until the
+    /// gap's events are over, so that it names the packages they ran; the first event past the
+    /// gap releases what was put off.
     pub(super) fn gap_event(&mut self, event: &Event, before: Option<Id>) -> Vec<Alert> {
-        let Some(gap) = self.gap.clone() else { return Vec::new() };
+        if self.blind.gap_spot.is_none() {
+            return Vec::new();
+        }
         let seeded = match &event.data {
             EventData::Exec(exec) => exec.seeded,
             EventData::Fork(_) => self.blind.seeding,
@@ -367,36 +384,49 @@ impl Engine {
         };
         self.blind.seeding &= seeded;
         let (since_ns, until_ns) = self.gap_ns;
-        if !(self.blind.seeding || (since_ns..=until_ns).contains(&event.time_ns)) {
+        if self.blind.seeding || (since_ns..=until_ns).contains(&event.time_ns) {
+            if let Some(unit) = before.or_else(|| self.unit_of(event.pid)) {
+                if self.gap_concerns(unit) {
+                    self.blind.gap_pending.insert(unit);
+                }
+            }
             return Vec::new();
         }
-        let Some(unit) = before.or_else(|| self.unit_of(event.pid)) else { return Vec::new() };
-        let spot = window(
-            AlertBlindSpot {
-                cause: BlindSpotCause::Gap,
-                stopped: gap.stopped,
-                reports: 1,
-                ..AlertBlindSpot::default()
-            },
-            since_ns,
-            until_ns,
-        );
-        self.gap_alert(unit, &spot)
+        if event.time_ns > until_ns {
+            return self.gap_due();
+        }
+        Vec::new()
     }
 
-    /// The gap alert of the unit's tree, once per gap; none for the developer's own project
-    /// (its code is not watched).
-    fn gap_alert(&mut self, unit: Id, spot: &AlertBlindSpot) -> Vec<Alert> {
-        let Some(p) = self.procs.get(&unit) else { return Vec::new() };
-        let project = p.manager_self.is_some_and(|own| own.project.is_some()) || p.project;
-        if (project && !self.options.watch_project) || !self.blind.gap_told.insert(unit) {
-            return Vec::new();
+    /// A live source's clock is past the last gap: its alerts put off go out.
+    pub(super) fn gap_tick(&mut self, now_ns: u64) -> Vec<Alert> {
+        if now_ns > self.gap_ns.1 && !self.blind.seeding {
+            return self.gap_due();
         }
+        Vec::new()
+    }
+
+    /// The gap alerts put off, of the trees still in the table.
+    pub(super) fn gap_due(&mut self) -> Vec<Alert> {
+        let units = std::mem::take(&mut self.blind.gap_pending);
+        units.into_iter().filter_map(|unit| self.procs.get(&unit).map(|p| self.gap_alert(unit, p))).flatten().collect()
+    }
+
+    /// Whether the last gap is to alert for the unit: once per gap, and not for the
+    /// developer's own project (its code is not watched).
+    fn gap_concerns(&mut self, unit: Id) -> bool {
+        let Some(p) = self.procs.get(&unit) else { return false };
+        let project = p.manager_self.is_some_and(|own| own.project.is_some()) || p.project;
+        (!project || self.options.watch_project) && self.blind.gap_told.insert(unit)
+    }
+
+    /// The gap alerts of the unit (entry `unit`, `p`).
+    fn gap_alert(&self, unit: Id, p: &Proc) -> Vec<Alert> {
+        let Some(spot) = &self.blind.gap_spot else { return Vec::new() };
         let named = self.name_tree(unit, p);
         let packages = named.base.credwatch.blind_spot.as_ref().map(|b| b.packages.clone()).unwrap_or_default();
-        let indices: Vec<usize> = self.rules.blind_spot_rules(BlindSpotCause::Gap).collect();
-        indices
-            .into_iter()
+        self.rules
+            .blind_spot_rules(BlindSpotCause::Gap)
             .map(|index| self.blind_alert(index, &named, AlertBlindSpot { packages: packages.clone(), ..spot.clone() }))
             .collect()
     }

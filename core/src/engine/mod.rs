@@ -318,7 +318,8 @@ impl Engine {
     /// A live source's clock (event time) with no event to tell it: the held alerts whose
     /// window closed before `now_ns` go out, so that an idle machine still gets them.
     pub fn tick(&mut self, now_ns: u64) -> Vec<Alert> {
-        let alerts = self.release_due(now_ns);
+        let mut alerts = self.release_due(now_ns);
+        alerts.extend(self.gap_tick(now_ns));
         self.out(alerts)
     }
 
@@ -328,6 +329,7 @@ impl Engine {
     /// ends; replay: at the end of each file).
     pub fn flush(&mut self) -> Vec<Alert> {
         let mut alerts = self.release_all();
+        alerts.extend(self.gap_due());
         let (rules, contained) = (&self.rules, &self.options.contained);
         alerts.extend(self.trees.values_mut().filter_map(|tree| sweep_summary(rules, contained, tree)));
         alerts.extend(self.blind_flush());

@@ -680,8 +680,14 @@ impl Incident {
         }
         let at_ns = rfc3339_ns(&alert.timestamp);
         if let Some(spot) = alert.credwatch.blind_spot.as_ref().filter(|s| s.cause == BlindSpotCause::Gap) {
-            // Its own entry tells the gap: the alerts inside it need not again.
-            tree.gaps.insert(spot.since.clone());
+            // Its own entry tells the gap: the alerts inside it need not, nor those before it
+            // (a tree that started in the gap alerts for it once the gap's events are over).
+            if !tree.gaps.insert(spot.since.clone()) {
+                let told = |e: &Entry| e.kind == Kind::BlindSpot && e.severity.is_none() && e.time_text == spot.since;
+                let before = tree.timeline.len();
+                tree.timeline.retain(|e| !told(e));
+                tree.kept[Kind::BlindSpot.index()] -= before - tree.timeline.len();
+            }
         }
         if let Some(gap) = &alert.credwatch.gap {
             if tree.gaps.len() < Kind::BlindSpot.limit() && tree.gaps.insert(gap.down_from.clone()) {

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 use super::*;
 use crate::{
     engine::EngineOptions,
-    event::{DnsQuery, Fork, Lost},
+    event::{Connect, DnsQuery, Fork, Lost},
     pipeline::Sink as _,
     rules::RuleSet,
 };
@@ -434,4 +434,113 @@ fn many_hosts_and_places_are_counted_not_listed() {
     assert!(page.contains("150 alerts on more than 100 hosts"), "hosts of a package, bounded");
     assert!(page.contains("… and 100 more places."), "50 places listed");
     assert!(page.contains(" and at least 90 more hosts"), "hosts to rotate on, bounded");
+}
+
+/// A postinstall whose write and connect the sensor counted again (`repeats`), some of whose
+/// records were lost (the counts' kinds from `text`), and a gap while it ran.
+fn replay_with_blind_spots(text: &str) -> Incident {
+    use crate::event::{AgentGap, BlindCause, BlindSpot};
+    let env = [("HOME", "/home/alice"), ("npm_package_name", "evil"), ("npm_lifecycle_event", "postinstall")];
+    let base = 1_796_128_456_000_000_000;
+    let spot = BlindSpot {
+        cause: BlindCause::Lost,
+        root_pid: Some(100),
+        since_ns: base + 10,
+        until_ns: base + 2_000_000_010,
+        counts: BTreeMap::from([(text.to_owned(), 3)]),
+        credential: true,
+    };
+    let write = Open {
+        tid: 101,
+        syscall: "openat".into(),
+        dirfd: -100,
+        flags: 0o1101,
+        path: "/tmp/out".into(),
+        abs_path: Some("/tmp/out".into()),
+        ret: 4,
+        repeats: 59,
+        ..Open::default()
+    };
+    let connect = Connect {
+        tid: 101,
+        family: "inet".into(),
+        address: Some("127.0.0.9".into()),
+        port: Some(8443),
+        repeats: 4,
+        ..Connect::default()
+    };
+    let events = [
+        exec(100, 1, &["npm", "install"], &[("HOME", "/home/alice")]),
+        at(1, 100, EventData::Fork(Fork { child_pid: 101 })),
+        exec(101, 100, &["node", "x.js"], &env),
+        at(5, 101, EventData::Open(write)),
+        at(6, 101, EventData::Connect(connect)),
+        at(2_000_000_010, 0, EventData::BlindSpot(spot)),
+        at(
+            9_000_000_000,
+            0,
+            EventData::AgentGap(AgentGap { since_ns: base + 3_000_000_000, clean_stop: false, stopped: true }),
+        ),
+    ];
+    let mut engine = Engine::new(
+        RuleSet::defaults().unwrap(),
+        EngineOptions { host_name: "box".into(), ..EngineOptions::default() },
+    );
+    let mut incident = Incident::default();
+    incident.begin_source(0, "box");
+    for event in &events {
+        let alerts = engine.handle(event);
+        incident.event(&engine, event, &alerts).unwrap();
+    }
+    incident.end(&engine.flush()).unwrap();
+    incident
+}
+
+#[test]
+fn blind_spots_and_repeated_acts_are_on_the_timeline() {
+    let incident = replay_with_blind_spots("open");
+    let tree = incident.trees.values().next().expect("the npm tree");
+    let blind: Vec<(&str, Option<Severity>)> =
+        tree.timeline.iter().filter(|e| e.kind == Kind::BlindSpot).map(|e| (e.what.as_str(), e.severity)).collect();
+    assert_eq!(
+        blind,
+        [
+            (
+                "records lost from 2026-12-01T12:34:16.00000001Z to 2026-12-01T12:34:18.00000001Z (2.0 s): 3 open; one was a credential file's open",
+                Some(Severity::High)
+            ),
+            (
+                "credwatch stopped from 2026-12-01T12:34:19Z to 2026-12-01T12:34:25Z (6.0 s)",
+                Some(Severity::High)
+            ),
+        ],
+        "{:#?}",
+        tree.timeline
+    );
+    let repeats: Vec<(Kind, u64)> =
+        tree.timeline.iter().filter(|e| e.repeats > 0).map(|e| (e.kind, e.repeats)).collect();
+    assert_eq!(repeats, [(Kind::Write, 59), (Kind::Connect, 4)]);
+    let verdict = &incident.packages["npm package evil"].1;
+    assert!(
+        verdict.rules.contains_key("blind-spot-lost") && verdict.rules.contains_key("blind-spot-gap"),
+        "{verdict:?}"
+    );
+    assert!(incident.rotate.keys().any(|item| item.contains("treat everything this tree could reach as read")));
+    let page = render(&incident, &Origin::Replay { files: 1 });
+    assert!(page.contains("<code>/tmp/out</code> <span class=\"repeats\">×60</span>"), "{page}");
+    assert!(page.contains("<span class=\"repeats\">×5</span>"));
+    assert!(
+        page.contains("3 open; one was a credential file&#39;s open")
+            || page.contains("3 open; one was a credential file's open")
+    );
+}
+
+#[test]
+fn hostile_strings_in_blind_spots_make_no_markup() {
+    let expected = tag_counts(&render(&replay_with_blind_spots("b"), &Origin::Replay { files: 1 }));
+    for text in HOSTILE {
+        let page = render(&replay_with_blind_spots(text), &Origin::Replay { files: 1 });
+        assert_no_markup_from(&page, text);
+        assert_eq!(tag_counts(&page), expected, "{text:?}");
+    }
 }
