@@ -398,9 +398,10 @@ impl Engine {
         Vec::new()
     }
 
-    /// A live source's clock is past the last gap: its alerts put off go out.
+    /// A live source's clock is past the last gap: its alerts put off go out (an adopting
+    /// agent's seeds came in one batch before the clock ticks).
     pub(super) fn gap_tick(&mut self, now_ns: u64) -> Vec<Alert> {
-        if now_ns > self.gap_ns.1 && !self.blind.seeding {
+        if now_ns > self.gap_ns.1 {
             return self.gap_due();
         }
         Vec::new()
