@@ -136,9 +136,10 @@ pub fn render(alert: &Alert, colour: bool) -> String {
         }
     }
     if let Some(gap) = &alert.credwatch.gap {
+        let (how, after) = if gap.stopped { ("stopped", "when it resumed") } else { ("down", "on restart") };
         let _ = writeln!(
             out,
-            "  when     credwatch was down, from {} to {} ({:.1} s): caught up on restart",
+            "  when     credwatch was {how}, from {} to {} ({:.1} s): caught up {after}",
             gap.down_from, gap.down_to, gap.seconds
         );
     }

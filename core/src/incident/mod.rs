@@ -691,7 +691,7 @@ impl Incident {
         }
         if let Some(gap) = &alert.credwatch.gap {
             if tree.gaps.len() < Kind::BlindSpot.limit() && tree.gaps.insert(gap.down_from.clone()) {
-                let how = if gap.clean_stop { "stopped" } else { "down" };
+                let how = if gap.clean_stop || gap.stopped { "stopped" } else { "down" };
                 tree.push(Entry {
                     at_ns: rfc3339_ns(&gap.down_from),
                     time_text: gap.down_from.clone(),

@@ -495,6 +495,9 @@ fn a_trace_with_blind_spots_and_gaps_replays_to_the_live_alerts() {
     );
     let read_in_gap = &live[3];
     assert!(read_in_gap.credwatch.gap.as_ref().is_some_and(|gap| gap.stopped && gap.seconds == 5.0));
+    let text = crate::output::render(read_in_gap, false);
+    assert!(text.contains("  when     credwatch was stopped, from 2023-11-14T22:13:24Z to "), "{text}");
+    assert!(text.contains(" (5.0 s): caught up when it resumed\n"), "{text}");
     assert!(live[5].credwatch.blind_spot.as_ref().is_some_and(|spot| spot.is_final && spot.reports == 300));
     // Through a trace file and back: the same alerts, ids included.
     let replayed = alerts_of(&read_trace(trace_text(crate::trace::TRACE_SCHEMA, &events)));
