@@ -3,9 +3,11 @@
 //! stopped longer than the kernel's fail-closed delay keeps a postinstall from the key and
 //! reports the refused read when it resumes. Privileged: run as root with `cargo xtask test`.
 //!
-//! The npm installs are started detached before `watch` (see [`detached`]): under `--enforce`
-//! the kernel fails closed for every package tree on the machine, and the `cargo` running this
-//! test is one (its tree must neither be killed nor be what fills `MARKS`).
+//! The npm installs, and the signals that stop and resume the agent, are started detached before
+//! `watch` (see [`detached`]): the `cargo` running this test is a package tree, which must not
+//! be what fills `MARKS`, and under `--enforce` a signal from it to the agent is killed
+//! (`signal-to-agent`), as is its `credwatch stop` (`bpf()`), and its credential reads would fail
+//! closed.
 
 use std::{
     path::Path,
@@ -13,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use credwatch_e2e::{detached, detached_pid, in_tree, slow, Run, Sandbox};
+use credwatch_e2e::{credwatch_binary, detached, detached_pid, in_tree, slow, Run, Sandbox};
 use serde_json::Value;
 
 /// The kernel's `FAIL_CLOSED_AFTER_NS` (credwatch-common), and a margin.
@@ -29,9 +31,19 @@ fn assert_field(alert: &Value, pointer: &str, expected: &str, run: &Run) {
     );
 }
 
-fn signal(pid: u32, signal: libc::c_int) {
-    // SAFETY: kill(2) of the credwatch this test started.
-    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, signal) }, 0, "kill {pid}: {}", std::io::Error::last_os_error());
+/// Whether `pid` is stopped (`T` in /proc/PID/stat).
+fn stopped(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
+}
+
+/// Waits until `pid` is stopped, or no longer.
+fn until_stopped(pid: u32, wanted: bool) {
+    let start = Instant::now();
+    while stopped(pid) != wanted {
+        assert!(start.elapsed() < slow(Duration::from_secs(30)), "{pid} stopped: {}, not {wanted}", !wanted);
+        thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// `npm install TARBALL` in `project`, started detached; returns what starts it.
@@ -83,22 +95,44 @@ fn a_stopped_enforcing_agent_fails_closed_and_reports_the_refused_read_when_it_r
     let tarball = sandbox.npm_pack("npm/fail-closed-reader");
     let project = sandbox.npm_project();
     let go = npm_install(&sandbox, &project, &tarball);
+    let work = sandbox.work();
+    let stop = detached(&sandbox, &work, "stop", &[], "kill -STOP \"$(cat agent-pid)\"");
+    let resume = detached(&sandbox, &work, "cont", &[], "kill -CONT \"$(cat agent-pid)\"");
+    let detach = format!(
+        "'{}' stop --pin-dir '{}' >out-unpin 2>&1; echo $? >rc-unpin",
+        credwatch_binary().display(),
+        sandbox.pin_dir().display()
+    );
+    let unpin = detached(&sandbox, &work, "unpin", &[], &detach);
     let watch = sandbox.watch_with(&["--enforce"]);
+    std::fs::write(work.join("agent-pid"), watch.pid().to_string()).unwrap();
     // Its first drains write the heartbeat (the kernel never fails closed before one).
     thread::sleep(slow(Duration::from_secs(2)));
-    signal(watch.pid(), libc::SIGSTOP);
+    stop();
+    until_stopped(watch.pid(), true);
     let stopped = Instant::now();
     thread::sleep(FAIL_CLOSED_AFTER + Duration::from_secs(1));
     go();
     let npm = detached_pid(&project, "npm");
     exited(npm);
     let got = std::fs::read_to_string(project.join("node_modules/fail-closed-reader/got")).unwrap_or_default();
-    signal(watch.pid(), libc::SIGCONT);
+    resume();
+    until_stopped(watch.pid(), false);
     let stopped = stopped.elapsed();
     let npmrc = sandbox.credential(".npmrc");
     let read = sandbox.wait_for(|a| a["file"]["path"] == npmrc && in_tree(a, npm), Duration::from_secs(60));
     let gap = sandbox.wait_for(|a| a["rule"]["id"] == "blind-spot-gap" && in_tree(a, npm), Duration::from_secs(30));
     let run = watch.stop();
+    // At once: the pinned programs would fail closed for every package tree of the machine.
+    unpin();
+    let rc = work.join("rc-unpin");
+    let start = Instant::now();
+    while !rc.exists() && start.elapsed() < slow(Duration::from_secs(60)) {
+        thread::sleep(Duration::from_millis(50));
+    }
+    let unpinned = std::fs::read_to_string(work.join("out-unpin")).unwrap_or_default();
+    assert_eq!(std::fs::read_to_string(&rc).unwrap_or_default().trim(), "0", "credwatch stop: {unpinned}");
+    assert!(!sandbox.pin_dir().exists(), "credwatch stop left {}", sandbox.pin_dir().display());
     run.assert_exit(0);
     assert!(!got.contains("npm_FAKE"), "the payload got the token: {got:?}\n{}", run.describe());
     let read = read.unwrap_or_else(|| panic!("the refused read was not reported\n{}", run.describe()));
