@@ -328,8 +328,9 @@ impl Engine {
             }
             self.blind.ended.push((p.root_pid, named));
         }
-        let keys: Vec<(Whose, String)> =
-            self.blind.folded.keys().filter(|(whose, _)| *whose == Whose::Tree(id)).cloned().collect();
+        // Every process leaving the table comes here: only its own keys are looked at.
+        let own = (Whose::Tree(id), String::new())..(Whose::Tree(id + 1), String::new());
+        let keys: Vec<(Whose, String)> = self.blind.folded.range(own).map(|(key, _)| key.clone()).collect();
         for key in keys {
             if let Some(summary) = self.blind.folded.remove(&key).and_then(summary) {
                 self.pending.push(summary);
