@@ -8,7 +8,10 @@
 //! each batch, not a count of what was written.
 //!
 //! A failed batch is retried whole: the lines before the failure are written twice (receivers
-//! dedup on `event.id`), a half-written line is cut off.
+//! dedup on `event.id`), a half-written line is cut off. So is the half line of an agent killed
+//! in the middle of a write (a SIGKILL, the OOM killer's too, ends a write(2) between two
+//! pages): when the file is opened, before anything is appended (its alert is still in the
+//! spool, sent again whole).
 //!
 //! The writes are std's blocking ones on the outputs' runtime thread: a local file's append
 //! returns in microseconds, and the engine never waits for it.
@@ -99,7 +102,30 @@ impl FileOutput {
 }
 
 fn open(path: &Path) -> io::Result<File> {
-    OpenOptions::new().append(true).create(true).mode(0o600).open(path)
+    let file = OpenOptions::new().read(true).append(true).create(true).mode(0o600).open(path)?;
+    let whole = whole_lines(&file)?;
+    if whole < file.metadata()?.len() {
+        file.set_len(whole)?;
+    }
+    Ok(file)
+}
+
+/// The length of `file` up to the end of its last whole line.
+fn whole_lines(file: &File) -> io::Result<u64> {
+    use std::os::unix::fs::FileExt as _;
+    const CHUNK: u64 = 64 << 10;
+    let mut end = file.metadata()?.len();
+    let mut chunk = vec![0; CHUNK as usize];
+    while end > 0 {
+        let start = end.saturating_sub(CHUNK);
+        let read = &mut chunk[..(end - start) as usize];
+        file.read_exact_at(read, start)?;
+        if let Some(at) = read.iter().rposition(|byte| *byte == b'\n') {
+            return Ok(start + at as u64 + 1);
+        }
+        end = start;
+    }
+    Ok(0)
 }
 
 fn remove_if_there(path: &Path) -> io::Result<()> {
@@ -174,6 +200,28 @@ mod tests {
         for file in fs::read_dir(dir.path()).unwrap() {
             assert_eq!(file.unwrap().metadata().unwrap().mode() & 0o777, 0o600);
         }
+    }
+
+    #[test]
+    fn a_half_line_left_by_a_killed_agent_is_cut_off_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("alerts.jsonl");
+        let mut output = FileOutput::open(&path, 1 << 20, 1).unwrap();
+        send(&mut output, &["a"]);
+        let whole = fs::read(&path).unwrap();
+        // Killed in the middle of the next line, longer than a chunk of the search.
+        let mut torn = whole.clone();
+        torn.extend_from_slice(b"{\"event\":{\"id\":\"b");
+        torn.extend(std::iter::repeat_n(b' ', 100 << 10));
+        fs::write(&path, &torn).unwrap();
+        let mut output = FileOutput::open(&path, 1 << 20, 1).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), whole);
+        send(&mut output, &["b"]);
+        assert_eq!(lines(&path), ["a", "b"]);
+        // Nothing whole at all.
+        fs::write(&path, b"{\"event\"").unwrap();
+        FileOutput::open(&path, 1 << 20, 1).unwrap();
+        assert!(fs::read(&path).unwrap().is_empty());
     }
 
     #[test]
