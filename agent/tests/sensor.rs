@@ -1805,7 +1805,7 @@ fn without_a_reading_agent_enforce_fails_closed_for_package_code_only() {
     let refused = refused.expect("the refused read is reported");
     assert!(gap < refused, "the gap comes before what waited");
     let EventData::Open(open) = &events[refused].data else { unreachable!() };
-    assert!(open.blocked || open.denied, "{open:#?}");
+    assert!(open.fail_closed && (open.blocked || open.denied), "{open:#?}");
 
     // Read again: the next child reads as before.
     let mut after = python_marked(&mut sensor, READ_IN_CHILD, &[&npmrc]);

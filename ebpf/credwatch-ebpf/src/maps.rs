@@ -37,7 +37,8 @@ const EVENTS_BYTES: u32 = 4 << 20;
 /// Only records that make alerts come here (credential-inode opens, blocked, denied and
 /// failed-closed acts, tamper syscalls, execs of tree roots, a tainted tree's connects), and
 /// the kernel counts a repeated act instead of sending it again, so a flood of one file's
-/// opens costs a record a second, not a record per open.
+/// opens costs a record a second, not a record per open. A root's exec takes a few KiB (at most
+/// `MAX_EXEC_RECORD`, 31 KiB), one per tree: dozens of trees starting between two polls fit.
 const PRIORITY_BYTES: u32 = 512 << 10;
 /// Credential files the agent can register (its table has the same limit).
 const MAX_CRED_INODES: u32 = 16384;

@@ -28,7 +28,7 @@ use credwatch_common::{
 };
 
 use crate::{
-    enforce::{failing_closed, spared, stop_current},
+    enforce::{failing_closed, kill_current, spared, stop_current},
     file::fd_file,
     helpers::{checked, config, current_mark, fill_header, read, read_user, reserve, submit, Res},
     maps::{DNS_SOCKETS, TAINTED},
@@ -124,6 +124,11 @@ fn report_connect(pid_tgid: u64, mark: Mark, fd: i32, addr: u64, addr_len: u64) 
     let Some(mut entry) = reserve::<ConnectEvent>(priority, mark.root_pid, lost_kind::CONNECT) else {
         if let Some(key) = &repeat {
             unsend(key, carried);
+        }
+        // No agent will hear of this hold to end it: killed rather than left stopped for ever
+        // or let go unjudged (the loss is counted against its tree).
+        if record_flags & record_flag::HELD != 0 {
+            kill_current();
         }
         return Ok(());
     };
