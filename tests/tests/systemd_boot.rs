@@ -157,6 +157,7 @@ impl Container {
             if state == "running" || state == "degraded" {
                 break;
             }
+            assert!(container.nspawn.try_wait().unwrap().is_none(), "systemd-nspawn exited\n{}", container.said());
             assert!(
                 start.elapsed() < slow(Duration::from_secs(120)),
                 "the container's systemd is still {state:?}\n{}",
@@ -206,9 +207,10 @@ impl Container {
     fn said(&self) -> String {
         let show = self.sh("systemctl status --no-pager credwatch.service; journalctl -u credwatch.service --no-pager");
         format!(
-            "--- credwatch.service ---\n{}{}\n--- console (tail) ---\n{}",
+            "--- credwatch.service ---\n{}{}\n--- systemd-nspawn ---\n{}\n--- console (tail) ---\n{}",
             String::from_utf8_lossy(&show.stdout),
             String::from_utf8_lossy(&show.stderr),
+            fs::read_to_string(self.console.with_file_name("nspawn.log")).unwrap_or_default(),
             {
                 let console = fs::read_to_string(&self.console).unwrap_or_default();
                 let lines: Vec<&str> = console.lines().collect();
@@ -460,6 +462,15 @@ fn the_deb_under_a_booted_systemd_installs_alerts_reloads_survives_a_hang_upgrad
         a["package"]["name"] == "gap-pkg" && a["file"]["path"] == "/root/.aws/credentials"
     });
     assert!(read["credwatch"]["gap"]["seconds"].as_f64().is_some(), "no gap on the read made meanwhile: {read:#}");
+    // The gap itself is an alert (blind-spot-gap), naming the tree that lived through it.
+    let blind = container.wait_for_alert("/var/log/credwatch/alerts.jsonl", "blind-spot-gap for gap-pkg", |a| {
+        a["rule"]["id"] == "blind-spot-gap" && a["package"]["name"] == "gap-pkg"
+    });
+    assert_eq!(blind["rule"]["severity"], "high", "{blind:#}");
+    let window = &blind["credwatch"]["blind_spot"];
+    assert_eq!(window["cause"], "gap", "{blind:#}");
+    assert_eq!(window["stopped"], false, "the agent was killed and restarted, not resumed: {blind:#}");
+    assert!(window["seconds"].as_f64().is_some_and(|seconds| seconds >= RESTART_SEC.as_secs_f64()), "{blind:#}");
     fs::write(container.root.join("root/end-gap"), "").unwrap();
     steps.done("SIGSTOP: watchdog kill, restart, adoption, alerts");
 
