@@ -153,7 +153,8 @@ pub(crate) static WAKEUP_COUNTDOWN: PerCpuArray<u32> = PerCpuArray::with_max_ent
 /// [`RepeatKey`] -> [`Repeat`]: when each act of a marked process was last sent, and how many
 /// identical ones were counted since (see [`crate::repeats`]).
 #[map]
-pub(crate) static REPEATS: LruHashMap<RepeatKey, Repeat> = LruHashMap::with_max_entries(MAX_REPEATS, BPF_F_NO_COMMON_LRU);
+pub(crate) static REPEATS: LruHashMap<RepeatKey, Repeat> =
+    LruHashMap::with_max_entries(MAX_REPEATS, BPF_F_NO_COMMON_LRU);
 /// tgid -> [`ProcessRepeats`]: a marked process's counted acts no record carried yet, for its
 /// exit record (freed there). As large as `MARKS`: one entry per marked process.
 #[map]

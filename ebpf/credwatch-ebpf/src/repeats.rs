@@ -41,7 +41,13 @@ impl RepeatKey {
     /// and is never a repeat: two of them may have been given different paths.
     #[inline(always)]
     pub(crate) fn open(tgid: u32, dev: u64, ino: u64, accmode: u64, enforced: u32) -> RepeatKey {
-        RepeatKey { tgid, kind: credwatch_common::kind::OPEN, detail: accmode | (enforced as u64) << 32, a: dev, b: ino }
+        RepeatKey {
+            tgid,
+            kind: credwatch_common::kind::OPEN,
+            detail: accmode | (enforced as u64) << 32,
+            a: dev,
+            b: ino,
+        }
     }
 
     /// A connect to an IPv4 or IPv6 address: the family, the port and the address (`scope`:
