@@ -47,9 +47,11 @@ pub mod kind {
 
 /// An open, connect or tamper call of a marked process whose key was reported less than this
 /// ago is counted, not sent; the next record of the key (or the process's exit) carries the
-/// count in its `repeats`. Keys: open = (tgid, dev, ino, `O_ACCMODE`, failed, denied); connect
-/// = (tgid, family, address, port); tamper = (tgid, syscall, operation, target). Every act is
-/// still enforced: kill, deny and hold are decided before it is counted.
+/// count in its `repeats`. Keys: open = (tgid, dev, ino, `O_ACCMODE`, blocked/denied/failed
+/// closed); connect = (tgid, family, address, port, IPv6 scope) of an IPv4 or IPv6 address, not
+/// port 53; tamper = (tgid, syscall, operation, target, flags). A failed open (no file: two may
+/// have been given different paths), a held connect and any other connect are always sent.
+/// Every act is still enforced: kill, deny and hold are decided before it is counted.
 pub const REPEAT_WINDOW_NS: u64 = 1_000_000_000;
 
 /// Bytes of a socket address kept from `connect`/`sendto` (`sizeof(struct sockaddr_storage)`).
