@@ -88,10 +88,11 @@ impl Engine {
         }
         let package = self.package(p);
         for tree in BTreeSet::from([p.root, p.tree]) {
-            let packages = &mut self.trees.entry(tree).or_default().packages;
-            if packages.len() < MAX_PACKAGES && !packages.contains(&package) {
-                packages.push(package.clone());
+            let tree = self.trees.entry(tree).or_default();
+            if tree.packages.len() < MAX_PACKAGES && !tree.packages.contains(&package) {
+                tree.packages.push(package.clone());
             }
+            tree.latest_package = Some(package.clone());
         }
     }
 
@@ -224,10 +225,11 @@ impl Engine {
     }
 
     /// `p` (entry `id`, a tree's root or unit) as blind-spot alerts name its tree: the root's
-    /// process, and of the packages the tree ran, the latest (all of them in `blind_spot`).
+    /// process, and of the packages the tree ran, the latest (the first 16 in `blind_spot`).
     pub(super) fn name_tree(&self, id: Id, p: &Proc) -> Named {
-        let packages = self.trees.get(&id).map(|tree| tree.packages.clone()).unwrap_or_default();
-        let package = packages.last().cloned().unwrap_or_else(|| self.package(p));
+        let tree = self.trees.get(&id);
+        let packages = tree.map(|tree| tree.packages.clone()).unwrap_or_default();
+        let package = tree.and_then(|tree| tree.latest_package.clone()).unwrap_or_else(|| self.package(p));
         let mut ancestors = Vec::new();
         let mut next = p.parent;
         while let Some(ancestor) = next.and_then(|id| self.procs.get(&id)) {

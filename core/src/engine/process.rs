@@ -171,8 +171,9 @@ pub(super) struct Tree {
     pub(super) home: Option<String>,
     /// The packages of the proc-macros the tree built, to name them when they run.
     pub(super) proc_macro_packages: ProcMacroPackages,
-    /// The named packages its processes ran for, first seen first (see `blind`).
+    /// The named packages its processes ran for, first seen first, and the latest (see `blind`).
     pub(super) packages: Vec<AlertPackage>,
+    pub(super) latest_package: Option<AlertPackage>,
 }
 
 impl Tree {

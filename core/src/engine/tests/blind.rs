@@ -547,3 +547,19 @@ fn a_gap_alert_put_off_goes_out_on_the_live_clock_or_at_the_end() {
     assert!(run.engine.handle(&Event { time_ns: since + SECOND, pid: 300, data: exec }).is_empty());
     assert_eq!(ids(&run.engine.flush()), ["blind-spot-gap"]);
 }
+
+#[test]
+fn past_sixteen_packages_the_alert_still_names_the_latest() {
+    let mut run = Run::new();
+    run.exec(100, 1, &["npm", "install"], &[]);
+    for n in 0..20u32 {
+        let name = format!("pkg-{n}");
+        run.spawn(200 + n, 100, &["node", "x.js"], &[("npm_package_name", name.as_str())]);
+    }
+    run.take();
+    run.report(spot(BlindCause::Lost, Some(100), &[("open", 1)], false));
+    let alert = run.one();
+    assert_eq!(alert.package.name.as_deref(), Some("pkg-19"));
+    let packages = &alert.credwatch.blind_spot.as_ref().unwrap().packages;
+    assert_eq!((packages.len(), packages[0].name.as_deref()), (16, Some("pkg-0")));
+}
