@@ -607,7 +607,7 @@ impl Drop for MemoryCgroup {
 }
 
 /// Memory the agent may take in its cgroup beyond what it had when put there.
-const HEADROOM_MIB: u64 = 8;
+const HEADROOM_MIB: u64 = 4;
 
 fn rule_is(alert: &Value, id: &str) -> bool {
     alert["rule"]["id"] == id
@@ -623,15 +623,17 @@ fn an_agent_killed_for_memory_reports_the_gap_and_what_was_lost() {
     let spool = sandbox.top().join("spool");
     let (_rsyslog, options) = syslog_down(&sandbox, &spool);
     let mut options: Vec<&str> = options.iter().map(String::as_str).collect();
-    // Small rings and a small repeat window, so that the flood overflows them while no agent reads.
+    // A small bulk ring, which the flood overflows while no agent reads.
     options.extend(["--map-size", "EVENTS=8192"]);
-    let secrets = sandbox.secrets(4000);
+    let secrets = sandbox.secrets(6000);
     let list = sandbox.work().join("oom.list");
     fs::write(&list, secrets.join("\n") + "\n").unwrap();
-    // Reads every secret (an alert each), then keeps opening new files until told to stop.
+    // Reads every secret (an alert each, paced so that the agent keeps up), then keeps opening
+    // new files until told to stop.
     let stop = sandbox.top().join("oom-stop");
     let script = format!(
-        "while read -r f; do : < \"$f\"; done < '{}'; i=0; while [ ! -e '{}' ]; do i=$((i+1)); : > \"$TMPDIR/oom-$i\"; done\n",
+        "n=0; while read -r f; do : < \"$f\"; n=$((n+1)); [ $((n % 50)) -ne 0 ] || sleep 0.02; done < '{}'\n\
+         i=0; while [ ! -e '{}' ]; do i=$((i+1)); : > \"$TMPDIR/oom-$i\"; done\n",
         list.display(),
         stop.display()
     );
@@ -645,6 +647,10 @@ fn an_agent_killed_for_memory_reports_the_gap_and_what_was_lost() {
     let limit = cgroup.usage() + (HEADROOM_MIB << 20);
     cgroup.limit(limit);
     go();
+    let pid = watch.pid();
+    wait_until("the agent's OOM kill", Duration::from_secs(60), || {
+        fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| stat.contains(") Z "))
+    });
     let killed = watch.wait();
     let killed_at = Instant::now();
     assert_eq!(killed.status.and_then(|s| s.signal()), Some(libc::SIGKILL), "{}", killed.describe());
