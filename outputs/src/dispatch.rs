@@ -18,7 +18,9 @@
 //!
 //! A failed delivery is retried after an exponential backoff with jitter, for as long as it
 //! takes; meanwhile alerts go on piling up in the spool, up to its cap, past which the least
-//! severe are dropped first ([`Spool::put`]), each drop counted and logged. At shutdown, the
+//! severe are dropped first ([`Spool::put`]), each drop counted and logged. A spool whose
+//! folder cannot be written (full, read-only) keeps them in memory meanwhile, counted
+//! (`unspooled`), and the log says so once when it starts and once when it ends. At shutdown, the
 //! tasks get a short time to deliver what is left; what is still undelivered stays in the
 //! spool, and the next agent delivers it first.
 
