@@ -364,7 +364,7 @@ impl Stop {
         }
     }
 
-    fn outcome(self) -> &'static str {
+    pub(super) fn outcome(self) -> &'static str {
         match self {
             Stop::None => "alerted",
             Stop::Killed => "blocked",
@@ -372,7 +372,7 @@ impl Stop {
         }
     }
 
-    fn enforcement(self) -> &'static str {
+    pub(super) fn enforcement(self) -> &'static str {
         match self {
             Stop::None => "userspace",
             Stop::Killed => "kernel",

@@ -13,14 +13,19 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{alerts::rfc3339, process::Proc, Engine, Id};
+use super::{
+    alerts::{rfc3339, Stop},
+    process::Proc,
+    Engine, Id,
+};
 use crate::{
     alert::{
-        Alert, AlertAgent, AlertAncestor, AlertBlindSpot, AlertCredwatch, AlertEvent, AlertHost, AlertPackage,
-        AlertParent, AlertProcess, AlertRule, AlertUser, BlindSpotCause, BLIND_SPOT_ACTION,
+        Alert, AlertAgent, AlertAncestor, AlertBlindSpot, AlertCredwatch, AlertEvent, AlertFile, AlertHost,
+        AlertPackage, AlertParent, AlertProcess, AlertRule, AlertUser, BlindSpotCause, BLIND_SPOT_ACTION,
     },
-    event::{AgentGap, BlindSpot, Event, EventData},
+    event::{normalize_path, AgentGap, BlindSpot, Event, EventData, Open},
     output::UNKNOWN_TREE_MANAGER,
+    rules::RuleKind,
 };
 
 /// Event time after which a folded blind spot that is still growing goes out again.
@@ -94,6 +99,62 @@ impl Engine {
             }
             tree.latest_package = Some(package.clone());
         }
+    }
+
+    /// The kernel stopped an open of `event.pid`, a process it had marked, whose start the
+    /// engine never saw (its fork and exec records were lost): what it stopped is told all the
+    /// same, by the rules the file (or the credential file it is) matches under any home the
+    /// engine knows, for a tree it cannot name.
+    pub(super) fn unattributed_stop(&self, event: &Event, open: &Open) -> Vec<Alert> {
+        let path = open.abs_path.as_deref().map_or_else(|| normalize_path(&open.path), str::to_owned);
+        let judged = open.same_file_as.as_deref().unwrap_or(&path);
+        let mut homes: BTreeSet<Option<&str>> = BTreeSet::from([None, self.options.home.as_deref()]);
+        homes.extend(self.procs.values().map(|p| p.home.as_deref()));
+        let mut indices = BTreeSet::new();
+        for home in homes {
+            let hits = self.rules.candidates(judged, home).into_iter().filter(|&index| {
+                let rule = &self.rules.rules()[index];
+                matches!(rule.kind, RuleKind::Target(_)) && rule.matches_path(judged, home)
+            });
+            indices.extend(hits);
+        }
+        let stop = Stop::of(open.blocked || open.fail_closed, open.denied);
+        indices
+            .into_iter()
+            .map(|index| {
+                let rule = &self.rules.rules()[index];
+                let mut alert = self.name_unknown(0).base;
+                alert.process.pid = event.pid;
+                alert.timestamp = rfc3339(event.time_ns);
+                alert.event.action = "open".into();
+                alert.event.outcome = stop.outcome().into();
+                alert.rule = AlertRule {
+                    id: rule.id.clone(),
+                    name: rule.name.clone(),
+                    category: rule.category.clone(),
+                    severity: rule.severity,
+                    description: rule.description.clone(),
+                };
+                alert.file = Some(AlertFile {
+                    path: path.clone(),
+                    given_path: open.path.clone(),
+                    flags: super::open_flags(open.flags),
+                    same_file_as: open.same_file_as.clone(),
+                    ..AlertFile::default()
+                });
+                alert.credwatch.rotate = rule.rotate.clone();
+                alert.credwatch.enforcement = stop.enforcement().into();
+                alert.credwatch.blind_spot = None;
+                alert.credwatch.why = Some(
+                    "the kernel stopped a process of a watched tree whose start credwatch did not see (its records were lost)"
+                        .into(),
+                );
+                if open.fail_closed {
+                    super::matching::fail_closed(&mut alert);
+                }
+                alert
+            })
+            .collect()
     }
 
     /// The sensor's report of what it missed of a tree.

@@ -97,7 +97,10 @@ impl Engine {
     }
 
     pub(super) fn open(&mut self, event: &Event, open: &Open) -> Vec<Alert> {
-        let Some(id) = self.live(event.pid) else { return Vec::new() };
+        let Some(id) = self.live(event.pid) else {
+            // The kernel stops only processes of watched trees: a kill is never silent.
+            return if open.stopped() { self.unattributed_stop(event, open) } else { Vec::new() };
+        };
         self.learn_home(id, open);
         // The kernel blocks without knowing what is the project's: a kill is never silent.
         if self.quiet(id) && !open.stopped() {

@@ -563,3 +563,35 @@ fn past_sixteen_packages_the_alert_still_names_the_latest() {
     let packages = &alert.credwatch.blind_spot.as_ref().unwrap().packages;
     assert_eq!((packages.len(), packages[0].name.as_deref()), (16, Some("pkg-0")));
 }
+
+#[test]
+fn an_open_the_kernel_stopped_of_a_process_whose_start_was_lost_is_still_told() {
+    let mut run = Run::new();
+    // Alice's npm is known (its HOME names the home); the postinstall's fork and exec were lost.
+    run.exec(100, 1, &["npm", "install"], &[("HOME", "/home/alice")]).take();
+    let open = |blocked: bool, fail_closed: bool| {
+        EventData::Open(Open {
+            tid: 4242,
+            syscall: "openat".into(),
+            dirfd: AT_FDCWD,
+            path: "../.ssh/id_ed25519".into(),
+            abs_path: Some("/home/alice/.ssh/id_ed25519".into()),
+            ret: -1,
+            blocked,
+            fail_closed,
+            ..Open::default()
+        })
+    };
+    run.send(4242, open(true, true));
+    let alert = run.one();
+    assert_eq!(alert.rule.id, "ssh-private-keys");
+    assert_eq!((alert.process.pid, alert.credwatch.root_pid, alert.package.manager.as_str()), (4242, 0, "unknown"));
+    assert_eq!((alert.event.outcome.as_str(), alert.credwatch.enforcement.as_str()), ("blocked", "kernel-fail-closed"));
+    assert!(alert.credwatch.why.as_deref().is_some_and(|why| why.contains("whose start credwatch did not see")));
+    assert!(alert.credwatch.blind_spot.is_none() && !alert.credwatch.rotate.is_empty());
+    assert!(crate::output::render(&alert, false)
+        .starts_with("[CRITICAL] [BLOCKED] unknown package code opened /home/alice/.ssh/id_ed25519\n"));
+    // What it did not stop, of a process outside every tree, is none of credwatch's business.
+    run.send(4242, open(false, false));
+    assert!(run.take().is_empty());
+}
