@@ -584,7 +584,10 @@ pub fn write_executable(path: &Path, text: &str) {
 /// the tree of the `cargo` running the tests). SCRIPT runs once the file `go-NAME` exists in
 /// `dir`, after writing its pid to `pid-NAME`; the returned closure creates `go-NAME`.
 pub fn detached(sandbox: &Sandbox, dir: &Path, name: &str, env: &[(&str, String)], script: &str) -> impl Fn() {
-    let script = format!("while [ ! -e go-{name} ]; do sleep 0.05; done; echo $$ >pid-{name}; {script}");
+    // Gone with its folder: a test that failed before saying go leaves no waiter behind.
+    let script = format!(
+        "while [ ! -e go-{name} ]; do [ -d \"$PWD\" ] || exit 0; sleep 0.05; done; echo $$ >pid-{name}; {script}"
+    );
     let outer = format!("setsid sh -c '{}' >detached-{name}.log 2>&1 </dev/null &", script.replace('\'', r"'\''"));
     let mut command = sandbox.command("sh");
     command.args(["-c", &outer]).current_dir(dir).envs(env.iter().map(|(k, v)| (k, v)));

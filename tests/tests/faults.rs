@@ -82,9 +82,11 @@ fn detached_install(sandbox: &Sandbox, tarball: &Path) -> impl Fn() {
 /// Waits for the end of a [`detached_install`] of `tarball`, which must succeed.
 fn wait_detached(sandbox: &Sandbox, tarball: &Path) {
     let name = tarball.file_stem().unwrap().to_string_lossy().into_owned();
-    let status = sandbox.work().join("projects").join(name).join("npm-status");
+    let project = sandbox.work().join("projects").join(name);
+    let status = project.join("npm-status");
     wait_until("the detached npm install", Duration::from_secs(300), || status.exists());
-    assert_eq!(fs::read_to_string(&status).unwrap().trim(), "0", "npm install {}", tarball.display());
+    let said = fs::read_to_string(project.join("npm.log")).unwrap_or_default();
+    assert_eq!(fs::read_to_string(&status).unwrap().trim(), "0", "npm install {}:\n{said}", tarball.display());
 }
 
 /// [`install`], to its end, which must succeed.
@@ -606,6 +608,31 @@ impl Drop for MemoryCgroup {
     }
 }
 
+/// A list of up to `max` files of /usr/share written at `to`.
+fn system_files(to: PathBuf, max: usize) -> PathBuf {
+    let (mut found, mut dirs) = (Vec::new(), vec![PathBuf::from("/usr/share")]);
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+            match entry.file_type() {
+                Ok(kind) if kind.is_dir() => dirs.push(entry.path()),
+                Ok(kind) if kind.is_file() && found.len() < max => found.push(entry.path().display().to_string()),
+                _ => {}
+            }
+        }
+    }
+    fs::write(&to, found.join("\n") + "\n").unwrap();
+    to
+}
+
+/// Tells a flood to stop when dropped, the test failed or not.
+struct StopFile(PathBuf);
+
+impl Drop for StopFile {
+    fn drop(&mut self) {
+        let _ = fs::write(&self.0, "");
+    }
+}
+
 /// Memory the agent may take in its cgroup beyond what it had when put there.
 const HEADROOM_MIB: u64 = 4;
 
@@ -624,18 +651,23 @@ fn an_agent_killed_for_memory_reports_the_gap_and_what_was_lost() {
     let (_rsyslog, options) = syslog_down(&sandbox, &spool);
     let mut options: Vec<&str> = options.iter().map(String::as_str).collect();
     // A small bulk ring, which the flood overflows while no agent reads.
-    options.extend(["--map-size", "EVENTS=8192"]);
+    options.extend(["--map-size", "EVENTS=4096"]);
     let secrets = sandbox.secrets(6000);
     let list = sandbox.work().join("oom.list");
     fs::write(&list, secrets.join("\n") + "\n").unwrap();
     // Reads every secret (an alert each, paced so that the agent keeps up), then keeps opening
-    // new files until told to stop.
-    let stop = sandbox.top().join("oom-stop");
+    // the system's files, two processes at once (a record each, none a repeat within a second)
+    // until told to stop, for two minutes at most; it creates none.
+    let stop = StopFile(sandbox.top().join("oom-stop"));
     let script = format!(
         "n=0; while read -r f; do : < \"$f\"; n=$((n+1)); [ $((n % 50)) -ne 0 ] || sleep 0.02; done < '{}'\n\
-         i=0; while [ ! -e '{}' ]; do i=$((i+1)); : > \"$TMPDIR/oom-$i\"; done\n",
+         end=$(($(date +%s) + 120))\n\
+         flood() {{ while [ ! -e '{}' ] && [ $(date +%s) -lt $end ]; do\n\
+         while read -r f; do : < \"$f\"; done < '{}' 2>/dev/null; done; }}\n\
+         flood & flood; wait\n",
         list.display(),
-        stop.display()
+        stop.0.display(),
+        system_files(sandbox.work().join("flood.list"), 20_000).display()
     );
     let tarball = package(&sandbox, "oom-flood", &script);
     let go = detached_install(&sandbox, &tarball);
@@ -657,14 +689,14 @@ fn an_agent_killed_for_memory_reports_the_gap_and_what_was_lost() {
     assert!(cgroup.oom_kills() >= 1, "killed, but not by the OOM killer");
     drop(cgroup);
     // The flood goes on a moment with no agent, as under systemd's RestartSec.
-    thread::sleep(slow(Duration::from_secs(2)));
+    thread::sleep(slow(Duration::from_secs(3)));
     let watch = sandbox.watch_with(&options);
     let restarted_in = killed_at.elapsed();
     let gap = sandbox
         .wait_for(|a| rule_is(a, "blind-spot-gap") && a["package"]["name"] == "oom-flood", Duration::from_secs(30));
     let lost = sandbox
         .wait_for(|a| rule_is(a, "blind-spot-lost") && a["package"]["name"] == "oom-flood", Duration::from_secs(30));
-    fs::write(&stop, "").unwrap();
+    drop(stop);
     wait_detached(&sandbox, &tarball);
     let run = watch.stop();
     assert_no_panic(&run);
