@@ -74,14 +74,15 @@ impl TreeLosses {
             // Grown since the last report: after its last loss then, at the entry's first
             // at most.
             let since_ns = if before.last_boot_ns == 0 { tree.first_boot_ns } else { before.last_boot_ns };
+            let (since_ns, until_ns) = window(decoder, since_ns, tree.last_boot_ns);
             let spot = |cause, counts: BTreeMap<String, u64>, credential| Event {
-                time_ns: decoder.wall_ns(tree.last_boot_ns),
+                time_ns: until_ns,
                 pid: 0,
                 data: EventData::BlindSpot(BlindSpot {
                     cause,
                     root_pid: Some(*root),
-                    since_ns: decoder.wall_ns(since_ns),
-                    until_ns: decoder.wall_ns(tree.last_boot_ns),
+                    since_ns,
+                    until_ns,
                     counts,
                     credential,
                 }),
@@ -115,19 +116,20 @@ impl TreeLosses {
         for root in gone {
             self.forget(root);
         }
+        let (since_ns, until_ns) = window(decoder, self.last_look_ns, now_ns);
         for (index, (moved, cause)) in
             [(ring, BlindCause::Lost), (marks, BlindCause::MarksFull)].into_iter().enumerate()
         {
             let owed = self.ahead[index] + explained[index];
             if moved > owed {
                 out.push(Event {
-                    time_ns: decoder.wall_ns(now_ns),
+                    time_ns: until_ns,
                     pid: 0,
                     data: EventData::BlindSpot(BlindSpot {
                         cause,
                         root_pid: None,
-                        since_ns: decoder.wall_ns(self.last_look_ns),
-                        until_ns: decoder.wall_ns(now_ns),
+                        since_ns,
+                        until_ns,
                         counts: BTreeMap::from([(UNKNOWN.to_owned(), moved - owed)]),
                         credential: false,
                     }),
@@ -144,6 +146,14 @@ impl TreeLosses {
             let _ = kept.remove(&root);
         }
     }
+}
+
+/// The wall-clock window of two `CLOCK_BOOTTIME` readings, converted with one offset (its length
+/// is theirs), never ending before it starts: two CPUs counting a tree's losses at once may
+/// store their times out of order.
+pub(super) fn window(decoder: &Decoder, since_boot_ns: u64, until_boot_ns: u64) -> (u64, u64) {
+    let until_ns = decoder.wall_ns(until_boot_ns);
+    (until_ns.saturating_sub(until_boot_ns.saturating_sub(since_boot_ns)), until_ns)
 }
 
 /// The maps whose size `--map-size NAME=ENTRIES` (and the config's `map_sizes`) sets at load:
@@ -237,6 +247,15 @@ fn page_size() -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_window_never_ends_before_it_starts_and_keeps_its_length() {
+        let decoder = Decoder::new();
+        let (since, until) = window(&decoder, 2_000, 1_000);
+        assert_eq!(since, until);
+        let (since, until) = window(&decoder, 1_000, 5_000_001_000);
+        assert_eq!(until - since, 5_000_000_000);
+    }
 
     #[test]
     fn map_sizes_name_the_bad_key() {

@@ -1347,12 +1347,9 @@ impl Sensor {
     fn report_stop(&mut self, out: &mut Vec<Event>) {
         let Some((drained, drained_ns)) = self.last_read else { return };
         if drained.elapsed() > STOPPED_GAP {
-            let data = EventData::AgentGap(AgentGap {
-                since_ns: self.decoder.wall_ns(drained_ns),
-                clean_stop: false,
-                stopped: true,
-            });
-            out.push(Event { time_ns: self.decoder.wall_ns(boot_ns()), pid: 0, data });
+            let (since_ns, until_ns) = blind::window(&self.decoder, drained_ns, boot_ns());
+            let data = EventData::AgentGap(AgentGap { since_ns, clean_stop: false, stopped: true });
+            out.push(Event { time_ns: until_ns, pid: 0, data });
         }
     }
 
