@@ -69,6 +69,7 @@ pub(crate) fn count_lost(index: u32) {
 
 /// Counts a loss of tree `root` in `LOST_TREES`: a record of [`lost_kind`] `kind` that a ring
 /// refused (`priority`: the priority ring), or a process left unmarked ([`lost_kind::MARK`]).
+/// Before `LOST`, which the agent reads first: a loss it sees there is in the tree's entry.
 /// Concurrent losses of one tree may race on the counts: a count may come out short, never a
 /// tree unnamed.
 #[inline(never)]
@@ -114,16 +115,16 @@ pub(crate) fn reserve<T: 'static>(priority: bool, root: u32, kind: usize) -> Opt
     if priority {
         let entry = PRIORITY.reserve::<T>(0);
         if entry.is_none() {
-            count_lost(lost_index::PRIORITY);
             count_lost_tree(root, kind, true);
+            count_lost(lost_index::PRIORITY);
             warn!(&(), "ring buffer PRIORITY full: a {}-byte record dropped", size_of::<T>());
         }
         return entry;
     }
     let entry = EVENTS.reserve::<T>(0);
     if entry.is_none() {
-        count_lost(lost_index::EVENTS);
         count_lost_tree(root, kind, false);
+        count_lost(lost_index::EVENTS);
         warn!(&(), "ring buffer EVENTS full: a {}-byte record dropped", size_of::<T>());
     }
     entry
@@ -146,14 +147,14 @@ pub(crate) fn submit<T>(entry: RingBufEntry<T>, priority: bool) {
 pub(crate) fn output(record: &[u8], priority: bool, root: u32, kind: usize) -> bool {
     if priority {
         if PRIORITY.output::<[u8]>(record, 0).is_err() {
-            count_lost(lost_index::PRIORITY);
             count_lost_tree(root, kind, true);
+            count_lost(lost_index::PRIORITY);
             warn!(&(), "ring buffer PRIORITY full: a {}-byte record dropped", record.len());
             return false;
         }
     } else if EVENTS.output::<[u8]>(record, events_wakeup()).is_err() {
-        count_lost(lost_index::EVENTS);
         count_lost_tree(root, kind, false);
+        count_lost(lost_index::EVENTS);
         warn!(&(), "ring buffer EVENTS full: a {}-byte record dropped", record.len());
         return false;
     }
@@ -164,8 +165,8 @@ pub(crate) fn output(record: &[u8], priority: bool, root: u32, kind: usize) -> b
 /// what it does is unseen.
 #[inline(always)]
 pub(crate) fn count_unmarked(root: u32) {
-    count_lost(lost_index::MARKS_FULL);
     count_lost_tree(root, lost_kind::MARK, false);
+    count_lost(lost_index::MARKS_FULL);
     taint(root);
 }
 
