@@ -126,11 +126,14 @@ impl Engine {
         }
         let key = (index, alert.rule.severity, subject);
         if tree.seen.len() < MAX_SEEN || tree.seen.contains_key(&key) {
+            // An event the kernel counted repeats of stands for that many acts (`weight`).
+            let weight = alert.credwatch.count.unwrap_or(1).max(1);
             let count = tree.seen.entry(key).or_insert(0);
-            *count += 1;
-            if *count > 1 {
-                if !blocked && !is_power_of_ten(*count) {
-                    self.stats.repeats += 1;
+            let before = *count;
+            *count += weight;
+            if before > 0 {
+                if !blocked && !passes_power_of_ten(before, *count) {
+                    self.stats.repeats += weight;
                     return None;
                 }
                 alert.credwatch.count = Some(*count);
@@ -381,12 +384,22 @@ impl Stop {
     }
 }
 
-/// Counts the repeats of an identical alert that are printed again.
-fn is_power_of_ten(mut n: u64) -> bool {
-    while n >= 10 && n.is_multiple_of(10) {
-        n /= 10;
+/// The acts an event stands for, when the kernel counted repeats of it rather than sending them
+/// (see [`Engine::deliver`], which takes it as the alert's weight).
+pub(super) fn repeated(repeats: u64) -> Option<u64> {
+    (repeats > 0).then(|| repeats.saturating_add(1))
+}
+
+/// Whether an identical alert is printed again as its count goes from `before` to `after`: when
+/// it reaches or passes a power of ten (10, 100, ...), one kernel record possibly carrying
+/// thousands of counted repeats.
+pub(super) fn passes_power_of_ten(before: u64, after: u64) -> bool {
+    let mut power = 10u64;
+    while power <= before {
+        let Some(next) = power.checked_mul(10) else { return false };
+        power = next;
     }
-    n == 1
+    power <= after
 }
 
 fn fold(state: &mut SweepState, rule: &Rule, index: usize, file: Option<&str>, time_ns: u64) {

@@ -124,7 +124,9 @@ impl Engine {
                 continue;
             }
             let Some(judgement) = self.verdict(p, rule, false, None) else { continue };
-            hits.push((index, self.connect_alert(event, id, rule, judgement, &destination, m.after_credential)));
+            let mut alert = self.connect_alert(event, id, rule, judgement, &destination, m.after_credential);
+            alert.credwatch.count = super::alerts::repeated(connect.repeats);
+            hits.push((index, alert));
         }
         let subject = format!(
             "{}\0{}\0{}",

@@ -2,7 +2,7 @@
 //! the severity each hit alerts at (or none, when an actor of the rule may do it).
 
 use super::{
-    alerts::{Held, Stop},
+    alerts::{repeated, Held, Stop},
     process::{absolute, agent_tree, learn_from_open, resolved_path, Proc},
     Engine, Id,
 };
@@ -190,6 +190,7 @@ impl Engine {
             // A fail-closed act is a kill unless the LSM refused it.
             let stop = Stop::of(open.blocked || open.fail_closed, open.denied);
             let mut alert = self.alert(event.time_ns, id, rule, severity, "open", stop, Some(file));
+            alert.credwatch.count = repeated(open.repeats);
             if open.fail_closed {
                 fail_closed(&mut alert);
             }
@@ -376,6 +377,7 @@ impl Engine {
                 target_pid: syscall.target_pid,
                 ret: syscall.ret,
             });
+            alert.credwatch.count = repeated(syscall.repeats);
             hits.push((index, alert));
         }
         let subject = format!(

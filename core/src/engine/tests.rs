@@ -339,6 +339,35 @@ fn a_write_a_read_only_mount_refused_alerts() {
 }
 
 #[test]
+fn opens_the_kernel_counted_rather_than_sent_weigh_in_the_alert_count() {
+    let mut run = Run::new();
+    run.exec(100, 1, &["npm", "install"], &[]).spawn(101, 100, &["node", "x.js"], POSTINSTALL);
+    let counted = |run: &mut Run, repeats: u64| {
+        let path = "/home/alice/.npmrc";
+        run.send(
+            101,
+            EventData::Open(Open {
+                path: path.into(),
+                abs_path: Some(path.into()),
+                ret: 3,
+                repeats,
+                ..Open::default()
+            }),
+        );
+    };
+    // The first record of a key is sent at once; the next, a window later, carries the 29,999
+    // opens the kernel counted in between, and is told again with the sum: 1 + 1 + 29,999.
+    counted(&mut run, 0);
+    counted(&mut run, 29_999);
+    // Past no further power of ten: folded, and counted in the repeats.
+    counted(&mut run, 9);
+    let counts: Vec<Option<u64>> = run.take().iter().map(|a| a.credwatch.count).collect();
+    assert_eq!(counts, [None, Some(30_001)]);
+    assert_eq!(run.engine.stats().repeats, 10);
+    assert!(!super::alerts::passes_power_of_ten(u64::MAX - 1, u64::MAX));
+}
+
+#[test]
 fn same_rule_tree_and_file_alert_once_then_at_powers_of_ten() {
     let mut run = Run::new();
     run.exec(100, 1, &["npm", "install"], &[]).spawn(101, 100, &["node", "x.js"], POSTINSTALL);
