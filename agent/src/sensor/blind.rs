@@ -6,8 +6,8 @@
 //!   reports what it grew by since the figures it reported last, which a pinned set keeps for
 //!   the next agent (`lost_reported`), so a restart reports neither twice nor nothing. An entry
 //!   whose root has exited and that has nothing new is deleted, with the sensor's figures.
-//! - One `BlindSpot` per tree and cause: `lost` for records a ring refused (by kind),
-//!   `marks_full` for processes left unmarked. Losses that no entry explains (an entry evicted
+//! - One `BlindSpot` per tree and cause: `lost` for records the priority ring refused (by
+//!   kind), `overflow` for those of the bulk ring, `marks_full` for processes left unmarked. Losses that no entry explains (an entry evicted
 //!   from the LRU map, or never made) are one `BlindSpot` with no root, counted as `unknown`.
 
 use std::{
@@ -39,9 +39,10 @@ pub(super) struct TreeLosses {
     reported: StdHashMap<u32, LostTree>,
     /// With pins: the same, kept in the set for the next agent.
     kept: Option<HashMap<MapData, u32, LostTree>>,
-    /// Ring losses and failed marks that tree entries showed before `LOST` did (a loss counted
-    /// between the reads of the two), owed to the next moves of `LOST`.
-    ahead: [u64; 2],
+    /// Losses of the priority ring, of the bulk ring and failed marks that tree entries showed
+    /// before `LOST` did (a loss counted between the reads of the two), owed to the next moves
+    /// of `LOST`.
+    ahead: [u64; 3],
     /// `CLOCK_BOOTTIME` of the last look: the start of what no entry explains.
     last_look_ns: u64,
 }
@@ -50,15 +51,15 @@ impl TreeLosses {
     /// `kept`: the pinned set's figures of the agent before (empty for a new set).
     pub fn new(map: HashMap<MapData, u32, LostTree>, kept: Option<HashMap<MapData, u32, LostTree>>) -> TreeLosses {
         let reported = kept.as_ref().map(|kept| kept.iter().filter_map(Result::ok).collect()).unwrap_or_default();
-        TreeLosses { map, reported, kept, ahead: [0; 2], last_look_ns: boot_ns() }
+        TreeLosses { map, reported, kept, ahead: [0; 3], last_look_ns: boot_ns() }
     }
 
-    /// Reports the growth of every tree's entry as `BlindSpot`s, after `LOST` moved by
-    /// `ring` records (both rings) and `marks` failed marks.
-    pub fn report(&mut self, ring: u64, marks: u64, decoder: &Decoder, out: &mut Vec<Event>) {
+    /// Reports the growth of every tree's entry as `BlindSpot`s, after `LOST` moved by `moved`:
+    /// records of the priority ring, records of the bulk ring, failed marks.
+    pub fn report(&mut self, moved: [u64; 3], decoder: &Decoder, out: &mut Vec<Event>) {
         let now_ns = boot_ns();
         let entries: Vec<(u32, LostTree)> = self.map.iter().filter_map(Result::ok).collect();
-        let mut explained = [0u64; 2];
+        let mut explained = [0u64; 3];
         for (root, tree) in &entries {
             let before = self.reported.get(root).copied().unwrap_or_default();
             if *tree == before {
@@ -87,17 +88,29 @@ impl TreeLosses {
                     credential,
                 }),
             };
-            let records: BTreeMap<String, u64> = (0..lost_kind::COUNT)
-                .filter(|&kind| kind != lost_kind::MARK && grown(kind) > 0)
-                .map(|kind| (KIND_NAMES[kind].to_owned(), grown(kind)))
-                .collect();
-            if !records.is_empty() {
-                explained[0] += records.values().sum::<u64>();
-                out.push(spot(BlindCause::Lost, records, grown(lost_kind::CREDENTIAL_OPEN) > 0));
+            let grown_priority = |kind: usize| u64::from(tree.priority[kind].wrapping_sub(before.priority[kind]));
+            // The priority ring's losses (records that make alerts) and the bulk ring's
+            // overflow are two blind spots: the first is the graver.
+            let by_ring = |of_ring: &dyn Fn(usize) -> u64| -> BTreeMap<String, u64> {
+                (0..lost_kind::COUNT)
+                    .filter(|&kind| kind != lost_kind::MARK && of_ring(kind) > 0)
+                    .map(|kind| (KIND_NAMES[kind].to_owned(), of_ring(kind)))
+                    .collect()
+            };
+            for (ring, cause, records) in [
+                (0, BlindCause::Lost, by_ring(&grown_priority)),
+                (1, BlindCause::Overflow, by_ring(&|kind| grown(kind).saturating_sub(grown_priority(kind)))),
+            ] {
+                if records.is_empty() {
+                    continue;
+                }
+                explained[ring] += records.values().sum::<u64>();
+                let credential = records.contains_key(KIND_NAMES[lost_kind::CREDENTIAL_OPEN]);
+                out.push(spot(cause, records, credential));
             }
             let unmarked = grown(lost_kind::MARK);
             if unmarked > 0 {
-                explained[1] += unmarked;
+                explained[2] += unmarked;
                 out.push(spot(
                     BlindCause::MarksFull,
                     BTreeMap::from([(KIND_NAMES[lost_kind::MARK].to_owned(), unmarked)]),
@@ -118,7 +131,7 @@ impl TreeLosses {
         }
         let (since_ns, until_ns) = window(decoder, self.last_look_ns, now_ns);
         for (index, (moved, cause)) in
-            [(ring, BlindCause::Lost), (marks, BlindCause::MarksFull)].into_iter().enumerate()
+            moved.into_iter().zip([BlindCause::Lost, BlindCause::Overflow, BlindCause::MarksFull]).enumerate()
         {
             let owed = self.ahead[index] + explained[index];
             if moved > owed {

@@ -1549,8 +1549,9 @@ impl Sensor {
             }
         }
         if moved.iter().any(|&count| count > 0) {
-            let ring = moved[lost_index::EVENTS as usize] + moved[lost_index::PRIORITY as usize];
-            self.tree_losses.report(ring, moved[lost_index::MARKS_FULL as usize], &self.decoder, out);
+            let [events, marks, priority] =
+                [lost_index::EVENTS, lost_index::MARKS_FULL, lost_index::PRIORITY].map(|index| moved[index as usize]);
+            self.tree_losses.report([priority, events, marks], &self.decoder, out);
         }
         Ok(())
     }

@@ -700,9 +700,9 @@ pub mod lost_kind {
 pub struct LostTree {
     /// Indexed by [`lost_kind`].
     pub counts: [u32; lost_kind::COUNT],
-    /// Of them, records that the priority ring refused.
-    pub priority: u32,
-    pub _pad: u32,
+    /// Of them, by the same index, the records that the priority ring refused (the rest, the
+    /// bulk ring's overflow).
+    pub priority: [u32; lost_kind::COUNT],
     /// `bpf_ktime_get_boot_ns()` of the first and last loss counted here.
     pub first_boot_ns: u64,
     pub last_boot_ns: u64,
@@ -783,7 +783,7 @@ mod tests {
         assert_eq!(size_of::<CredInode>(), 12);
         assert_eq!(size_of::<HookedSyscall>(), 8);
         assert_eq!(offset_of!(LostTree, priority), 40);
-        assert_eq!(offset_of!(LostTree, first_boot_ns), 48);
-        assert_eq!(size_of::<LostTree>(), 64);
+        assert_eq!(offset_of!(LostTree, first_boot_ns), 80);
+        assert_eq!(size_of::<LostTree>(), 96);
     }
 }

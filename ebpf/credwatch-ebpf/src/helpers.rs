@@ -83,15 +83,22 @@ pub(crate) fn count_lost_tree(root: u32, kind: usize, priority: bool) {
                 *count = count.wrapping_add(1);
             }
             if priority {
-                (*tree).priority = (*tree).priority.wrapping_add(1);
+                if let Some(count) = (*tree).priority.get_mut(kind) {
+                    *count = count.wrapping_add(1);
+                }
             }
             (*tree).last_boot_ns = now;
         }
         return;
     }
-    let mut tree = LostTree { first_boot_ns: now, last_boot_ns: now, priority: priority as u32, ..LostTree::default() };
+    let mut tree = LostTree { first_boot_ns: now, last_boot_ns: now, ..LostTree::default() };
     if let Some(count) = tree.counts.get_mut(kind) {
         *count = 1;
+    }
+    if priority {
+        if let Some(count) = tree.priority.get_mut(kind) {
+            *count = 1;
+        }
     }
     let _ = LOST_TREES.insert(&root, &tree, 0);
 }
