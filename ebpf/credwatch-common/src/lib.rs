@@ -47,7 +47,7 @@ pub mod kind {
 
 /// An open, connect or tamper call of a marked process whose key was reported less than this
 /// ago is counted, not sent; the next record of the key (or the process's exit) carries the
-/// count in its `repeats`. Keys: open = (tgid, dev, ino, `O_ACCMODE`, blocked/denied/failed
+/// count in its `repeats`. Keys: open = (tgid, dev, ino, mount, `O_ACCMODE`, blocked/denied/failed
 /// closed); connect = (tgid, family, address, port, IPv6 scope) of an IPv4 or IPv6 address, not
 /// port 53; tamper = (tgid, syscall, operation, target, flags). A failed open (no file: two may
 /// have been given different paths), a held connect and any other connect are always sent.

@@ -77,6 +77,8 @@ pub(crate) struct OpenScratch {
     tail: [u8; MAX_GIVEN_PATH + MAX_RESOLVED_PATH],
     /// See [`crate::helpers::launder`].
     slot: u64,
+    /// The opened file's mount, for its repeat key (see [`repeat_key`]); 0 without a file.
+    mount: u64,
 }
 
 /// `sys_enter_openat` and `sys_enter_openat2`, the opens nearly everything makes: their records
@@ -344,8 +346,10 @@ fn emit_open(
         zero(addr_of_mut!((*event).ino));
         zero(addr_of_mut!((*event).cred_index));
         zero(addr_of_mut!((*event).repeats));
+        zero(addr_of_mut!((*scratch).mount));
         if let Ok(opened) = opened_file(off, file) {
             at = opened.at;
+            write_volatile(addr_of_mut!((*scratch).mount), opened.at.vfsmount);
             if let Ok(key) = inode_key(off, opened.inode) {
                 (*event).dev = key.dev;
                 (*event).ino = key.ino;
@@ -375,7 +379,7 @@ fn emit_open(
     // Enforced above; an open of a file this process opened so less than a second ago is only
     // counted, before the walk and the ring (see crate::repeats).
     // SAFETY: as above.
-    if let Some(repeat) = unsafe { repeat_key(event, (pid_tgid >> 32) as u32) } {
+    if let Some(repeat) = unsafe { repeat_key(scratch, (pid_tgid >> 32) as u32) } {
         let Some(carried) = check(&repeat, 0) else { return Ok(()) };
         // SAFETY: as above.
         unsafe { write_volatile(addr_of_mut!((*event).repeats), carried) };
@@ -413,7 +417,7 @@ fn emit_open(
         // The mark read back from the record, not held across the walk.
         let root = read_volatile(addr_of_mut!((*event).header.mark.root_pid));
         if !output(record, priority, root, lost_as) {
-            if let Some(repeat) = repeat_key(event, read_volatile(addr_of_mut!((*event).header.pid))) {
+            if let Some(repeat) = repeat_key(scratch, read_volatile(addr_of_mut!((*event).header.pid))) {
                 unsend(&repeat, read_volatile(addr_of_mut!((*event).repeats)));
             }
         }
@@ -421,15 +425,16 @@ fn emit_open(
     Ok(())
 }
 
-/// What makes the open in `event` the same as another of process `tgid` (see
-/// [`crate::repeats`]): its file, access mode and enforcement. None without a file.
+/// What makes the open being built in `scratch` the same as another of process `tgid` (see
+/// [`crate::repeats`]): its file and mount, access mode and enforcement. None without a file.
 ///
 /// # Safety
-/// `event` points to an open record being built.
+/// `scratch` holds an open record being built.
 #[inline(always)]
-unsafe fn repeat_key(event: *mut OpenEvent, tgid: u32) -> Option<RepeatKey> {
+unsafe fn repeat_key(scratch: *mut OpenScratch, tgid: u32) -> Option<RepeatKey> {
     // SAFETY: the caller's record.
     unsafe {
+        let event = addr_of_mut!((*scratch).event);
         let ino = read_volatile(addr_of_mut!((*event).ino));
         if ino == 0 {
             return None;
@@ -439,6 +444,7 @@ unsafe fn repeat_key(event: *mut OpenEvent, tgid: u32) -> Option<RepeatKey> {
             tgid,
             read_volatile(addr_of_mut!((*event).dev)),
             ino,
+            read_volatile(addr_of_mut!((*scratch).mount)),
             read_volatile(addr_of_mut!((*event).flags)) & O_ACCMODE,
             read_volatile(addr_of_mut!((*event).record_flags)) & enforced,
         ))

@@ -33,20 +33,25 @@ pub(crate) struct RepeatKey {
     detail: u64,
     a: u64,
     b: u64,
+    c: u64,
 }
 
 impl RepeatKey {
-    /// An open of the file (dev, ino) with access mode `accmode` (`O_ACCMODE` bits) and the
-    /// record's enforcement flags (blocked, denied, failed closed). A failed open has no file
-    /// and is never a repeat: two of them may have been given different paths.
+    /// An open of the file (dev, ino) through the mount at `mount` (a `struct vfsmount`), with
+    /// access mode `accmode` (`O_ACCMODE` bits) and the record's enforcement flags (blocked,
+    /// denied, failed closed). The mount is part of it because one file bound at several places
+    /// is as many paths, each of which the rules judge (`run --contain` binds one empty file
+    /// over every credential it hides). A failed open has no file and is never a repeat: two of
+    /// them may have been given different paths.
     #[inline(always)]
-    pub(crate) fn open(tgid: u32, dev: u64, ino: u64, accmode: u64, enforced: u32) -> RepeatKey {
+    pub(crate) fn open(tgid: u32, dev: u64, ino: u64, mount: u64, accmode: u64, enforced: u32) -> RepeatKey {
         RepeatKey {
             tgid,
             kind: credwatch_common::kind::OPEN,
             detail: accmode | (enforced as u64) << 32,
             a: dev,
             b: ino,
+            c: mount,
         }
     }
 
@@ -60,6 +65,7 @@ impl RepeatKey {
             detail: family as u64 | (port as u64) << 16 | (scope as u64) << 32,
             a: addr[0],
             b: addr[1],
+            c: 0,
         }
     }
 
@@ -73,6 +79,7 @@ impl RepeatKey {
             detail: syscall as u64 | (flags as u64) << 32,
             a: operation,
             b: target as u64,
+            c: 0,
         }
     }
 }
