@@ -76,10 +76,10 @@ fn a_ci_job_is_named_with_the_host_and_agent_live_and_replayed() {
     // Every alert of the tree names the job, not only the one looked at.
     assert!(live_alerts.iter().all(|a| a["ci"]["run_id"] == "9876543210"), "{live_alerts:#?}");
 
-    // The trace holds the identity (since schema 5; 6 is current), and not the token.
+    // The trace holds the identity (since schema 5; 7 is current), and not the token.
     let text = fs::read_to_string(&trace).unwrap();
     let header: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
-    assert_eq!((header["credwatch_trace"].as_u64(), header["host_id"].as_str()), (Some(6), Some(machine_id.trim())));
+    assert_eq!((header["credwatch_trace"].as_u64(), header["host_id"].as_str()), (Some(7), Some(machine_id.trim())));
     assert!(text.contains("\"GITHUB_RUN_ID\":\"9876543210\"") && !text.contains("ghs_"), "the trace's env is wrong");
 
     // Replayed (anywhere, with no CI variables): the same alerts, identity included.
