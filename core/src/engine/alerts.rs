@@ -13,8 +13,8 @@ use super::{
 };
 use crate::{
     alert::{
-        Alert, AlertAgent, AlertAncestor, AlertCredwatch, AlertEvent, AlertFile, AlertHost, AlertParent, AlertProcess,
-        AlertRule, AlertSweep, AlertUser,
+        Alert, AlertAgent, AlertAncestor, AlertContainer, AlertCredwatch, AlertEvent, AlertFile, AlertHost,
+        AlertOrchestrator, AlertParent, AlertProcess, AlertRule, AlertSweep, AlertUser,
     },
     rules::{Rule, RuleSet},
 };
@@ -276,21 +276,7 @@ impl Engine {
     ) -> Alert {
         let p = &self.procs[&id];
         let contained = file.as_ref().is_some_and(|file| self.options.contained.contains(&file.path));
-        let mut ancestors = Vec::new();
-        let mut next = p.parent;
-        while let Some(ancestor) = next.and_then(|id| self.procs.get(&id)) {
-            ancestors.push(AlertAncestor {
-                pid: ancestor.pid,
-                executable: ancestor.executable.clone(),
-                args: ancestor.args.clone(),
-            });
-            next = ancestor.parent;
-        }
-        ancestors.reverse();
-        let (container, orchestrator) = match p.container.as_deref() {
-            Some((container, pod)) => (Some(container.clone()), pod.clone()),
-            None => (None, None),
-        };
+        let (process, container, orchestrator) = self.alert_process(p);
         Alert {
             timestamp: rfc3339(time_ns),
             event: AlertEvent {
@@ -307,14 +293,7 @@ impl Engine {
                 severity: judgement.severity,
                 description: self.description(p, rule),
             },
-            process: AlertProcess {
-                pid: p.pid,
-                executable: p.executable.clone(),
-                args: p.args.clone(),
-                working_directory: p.cwd.clone(),
-                parent: AlertParent { pid: p.ppid },
-                ancestors,
-            },
+            process,
             file,
             destination: None,
             package: self.package(p),
@@ -335,6 +314,35 @@ impl Engine {
                 ..AlertCredwatch::default()
             },
         }
+    }
+
+    /// Process `p` as an alert names it, with its ancestors (the root first), and where it ran:
+    /// its container and pod.
+    pub(super) fn alert_process(&self, p: &Proc) -> (AlertProcess, Option<AlertContainer>, Option<AlertOrchestrator>) {
+        let mut ancestors = Vec::new();
+        let mut next = p.parent;
+        while let Some(ancestor) = next.and_then(|id| self.procs.get(&id)) {
+            ancestors.push(AlertAncestor {
+                pid: ancestor.pid,
+                executable: ancestor.executable.clone(),
+                args: ancestor.args.clone(),
+            });
+            next = ancestor.parent;
+        }
+        ancestors.reverse();
+        let (container, orchestrator) = match p.container.as_deref() {
+            Some((container, pod)) => (Some(container.clone()), pod.clone()),
+            None => (None, None),
+        };
+        let process = AlertProcess {
+            pid: p.pid,
+            executable: p.executable.clone(),
+            args: p.args.clone(),
+            working_directory: p.cwd.clone(),
+            parent: AlertParent { pid: p.ppid },
+            ancestors,
+        };
+        (process, container, orchestrator)
     }
 
     /// The rule's description, whose subject is package code; in an agent tree what runs is the

@@ -20,8 +20,8 @@ use super::{
 };
 use crate::{
     alert::{
-        Alert, AlertAgent, AlertAncestor, AlertBlindSpot, AlertCredwatch, AlertEvent, AlertFile, AlertHost,
-        AlertPackage, AlertParent, AlertProcess, AlertRule, AlertUser, BlindSpotCause, BLIND_SPOT_ACTION,
+        Alert, AlertAgent, AlertBlindSpot, AlertCredwatch, AlertEvent, AlertFile, AlertHost, AlertPackage, AlertParent,
+        AlertProcess, AlertRule, AlertUser, BlindSpotCause, BLIND_SPOT_ACTION,
     },
     event::{normalize_path, AgentGap, BlindSpot, Event, EventData, Open},
     output::UNKNOWN_TREE_MANAGER,
@@ -291,29 +291,7 @@ impl Engine {
         let tree = self.trees.get(&id);
         let packages = tree.map(|tree| tree.packages.clone()).unwrap_or_default();
         let package = tree.and_then(|tree| tree.latest_package.clone()).unwrap_or_else(|| self.package(p));
-        let mut ancestors = Vec::new();
-        let mut next = p.parent;
-        while let Some(ancestor) = next.and_then(|id| self.procs.get(&id)) {
-            ancestors.push(AlertAncestor {
-                pid: ancestor.pid,
-                executable: ancestor.executable.clone(),
-                args: ancestor.args.clone(),
-            });
-            next = ancestor.parent;
-        }
-        ancestors.reverse();
-        let (container, orchestrator) = match p.container.as_deref() {
-            Some((container, pod)) => (Some(container.clone()), pod.clone()),
-            None => (None, None),
-        };
-        let process = AlertProcess {
-            pid: p.pid,
-            executable: p.executable.clone(),
-            args: p.args.clone(),
-            working_directory: p.cwd.clone(),
-            parent: AlertParent { pid: p.ppid },
-            ancestors,
-        };
+        let (process, container, orchestrator) = self.alert_process(p);
         let base = Alert {
             package,
             coding_agent: self.coding_agent(p),
