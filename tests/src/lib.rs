@@ -351,15 +351,7 @@ impl Sandbox {
 
     /// Runs a set-up command (not under credwatch) and insists that it succeeds.
     pub fn setup(&self, what: &str, command: &mut Command) -> String {
-        let output = command.output().unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert!(
-            output.status.success(),
-            "{what} failed ({}):\n{}\n{}",
-            output.status,
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8_lossy(&output.stdout).into_owned()
+        succeeding(what, command)
     }
 
     /// Copies a fixture directory into the work directory (builds never touch the checkout).
@@ -541,6 +533,20 @@ impl Run {
 }
 
 /// Parses JSON lines; a line that is not JSON fails the test (the format is a contract).
+/// Runs `command` (`what` names it in a failure) and insists that it succeeds: its standard
+/// output.
+pub fn succeeding(what: &str, command: &mut Command) -> String {
+    let output = command.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        output.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 pub fn parse_alerts(text: &str) -> Vec<Value> {
     text.lines()
         .filter(|line| !line.trim().is_empty())

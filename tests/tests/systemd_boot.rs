@@ -13,7 +13,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use credwatch_e2e::{credwatch_binary, parse_alerts, servers::HttpsReceiver, slow, Sandbox, FAKE_CREDENTIALS};
+use credwatch_e2e::{
+    credwatch_binary, parse_alerts, servers::HttpsReceiver, slow, succeeding, Sandbox, FAKE_CREDENTIALS,
+};
 use serde_json::Value;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -60,18 +62,6 @@ fn write(path: &Path, text: &str, mode: u32) {
     fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
 }
 
-fn checked(what: &str, command: &mut Command) -> String {
-    let output = command.output().unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(
-        output.status.success(),
-        "{what} failed ({}):\n{}{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
 /// A booted container: systemd-nspawn, and what it runs on. Dropping it powers it off (SIGTERM to
 /// systemd-nspawn, SIGKILL past 30 s) and unmounts the overlay and the bpffs, whatever the test
 /// did: the bpffs going takes the pinned programs with it.
@@ -101,7 +91,7 @@ impl Container {
             fs::create_dir_all(folder).unwrap();
         }
         let options = format!("lowerdir={},upperdir={},workdir={}", lower.display(), upper.display(), work.display());
-        checked(
+        succeeding(
             "mounting the overlay",
             Command::new("mount").args(["-t", "overlay", "overlay", "-o", &options]).arg(&root),
         );
@@ -295,14 +285,14 @@ impl Steps {
 fn repack_as_upgrade(deb: &Path, dir: &Path) -> (PathBuf, String) {
     let version = format!("{VERSION}+upgrade1");
     let tree = dir.join("upgrade");
-    checked("dpkg-deb -R", Command::new("dpkg-deb").arg("-R").arg(deb).arg(&tree));
+    succeeding("dpkg-deb -R", Command::new("dpkg-deb").arg("-R").arg(deb).arg(&tree));
     let control = tree.join("DEBIAN/control");
     let text = fs::read_to_string(&control).unwrap();
     let bumped = text.replace(&format!("\nVersion: {VERSION}\n"), &format!("\nVersion: {version}\n"));
     assert_ne!(bumped, text, "no `Version: {VERSION}` in the package's control file:\n{text}");
     fs::write(&control, bumped).unwrap();
     let upgrade = dir.join(format!("credwatch_{version}_amd64.deb"));
-    checked(
+    succeeding(
         "dpkg-deb --build",
         Command::new("dpkg-deb").args(["--root-owner-group", "-Zgzip", "-z1", "--build"]).arg(&tree).arg(&upgrade),
     );
@@ -333,7 +323,7 @@ fn the_deb_under_a_booted_systemd_installs_alerts_reloads_survives_a_hang_upgrad
     assert!(built.status.success(), "xtask package --no-build: {}", String::from_utf8_lossy(&built.stderr));
     let deb = workspace().join(format!("target/credwatch_{VERSION}_amd64.deb"));
     let unpacked = sandbox.top().join("unpacked");
-    checked("dpkg-deb -x", Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked));
+    succeeding("dpkg-deb -x", Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked));
     assert!(
         fs::read(unpacked.join("usr/bin/credwatch")).unwrap() == fs::read(credwatch_binary()).unwrap(),
         "the package's /usr/bin/credwatch is not the binary under test ({})",
@@ -398,6 +388,9 @@ fn the_deb_under_a_booted_systemd_installs_alerts_reloads_survives_a_hang_upgrad
     let journal = container.run("journalctl -u credwatch.service --no-pager -o cat");
     assert!(journal.contains(&id), "the alert {id} is not in the journal\n{journal}");
     assert!(journal.contains("sensor: "), "{journal}");
+    // nspawn gives the container a PID namespace of its own, which the kernel programs do not
+    // speak: the agent says so (README "Containers: what the agent needs").
+    assert!(journal.contains("runs in a PID namespace of its own"), "{journal}");
     steps.done("a package tree's alert in both files and the journal");
 
     // `systemctl reload`: SIGHUP, the configuration and rules read again, the same process.

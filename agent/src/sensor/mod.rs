@@ -537,6 +537,25 @@ impl Drop for Sensor {
     }
 }
 
+/// The initial PID namespace's inode number (`PROC_PID_INIT_INO`, include/linux/proc_ns.h).
+const INITIAL_PID_NAMESPACE: u64 = 0xEFFF_FFFC;
+
+/// Says so when the agent runs in a PID namespace of its own (a container without the host's):
+/// the kernel programs know processes by the host's pids and the agent hands them its own
+/// namespace's, so they protect another process than the agent, and its canary (marked by its
+/// pid here) never reports back.
+fn warn_in_a_pid_namespace() {
+    let Ok(namespace) = std::fs::metadata("/proc/self/ns/pid") else { return };
+    if std::os::unix::fs::MetadataExt::ino(&namespace) != INITIAL_PID_NAMESPACE {
+        tracing::warn!(
+            "credwatch runs in a PID namespace of its own, and the kernel programs know processes by the host's \
+             pids: its protection of itself (signal-to-agent, --enforce) guards another pid and its self-check \
+             reports the programs detached; run it in the host's PID namespace (docker --pid=host, Kubernetes \
+             hostPID: true, systemd-nspawn cannot)"
+        );
+    }
+}
+
 fn map_err(name: &'static str) -> impl Fn(MapError) -> SensorError {
     move |source| SensorError::Map { name, source }
 }
@@ -687,6 +706,7 @@ impl Sensor {
     /// makes a package root (`watch`); without, only [`Sensor::mark_root`] and [`Sensor::seed`]
     /// do (`run`). They are detached when the sensor stops.
     pub fn start(managers: &[Manager], auto_roots: bool, options: SensorOptions) -> Result<Sensor, SensorError> {
+        warn_in_a_pid_namespace();
         Sensor::load(managers, auto_roots, None, options)
     }
 
@@ -719,6 +739,7 @@ impl Sensor {
         dir: &Path,
         options: SensorOptions,
     ) -> Result<(Sensor, Started), SensorError> {
+        warn_in_a_pid_namespace();
         pins::ensure_bpffs()?;
         pins::remove_abandoned(dir)?;
         // The syscall tracepoints (the tracepoint backend) and io_uring's (both) attach through
