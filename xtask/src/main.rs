@@ -579,3 +579,16 @@ fn test_prerequisites() -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_end_to_end_targets_split_between_alone_and_alongside_the_matrix() {
+        let (alone, alongside) = super::e2e_targets().unwrap();
+        assert_eq!(alongside, super::E2E_ALONGSIDE_MATRIX);
+        assert!(alone.iter().any(|target| target == "e2e") && alone.iter().any(|target| target == "blind_spots"));
+        // The guests' targets need a feature, and run in the kernel matrix only.
+        assert!(!alone.iter().any(|target| target.starts_with("guest_")), "{alone:?}");
+        assert!(!alone.iter().any(|target| alongside.contains(target)), "{alone:?}");
+    }
+}
