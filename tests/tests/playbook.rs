@@ -512,8 +512,11 @@ fn bpf_signals_to_the_agent_and_ptrace_by_package_code_are_killed_under_enforce(
     tamper(true);
 }
 
-/// A tree that opens a million harmless files and reads one key half way through still gets
-/// the key alert; losses, if any, are in the summary line.
+/// A tree that makes a million harmless opens and reads one key half way through still gets
+/// the key alert; losses, if any, are in the summary line. The opens are of missing files: the
+/// kernel counts an open of a file the process opened less than a second ago rather than send
+/// it (README "What credwatch can miss"), and always sends a failed one, so these are a million
+/// records.
 #[test]
 fn a_key_read_in_a_flood_of_a_million_opens_is_still_reported() {
     let sandbox = Sandbox::new();
@@ -522,14 +525,15 @@ import os, sys
 d = os.path.join(os.environ["TMPDIR"], "flood")
 os.makedirs(d)
 names = [os.path.join(d, str(i)) for i in range(1000)]
-for n in names:
-    open(n, "w").close()
 for round in range(1000):
     if round == 500:
         with open(os.path.expanduser("~/.ssh/id_ed25519")) as f:
             f.read()
     for n in names:
-        os.close(os.open(n, os.O_RDONLY))
+        try:
+            os.open(n, os.O_RDONLY)
+        except FileNotFoundError:
+            pass
 "#;
     let manager = sandbox.fake_manager();
     let run =
