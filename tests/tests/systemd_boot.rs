@@ -14,7 +14,7 @@ use std::{
 };
 
 use credwatch_e2e::{
-    credwatch_binary, parse_alerts, servers::HttpsReceiver, slow, succeeding, Sandbox, FAKE_CREDENTIALS,
+    credwatch_binary, parse_alerts, servers::HttpsReceiver, slow, succeeding, Sandbox, FAKE_CREDENTIALS, FAKE_MANAGER,
 };
 use serde_json::Value;
 
@@ -30,16 +30,6 @@ const RESTART_SEC: Duration = Duration::from_secs(5);
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ lives in the workspace").to_path_buf()
 }
-
-/// A package manager the rules know by its exec's name, as the other tests' fake npm: it runs one
-/// postinstall script.
-const FAKE_NPM: &str = r#"#!/bin/sh
-npm_package_name=$1 npm_package_version=1.0.0 npm_lifecycle_event=postinstall
-export npm_package_name npm_package_version npm_lifecycle_event
-script=$2
-shift 2
-sh -c "$script" sh "$@"
-"#;
 
 /// A container's systemd mounts no tracefs (it lacks CAP_SYS_RAWIO), and systemd-nspawn's own
 /// sysfs mounts cover a `--bind` under `/sys/kernel`: the host's tracefs is bound elsewhere and
@@ -343,7 +333,7 @@ fn the_deb_under_a_booted_systemd_installs_alerts_reloads_survives_a_hang_upgrad
             &format!("[Service]\nWatchdogSec={}s\n", WATCHDOG.as_secs()),
             0o644,
         );
-        write(&root.join("usr/local/bin/npm"), FAKE_NPM, 0o755);
+        write(&root.join("usr/local/bin/npm"), FAKE_MANAGER, 0o755);
         for (relative, text) in FAKE_CREDENTIALS {
             write(&root.join("root").join(relative), text, 0o600);
         }

@@ -25,7 +25,7 @@ use crate::{
     },
     event::{normalize_path, AgentGap, BlindSpot, Event, EventData, Open},
     output::UNKNOWN_TREE_MANAGER,
-    rules::RuleKind,
+    rules::{Rule, RuleKind},
 };
 
 /// Event time after which a folded blind spot that is still growing goes out again.
@@ -128,13 +128,7 @@ impl Engine {
                 alert.timestamp = rfc3339(event.time_ns);
                 alert.event.action = "open".into();
                 alert.event.outcome = stop.outcome().into();
-                alert.rule = AlertRule {
-                    id: rule.id.clone(),
-                    name: rule.name.clone(),
-                    category: rule.category.clone(),
-                    severity: rule.severity,
-                    description: rule.description.clone(),
-                };
+                alert.rule = alerted_rule(rule);
                 alert.file = Some(AlertFile {
                     path: path.clone(),
                     given_path: open.path.clone(),
@@ -249,13 +243,7 @@ impl Engine {
         let rule = &self.rules.rules()[index];
         let mut alert = named.base.clone();
         alert.timestamp = spot.until.clone();
-        alert.rule = AlertRule {
-            id: rule.id.clone(),
-            name: rule.name.clone(),
-            category: rule.category.clone(),
-            severity: rule.severity,
-            description: rule.description.clone(),
-        };
+        alert.rule = alerted_rule(rule);
         alert.credwatch.rotate = self.blind_rotate(index, spot.credential, named.home.as_deref());
         alert.credwatch.blind_spot = Some(spot);
         alert
@@ -476,6 +464,17 @@ impl Engine {
 }
 
 /// `spot` over the window from `since_ns` to `until_ns`.
+/// The rule `rule` as an alert names it, at its own severity.
+fn alerted_rule(rule: &Rule) -> AlertRule {
+    AlertRule {
+        id: rule.id.clone(),
+        name: rule.name.clone(),
+        category: rule.category.clone(),
+        severity: rule.severity,
+        description: rule.description.clone(),
+    }
+}
+
 fn window(spot: AlertBlindSpot, since_ns: u64, until_ns: u64) -> AlertBlindSpot {
     AlertBlindSpot {
         since: rfc3339(since_ns),
