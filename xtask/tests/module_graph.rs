@@ -27,8 +27,8 @@ struct CrateGraph {
 }
 
 impl CrateGraph {
-    /// Reads every `.rs` file under `crate_dir/src`.
-    fn read(crate_dir: &Path) -> CrateGraph {
+    /// Reads every `.rs` file under `crate_dir/src`, naming them from `shown_from`.
+    fn read(crate_dir: &Path, shown_from: &Path) -> CrateGraph {
         let src = crate_dir.join("src");
         let mut graph = CrateGraph::default();
         let mut pending = vec![src.clone()];
@@ -42,7 +42,8 @@ impl CrateGraph {
                     let text =
                         fs::read_to_string(&path).unwrap_or_else(|error| panic!("reading {}: {error}", path.display()));
                     let relative = path.strip_prefix(&src).expect("walked from src");
-                    graph.add_file(&src, &display_path(crate_dir, &path), &file_module(relative), &text);
+                    let shown = path.strip_prefix(shown_from).unwrap_or(&path).display().to_string();
+                    graph.add_file(&src, &shown, &file_module(relative), &text);
                 }
             }
         }
@@ -108,11 +109,6 @@ impl CrateGraph {
             .map(|to| to.keys().cloned().collect())
             .unwrap_or_default()
     }
-}
-
-fn display_path(crate_dir: &Path, file: &Path) -> String {
-    let workspace = crate_dir.parent().unwrap_or(crate_dir);
-    file.strip_prefix(workspace).unwrap_or(file).display().to_string()
 }
 
 /// The module a file under `src/` is: `engine/mod.rs` and `engine.rs` are both `engine`.
@@ -452,7 +448,7 @@ fn workspace() -> PathBuf {
 /// Fails with every loop of the crate at `crate_dir` (from the workspace), after checking that it
 /// read at least `files` files.
 fn assert_no_cycle(crate_dir: &str, files: usize) -> CrateGraph {
-    let graph = CrateGraph::read(&workspace().join(crate_dir));
+    let graph = CrateGraph::read(&workspace().join(crate_dir), &workspace());
     assert!(graph.files >= files, "{crate_dir}: read {} files, expected {files} or more", graph.files);
     let cycles = graph.cycles();
     assert!(
@@ -526,7 +522,7 @@ fn the_reader_finds_a_planted_cycle() {
     ] {
         fs::write(root.join(file), text).unwrap();
     }
-    let graph = CrateGraph::read(&root);
+    let graph = CrateGraph::read(&root, root.parent().unwrap());
     assert_eq!(graph.files, 6);
     assert_eq!(
         graph.cycles(),
