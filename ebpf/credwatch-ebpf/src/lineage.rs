@@ -42,18 +42,8 @@ use crate::{
     path::resolve_at,
     repeats::take_uncarried,
     roots::manager_root,
+    values::ExecScratch,
 };
-
-/// Where an exec record is built before it is copied into the ring buffer at its real length.
-#[repr(C)]
-pub(crate) struct ExecScratch {
-    event: ExecEvent,
-    /// Filename, argv, environment, executable, cwd, the two cgroups, each right after the one
-    /// before.
-    tail: [u8; MAX_GIVEN_PATH + MAX_ARGS + MAX_ENV + 2 * MAX_RESOLVED_PATH + 2 * MAX_CGROUP_PATH],
-    /// See [`crate::helpers::launder`].
-    slot: u64,
-}
 
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
 pub fn sched_process_exec(ctx: RawTracePointContext) -> i32 {

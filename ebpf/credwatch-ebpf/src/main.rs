@@ -11,9 +11,14 @@
 //!   ([`syscall`]), so that other hooks can call the same functions: the fentry backend's
 //!   fentry/fexit programs on the syscall functions ([`fentry`]), and its BPF LSM hooks that
 //!   refuse under `--enforce` ([`lsm`]).
-//! - Shared: [`maps`] (every map and its limits), [`helpers`] (ring buffers, marks, probe
-//!   reads, per-CPU scratch), [`path`] (the dentry walk), [`file`] (fds, files, inodes),
-//!   [`enforce`] (`--enforce`).
+//! - Shared: [`maps`] (every map and its limits), [`values`] (what the kernel-only maps hold:
+//!   scratch room, what an entry saw for its exit, repeat keys), [`helpers`] (ring buffers,
+//!   marks, probe reads, per-CPU scratch), [`repeats`] (repeated acts as counts), [`path`] (the
+//!   dentry walk), [`file`] (fds, files, inodes), [`enforce`] (`--enforce`).
+//! - Layers, each naming only those below it: `values` < `maps` < `helpers`, `syscall` <
+//!   `file` < `path`, `repeats`, `enforce`, `roots`, `cgroup` < the hook families (`uring` uses
+//!   `tamper`) < `fentry`,
+//!   `lsm`.
 //! - Verifier cost: values that would otherwise be followed one by one (a path's length, where
 //!   a basename starts, map keys built byte by byte) go through memory, where the verifier
 //!   keeps no per-value state, and are bounded again after (see [`helpers::launder`]).
@@ -37,6 +42,7 @@ mod roots;
 mod syscall;
 mod tamper;
 mod uring;
+mod values;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -9,12 +9,8 @@ use credwatch_common::{
     SparedExe, MANAGER_NAME_LEN, MODULE_KEY_LEN,
 };
 
-use crate::{
-    lineage::ExecScratch,
-    open::{OpenScratch, OpenSlot, PendingOpen},
-    repeats::{ProcessRepeats, Repeat, RepeatKey},
-    roots::Scratch,
-    tamper::PendingSyscall,
+use crate::values::{
+    ExecScratch, OpenScratch, OpenSlot, PendingOpen, PendingSyscall, ProcessRepeats, Repeat, RepeatKey, Scratch,
 };
 
 /// Processes that can be marked at once; a full map is counted in `LOST[MARKS_FULL]` and in the

@@ -32,8 +32,9 @@ use crate::{
     file::fd_file,
     helpers::{checked, config, current_mark, fill_header, read, read_user, reserve, submit, Res},
     maps::{DNS_SOCKETS, TAINTED},
-    repeats::{check, unsend, RepeatKey},
+    repeats::{check, unsend},
     syscall::{enter_args, hooked_syscall},
+    values::RepeatKey,
 };
 
 const AF_INET: u16 = 2;

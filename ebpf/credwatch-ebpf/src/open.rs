@@ -28,17 +28,18 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use credwatch_common::{
     config_flag, cred_flag, kind, lost_kind, open_syscall, path_flag, record_flag, syscall_family, Config, CredInode,
-    InodeKey, KernelOffsets, Mark, OpenEvent, MAX_GIVEN_PATH, MAX_OPEN_RECORD, MAX_RESOLVED_PATH,
+    InodeKey, KernelOffsets, Mark, OpenEvent, MAX_GIVEN_PATH, MAX_OPEN_RECORD,
 };
 
 use crate::{
     enforce::{failing_closed, kill_current, spared},
-    file::{fd_file, inode_key, opened_file},
+    file::{fd_file, inode_key, opened_file, Location},
     helpers::{config, current_mark, fill_header, launder, output, read, taint, zero, Res},
     maps::{CRED_INODES, MAX_PENDING_OPENS, OPEN_SCRATCH, OPEN_SLOTS, OPEN_SLOT_COUNT, PENDING_OPENS},
-    path::{resolve_into, Location},
-    repeats::{check, unsend, RepeatKey},
+    path::resolve_into,
+    repeats::{check, unsend},
     syscall::{enter_args, exit_result, hooked_syscall, openat_args, AT_FDCWD},
+    values::{OpenScratch, PendingOpen, RepeatKey},
 };
 
 /// `creat(path, mode)` is `open(path, O_CREAT | O_WRONLY | O_TRUNC, mode)`.
@@ -47,39 +48,6 @@ const CREAT_FLAGS: u64 = 0o100 | 0o1 | 0o1000;
 const O_ACCMODE: u64 = 3;
 /// The result of a refused open: `-EPERM`.
 const EPERM: i64 = 1;
-
-/// What an open's entry saw, for its exit. The path itself is read at exit: by then the
-/// syscall has faulted its page in (BPF cannot), and a small entry keeps the entry cheap.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct PendingOpen {
-    syscall: u32,
-    dirfd: i32,
-    flags: u64,
-    mode: u64,
-    given_ptr: u64,
-}
-
-/// A slot of `OPEN_SLOTS`: the pending open of thread `tid` (0: free).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct OpenSlot {
-    tid: u32,
-    _pad: u32,
-    open: PendingOpen,
-}
-
-/// Where an open record is built before it is copied into a ring buffer at its real length.
-#[repr(C)]
-pub(crate) struct OpenScratch {
-    event: OpenEvent,
-    /// The given path, then the resolved path.
-    tail: [u8; MAX_GIVEN_PATH + MAX_RESOLVED_PATH],
-    /// See [`crate::helpers::launder`].
-    slot: u64,
-    /// The opened file's mount, for its repeat key (see [`repeat_key`]); 0 without a file.
-    mount: u64,
-}
 
 /// `sys_enter_openat` and `sys_enter_openat2`, the opens nearly everything makes: their records
 /// have four arguments, all loaded directly (see [`openat_args`]).

@@ -13,7 +13,7 @@ use aya_log_ebpf::warn;
 use credwatch_common::{path_flag, KernelOffsets, ResolvedPath, MAX_PATH_COMPONENTS, MAX_RESOLVED_PATH};
 
 use crate::{
-    file::fd_file,
+    file::{fd_file, Location},
     helpers::{checked, read, Res},
     syscall::AT_FDCWD,
 };
@@ -26,14 +26,6 @@ const DENTRY_WINDOW: usize = 8;
 /// Names shorter than this (a power of two) are copied from the component's read (see
 /// [`DENTRY_WINDOW`]).
 const INLINE_NAME: usize = 32;
-
-/// What a `struct path` holds: the mount and the dentry (`path_mnt`, then `path_dentry`).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct Location {
-    pub(crate) vfsmount: u64,
-    pub(crate) dentry: u64,
-}
 
 /// The location in the kernel `struct path` at `path`: one read (the agent checks the layout).
 #[inline(always)]

@@ -21,91 +21,10 @@
 use aya_ebpf::helpers::bpf_ktime_get_boot_ns;
 use credwatch_common::REPEAT_WINDOW_NS;
 
-use crate::maps::{PROCESS_REPEATS, REPEATS};
-
-/// What makes two acts of a process the same act: the process, the record kind, and what the
-/// kind's act was done to (see the constructors).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct RepeatKey {
-    tgid: u32,
-    kind: u32,
-    detail: u64,
-    a: u64,
-    b: u64,
-    c: u64,
-}
-
-impl RepeatKey {
-    /// An open of the file (dev, ino) through the mount at `mount` (a `struct vfsmount`), with
-    /// access mode `accmode` (`O_ACCMODE` bits) and the record's enforcement flags (blocked,
-    /// denied, failed closed). The mount is part of it because one file bound at several places
-    /// is as many paths, each of which the rules judge (`run --contain` binds one empty file
-    /// over every credential it hides). A failed open has no file and is never a repeat: two of
-    /// them may have been given different paths.
-    #[inline(always)]
-    pub(crate) fn open(tgid: u32, dev: u64, ino: u64, mount: u64, accmode: u64, enforced: u32) -> RepeatKey {
-        RepeatKey {
-            tgid,
-            kind: credwatch_common::kind::OPEN,
-            detail: accmode | (enforced as u64) << 32,
-            a: dev,
-            b: ino,
-            c: mount,
-        }
-    }
-
-    /// A connect to an IPv4 or IPv6 address: the family, the port and the address (`scope`:
-    /// an IPv6 address's scope id; the high half of `addr` holds an IPv4 address's 4 bytes).
-    #[inline(always)]
-    pub(crate) fn connect(tgid: u32, family: u16, port: u16, scope: u32, addr: [u64; 2]) -> RepeatKey {
-        RepeatKey {
-            tgid,
-            kind: credwatch_common::kind::CONNECT,
-            detail: family as u64 | (port as u64) << 16 | (scope as u64) << 32,
-            a: addr[0],
-            b: addr[1],
-            c: 0,
-        }
-    }
-
-    /// A tamper call: the syscall, the record's flags (target, enforcement), the operation and
-    /// the target.
-    #[inline(always)]
-    pub(crate) fn syscall(tgid: u32, syscall: u32, flags: u32, operation: u64, target: u32) -> RepeatKey {
-        RepeatKey {
-            tgid,
-            kind: credwatch_common::kind::SYSCALL,
-            detail: syscall as u64 | (flags as u64) << 32,
-            a: operation,
-            b: target as u64,
-            c: 0,
-        }
-    }
-}
-
-/// Value of `REPEATS`: when the key's last record was sent, and what was counted since.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct Repeat {
-    boot_ns: u64,
-    /// The `PROCESS_REPEATS` epoch of the process that made it.
-    epoch: u64,
-    count: u32,
-    /// The tree's `TAINTED` count at the record (connects; 0 for the others).
-    tainted: u32,
-}
-
-/// Value of `PROCESS_REPEATS`, keyed by tgid.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct ProcessRepeats {
-    /// Boot time of the process's first act: tells its keys from a dead process's of the same
-    /// pid.
-    epoch: u64,
-    /// Acts counted that no record has carried yet.
-    uncarried: u64,
-}
+use crate::{
+    maps::{PROCESS_REPEATS, REPEATS},
+    values::{ProcessRepeats, Repeat, RepeatKey},
+};
 
 /// Whether the act of `key` is sent (`Some`, with the count it carries) or counted (`None`).
 /// `tainted` is the tree's `TAINTED` count for a connect (a tree that opened a credential since

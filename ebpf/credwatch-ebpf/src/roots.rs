@@ -14,6 +14,7 @@ use credwatch_common::{manager_flag, KernelOffsets, MANAGER_NAME_LEN, MAX_GIVEN_
 use crate::{
     helpers::{launder, read, Res},
     maps::{MANAGERS, MANAGER_MODULES, MANAGER_SCRIPTS, SCRATCH},
+    values::{Scratch, SCRATCH_ARGS, SCRATCH_NAME},
 };
 
 /// Bytes of argv examined to find the words after argv[0] for `MANAGER_MODULES`.
@@ -22,21 +23,6 @@ const MODULE_SCAN: usize = 256;
 const SCRIPT_WORDS: usize = 8;
 /// Longest basename of a script that is looked up in `MANAGER_SCRIPTS`.
 const SCRIPT_BASE_MAX: usize = 48;
-/// Power-of-two sizes of the scratch buffers, so that masked indexes stay inside them.
-const SCRATCH_NAME: usize = 1024;
-const SCRATCH_ARGS: usize = 512;
-
-/// Per-CPU room to find the manager of an exec (see `SCRATCH`).
-#[repr(C)]
-pub(crate) struct Scratch {
-    /// See [`crate::helpers::launder`].
-    slot: u64,
-    name_key: [u8; MANAGER_NAME_LEN],
-    module_key: [u8; MODULE_KEY_LEN],
-    // Masked indexes plus a key's length: the compiler may add the key offset after masking.
-    name: [u8; SCRATCH_NAME + MANAGER_NAME_LEN],
-    args: [u8; SCRATCH_ARGS + MODULE_KEY_LEN],
-}
 
 /// Where the basename of the `len`-byte path in `name` starts: after its last '/', scanning back
 /// at most `MAX + 1` bytes (None: the basename is longer than `MAX`). One path through the loop

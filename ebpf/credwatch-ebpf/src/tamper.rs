@@ -18,24 +18,14 @@ use crate::{
     file::fd_file,
     helpers::{config, current_mark, fill_header, read, reserve, submit, Res},
     maps::{MAX_PENDING_SYSCALLS, PENDING_SYSCALLS},
-    repeats::{check, unsend, RepeatKey},
+    repeats::{check, unsend},
     syscall::{enter_args, exit_result, hooked_syscall},
+    values::{PendingSyscall, RepeatKey},
 };
 
 /// A [`PendingSyscall`] flag, never in a record: the entry left the refusal of this call to a
 /// BPF LSM hook ([`deny_syscall`]), which turns it into [`record_flag::DENIED`].
 const LSM_DENY: u32 = 1 << 31;
-
-/// What a tamper syscall's entry saw, for its exit.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct PendingSyscall {
-    syscall: u32,
-    record_flags: u32,
-    target_pid: u32,
-    _pad: u32,
-    operation: u64,
-}
 
 /// Every `sys_enter_*` of the tamper family.
 #[tracepoint]
