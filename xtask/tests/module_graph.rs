@@ -172,8 +172,9 @@ fn tokens(text: &str) -> Vec<Token> {
             i = after_string(&chars, i + 1);
         } else if c == '\'' {
             if next == Some('\\') {
-                // An escaped character: '\n', '\'', '\u{..}'.
-                i += 2;
+                // An escaped character: '\n', '\'', '\u{..}' (the quote, the backslash, the
+                // escaped character, then up to the closing quote).
+                i += 3;
                 while i < chars.len() && chars[i] != '\'' {
                     i += 1;
                 }
@@ -195,6 +196,14 @@ fn tokens(text: &str) -> Vec<Token> {
             let word: String = chars[start..i].iter().collect();
             let prefix = matches!(word.as_str(), "r" | "b" | "br" | "c" | "cr");
             match chars.get(i) {
+                // A raw string has no escapes: its first quote ends it.
+                Some('"') if prefix && word.ends_with('r') => {
+                    i += 1;
+                    while i < chars.len() && chars[i] != '"' {
+                        i += 1;
+                    }
+                    i += 1;
+                }
                 Some('"') if prefix => i = after_string(&chars, i + 1),
                 Some('#') if prefix && word.ends_with('r') => {
                     // r#"..."#: as many #s close it as opened it; r#ident is an identifier.
@@ -237,8 +246,7 @@ fn is_ident_char(c: char) -> bool {
     c.is_alphanumeric() || c == '_'
 }
 
-/// Where a string literal whose body starts at `i` ends (a raw string without #s ends at the
-/// first quote too: it cannot hold one).
+/// Where a string literal whose body starts at `i` ends.
 fn after_string(chars: &[char], mut i: usize) -> usize {
     while i < chars.len() && chars[i] != '"' {
         i += if chars[i] == '\\' { 2 } else { 1 };
@@ -491,7 +499,8 @@ fn the_reader_sees_every_spelling_of_a_sibling() {
         "use crate::{\n    alert::Alert,\n    engine::{matching::Match, x::y},\n    rules as r,\n};",
         "fn f() { crate::report::render(&super::process::Table::new()); }",
         // Comments, strings, `$crate` and `pub(in crate::..)` name nothing.
-        "// crate::trace::Header\n/* super::super::trace */ const S: &str = \"crate::trace\";",
+        "// crate::trace::Header\n/* super::super::trace /* nested */ */ const S: &str = \"crate::trace\";",
+        "const Q: [char; 2] = ['\\'', '{']; const R: &str = r\"C:\\\"; const B: u8 = b'\\\\';",
         "macro_rules! m { () => { $crate::trace::x() } } pub(in crate::trace) struct Hidden;",
         // Inline modules: `super` there is the file's module, `self` a child of it.
         "#[cfg(test)] mod tests { use super::process; use self::trace::x; fn t<'a>(_: &'a str) {} }",
