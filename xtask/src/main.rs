@@ -2,10 +2,11 @@
 //! `cargo xtask package [--test|--no-build]`, `cargo xtask image`, `cargo xtask nspawn-root`,
 //! `cargo xtask test`,
 //! `cargo xtask bench [--quick] [--no-build] [--only SECTION,...]`, `cargo xtask corpus [OPTIONS]`,
-//! `cargo xtask fuzz [--time SECS] [--jobs N] [TARGET...]`, `cargo xtask kernels [OPTIONS]`.
+//! `cargo xtask fuzz [--time SECS] [--jobs N] [TARGET...]`, `cargo xtask kernels [OPTIONS]`, `cargo xtask docs [--refresh]`.
 
 mod bench;
 mod bench_events;
+mod bench_footprint;
 mod bench_idle;
 mod bench_install;
 mod bench_kernels;
@@ -15,6 +16,7 @@ mod bench_receive;
 mod bench_replay;
 mod bench_syscalls;
 mod corpus;
+mod docs;
 mod fuzz;
 mod image;
 mod kernels;
@@ -54,7 +56,7 @@ const USAGE: &str = "usage: cargo xtask <command>
                          for 25s, then (as root) the static binary, the end-to-end tests (the
                          container image's among them), and the package installed, checked and
                          purged with dpkg
-  bench [--quick] [--no-build] [--only syscalls,install,throughput,replay,memory,outputs,idle,kernels]
+  bench [--quick] [--no-build] [--only syscalls,install,throughput,replay,memory,outputs,idle,footprint,kernels]
                          (root) build, then measure overhead, install workloads, event and replay
                          throughput, memory and start-up, side by side with the hook's floor,
                          bpftrace, auditd and strace, the outputs' delivery to real local
@@ -75,7 +77,11 @@ const USAGE: &str = "usage: cargo xtask <command>
                          fuzz the core's decoders (record, trace, strace, auditd, tetragon, tracee,
                          rules, fleet; default all) with cargo-fuzz, each for SECS (default 60), N
                          targets side by side (default 1; their output in target/fuzz/): fails
-                         naming each crash's reproducer (docs/fuzzing.md)";
+                         naming each crash's reproducer (docs/src/fuzzing.md)
+  docs [--refresh]       the book (docs/, mdBook; installs mdbook with cargo when missing) with its
+                         rules reference generated from the rule set, into target/book/, every
+                         internal link checked; --refresh (root): first run the commands whose
+                         outputs the book and README show, and write them (docs/src/generated/)";
 
 /// Everything but the kernel side: builds and tests with stable Rust alone.
 const CORE_CRATE: &str = "credwatch-core";
@@ -107,6 +113,7 @@ fn main() -> ExitCode {
         ["nspawn-root"] => nspawn::prepare(),
         ["bench", options @ ..] => bench::bench(options),
         ["corpus", options @ ..] => corpus::corpus(options),
+        ["docs", options @ ..] => docs::docs(options),
         ["fuzz", options @ ..] => fuzz::fuzz(options),
         ["kernels", options @ ..] => match kernels::kernels(options) {
             Ok(0) => Ok(()),
@@ -199,6 +206,9 @@ fn build() -> Result<()> {
 
 fn test() -> Result<()> {
     let mut phases = Phases::start();
+    if env::var_os("CI").is_some() {
+        lean_ci_builds();
+    }
     core_alone()?;
     phases.done("core unit tests");
     build()?;
@@ -225,7 +235,9 @@ fn test() -> Result<()> {
         ]),
     )?;
     phases.done("host unit tests");
-    // Every decoder of untrusted input meets the fuzzer on every run, briefly (docs/fuzzing.md).
+    docs::build_book()?;
+    phases.done("docs");
+    // Every decoder of untrusted input meets the fuzzer on every run, briefly (docs/src/fuzzing.md).
     fuzz::fuzz_targets(&fuzz::TARGETS.map(|(target, _)| target), FUZZ_SECS_IN_TEST, FUZZ_AT_ONCE_IN_TEST)?;
     phases.done("fuzz");
     let Some(kernels_ready) = kernels_ready else {
@@ -269,6 +281,21 @@ fn test() -> Result<()> {
     phases.done("package");
     phases.print();
     Ok(())
+}
+
+/// CI's disk is what is free on a fresh machine, which once ran out (at 11 minutes, while the
+/// kernel matrix's base image was made). Debug builds' incremental caches and full debug info were
+/// most of the debug target dir (measured on credwatch-core's tests from clean: 1.2 GB, 0.44 GB
+/// with these) and serve nothing in a run that starts clean; line tables keep the panics'
+/// backtraces readable.
+const CI_BUILD_ENV: &[(&str, &str)] = &[("CARGO_INCREMENTAL", "0"), ("CARGO_PROFILE_DEV_DEBUG", "line-tables-only")];
+
+/// Sets [`CI_BUILD_ENV`] for every cargo that `test` starts, the tests' own builds included (set
+/// before any thread starts).
+fn lean_ci_builds() {
+    for (name, value) in CI_BUILD_ENV {
+        env::set_var(name, value);
+    }
 }
 
 /// End-to-end test targets that spend their time waiting (a 2-minute SIGSTOP of the agent, a
