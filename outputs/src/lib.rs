@@ -12,6 +12,7 @@ pub mod nats;
 mod relp;
 pub mod spool;
 pub mod syslog;
+mod timed;
 mod transport;
 pub mod webhook;
 

@@ -26,7 +26,7 @@ use std::{collections::VecDeque, io, time::Duration};
 
 use tokio::{io::AsyncReadExt, net::TcpStream};
 
-use crate::syslog::{within, write_all};
+use crate::timed::{within, write_all};
 
 /// Most messages sent and not yet acknowledged (librelp's client default).
 pub const WINDOW: usize = 128;

@@ -45,7 +45,7 @@
 //! datagram can carry (structured data over 64 KiB) is [`TransportError::Refused`], after the
 //! rest of its batch went.
 
-use std::{borrow::Cow, fmt::Write as _, future::Future, io, path::PathBuf, time::Duration};
+use std::{borrow::Cow, fmt::Write as _, io, path::PathBuf, time::Duration};
 
 use credwatch_core::{
     alert::{Alert, Severity},
@@ -53,12 +53,13 @@ use credwatch_core::{
 };
 use serde::{Deserialize, Serialize};
 use time::{format_description::well_known::Rfc3339, macros::format_description, OffsetDateTime, UtcOffset};
-use tokio::{
-    io::AsyncWriteExt,
-    net::{TcpStream, UdpSocket, UnixDatagram},
-};
+use tokio::net::{TcpStream, UdpSocket, UnixDatagram};
 
-use crate::{relp, Outgoing, Transport, TransportError};
+use crate::{
+    relp,
+    timed::{within, write_all},
+    Outgoing, Transport, TransportError,
+};
 
 /// Where the messages go (also what `syslog:` destinations parse into).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -349,29 +350,6 @@ fn peer_closed(stream: &TcpStream) -> bool {
         Ok(0) => true,
         Ok(_) => false,
         Err(e) => e.kind() != io::ErrorKind::WouldBlock,
-    }
-}
-
-/// Writes `bytes`, failing when a write makes no progress for `timeout` (a stalled receiver).
-pub(crate) async fn write_all(stream: &mut TcpStream, mut bytes: &[u8], timeout: Duration) -> io::Result<()> {
-    while !bytes.is_empty() {
-        let written = within(timeout, "write", stream.write(bytes)).await?;
-        if written == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        bytes = &bytes[written..];
-    }
-    Ok(())
-}
-
-pub(crate) async fn within<T>(
-    timeout: Duration,
-    what: &str,
-    work: impl Future<Output = io::Result<T>>,
-) -> io::Result<T> {
-    match tokio::time::timeout(timeout, work).await {
-        Ok(result) => result,
-        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, format!("{what}: no progress in {timeout:?}"))),
     }
 }
 
