@@ -621,10 +621,6 @@ fn out_dir_name(options: &Options) -> String {
 }
 
 pub fn corpus(args: &[&str]) -> Result<()> {
-    if args.contains(&"--workflows") {
-        let rest: Vec<&str> = args.iter().copied().filter(|arg| *arg != "--workflows").collect();
-        return crate::workflows::workflows(&rest);
-    }
     let options = parse_options(args)?;
     if !crate::is_root() {
         bail!("credwatch loads eBPF programs: run `sudo -E cargo xtask corpus`");

@@ -6,6 +6,7 @@
 
 mod fetch;
 mod guest;
+mod initramfs;
 mod matrix;
 
 use std::{env, path::PathBuf, process::Command, time::Duration};

@@ -52,10 +52,11 @@ const USAGE: &str = "usage: cargo xtask <command>
                          :latest) FROM scratch (deploy/Dockerfile) with the machine's docker
                          (DOCKER_HOST: which daemon; CREDWATCH_DOCKER: another client);
                          --no-build: of the binary built already (the image test's way)
-  test                   build, set up what the tests need, run the unit tests, fuzz each decoder
+  test [--quick]         build, set up what the tests need, run the unit tests, fuzz each decoder
                          for 25s, then (as root) the static binary, the end-to-end tests (the
                          container image's among them), and the package installed, checked and
-                         purged with dpkg
+                         purged with dpkg; --quick (root): the core's, the host's unit and the
+                         end-to-end tests on this kernel alone (tests/README.md)
   bench [--quick] [--no-build] [--only syscalls,install,throughput,replay,memory,outputs,idle,footprint,kernels]
                          (root) build, then measure overhead, install workloads, event and replay
                          throughput, memory and start-up, side by side with the hook's floor,
@@ -109,9 +110,14 @@ fn main() -> ExitCode {
         ["package", "--test"] => build().and_then(|()| package::package()).and_then(|deb| package::test_package(&deb)),
         ["image"] => build().and_then(|()| image::image()),
         ["image", "--no-build"] => image::image(),
-        ["test"] => test(),
+        ["test"] => test(TestMode::Full),
+        ["test", "--quick"] => test(TestMode::Quick),
         ["nspawn-root"] => nspawn::prepare(),
         ["bench", options @ ..] => bench::bench(options),
+        ["corpus", options @ ..] if options.contains(&"--workflows") => {
+            let rest: Vec<&str> = options.iter().copied().filter(|option| *option != "--workflows").collect();
+            workflows::workflows(&rest)
+        }
         ["corpus", options @ ..] => corpus::corpus(options),
         ["docs", options @ ..] => docs::docs(options),
         ["fuzz", options @ ..] => fuzz::fuzz(options),
@@ -204,7 +210,57 @@ fn build() -> Result<()> {
     package::build_static()
 }
 
-fn test() -> Result<()> {
+/// Which run of `cargo xtask test`: everything (CI's), or the contributor's loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TestMode {
+    Full,
+    /// `--quick`: what a change to the core, the agent or the outputs can break on this machine's
+    /// kernel, without the layers that take most of CI's hour.
+    Quick,
+}
+
+/// What a mode runs beyond the core's tests, the build, the prerequisites and the host unit
+/// tests, which both run.
+#[derive(Debug)]
+struct TestPlan {
+    /// The book built and its internal links checked.
+    book: bool,
+    /// Each fuzz target for [`FUZZ_SECS_IN_TEST`].
+    fuzz: bool,
+    /// The kernel matrix in qemu, its set-up and the real-systemd test's Debian root made in the
+    /// background meanwhile.
+    kernel_matrix: bool,
+    /// The .deb installed, checked and purged with dpkg.
+    package: bool,
+    /// The end-to-end targets run first, alone, one test at a time.
+    e2e_alone: Vec<String>,
+    /// The end-to-end targets run on the host beside the kernel matrix.
+    e2e_alongside_matrix: Vec<String>,
+}
+
+impl TestPlan {
+    fn of(mode: TestMode) -> Result<TestPlan> {
+        let (alone, alongside) = e2e_targets()?;
+        let full = mode == TestMode::Full;
+        Ok(TestPlan {
+            book: full,
+            fuzz: full,
+            kernel_matrix: full,
+            package: full,
+            e2e_alone: alone,
+            // They mostly wait (E2E_ALONGSIDE_MATRIX): alone, they would double the quick run.
+            e2e_alongside_matrix: if full { alongside } else { Vec::new() },
+        })
+    }
+}
+
+fn test(mode: TestMode) -> Result<()> {
+    let plan = TestPlan::of(mode)?;
+    if mode == TestMode::Quick && !is_root() {
+        bail!(
+            "the sensor and end-to-end tests load eBPF programs and need root: run `sudo -E cargo xtask test --quick`"
+        );
+    }
     let mut phases = Phases::start();
     if env::var_os("CI").is_some() {
         lean_ci_builds();
@@ -218,9 +274,9 @@ fn test() -> Result<()> {
     // The kernel matrix's packages, kernels and base image (downloads and mke2fs: mostly the
     // network and the disk) are made meanwhile, while the host's tests and the fuzzers keep
     // the CPUs busy, and are ready before the end-to-end tests, which they would disturb.
-    let kernels_ready = is_root().then(|| std::thread::spawn(kernels::prepare));
+    let kernels_ready = (plan.kernel_matrix && is_root()).then(|| std::thread::spawn(kernels::prepare));
     // So is the Debian root that the real-systemd test boots (debootstrap: the network).
-    let nspawn_ready = is_root().then(|| std::thread::spawn(nspawn::prepare));
+    let nspawn_ready = (plan.kernel_matrix && is_root()).then(|| std::thread::spawn(nspawn::prepare));
     run(
         "host unit tests",
         cargo().args([
@@ -235,50 +291,62 @@ fn test() -> Result<()> {
         ]),
     )?;
     phases.done("host unit tests");
-    docs::build_book()?;
-    phases.done("docs");
-    // Every decoder of untrusted input meets the fuzzer on every run, briefly (docs/src/fuzzing.md).
-    fuzz::fuzz_targets(&fuzz::TARGETS.map(|(target, _)| target), FUZZ_SECS_IN_TEST, FUZZ_AT_ONCE_IN_TEST)?;
-    phases.done("fuzz");
-    let Some(kernels_ready) = kernels_ready else {
+    if plan.book {
+        docs::build_book()?;
+        phases.done("docs");
+    }
+    if plan.fuzz {
+        // Every decoder of untrusted input meets the fuzzer on every run, briefly (docs/src/fuzzing.md).
+        fuzz::fuzz_targets(&fuzz::TARGETS.map(|(target, _)| target), FUZZ_SECS_IN_TEST, FUZZ_AT_ONCE_IN_TEST)?;
+        phases.done("fuzz");
+    }
+    if !is_root() {
         bail!("the end-to-end tests load eBPF programs and need root: run `sudo -E cargo xtask test`");
-    };
-    kernels_ready
-        .join()
-        .map_err(|_| anyhow::anyhow!("the kernel matrix's set-up panicked"))?
-        .context("setting up the kernel matrix (its packages, kernels and base image)")?;
-    phases.done("waiting for the kernel matrix's set-up");
-    nspawn_ready
-        .expect("root, as the kernel matrix's set-up")
-        .join()
-        .map_err(|_| anyhow::anyhow!("the Debian root's set-up panicked"))?
-        .context("debootstrapping the Debian root of the real-systemd test")?;
-    phases.done("waiting for the Debian root's set-up");
+    }
+    if let Some(kernels_ready) = kernels_ready {
+        kernels_ready
+            .join()
+            .map_err(|_| anyhow::anyhow!("the kernel matrix's set-up panicked"))?
+            .context("setting up the kernel matrix (its packages, kernels and base image)")?;
+        phases.done("waiting for the kernel matrix's set-up");
+    }
+    if let Some(nspawn_ready) = nspawn_ready {
+        nspawn_ready
+            .join()
+            .map_err(|_| anyhow::anyhow!("the Debian root's set-up panicked"))?
+            .context("debootstrapping the Debian root of the real-systemd test")?;
+        phases.done("waiting for the Debian root's set-up");
+    }
     // The binary the tests run is the one that ships; the image test (tests/tests/image.rs)
     // makes the container image of it with `xtask image --no-build` against its own dockerd.
     package::check_static(&package::static_binary())?;
-    let (foreground, alongside) = e2e_targets()?;
     run(
         "privileged end-to-end tests",
-        cargo().args(["test", "-p", E2E_CRATE]).args(foreground.iter().flat_map(|target| ["--test", target])).args([
-            "--",
-            "--test-threads=1",
-            "--show-output",
-        ]),
+        cargo()
+            .args(["test", "-p", E2E_CRATE])
+            .args(plan.e2e_alone.iter().flat_map(|target| ["--test", target]))
+            .args(["--", "--test-threads=1", "--show-output"]),
     )?;
     phases.done("end-to-end tests");
-    // Then the same binaries on the other kernels fleets run, in qemu, while the end-to-end
-    // tests that mostly wait (see E2E_ALONGSIDE_MATRIX) run on the host.
-    let waiting = std::thread::spawn(move || run_captured("end-to-end tests alongside the kernel matrix", &alongside));
-    let matrix = kernels::matrix();
-    let waited = waiting.join().map_err(|_| anyhow::anyhow!("the end-to-end tests alongside the matrix panicked"))?;
-    matrix?;
-    waited?;
-    phases.done("kernel matrix, and the end-to-end tests alongside it");
-    // Then the package made of it, with the real dpkg.
-    let deb = package::package()?;
-    package::test_package(&deb)?;
-    phases.done("package");
+    if plan.kernel_matrix {
+        // Then the same binaries on the other kernels fleets run, in qemu, while the end-to-end
+        // tests that mostly wait (see E2E_ALONGSIDE_MATRIX) run on the host.
+        let alongside = plan.e2e_alongside_matrix;
+        let waiting =
+            std::thread::spawn(move || run_captured("end-to-end tests alongside the kernel matrix", &alongside));
+        let matrix = kernels::matrix();
+        let waited =
+            waiting.join().map_err(|_| anyhow::anyhow!("the end-to-end tests alongside the matrix panicked"))?;
+        matrix?;
+        waited?;
+        phases.done("kernel matrix, and the end-to-end tests alongside it");
+    }
+    if plan.package {
+        // Then the package made of it, with the real dpkg.
+        let deb = package::package()?;
+        package::test_package(&deb)?;
+        phases.done("package");
+    }
     phases.print();
     Ok(())
 }
@@ -617,5 +685,20 @@ mod tests {
         // The guests' targets need a feature, and run in the kernel matrix only.
         assert!(!alone.iter().any(|target| target.starts_with("guest_")), "{alone:?}");
         assert!(!alone.iter().any(|target| alongside.contains(target)), "{alone:?}");
+    }
+
+    #[test]
+    fn quick_runs_the_host_layers_and_leaves_the_matrix_fuzz_book_and_package_to_ci() {
+        use super::{TestMode, TestPlan, E2E_ALONGSIDE_MATRIX};
+        let full = TestPlan::of(TestMode::Full).unwrap();
+        let quick = TestPlan::of(TestMode::Quick).unwrap();
+        assert!(full.book && full.fuzz && full.kernel_matrix && full.package, "{full:?}");
+        assert_eq!(full.e2e_alongside_matrix, E2E_ALONGSIDE_MATRIX);
+        assert!(!quick.book && !quick.fuzz && !quick.kernel_matrix && !quick.package, "{quick:?}");
+        // Every end-to-end target that runs alone in CI runs in the quick loop too, and none of
+        // the ones that wait beside the matrix (faults, systemd_boot).
+        assert_eq!(quick.e2e_alone, full.e2e_alone);
+        assert!(quick.e2e_alongside_matrix.is_empty(), "{quick:?}");
+        assert!(!quick.e2e_alone.iter().any(|target| E2E_ALONGSIDE_MATRIX.contains(&target.as_str())), "{quick:?}");
     }
 }

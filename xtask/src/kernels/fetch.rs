@@ -2,7 +2,7 @@
 //! host's /etc/apt), unpacked to a bzImage and an initramfs that loads virtio_blk.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeSet,
     fs,
     path::{Path, PathBuf},
     process::Command,
@@ -201,97 +201,10 @@ fn prepare(cache: &Path, series: Series, dir: &Path) -> Result<()> {
         .find(|p| p.is_file())
         .with_context(|| format!("no vmlinuz for {release} in {}", packages.join(" ")))?;
     fs::rename(&bzimage, dir.join("vmlinuz"))?;
-    super::guest::initrd(&release_dir, &release, &dir.join("initrd.cpio"))?;
+    super::initramfs::make(&release_dir, &release, &dir.join("initrd.cpio"))?;
     fs::remove_dir_all(&unpacked)?;
     fs::remove_dir_all(&debs)?;
     fs::write(dir.join("kernel.txt"), format!("{version}\n{release}\n"))?;
     println!("kernels: {} = Debian {} linux {version} ({release})", series.name, series.suite);
     Ok(())
-}
-
-/// The modules `wanted` needs, dependencies first, from the `depends=` of each module's
-/// .modinfo (the packages ship no modules.dep: depmod makes it at install), decompressed.
-pub fn module_closure(release_dir: &Path, wanted: &[&str]) -> Result<Vec<(String, Vec<u8>)>> {
-    let mut files = BTreeMap::new();
-    index_modules(&release_dir.join("kernel"), &mut files)?;
-    let mut order = Vec::new();
-    let mut done = BTreeSet::new();
-    for name in wanted {
-        visit(name, &files, &mut done, &mut order, 0)?;
-    }
-    Ok(order)
-}
-
-fn visit(
-    name: &str,
-    files: &BTreeMap<String, PathBuf>,
-    done: &mut BTreeSet<String>,
-    order: &mut Vec<(String, Vec<u8>)>,
-    depth: usize,
-) -> Result<()> {
-    if depth > 32 {
-        bail!("module dependencies of {name} loop");
-    }
-    if !done.insert(name.to_owned()) {
-        return Ok(());
-    }
-    // Absent: built into this kernel (modules.builtin), nothing to load.
-    let Some(path) = files.get(name) else { return Ok(()) };
-    let bytes = decompress(path)?;
-    for dep in modinfo_depends(&bytes) {
-        visit(&dep, files, done, order, depth + 1)?;
-    }
-    order.push((name.to_owned(), bytes));
-    Ok(())
-}
-
-fn index_modules(dir: &Path, files: &mut BTreeMap<String, PathBuf>) -> Result<()> {
-    for entry in fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?.flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            index_modules(&path, files)?;
-        } else if let Some(name) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.split(".ko").next()) {
-            files.insert(name.replace('-', "_"), path);
-        }
-    }
-    Ok(())
-}
-
-fn decompress(path: &Path) -> Result<Vec<u8>> {
-    let name = path.to_string_lossy();
-    let tool = if name.ends_with(".xz") {
-        "xz"
-    } else if name.ends_with(".zst") {
-        "zstd"
-    } else {
-        return fs::read(path).with_context(|| format!("reading {}", path.display()));
-    };
-    let out = Command::new(tool).arg("-dc").arg(path).output().with_context(|| format!("starting {tool}"))?;
-    if !out.status.success() {
-        bail!("{tool} -dc {} failed: {}", path.display(), String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(out.stdout)
-}
-
-/// The `depends=a,b` string of a module's .modinfo section (NUL-separated `key=value`s).
-fn modinfo_depends(module: &[u8]) -> Vec<String> {
-    module
-        .split(|&b| b == 0)
-        .find_map(|field| field.strip_prefix(b"depends="))
-        .map(|list| {
-            String::from_utf8_lossy(list).split(',').filter(|d| !d.is_empty()).map(|d| d.replace('-', "_")).collect()
-        })
-        .unwrap_or_default()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn modinfo_depends_reads_the_nul_separated_field() {
-        let module = b"\x7fELF...\0license=GPL\0depends=virtio_ring,virtio\0retpoline=Y\0name=virtio_blk\0";
-        assert_eq!(modinfo_depends(module), ["virtio_ring", "virtio"]);
-        assert!(modinfo_depends(b"\0depends=\0name=virtio\0").is_empty());
-    }
 }

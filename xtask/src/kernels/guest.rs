@@ -20,12 +20,10 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use super::fetch::{self, Kernel};
+use super::{fetch::Kernel, initramfs::RUN_MOUNT};
 
 /// The LSMs of the `lsm=` boots: bpf among the active ones, as on the fleets that enable it.
 pub const LSM_LIST: &str = "lockdown,capability,yama,bpf";
-/// Where the initramfs mounts the run disk in the guest.
-const RUN_MOUNT: &str = "/mnt/kernels-run";
 /// The last line of a run on the command's serial port, with its exit status.
 const EXIT_MARK: &str = "@@credwatch-kernels-exit ";
 /// The guest writes this once its init is done, just before the command starts.
@@ -95,25 +93,6 @@ impl CacheLock {
     }
 }
 
-/// The busybox init of the initramfs: load the block driver, mount the disks, switch root.
-const INITRAMFS_INIT: &str = r#"#!/bin/busybox sh
-/bin/busybox mount -t devtmpfs dev /dev
-/bin/busybox mount -t proc proc /proc
-/bin/busybox mount -t sysfs sys /sys
-/bin/busybox --install -s /bin
-fail() { echo "kernels initramfs: $*"; poweroff -f; }
-for m in $(cat /modules/order); do insmod /modules/$m.ko || fail "insmod $m"; done
-i=0
-while [ ! -b /dev/vdb ]; do
-    i=$((i+1)); [ $i -gt 200 ] && fail "no /dev/vdb after 20s"; sleep 0.1
-done
-mount -t ext4 /dev/vda /newroot || fail "mounting the base image"
-mount -t ext4 /dev/vdb /newroot@RUN@ || fail "mounting the run disk"
-mount --move /dev /newroot/dev
-umount /proc /sys
-exec switch_root /newroot /bin/sh @RUN@/.kernels/init.sh
-"#;
-
 /// The guest's init after switch_root, in the host's /bin/sh.
 const GUEST_INIT: &str = r#"K=@RUN@/.kernels
 mount -t proc proc /proc
@@ -150,49 +129,6 @@ echo "@EXIT@$?" > $out
 sync
 $K/busybox poweroff -f
 "#;
-
-/// The initramfs of a kernel: static busybox, the init above, virtio_blk, loop and their dependencies.
-pub fn initrd(release_dir: &Path, release: &str, out: &Path) -> Result<()> {
-    if !crate::busybox_static_installed() {
-        bail!("the kernel matrix needs Debian's busybox-static");
-    }
-    let stage = out.with_extension("stage");
-    let _ = fs::remove_dir_all(&stage);
-    for dir in ["bin", "dev", "proc", "sys", "modules", "newroot"] {
-        fs::create_dir_all(stage.join(dir))?;
-    }
-    fs::copy("/usr/bin/busybox", stage.join("bin/busybox")).context("copying /usr/bin/busybox")?;
-    let init = stage.join("init");
-    fs::write(&init, INITRAMFS_INIT.replace("@RUN@", RUN_MOUNT))?;
-    set_mode(&init, 0o755)?;
-    // virtio_pci is the transport (a module on 5.10 and 6.1, built in later); loop for the
-    // sensor test that needs an ext4 of its own (tmpfs never reuses an inode number).
-    let modules = fetch::module_closure(release_dir, &["virtio_pci", "virtio_blk", "loop"])?;
-    let mut order = String::new();
-    for (name, bytes) in &modules {
-        fs::write(stage.join("modules").join(format!("{name}.ko")), bytes)?;
-        order.push_str(name);
-        order.push('\n');
-    }
-    fs::write(stage.join("modules/order"), order)?;
-    let status = Command::new("sh")
-        .arg("-c")
-        .arg(r#"find . | LC_ALL=C sort | cpio --quiet -o -H newc -R 0:0 > "$0""#)
-        .arg(out)
-        .current_dir(&stage)
-        .status()
-        .context("starting cpio")?;
-    if !status.success() {
-        bail!("making the initramfs of {release} with cpio failed ({status})");
-    }
-    fs::remove_dir_all(&stage)?;
-    Ok(())
-}
-
-fn set_mode(path: &Path, mode: u32) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).with_context(|| format!("chmod {}", path.display()))
-}
 
 /// `cp -a` (with `-l`: hard links, same filesystem, no copy) of `from` to `to`.
 fn copy_tree(from: &Path, to: &Path, link: bool) -> Result<()> {
