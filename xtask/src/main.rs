@@ -1,8 +1,22 @@
-//! `cargo xtask toolchain [--dry-run]`, `cargo xtask build`,
-//! `cargo xtask package [--test|--no-build]`, `cargo xtask image`, `cargo xtask nspawn-root`,
-//! `cargo xtask test`,
-//! `cargo xtask bench [--quick] [--no-build] [--only SECTION,...]`, `cargo xtask corpus [OPTIONS]`,
-//! `cargo xtask fuzz [--time SECS] [--jobs N] [TARGET...]`, `cargo xtask kernels [OPTIONS]`, `cargo xtask docs [--refresh]`.
+//! `cargo xtask <command>`: credwatch's build, test, bench and release tasks (USAGE below lists
+//! the commands). This file: the commands' dispatch, `build`, and `test`'s flow (CI's and
+//! `--quick`'s, with the prerequisites it installs).
+//!
+//! Modules, by command:
+//! - `toolchain`: the eBPF toolchain, found or set up (`build` starts there);
+//! - `package`: the static agent `build` links, and its `.deb` (`package`);
+//! - `image`: the container image FROM scratch (`image`);
+//! - `nspawn`: the Debian root the real-systemd test boots (`nspawn-root`);
+//! - `kernels`: the kernel matrix in qemu (`kernels`, and in `test`): `fetch` (Debian's kernels),
+//!   `initramfs` (what each boots with), `guest` (one boot), `matrix` (every boot);
+//! - `fuzz`: the core's decoders under cargo-fuzz (`fuzz`, and 25 s each in `test`);
+//! - `docs`: the book and its rules reference (`docs`);
+//! - `bench` and its sections `bench_*`: the measurements and the footprint budget (`bench`);
+//! - `corpus`: real packages from the registries under credwatch (`corpus`), and `workflows`:
+//!   developers' daily commands on real projects (`corpus --workflows`).
+//!
+//! Sibling modules import each other in one direction only (xtask/tests/module_graph.rs checks
+//! it for every crate of the workspace): what two need goes in a module below both.
 
 mod bench;
 mod bench_events;
