@@ -469,6 +469,11 @@ fn assert_no_cycle(crate_dir: &str, files: usize) -> CrateGraph {
 }
 
 #[test]
+fn outputs_has_no_module_cycle() {
+    assert_no_cycle("outputs", 10);
+}
+
+#[test]
 fn ebpf_has_no_module_cycle() {
     assert_no_cycle("ebpf/credwatch-ebpf", 10);
 }
