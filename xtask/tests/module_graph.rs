@@ -2,7 +2,8 @@
 //! `src/`, the sibling modules form no cycle. A file `x.rs` or a directory `x/` is one sibling;
 //! `lib.rs`, `main.rs` and `mod.rs` are the parent, not siblings. Sibling `a` depends on sibling
 //! `b` when any file of `a` names `b` through a `crate::`, `super::` or `self::` path, in a `use`
-//! (grouped lists included) or inline, tests included. Comments and string literals are not read.
+//! (grouped lists included) or inline, tests included. Comments and string literals are not read,
+//! nor the names a glob (`use super::*`) brings in: the test modules that use one name nothing back.
 //! A loop means neither side can be read, moved or tested without the other: move what both
 //! need into a module of its own, below both.
 
