@@ -1,5 +1,5 @@
 //! Trace files: the [`Event`] stream serialised as JSON lines behind a header line. The trace
-//! schema is versioned apart from the program (see `docs/trace-format.md`); `.gz` and `.zst`
+//! schema is versioned apart from the program (see `docs/src/trace-format.md`); `.gz` and `.zst`
 //! compression are chosen by file extension when writing and by magic bytes when reading.
 
 use std::{

@@ -482,7 +482,7 @@ fn an_npm_postinstall_reading_a_key_pops_up_a_critical_notification_naming_the_p
     let latency = call.time - read.unix_timestamp_nanos() as f64 / 1e9;
     println!("from the read of the key to the Notify call on the bus: {:.0} ms", latency * 1000.0);
 
-    // The popup as dunst drew it; CREDWATCH_E2E_NOTIFICATION_PNG keeps a copy (docs/notification.png).
+    // The popup as dunst drew it; CREDWATCH_E2E_NOTIFICATION_PNG keeps a copy (docs/src/notification.png).
     let shot = sandbox.top().join("notification.png");
     session.screenshot(&shot);
     assert!(fs::metadata(&shot).unwrap().len() > 0);

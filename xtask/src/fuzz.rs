@@ -1,6 +1,6 @@
 //! `cargo xtask fuzz [--time SECS] [--jobs N] [TARGET...]`: the core's decoders of untrusted
 //! input under libFuzzer (cargo-fuzz, `core/fuzz/`), one target after another (or N side by
-//! side), each from its committed seeds. See docs/fuzzing.md.
+//! side), each from its committed seeds. See docs/src/fuzzing.md.
 //!
 //! cargo-fuzz passes `-Z` flags (sanitizer, coverage): the machine's stable toolchain takes them
 //! with `RUSTC_BOOTSTRAP=1` and ships the AddressSanitizer runtime, so no nightly is needed.

@@ -1,7 +1,7 @@
 //! Importers: other tools' traces (strace, auditd, Tetragon, Tracee) and credwatch's own,
 //! turned into the one [`Event`] stream. Each is a thin, streaming translator: bounded state,
 //! no detection logic, a bad line is an error naming the file and line after which reading
-//! goes on. What each format gives and cannot give is in `docs/importers.md`.
+//! goes on. What each format gives and cannot give is in `docs/src/importers.md`.
 
 mod auditd;
 mod jsonl;
