@@ -2,8 +2,10 @@
 //! cloud kernel booted with `lsm=bpf` (`cargo xtask kernels --run`): nothing attached, `credwatch
 //! watch --sensor tracepoint`, `credwatch watch --sensor fentry`, each under the unmarked
 //! open+close and getppid loops of xtask/bench/loop.c, and the open loop marked (`credwatch run
-//! --sensor ... -- loop`). Every ratio is between figures of the same guest run: TCG makes the
-//! absolute figures many times the host's, not comparable with section 1.
+//! --sensor ... -- loop`), and the floor of any fentry/fexit hook on the open: an empty fexit
+//! program on `__x64_sys_openat` (xtask/bench/floor.c). Every ratio is between figures of the
+//! same guest run: TCG makes the absolute figures many times the host's, not comparable with
+//! section 1.
 
 use std::{
     collections::BTreeMap,
@@ -31,9 +33,11 @@ enum Config {
     Again,
     Tracepoint,
     Fentry,
+    /// An empty fexit program on `__x64_sys_openat`: what any program on the open costs.
+    Floor,
 }
 
-const CONFIGS: &[Config] = &[Config::Nothing, Config::Again, Config::Tracepoint, Config::Fentry];
+const CONFIGS: &[Config] = &[Config::Nothing, Config::Again, Config::Tracepoint, Config::Fentry, Config::Floor];
 
 impl Config {
     /// As the guest script names it (and `--sensor` for the backends).
@@ -43,6 +47,7 @@ impl Config {
             Config::Again => "again",
             Config::Tracepoint => "tracepoint",
             Config::Fentry => "fentry",
+            Config::Floor => "floor",
         }
     }
 
@@ -53,6 +58,7 @@ impl Config {
             Config::Tracepoint => "(b) credwatch --sensor tracepoint",
             // The LSM hooks attach only under `--enforce`: not here.
             Config::Fentry => "(c) credwatch --sensor fentry",
+            Config::Floor => "(d) an empty fexit program on __x64_sys_openat (the floor)",
         }
     }
 }
@@ -66,10 +72,11 @@ const MARKED_LOG: &str = "marked-log";
 
 /// The script the guest runs: `rounds` rounds, the configurations' order rotating each round;
 /// each measurement is one `RESULT ROUND CONFIG KIND ns_per_op W cpu_ns_per_op C` line.
-fn guest_script(looper: &Path, credwatch: &Path, open: u64, getppid: u64, rounds: usize) -> String {
+fn guest_script(looper: &Path, floor: &Path, credwatch: &Path, open: u64, getppid: u64, rounds: usize) -> String {
     format!(
         r#"set -eu
 loop={looper}
+floor={floor}
 cw={credwatch}
 file=/tmp/bench-open-target
 echo harmless > $file
@@ -111,19 +118,36 @@ gone() {{
         sleep 0.1
     done
 }}
+start_floor() {{
+    "$floor" fexit:__x64_sys_openat > /tmp/floor.out 2> /tmp/floor.err &
+    floor_pid=$!
+    tries=0
+    until grep -q attached /tmp/floor.out 2> /dev/null; do
+        tries=$((tries + 1))
+        if [ $tries -gt 600 ] || ! kill -0 $floor_pid 2> /dev/null; then
+            echo "the empty fexit program did not attach:" >&2; cat /tmp/floor.err >&2; exit 1
+        fi
+        sleep 0.1
+    done
+}}
+stop_floor() {{
+    kill $floor_pid
+    wait $floor_pid || true
+    gone
+}}
 # Warm-up, not measured: TCG translates each code block on its first run.
 $loop open {open} $file > /dev/null
 $loop getppid {getppid} > /dev/null
-configs="nothing again tracepoint fentry"
+configs="nothing again tracepoint fentry floor"
 for round in $(seq {rounds}); do
     # Rotate: no configuration always runs first.
     set -- $configs
-    configs="$2 $3 $4 $1"
+    configs="$2 $3 $4 $5 $1"
     for config in $configs; do
-        case $config in nothing|again) ;; *) start_watch $config ;; esac
+        case $config in nothing|again) ;; floor) start_floor ;; *) start_watch $config ;; esac
         measure open $loop open {open} $file
         measure getppid $loop getppid {getppid}
-        case $config in nothing|again) continue ;; esac
+        case $config in nothing|again) continue ;; floor) stop_floor; continue ;; esac
         stop_watch
         if [ $config = fentry ] && [ $((round % 2)) = 0 ]; then
             measure marked-log "$cw" run --sensor $config --kernel-log debug -- $loop open {open} $file
@@ -139,6 +163,7 @@ for round in $(seq {rounds}); do
 done
 "#,
         looper = looper.display(),
+        floor = floor.display(),
         credwatch = credwatch.display(),
     )
 }
@@ -219,6 +244,29 @@ fn ratio(figures: &Figures, top: (&str, &str), bottom: (&str, &str), pick: Pick)
             .collect(),
         _ => Vec::new(),
     };
+    summarise(per_round)
+}
+
+/// What `top` adds to `base` over what `bottom` adds to it, `(top - base) / (bottom - base)`, in
+/// each round that measured all three.
+fn added_ratio(figures: &Figures, top: (&str, &str), bottom: (&str, &str), base: (&str, &str), pick: Pick) -> Ratio {
+    let get = |(config, kind): (&str, &str)| figures.get(&(config.to_owned(), kind.to_owned()));
+    let per_round: Vec<f64> = match (get(top), get(bottom), get(base)) {
+        (Some(tops), Some(bottoms), Some(bases)) => tops
+            .iter()
+            .filter_map(|t| {
+                let b = bottoms.iter().find(|b| b.round == t.round)?;
+                let a = bases.iter().find(|a| a.round == t.round)?;
+                Some((pick(t) - pick(a)) / (pick(b) - pick(a)))
+            })
+            .filter(|r| r.is_finite())
+            .collect(),
+        _ => Vec::new(),
+    };
+    summarise(per_round)
+}
+
+fn summarise(per_round: Vec<f64>) -> Ratio {
     let (low, high) = per_round.iter().fold((f64::NAN, f64::NAN), |(l, h), v| (l.min(*v), h.max(*v)));
     Ratio { median: median(&per_round), low, high, per_round }
 }
@@ -230,7 +278,7 @@ pub fn run(ctx: &mut Ctx) -> Result<Section> {
     let (open, getppid) = if ctx.quick { (5_000, 50_000) } else { (20_000, 200_000) };
     // Two rounds even with --quick: the noise floor needs a spread.
     let rounds = ctx.rounds(3).max(2);
-    let script = guest_script(&ctx.bin.join("loop"), &ctx.credwatch, open, getppid, rounds);
+    let script = guest_script(&ctx.bin.join("loop"), &ctx.bin.join("floor"), &ctx.credwatch, open, getppid, rounds);
     say(&format!("bench: kernels: {rounds} round(s) in the {KERNEL} guest (lsm=bpf)"));
     let xtask = env::current_exe().context("finding the xtask executable")?;
     let mut guest = Command::new(&xtask)
@@ -366,6 +414,15 @@ fn section(ctx: &mut Ctx, figures: &Figures, open: u64, getppid: u64, rounds: us
         "≤ +2%",
         finite(open_ratio.median).map(|r| r <= 1.02),
     );
+    let floor = Config::Floor.name();
+    let early_exit = added_ratio(figures, (fentry, OPEN), (floor, OPEN), (nothing, OPEN), CPU);
+    ctx.target(
+        "fentry/LSM early exit within 1.25x the empty fexit program: unmarked open+close, (c) - (a) over (d) - (a) (6.12 guest, instructions)",
+        format!("× {}", early_exit.text()),
+        "≤ 1.25×",
+        finite(early_exit.median).map(|r| r <= 1.25),
+    );
+    section.json["early_exit_over_floor"] = early_exit.json();
     let getppid_ratio = ratio(figures, (fentry, GETPPID), (nothing, GETPPID), CPU);
     within_noise(
         ctx,
@@ -462,10 +519,29 @@ mod tests {
     }
 
     #[test]
+    fn an_added_ratio_compares_what_two_configurations_add_to_the_base_in_each_round() {
+        let output = "RESULT 1 nothing open ns_per_op 0 cpu_ns_per_op 1000\n\
+                      RESULT 1 fentry open ns_per_op 0 cpu_ns_per_op 1300\n\
+                      RESULT 1 floor open ns_per_op 0 cpu_ns_per_op 1200\n\
+                      RESULT 2 nothing open ns_per_op 0 cpu_ns_per_op 2000\n\
+                      RESULT 2 fentry open ns_per_op 0 cpu_ns_per_op 2200\n\
+                      RESULT 2 floor open ns_per_op 0 cpu_ns_per_op 2200\n\
+                      RESULT 3 fentry open ns_per_op 0 cpu_ns_per_op 9000\n";
+        let figures = parse_results(output).unwrap();
+        let r = added_ratio(&figures, ("fentry", "open"), ("floor", "open"), ("nothing", "open"), CPU);
+        // Round 3 has neither base nor floor: left out.
+        assert_eq!(r.per_round, [1.5, 1.0]);
+        assert_eq!((r.median, r.low, r.high), (1.25, 1.0, 1.5));
+    }
+
+    #[test]
     fn the_guest_script_runs_every_configuration_and_the_marked_loops_under_each_backend() {
-        let script = guest_script(Path::new("/b/loop"), Path::new("/t/credwatch"), 10, 20, 3);
+        let script = guest_script(Path::new("/b/loop"), Path::new("/b/floor"), Path::new("/t/credwatch"), 10, 20, 3);
         assert!(script.contains("for round in $(seq 3)"), "{script}");
-        assert!(script.contains("configs=\"nothing again tracepoint fentry\""), "{script}");
+        assert!(script.contains("configs=\"nothing again tracepoint fentry floor\""), "{script}");
+        assert!(script.contains("configs=\"$2 $3 $4 $5 $1\""), "{script}");
+        assert!(script.contains("\"$floor\" fexit:__x64_sys_openat"), "{script}");
+        assert!(script.contains("floor) stop_floor; continue"), "{script}");
         assert!(script.contains("measure open $loop open 10 $file"), "{script}");
         assert!(script.contains("measure getppid $loop getppid 20"), "{script}");
         assert!(script.contains("measure marked \"$cw\" run --sensor $config -- $loop open 10 $file"), "{script}");
