@@ -22,13 +22,14 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
 use crate::{
-    bench_events, bench_idle, bench_install, bench_kernels, bench_outputs, bench_replay, bench_syscalls,
-    toolchain::find_in_path,
+    bench_events, bench_footprint, bench_idle, bench_install, bench_kernels, bench_outputs, bench_replay,
+    bench_syscalls, toolchain::find_in_path,
 };
 
 /// Set in the detached bench (see [`detach`]): where it writes its exit status.
 const DETACHED_ENV: &str = "CREDWATCH_BENCH_STATUS";
-pub const SECTIONS: &[&str] = &["syscalls", "install", "throughput", "replay", "memory", "outputs", "idle", "kernels"];
+pub const SECTIONS: &[&str] =
+    &["syscalls", "install", "throughput", "replay", "memory", "outputs", "idle", "footprint", "kernels"];
 /// Peers installed from Debian when missing (set-up, before anything is measured); rsyslogd and
 /// nats-server are the outputs' receivers.
 const APT_PEERS: &[(&str, &str)] = &[
@@ -103,6 +104,8 @@ pub struct Ctx {
     pub strace: Availability,
     pub jq: Availability,
     pub targets: Vec<Target>,
+    /// Why the bench fails once its report is written: figures over `xtask/budget.toml`.
+    pub budget_failures: Vec<String>,
 }
 
 /// One of the targets, as measured.
@@ -260,6 +263,7 @@ fn run_bench(options: &Options) -> Result<()> {
         strace: Ok(()),
         jq: Ok(()),
         targets: Vec::new(),
+        budget_failures: Vec::new(),
     };
     if !ctx.credwatch.is_file() {
         bail!("{} is missing: run `cargo xtask build` (or drop --no-build)", ctx.credwatch.display());
@@ -278,14 +282,18 @@ fn run_bench(options: &Options) -> Result<()> {
             "replay" => bench_replay::run(&mut ctx),
             "outputs" => bench_outputs::run(&mut ctx),
             "idle" => bench_idle::run(&mut ctx),
+            "footprint" => bench_footprint::run(&mut ctx),
             "kernels" => bench_kernels::run(&mut ctx),
-            _ => bench_events::memory_and_start_up(&mut ctx),
+            _ => bench_events::memory_and_start_up(&ctx),
         };
         match result {
             Ok(section) => sections.push(section),
             Err(error) => {
                 // One broken section should not cost the others' figures.
                 say(&format!("bench: {key} failed: {error:#}"));
+                if *key == "footprint" {
+                    ctx.budget_failures.push(format!("footprint: not measured: {error:#}"));
+                }
                 let mut section = Section::new(key_static(key), &format!("{key}: failed"), &[]);
                 section.notes.push(format!("error: {}", format!("{error:#}").replace('\n', " ")));
                 section.json = json!({ "error": format!("{error:#}") });
@@ -303,6 +311,9 @@ fn run_bench(options: &Options) -> Result<()> {
         out.join("bench.json").display(),
         started.elapsed().as_secs_f64()
     ));
+    if !ctx.budget_failures.is_empty() {
+        bail!("over the footprint budget:\n  {}", ctx.budget_failures.join("\n  "));
+    }
     Ok(())
 }
 
@@ -682,11 +693,21 @@ pub fn unpin(credwatch: &Path) {
 /// `credwatch watch`, attached: returns it with the agent's own "after N ms" figure and the time
 /// from spawn to that line.
 pub fn start_watch(ctx: &Ctx) -> Result<(Background, f64, f64)> {
+    start_watch_with(ctx, &mut watch_command(ctx))
+}
+
+/// `credwatch watch` pinning in [`pin_dir`], with the throwaway HOME: add options, then start it
+/// with [`start_watch_with`].
+pub fn watch_command(ctx: &Ctx) -> Command {
+    let mut command = Command::new(&ctx.credwatch);
+    command.arg("watch").arg("--pin-dir").arg(pin_dir()).env("HOME", &ctx.home);
+    command
+}
+
+/// [`start_watch`] with a [`watch_command`].
+pub fn start_watch_with(ctx: &Ctx, command: &mut Command) -> Result<(Background, f64, f64)> {
     let spawned = Instant::now();
-    let mut agent = Background::start(
-        Command::new(&ctx.credwatch).arg("watch").arg("--pin-dir").arg(pin_dir()).env("HOME", &ctx.home),
-        libc::SIGTERM,
-    )?;
+    let mut agent = Background::start(command, libc::SIGTERM)?;
     agent.unpin = Some(ctx.credwatch.clone());
     let line = agent
         .stderr

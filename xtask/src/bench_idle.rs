@@ -8,6 +8,7 @@
 
 use std::{
     fs,
+    path::Path,
     process::Command,
     thread,
     time::{Duration, Instant},
@@ -29,13 +30,27 @@ const NO_MANAGERS: &[&str] = &["npm", "yarn", "pnpm", "bun", "cargo", "pip", "uv
 
 /// CPU nanoseconds of every thread, CPU ticks of the reaped children, context switches.
 #[derive(Clone, Copy, Debug, Default)]
-struct Usage {
-    cpu_ns: u64,
-    children_ticks: u64,
-    switches: u64,
+pub struct Usage {
+    pub cpu_ns: u64,
+    pub children_ticks: u64,
+    pub switches: u64,
 }
 
-fn usage(pid: u32) -> Result<Usage> {
+impl Usage {
+    /// The agent's own CPU seconds from `before` to `self`.
+    pub fn own_seconds_since(&self, before: &Usage) -> f64 {
+        self.cpu_ns.saturating_sub(before.cpu_ns) as f64 / 1e9
+    }
+
+    /// The CPU seconds of the children reaped from `before` to `self`.
+    pub fn children_seconds_since(&self, before: &Usage) -> f64 {
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        self.children_ticks.saturating_sub(before.children_ticks) as f64 / hz
+    }
+}
+
+pub fn usage(pid: u32) -> Result<Usage> {
     let mut usage = Usage::default();
     let tasks = fs::read_dir(format!("/proc/{pid}/task")).with_context(|| format!("reading /proc/{pid}/task"))?;
     for task in tasks.flatten() {
@@ -92,7 +107,7 @@ impl Idle {
     }
 }
 
-fn measure(ctx: &Ctx, rules: &std::path::Path, extra: &[String], seconds: u64) -> Result<Idle> {
+fn measure(ctx: &Ctx, rules: &Path, extra: &[String], seconds: u64) -> Result<Idle> {
     let _ = Command::new(&ctx.credwatch).args(["stop", "--pin-dir", PIN_DIR]).output();
     let mut command = Command::new(&ctx.credwatch);
     command.args(["watch", "--pin-dir", PIN_DIR, "--rules"]).arg(rules).args(extra).env("HOME", &ctx.home);
@@ -113,25 +128,29 @@ fn measure(ctx: &Ctx, rules: &std::path::Path, extra: &[String], seconds: u64) -
     let threads = fs::read_dir(format!("/proc/{}/task", agent.pid())).map(|tasks| tasks.count()).unwrap_or(0);
     let stderr = agent.stop()?;
     let _ = Command::new(&ctx.credwatch).args(["stop", "--pin-dir", PIN_DIR]).output();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     Ok(Idle {
         seconds: elapsed,
-        cpu_seconds: after.cpu_ns.saturating_sub(before.cpu_ns) as f64 / 1e9,
-        children_seconds: after.children_ticks.saturating_sub(before.children_ticks) as f64 / hz,
+        cpu_seconds: after.own_seconds_since(&before),
+        children_seconds: after.children_seconds_since(&before),
         wakeups: after.switches.saturating_sub(before.switches),
         threads,
         events: parse_summary(&stderr).map_or(0, |summary| summary.events),
     })
 }
 
+/// A rules overlay in `dir` renaming every package manager NAME to `cwb-no-NAME` (see
+/// [`NO_MANAGERS`]).
+pub fn renamed_managers(dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let managers: String =
+        NO_MANAGERS.iter().map(|name| format!("  - name: {name}\n    execs: [cwb-no-{name}]\n")).collect();
+    fs::write(dir.join("managers.yaml"), format!("schema: 2\nmanagers:\n{managers}")).context("writing the overlay")
+}
+
 pub fn run(ctx: &mut Ctx) -> Result<Section> {
     let seconds = if ctx.quick { 15 } else { 60 };
     let rules = ctx.work.join("idle-rules");
-    fs::create_dir_all(&rules)?;
-    let managers: String =
-        NO_MANAGERS.iter().map(|name| format!("  - name: {name}\n    execs: [cwb-no-{name}]\n")).collect();
-    fs::write(rules.join("managers.yaml"), format!("schema: 2\nmanagers:\n{managers}"))?;
+    renamed_managers(&rules)?;
     let alerts = ctx.work.join("idle-alerts.jsonl");
     let spool = ctx.work.join("idle-spool");
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
