@@ -503,7 +503,7 @@ pub struct AlertDestination {
     pub address: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
-    /// The name the process looked up last before it connected (see the README), when any.
+    /// The name the process looked up last before it connected (see docs/src/catches.md), when any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domain: Option<String>,
     /// `inet`, `inet6` or `unix`.

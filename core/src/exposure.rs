@@ -82,7 +82,7 @@ impl Default for Limits {
     }
 }
 
-/// The result; its JSON field names are a contract (README, "Exposure").
+/// The result; its JSON field names are a contract (docs/src/exposure.md).
 #[derive(Debug, Serialize)]
 pub struct Exposure {
     /// Version of this JSON shape.

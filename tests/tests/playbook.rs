@@ -515,7 +515,7 @@ fn bpf_signals_to_the_agent_and_ptrace_by_package_code_are_killed_under_enforce(
 /// A tree that makes a million harmless opens and reads one key half way through still gets
 /// the key alert; losses, if any, are in the summary line. The opens are of missing files: the
 /// kernel counts an open of a file the process opened less than a second ago rather than send
-/// it (README "What credwatch can miss"), and always sends a failed one, so these are a million
+/// it (docs/src/blind-spots.md), and always sends a failed one, so these are a million
 /// records.
 #[test]
 fn a_key_read_in_a_flood_of_a_million_opens_is_still_reported() {

@@ -379,7 +379,7 @@ fn the_deb_under_a_booted_systemd_installs_alerts_reloads_survives_a_hang_upgrad
     assert!(journal.contains(&id), "the alert {id} is not in the journal\n{journal}");
     assert!(journal.contains("sensor: "), "{journal}");
     // nspawn gives the container a PID namespace of its own, which the kernel programs do not
-    // speak: the agent says so (README "Containers: what the agent needs").
+    // speak: the agent says so (docs/src/deployment.md, "Containers: what the agent needs").
     assert!(journal.contains("runs in a PID namespace of its own"), "{journal}");
     steps.done("a package tree's alert in both files and the journal");
 

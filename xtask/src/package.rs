@@ -142,7 +142,7 @@ Description: alerts when package code touches credentials
 /// programs).
 const POSTINST: &str = "#!/bin/sh
 set -e
-# Its members see every user's alerts on the local alerts socket (README: Past alerts).
+# Its members see every user's alerts on the local alerts socket (docs/src/usage.md: Past alerts).
 if [ \"$1\" = configure ] && ! getent group credwatch >/dev/null; then
     groupadd --system credwatch
 fi

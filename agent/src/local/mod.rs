@@ -1,4 +1,4 @@
-//! The agent's local alert log and its socket (issue 26; the README's "Past alerts"): `watch`
+//! The agent's local alert log and its socket (issue 26; docs/src/usage.md, "Past alerts"): `watch`
 //! appends every alert to the log with a sequence number and serves the log, and the live
 //! alerts, on a Unix socket to the users of this machine, each seeing only their own unless
 //! root or of group `credwatch`. `credwatch alerts`, `show`, `notify` and `selftest` are its

@@ -205,7 +205,7 @@ impl Engine {
         let connect = to.connect;
         let p = &self.procs[&id];
         // Blocked: the kernel held the process at the connect, and the agent kills it on this
-        // verdict (see the README); nothing it would send after the connect leaves.
+        // verdict (see docs/src/catches.md); nothing it would send after the connect leaves.
         let blocked = connect.held && rule.action == crate::rules::schema::Action::Kill;
         // Refused by the box's proxy: the process lives, and nothing left.
         let refused = connect.proxy_refused.is_some();

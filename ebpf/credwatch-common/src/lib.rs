@@ -144,7 +144,7 @@ pub mod record_flag {
 /// older than this: its credential-inode opens are refused or killed and its connects held.
 /// A busy agent drains every 10 ms and writes the heartbeat at least once a second even idle;
 /// the longest gap measured between two heartbeats of an agent under a flood is far below 5 s
-/// (README "Enforcing"), so only a stopped, hung or dead agent gets here, and well before
+/// (docs/src/usage.md, `--enforce`), so only a stopped, hung or dead agent gets here, and well before
 /// systemd's watchdog (60 s) restarts it.
 pub const FAIL_CLOSED_AFTER_NS: u64 = 5_000_000_000;
 
