@@ -13,7 +13,7 @@ use super::{
     backend::{bpf_lsm_active, Backend, SensorOptions},
     btf::Btf,
     cgroups::Hierarchies,
-    fentry_hooks,
+    hooks::fentry_hooks,
     offsets::{kernel_offsets, syscall_regs},
     Sensor, Unwatched, OBJECT, TRACEFS,
 };
