@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use super::{
     manager::{Manager, ScriptRoot},
-    schema::Pattern,
+    target::Pattern,
 };
 
 #[derive(Clone, Debug, Deserialize)]

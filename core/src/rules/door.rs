@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use globset::GlobBuilder;
 use serde::Deserialize;
 
-use super::schema::RuleId;
+use super::id::RuleId;
 
 /// One door, as a rule file writes it.
 #[derive(Clone, Debug, Deserialize)]

@@ -7,6 +7,7 @@
 
 pub mod agent;
 pub mod door;
+mod id;
 
 /// Managers and agents: declared once per rules file set by name, and replaced by name by an
 /// overlay.
@@ -86,12 +87,11 @@ use self::{
     agent::{Agent, AgentPolicy},
     door::DoorEntry,
     manager::Manager,
-    schema::Pattern,
     schema::{
         Access, Action, Actor, BlindSpotMatch, Conditions, ConnectMatch, Contain, ExecMatch, FileDoc, HomeFiles,
         KindName, ProjectCode, RuleDoc, RunsCode, Samples, SchemaVersion, Sweep, SyscallMatch, UsualDestinations, Who,
     },
-    target::{TargetIndex, Targets},
+    target::{Pattern, TargetIndex, Targets},
 };
 use crate::alert::{BlindSpotCause, Severity};
 

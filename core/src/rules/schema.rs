@@ -11,8 +11,9 @@ use serde_saphyr::Spanned;
 use super::{
     agent::{Agent, AgentPolicy},
     door::DoorEntry,
+    id::RuleId,
     manager::Manager,
-    target::Targets,
+    target::{Pattern, Targets},
 };
 use crate::{
     alert::{BlindSpotCause, Severity},
@@ -529,23 +530,6 @@ pub enum Contain {
     KeepSettings,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "String")]
-pub struct RuleId(pub String);
-
-impl TryFrom<String> for RuleId {
-    type Error = String;
-    fn try_from(id: String) -> Result<Self, String> {
-        let ok = !id.is_empty()
-            && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_' || b == b'.');
-        if ok {
-            Ok(RuleId(id))
-        } else {
-            Err(format!("bad rule id {id:?}: use lowercase letters, digits, '-', '_' and '.'"))
-        }
-    }
-}
-
 /// `alert` now; `kill` asks for in-kernel blocking (kept, enforced later).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -577,42 +561,6 @@ impl<T> TryFrom<Vec<T>> for NonEmpty<T> {
         } else {
             Ok(NonEmpty(items))
         }
-    }
-}
-
-/// Where a path pattern is anchored.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Anchor {
-    /// `~/...`: relative to each user's home.
-    Home,
-    /// `/...` or `**/...`: matched against the absolute path.
-    Absolute,
-}
-
-/// A path glob: `~/...` (under any home), `/...` or `**/...`. `*` stops at `/`, `**` does not.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(try_from = "String")]
-pub struct Pattern {
-    pub text: String,
-    pub anchor: Anchor,
-    pub glob: Glob,
-}
-
-impl TryFrom<String> for Pattern {
-    type Error = String;
-    fn try_from(text: String) -> Result<Self, String> {
-        let (anchor, body) = if let Some(rest) = text.strip_prefix("~/") {
-            (Anchor::Home, rest)
-        } else if text.starts_with('/') || text.starts_with("**/") {
-            (Anchor::Absolute, text.as_str())
-        } else {
-            return Err(format!("path pattern {text:?} must start with `~/`, `/` or `**/`"));
-        };
-        let glob = GlobBuilder::new(body)
-            .literal_separator(true)
-            .build()
-            .map_err(|e| format!("bad glob {text:?}: {}", e.kind()))?;
-        Ok(Pattern { text, anchor, glob })
     }
 }
 

@@ -1,9 +1,46 @@
-//! Compiled path patterns of one rule: `~/...` patterns are tried against the path relative
-//! to every home it lies under, the others against the absolute path.
+//! Path patterns of a rule ([`Pattern`], as files write them) and their compiled form: `~/...`
+//! patterns are tried against the path relative to every home it lies under, the others against
+//! the absolute path.
 
-use globset::{GlobSet, GlobSetBuilder};
+use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
+use serde::Deserialize;
 
-use super::schema::{Anchor, Pattern};
+/// Where a path pattern is anchored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Anchor {
+    /// `~/...`: relative to each user's home.
+    Home,
+    /// `/...` or `**/...`: matched against the absolute path.
+    Absolute,
+}
+
+/// A path glob: `~/...` (under any home), `/...` or `**/...`. `*` stops at `/`, `**` does not.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(try_from = "String")]
+pub struct Pattern {
+    pub text: String,
+    pub anchor: Anchor,
+    pub glob: Glob,
+}
+
+impl TryFrom<String> for Pattern {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        let (anchor, body) = if let Some(rest) = text.strip_prefix("~/") {
+            (Anchor::Home, rest)
+        } else if text.starts_with('/') || text.starts_with("**/") {
+            (Anchor::Absolute, text.as_str())
+        } else {
+            return Err(format!("path pattern {text:?} must start with `~/`, `/` or `**/`"));
+        };
+        let glob = GlobBuilder::new(body)
+            .literal_separator(true)
+            .build()
+            .map_err(|e| format!("bad glob {text:?}: {}", e.kind()))?;
+        Ok(Pattern { text, anchor, glob })
+    }
+}
+
 
 #[derive(Clone, Debug)]
 pub struct Targets {
