@@ -591,9 +591,11 @@ mod rules_reference {
                 }
             }
             if let Some(rule_samples) = samples.get(&rule.id) {
-                for (key, what) in
-                    [("positive", "fires the rule"), ("negative", "does not fire it"), ("lowered", "fires it below its severity, saying why")]
-                {
+                for (key, what) in [
+                    ("positive", "fires the rule"),
+                    ("negative", "does not fire it"),
+                    ("lowered", "fires it below its severity, saying why"),
+                ] {
                     let Some(steps) = rule_samples.get(key).and_then(Value::as_array) else { continue };
                     writeln!(out, "\n{key} sample ({what}):\n\n```yaml")?;
                     for step in steps {
