@@ -55,7 +55,7 @@ pub fn build_book() -> Result<()> {
             .args(["run", "--quiet", "-p", "xtask", "--features", "docs", "--", "docs", "--rules-reference"])
             .arg(workspace.join(RULES_REFERENCE)),
     )?;
-    crate::run("build the book", Command::new(&mdbook).arg("build").arg(workspace.join(BOOK_SOURCE)))?;
+    build_with(&mdbook, &workspace.join(BOOK_SOURCE))?;
     let book = workspace.join(BOOK_OUTPUT);
     let broken = broken_links(&book)?;
     if !broken.is_empty() {
@@ -64,6 +64,25 @@ pub fn build_book() -> Result<()> {
     }
     println!("xtask: the book is in {}; every internal link resolves", book.display());
     Ok(())
+}
+
+/// `mdbook build`, failing on its errors too: it exits 0 when an `{{#include}}` names no file,
+/// leaving the directive in the page, and says so only in an `ERROR` line of its log.
+fn build_with(mdbook: &Path, book: &Path) -> Result<()> {
+    println!("xtask: build the book");
+    // Piped, its log lines are plain (colours only on a terminal): the check reads their level.
+    let output = Command::new(mdbook).arg("build").arg(book).output().context("starting mdbook")?;
+    let log = String::from_utf8_lossy(&output.stderr);
+    print!("{}{log}", String::from_utf8_lossy(&output.stdout));
+    let errors = mdbook_errors(&log);
+    if !output.status.success() || !errors.is_empty() {
+        bail!("mdbook build {} failed ({}): {}", book.display(), output.status, errors.join("\n"));
+    }
+    Ok(())
+}
+
+fn mdbook_errors(log: &str) -> Vec<&str> {
+    log.lines().filter(|line| line.trim_start().starts_with("ERROR")).collect()
 }
 
 /// mdbook of [`MDBOOK_VERSION`]: the one on PATH, else the one installed before, else installed now.
@@ -704,6 +723,18 @@ mod tests {
         let replaced = replace_between(&readme, FIRST_ALERT_BEGIN, FIRST_ALERT_END, &block).unwrap();
         assert_eq!(replaced, format!("intro\n{FIRST_ALERT_BEGIN}\n````text\na ``` b\n````\n{FIRST_ALERT_END}\nrest\n"));
         assert!(replace_between("no markers", FIRST_ALERT_BEGIN, FIRST_ALERT_END, "x").is_err());
+    }
+
+    /// mdbook 0.5.4's log of a book whose chapter includes a missing file (it exits 0).
+    #[test]
+    fn a_missing_include_is_an_error_of_the_build() {
+        let log = " INFO Book building has started\n\
+            ERROR Error updating \"{{#include ../nope.md}}\", Could not read file for link {{#include ../nope.md}} (/tmp/b/src/../nope.md)\n\
+            \x20WARN Caused By: failed to read `/tmp/b/src/../nope.md`\n\
+            \x20INFO HTML book written to `/tmp/b/book`\n";
+        assert_eq!(mdbook_errors(log).len(), 1);
+        assert!(mdbook_errors(log)[0].contains("nope.md"));
+        assert!(mdbook_errors(" INFO Book building has started\n INFO Running the html backend\n").is_empty());
     }
 
     #[test]
