@@ -6,10 +6,12 @@
 use std::{
     collections::{HashMap, HashSet},
     fs,
+    io::{BufRead, BufReader},
     os::unix::fs::{chown, PermissionsExt},
     path::{Component, Path, PathBuf},
-    process::Command,
-    time::{Duration, SystemTime},
+    process::{Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::{bail, Context, Result};
@@ -30,6 +32,8 @@ const GENERATED: &str = "docs/src/generated";
 const REFERENCE_TARGET_DIR: &str = "target/xtask-docs";
 /// The throwaway place of `--refresh`'s runs: fake credentials only, removed before and after.
 const DEMO: &str = "/tmp/credwatch-docs";
+/// The pins of `--refresh`'s own `watch`, apart from a real agent's.
+const DOCS_PIN_DIR: &str = "/sys/fs/bpf/credwatch-docs";
 
 const FIRST_ALERT_BEGIN: &str = "<!-- cargo xtask docs --refresh: first-alert begin -->";
 const FIRST_ALERT_END: &str = "<!-- cargo xtask docs --refresh: first-alert end -->";
@@ -362,7 +366,117 @@ fn demo_runs(credwatch: &Path, demo: &Path, workspace: &Path) -> Result<Vec<(&'s
 
     let doctor = transcript("credwatch doctor", Command::new(credwatch).arg("doctor"), &[0])?;
     outputs.push(("doctor.txt", doctor));
+
+    outputs.extend(past_alerts(credwatch, demo, &home, &install)?);
     Ok(outputs)
+}
+
+/// `credwatch alerts` and `credwatch show` of what a `watch` of its own (pins, alert log and
+/// socket in `demo`) kept of the first alert's install, run again beside it.
+fn past_alerts(credwatch: &Path, demo: &Path, home: &Path, install: &[&str]) -> Result<Vec<(&'static str, String)>> {
+    let log = demo.join("alerts.jsonl");
+    // bpffs holds pins, and refuses dots in their path.
+    let pins = Path::new(DOCS_PIN_DIR);
+    println!("xtask: running credwatch watch (its own pins, alert log and socket in {})", demo.display());
+    let mut watch = Command::new(credwatch)
+        .arg("watch")
+        .arg("--pin-dir")
+        .arg(pins)
+        .arg("--alert-log")
+        .arg(&log)
+        .arg("--alerts-socket")
+        .arg(demo.join("alerts.sock"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting credwatch watch")?;
+    let log_lines = lines_of(watch.stderr.take().context("watch's standard error")?);
+    let runs = (|| {
+        wait_until_watching(&log_lines)?;
+        let project = new_project(demo, "proj-watch")?;
+        let status = sandboxed(Command::new(install[0]), home, demo)
+            .args(&install[1..])
+            .current_dir(&project)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .context("starting npm install")?;
+        if !status.success() {
+            bail!("npm install under credwatch watch failed ({status})");
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let seqs = loop {
+            let seqs = logged_seqs(&log, "telemetry-helper");
+            if seqs.len() >= 2 {
+                break seqs;
+            }
+            if Instant::now() > deadline {
+                bail!("the agent's log {} holds {} alert(s) of telemetry-helper, not 2", log.display(), seqs.len());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let alerts = transcript(
+            &format!("credwatch alerts --package telemetry-helper --alert-log {}", log.display()),
+            Command::new(credwatch).args(["alerts", "--package", "telemetry-helper", "--alert-log"]).arg(&log),
+            &[0],
+        )?;
+        let show = transcript(
+            &format!("credwatch show {} --alert-log {}", seqs[0], log.display()),
+            Command::new(credwatch).arg("show").arg(seqs[0].to_string()).arg("--alert-log").arg(&log),
+            &[0],
+        )?;
+        Ok(vec![("alerts.txt", alerts), ("show.txt", show)])
+    })();
+    // `stop` ends the agent and detaches its programs; should it not end, it is killed.
+    let stopped = Command::new(credwatch).arg("stop").arg("--pin-dir").arg(pins).output();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while watch.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            watch.kill()?;
+            watch.wait()?;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let stopped = stopped.context("starting credwatch stop")?;
+    if !stopped.status.success() {
+        bail!("credwatch stop --pin-dir {} failed: {}", pins.display(), String::from_utf8_lossy(&stopped.stderr));
+    }
+    runs
+}
+
+/// The lines of the agent's log as it writes them, read to its end by a thread of their own.
+fn lines_of(stderr: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (send, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = send.send(line);
+        }
+    });
+    lines
+}
+
+/// Until the agent says it is watching; else an error with what it said.
+fn wait_until_watching(log_lines: &mpsc::Receiver<String>) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut said = Vec::new();
+    loop {
+        match log_lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) if line.contains("watching") => return Ok(()),
+            Ok(line) => said.push(line),
+            Err(_) => bail!("credwatch watch never said it was watching; it said:\n{}", said.join("\n")),
+        }
+    }
+}
+
+/// The seqs of the local alert log's alerts about `package`, in order.
+fn logged_seqs(log: &Path, package: &str) -> Vec<u64> {
+    let text = fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|entry| entry.pointer("/alert/package/name").and_then(serde_json::Value::as_str) == Some(package))
+        .filter_map(|entry| entry.get("seq").and_then(serde_json::Value::as_u64))
+        .collect()
 }
 
 /// `credwatch --help`, then each command's.
