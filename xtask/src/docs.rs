@@ -27,9 +27,6 @@ const BOOK_OUTPUT: &str = "target/book";
 const RULES_REFERENCE: &str = "docs/src/reference/rules.md";
 /// The real commands' outputs, committed: refreshed by `--refresh`, included by the chapters.
 const GENERATED: &str = "docs/src/generated";
-/// The xtask with credwatch-core (the `docs` feature) that writes the rules reference: a target
-/// dir of its own, so that it never replaces the bench's release xtask or the running one.
-const REFERENCE_TARGET_DIR: &str = "target/xtask-docs";
 /// The throwaway place of `--refresh`'s runs: fake credentials only, removed before and after.
 const DEMO: &str = "/tmp/credwatch-docs";
 /// The pins of `--refresh`'s own `watch`, apart from a real agent's.
@@ -55,7 +52,9 @@ pub fn build_book() -> Result<()> {
     crate::run(
         "generate the rules reference from the rule set",
         crate::cargo()
-            .env("CARGO_TARGET_DIR", workspace.join(REFERENCE_TARGET_DIR))
+            // The debug build of credwatch-core the tests made already; the xtask it makes
+            // replaces the running one on disk only (a new file), and the next `cargo xtask` takes
+            // back the one without the feature, kept beside it.
             .args(["run", "--quiet", "-p", "xtask", "--features", "docs", "--", "docs", "--rules-reference"])
             .arg(workspace.join(RULES_REFERENCE)),
     )?;
