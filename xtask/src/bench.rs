@@ -6,6 +6,23 @@
 //! round by round (the starting configuration rotates) and medians are reported, because the
 //! machine's cores are shared and noisy. Nothing here uses the network once the set-up (apt-get
 //! of the peers, the builds) is done.
+//!
+//! This module runs the sections and holds what they share (the context, the report's tables,
+//! the agent started and measured); each section is a module under `bench/`: `syscalls` (1, a
+//! syscall's cost), `install` (2, install workloads), `events` (3 and 5, throughput, memory and
+//! start-up), `replay` (4), `outputs` (6), `idle`, `footprint` (the budget), `kernels` (the two
+//! backends in a 6.12 guest), and `receive` (the outputs' receivers, in the release xtask).
+
+mod events;
+mod footprint;
+mod idle;
+mod install;
+mod kernels;
+mod outputs;
+#[cfg(feature = "bench-outputs")]
+pub mod receive;
+pub mod replay;
+mod syscalls;
 
 use std::{
     collections::BTreeMap,
@@ -21,10 +38,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::{
-    bench_events, bench_footprint, bench_idle, bench_install, bench_kernels, bench_outputs, bench_replay,
-    bench_syscalls, toolchain::find_in_path,
-};
+use crate::toolchain::find_in_path;
 
 /// Set in the detached bench (see [`detach`]): where it writes its exit status.
 const DETACHED_ENV: &str = "CREDWATCH_BENCH_STATUS";
@@ -276,15 +290,15 @@ fn run_bench(options: &Options) -> Result<()> {
         let section_started = Instant::now();
         say(&format!("bench: {key}"));
         let result = match *key {
-            "syscalls" => bench_syscalls::run(&mut ctx),
-            "install" => bench_install::run(&mut ctx),
-            "throughput" => bench_events::throughput(&mut ctx),
-            "replay" => bench_replay::run(&mut ctx),
-            "outputs" => bench_outputs::run(&mut ctx),
-            "idle" => bench_idle::run(&mut ctx),
-            "footprint" => bench_footprint::run(&mut ctx),
-            "kernels" => bench_kernels::run(&mut ctx),
-            _ => bench_events::memory_and_start_up(&ctx),
+            "syscalls" => syscalls::run(&mut ctx),
+            "install" => install::run(&mut ctx),
+            "throughput" => events::throughput(&mut ctx),
+            "replay" => replay::run(&mut ctx),
+            "outputs" => outputs::run(&mut ctx),
+            "idle" => idle::run(&mut ctx),
+            "footprint" => footprint::run(&mut ctx),
+            "kernels" => kernels::run(&mut ctx),
+            _ => events::memory_and_start_up(&ctx),
         };
         match result {
             Ok(section) => sections.push(section),
@@ -346,7 +360,7 @@ pub fn say(line: &str) {
 }
 
 /// A throwaway HOME with fake credential files: workloads never see the real one. Its path is
-/// short because bpftrace compares paths on a 512-byte BPF stack (see bench_syscalls).
+/// short because bpftrace compares paths on a 512-byte BPF stack (see syscalls.rs).
 pub const HOME: &str = "/tmp/cwb-h";
 
 fn make_home() -> Result<PathBuf> {

@@ -11,7 +11,7 @@
 //!   `initramfs` (what each boots with), `guest` (one boot), `matrix` (every boot);
 //! - `fuzz`: the core's decoders under cargo-fuzz (`fuzz`, and 25 s each in `test`);
 //! - `docs`: the book and its rules reference (`docs`);
-//! - `bench` and its sections `bench_*`: the measurements and the footprint budget (`bench`);
+//! - `bench`, and its sections under `bench/`: the measurements and the footprint budget (`bench`);
 //! - `corpus`: real packages from the registries under credwatch (`corpus`), and `workflows`:
 //!   developers' daily commands on real projects (`corpus --workflows`).
 //!
@@ -19,16 +19,6 @@
 //! it for every crate of the workspace): what two need goes in a module below both.
 
 mod bench;
-mod bench_events;
-mod bench_footprint;
-mod bench_idle;
-mod bench_install;
-mod bench_kernels;
-mod bench_outputs;
-#[cfg(feature = "bench-outputs")]
-mod bench_receive;
-mod bench_replay;
-mod bench_syscalls;
 mod corpus;
 mod docs;
 mod fuzz;
@@ -143,14 +133,14 @@ fn main() -> ExitCode {
         },
         #[cfg(feature = "bench-trace")]
         ["bench-gen-trace", file, bytes] => {
-            bytes.parse().context("trace size").and_then(|bytes| bench_replay::generate(Path::new(file), bytes))
+            bytes.parse().context("trace size").and_then(|bytes| bench::replay::generate(Path::new(file), bytes))
         }
         #[cfg(feature = "bench-trace")]
-        ["bench-parse", file] => bench_replay::parse_only(Path::new(file)),
+        ["bench-parse", file] => bench::replay::parse_only(Path::new(file)),
         #[cfg(feature = "bench-outputs")]
-        ["bench-receive-http"] => bench_receive::http(),
+        ["bench-receive-http"] => bench::receive::http(),
         #[cfg(feature = "bench-outputs")]
-        ["bench-receive-nats", url, stream, subjects] => bench_receive::nats(url, stream, subjects),
+        ["bench-receive-nats", url, stream, subjects] => bench::receive::nats(url, stream, subjects),
         _ => {
             eprintln!("{USAGE}\n{}", kernels::USAGE);
             return ExitCode::from(2);

@@ -1,7 +1,7 @@
 //! The bench's receivers of the outputs (release xtask, `--features bench-outputs`): an HTTP
 //! server for the webhook and Falcosidekick outputs, and a reader of a NATS JetStream stream.
 //! Each prints the `event.id` of every alert it receives on a line of its own, as it receives
-//! it: the bench counts and times them (see `bench_outputs`).
+//! it: the bench counts and times them (see `outputs.rs`).
 
 use std::{
     convert::Infallible,

@@ -30,12 +30,11 @@ use std::{
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::{
-    bench::{cpu_seconds, fmt, median, parse_summary, pin_dir, say, signal, unpin, wait_or_kill, Ctx, Lines, Section},
-    bench_events::settled_cpu_seconds,
-    bench_syscalls::nan_null,
-    toolchain::find_in_path,
+use super::{
+    cpu_seconds, events::settled_cpu_seconds, fmt, median, parse_summary, pin_dir, say, signal, syscalls::nan_null,
+    unpin, wait_or_kill, Ctx, Lines, Section,
 };
+use crate::toolchain::find_in_path;
 
 /// The credential files read, under the bench's HOME: `pass`'s store, one rule and one
 /// category (no sweep folds them), so that each file read is one alert.
@@ -819,7 +818,7 @@ fn flood(ctx: &Ctx, down: Down, n: usize, tag: &str) -> Result<Flood> {
 }
 
 pub fn run(ctx: &mut Ctx) -> Result<Section> {
-    crate::bench::build_release_xtask()?;
+    super::build_release_xtask()?;
     let n = if ctx.quick { 2_000 } else { 10_000 };
     let flood_n = if ctx.quick { 20_000 } else { 100_000 };
     let rounds = ctx.rounds(3);

@@ -19,8 +19,8 @@ use std::{
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::bench::{fmt, median, say, Ctx, Section};
-use crate::bench_syscalls::nan_null;
+use super::syscalls::nan_null;
+use super::{fmt, median, say, Ctx, Section};
 
 /// The guest the targets are about.
 const KERNEL: &str = "6.12";

@@ -18,7 +18,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::bench::{
+use super::{
     fmt, median, ns_per_op, parse_summary, pin_dir, start_watch, timed_with_own_cpu, Background, Ctx, Section,
     CREDENTIAL_FILES,
 };
@@ -366,7 +366,7 @@ pub fn run(ctx: &mut Ctx) -> Result<Section> {
     };
     let rounds = ctx.rounds(5);
     let hooks = credwatch_hooks(ctx)?;
-    crate::bench::say(&format!("bench: syscalls: floor hooks (from credwatch watch): {}", hooks.join(" ")));
+    super::say(&format!("bench: syscalls: floor hooks (from credwatch watch): {}", hooks.join(" ")));
     let file = ctx.work.join("open-target");
     fs::write(&file, "harmless\n")?;
     let script = ctx.work.join("credwatch-equivalent.bt");
@@ -385,7 +385,7 @@ pub fn run(ctx: &mut Ctx) -> Result<Section> {
     let mut watch_load = AgentLoad::default();
     let mut marked_load = AgentLoad::default();
     for round in 0..rounds {
-        crate::bench::say(&format!("bench: syscalls: round {}/{rounds}", round + 1));
+        super::say(&format!("bench: syscalls: round {}/{rounds}", round + 1));
         for offset in 0..CONFIGS.len() {
             // Rotate the order so that no configuration always runs first or last.
             let index = (round + offset) % CONFIGS.len();
@@ -587,7 +587,7 @@ fn measure(
         _ => None,
     };
     let started = std::time::Instant::now();
-    let agent_cpu = agent.map_or(f64::NAN, crate::bench::cpu_seconds);
+    let agent_cpu = agent.map_or(f64::NAN, super::cpu_seconds);
     let mut run_loop = |kind: &str| -> Result<(f64, f64)> {
         let iterations = match (kind, config) {
             ("open", Config::Strace) => sizes.strace_open,
@@ -637,7 +637,7 @@ fn measure(
         Ok(Sample { open_wall, open_cpu, getppid_wall, getppid_cpu })
     });
     if let Some(pid) = agent {
-        load.cpu_s += crate::bench::cpu_seconds(pid) - agent_cpu;
+        load.cpu_s += super::cpu_seconds(pid) - agent_cpu;
         load.wall_s += started.elapsed().as_secs_f64();
     }
     match running {

@@ -3,7 +3,7 @@
 //!
 //! The generator and the baseline need the credwatch library, so they live in the release xtask
 //! built with `--features bench-trace` (hidden subcommands `bench-gen-trace` and `bench-parse`;
-//! see [`crate::bench::build_release_xtask`]).
+//! see [`super::build_release_xtask`]).
 
 use std::{
     fs,
@@ -13,13 +13,10 @@ use std::{
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 
-use crate::{
-    bench::{fmt, median, say, timed, Ctx, Section},
-    bench_syscalls::nan_null,
-};
+use super::{fmt, median, say, syscalls::nan_null, timed, Ctx, Section};
 
 pub fn run(ctx: &mut Ctx) -> Result<Section> {
-    crate::bench::build_release_xtask()?;
+    super::build_release_xtask()?;
     let bytes: u64 = if ctx.quick { 64 << 20 } else { 1100 << 20 };
     let rounds = ctx.rounds(2);
     let trace = ctx.work.join("replay.jsonl");

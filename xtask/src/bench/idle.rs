@@ -17,7 +17,7 @@ use std::{
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
-use crate::bench::{fmt, parse_summary, say, Background, Ctx, Section};
+use super::{fmt, parse_summary, say, Background, Ctx, Section};
 
 /// The limit: 0.1% of one core.
 const LIMIT_CORE_SHARE: f64 = 0.001;

@@ -14,12 +14,9 @@ use std::{
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::{
-    bench::{
-        cpu_seconds, fmt, median, parse_summary, say, signal, start_watch, timed, wait_or_kill, Ctx, Lines, Section,
-        Summary,
-    },
-    bench_syscalls::nan_null,
+use super::{
+    cpu_seconds, fmt, median, parse_summary, say, signal, start_watch, syscalls::nan_null, timed, wait_or_kill, Ctx,
+    Lines, Section, Summary,
 };
 
 /// A path that does not exist: each open is one event (ENOENT, no path walk), the cheapest open

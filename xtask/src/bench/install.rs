@@ -12,9 +12,10 @@ use std::{
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 
-use crate::{
-    bench::{cpu_seconds, fmt, median, say, start_watch, timed_with_own_cpu, Background, Ctx, Section},
-    bench_syscalls::{nan_null, Audit},
+use super::{
+    cpu_seconds, fmt, median, say, start_watch,
+    syscalls::{nan_null, Audit},
+    timed_with_own_cpu, Background, Ctx, Section,
 };
 
 const NPM_PACKAGES: usize = 300;
@@ -172,7 +173,7 @@ fn once(ctx: &Ctx, workload: &Workload, config: Config, script: &Path) -> Result
     let running = match config {
         Config::Watch => Some(start_watch(ctx)?.0),
         Config::Bpftrace => {
-            let bpftrace = Background::start(&mut crate::bench_syscalls::bpftrace_command(script), libc::SIGINT)?;
+            let bpftrace = Background::start(&mut super::syscalls::bpftrace_command(script), libc::SIGINT)?;
             bpftrace.stdout.as_ref().context("bpftrace stdout")?.wait_for("attached", Duration::from_secs(60))?;
             Some(bpftrace)
         }
@@ -225,7 +226,7 @@ fn once(ctx: &Ctx, workload: &Workload, config: Config, script: &Path) -> Result
 pub fn run(ctx: &mut Ctx) -> Result<Section> {
     let script = ctx.work.join("credwatch-equivalent.bt");
     if !script.is_file() {
-        fs::write(&script, crate::bench_syscalls::bpftrace_script(&ctx.home))?;
+        fs::write(&script, super::syscalls::bpftrace_script(&ctx.home))?;
     }
     let workloads = [npm_project(ctx)?, cargo_workspace(ctx)?];
     // Five rounds: an install's wall time on two shared cores varies by several percent from run

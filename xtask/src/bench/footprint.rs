@@ -8,10 +8,11 @@ use anyhow::{Context, Result};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::{
-    bench::{fmt, median, parse_summary, say, start_watch_with, timed, watch_command, Ctx, Section},
-    bench_events::{memory, MISSING},
-    bench_idle::{renamed_managers, usage},
+use super::{
+    events::{memory, MISSING},
+    fmt,
+    idle::{renamed_managers, usage},
+    median, parse_summary, say, start_watch_with, timed, watch_command, Ctx, Section,
 };
 
 /// The budget file, relative to the workspace.
