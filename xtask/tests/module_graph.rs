@@ -470,6 +470,11 @@ fn assert_no_cycle(crate_dir: &str, files: usize) -> CrateGraph {
 }
 
 #[test]
+fn xtask_has_no_module_cycle() {
+    assert_no_cycle("xtask", 15);
+}
+
+#[test]
 fn outputs_has_no_module_cycle() {
     assert_no_cycle("outputs", 10);
 }
