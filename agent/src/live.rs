@@ -46,15 +46,10 @@ use tracing::{info, warn};
 use crate::{
     config::{Config, ContainWrites, Layers},
     contain::{self, Containment},
+    delivery::{start_outputs, stop_outputs, ALERT_EXIT_STATUS},
     log,
-    replay::start_outputs,
 };
 
-/// Exit status of `credwatch run` (and `replay`) when any alert fired, whatever CMD did.
-pub const ALERT_EXIT_STATUS: u8 = 10;
-/// How long the outputs get at the end to deliver what is left, before it stays in their spools
-/// for the next start.
-const OUTPUTS_GRACE: Duration = Duration::from_secs(3);
 /// How long one wait for kernel events lasts in `run`: how soon the end of CMD's tree is noticed
 /// (its last processes' exits are records, but they are reaped after).
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
@@ -618,28 +613,6 @@ impl Session {
             lost, alerts, seconds, "{} events, {lost} lost, {alerts} alerts in {seconds:.1}s", engine.events
         );
         Ok(alerts)
-    }
-}
-
-/// Gives the outputs [`OUTPUTS_GRACE`] to deliver what is left, and logs what each did.
-pub fn stop_outputs(dispatcher: Dispatcher) {
-    for (name, counts) in dispatcher.shutdown(OUTPUTS_GRACE) {
-        let dropped: u64 = counts.dropped.iter().sum();
-        let name = escape(&name).into_owned();
-        info!(
-            output = name,
-            delivered = counts.delivered,
-            failed_attempts = counts.failed_attempts,
-            refused = counts.refused,
-            dropped,
-            unspooled = counts.unspooled,
-            spooled = counts.spooled,
-            "output {name}: {} delivered, {} failed attempts, {} refused, {dropped} dropped, {} left in the spool",
-            counts.delivered,
-            counts.failed_attempts,
-            counts.refused,
-            counts.spooled
-        );
     }
 }
 

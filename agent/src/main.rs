@@ -2,6 +2,7 @@
 
 mod config;
 mod contain;
+mod delivery;
 mod fleet;
 mod live;
 mod local;

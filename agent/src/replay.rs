@@ -26,10 +26,10 @@ use credwatch_core::{
     report::Report,
     rules::RuleSet,
 };
-use credwatch_outputs::{DispatchOptions, Dispatcher, OutputConfig, DEFAULT_SPOOL_DIR};
+use credwatch_outputs::{Dispatcher, OutputConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::live::ALERT_EXIT_STATUS;
+use crate::delivery::{start_outputs, stop_outputs, ALERT_EXIT_STATUS};
 
 /// Bad lines reported one by one under `--keep-going`; past this only the count is given.
 pub const BAD_LINES_SHOWN: u64 = 10;
@@ -159,7 +159,7 @@ pub fn replay(files: &[PathBuf], options: &ReplayOptions) -> Result<ExitCode> {
     }
     if let Some(dispatcher) = dispatcher {
         let dispatcher = dispatcher.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner());
-        crate::live::stop_outputs(dispatcher);
+        stop_outputs(dispatcher);
     }
     let seconds = started.elapsed().as_secs_f64().max(1e-9);
     let events = totals.events.load(Ordering::Relaxed);
@@ -199,15 +199,6 @@ impl Sink for Counted<'_> {
     fn released(&mut self, _: &Engine, _: &[Alert]) -> Result<(), SinkError> {
         Ok(())
     }
-}
-
-/// The outputs of `--to`, when any.
-pub fn start_outputs(outputs: &[OutputConfig], spool_dir: Option<&Path>) -> Result<Option<Dispatcher>> {
-    if outputs.is_empty() {
-        return Ok(None);
-    }
-    let spool_dir = spool_dir.unwrap_or(Path::new(DEFAULT_SPOOL_DIR));
-    Ok(Some(Dispatcher::start(DispatchOptions::new(spool_dir), outputs).context("starting the outputs")?))
 }
 
 /// The outputs shared by the replay's workers: locked only to hand alerts over.

@@ -8,11 +8,13 @@
 //! counted ([`MAX_CONNECTIONS`]), every wait timed out, and a bad request gets a clear error.
 
 use std::{
-    io::{self, Read as _, Write as _},
+    fs::File,
+    io::{self, Read as _, Seek as _, Write as _},
     net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs as _},
+    os::unix::fs::MetadataExt as _,
     sync::{
         atomic::{AtomicUsize, Ordering},
-        mpsc, Arc,
+        mpsc, Arc, Mutex,
     },
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -24,8 +26,9 @@ use credwatch_core::{
 };
 use tracing::{debug, warn};
 
-use super::net::{BoxSockets, Refusal};
-
+/// Processes and fds looked at to find which process made a refused connection.
+const MAX_PROCESSES: usize = 65_536;
+const MAX_FDS: usize = 65_536;
 /// Connections served at once; past it a client gets 503.
 const MAX_CONNECTIONS: usize = 256;
 /// For a client's request head, and for a destination's (or the upstream proxy's) answer to connect.
@@ -35,6 +38,71 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 const QUEUE_TIMEOUT: Duration = Duration::from_secs(2);
 /// A relayed connection with nothing sent either way for this long is closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A connection the proxy refused: to `to`, by `pid` when found.
+pub struct Refusal {
+    pub pid: Option<u32>,
+    pub to: Endpoint,
+    pub time_ns: u64,
+    /// Told once the refusal is queued for the engine: the proxy holds its 403 until then, so
+    /// that the process cannot exit (and leave the engine's table) before its refusal is judged.
+    pub queued: mpsc::Sender<()>,
+}
+
+/// Where the box's sockets are, as the proxy sees them: its namespace's TCP tables, opened in
+/// it (a `/proc/.../net` file shows the namespace of its opener), and the namespace's inode.
+pub(super) struct BoxSockets {
+    tables: Mutex<[File; 2]>,
+    namespace: u64,
+    listen_port: u16,
+}
+
+impl BoxSockets {
+    pub(super) fn new(tables: [File; 2], namespace: u64, listen_port: u16) -> BoxSockets {
+        BoxSockets { tables: Mutex::new(tables), namespace, listen_port }
+    }
+
+    /// The process of the box whose socket connected from `peer` to the proxy, if it is still
+    /// open: its inode from the namespace's TCP table, then the fd of a process in the
+    /// namespace that holds it.
+    pub(super) fn owner(&self, peer: SocketAddr) -> Option<u32> {
+        let inode = {
+            let mut tables = self.tables.lock().ok()?;
+            let table = if peer.is_ipv4() { &mut tables[0] } else { &mut tables[1] };
+            let mut text = String::new();
+            table.rewind().ok()?;
+            table.read_to_string(&mut text).ok()?;
+            socket_inode(&text, peer.port(), self.listen_port)?
+        };
+        let wanted = format!("socket:[{inode}]");
+        let processes = std::fs::read_dir("/proc").ok()?;
+        for entry in processes.flatten().take(MAX_PROCESSES) {
+            let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) else { continue };
+            let in_box = std::fs::metadata(format!("/proc/{pid}/ns/net")).is_ok_and(|ns| ns.ino() == self.namespace);
+            if !in_box {
+                continue;
+            }
+            let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { continue };
+            for fd in fds.flatten().take(MAX_FDS) {
+                if std::fs::read_link(fd.path()).is_ok_and(|target| target.as_os_str() == wanted.as_str()) {
+                    return Some(pid);
+                }
+            }
+        }
+        None
+    }
+}
+
+/// The inode of the socket in a `/proc/net/tcp{,6}` table whose local port is `port` and remote
+/// port `remote_port`.
+fn socket_inode(table: &str, port: u16, remote_port: u16) -> Option<u64> {
+    let port_of = |address: &str| address.rsplit_once(':').and_then(|(_, port)| u16::from_str_radix(port, 16).ok());
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (local, remote, inode) = (fields.get(1)?, fields.get(2)?, fields.get(9)?);
+        (port_of(local) == Some(port) && port_of(remote) == Some(remote_port)).then(|| inode.parse().ok())?
+    })
+}
 
 pub(super) struct Proxy {
     allowed: Allowed,
@@ -240,4 +308,22 @@ fn splice(client: &TcpStream, server: &TcpStream) -> Result<()> {
     let _ = client.shutdown(Shutdown::Read);
     let _ = upload.join();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_is_found_by_its_ports_in_the_tcp_table() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:A8F3 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 5551 1 0000000000000000 100 0 0 10 0
+   1: 0100007F:A8F3 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 5552 1 0000000000000000 20 4 30 10 -1
+   2: 0100007F:D431 0100007F:A8F3 01 00000000:00000000 00:00000000 00000000  1000        0 5553 1 0000000000000000 20 4 30 10 -1
+";
+        assert_eq!(socket_inode(table, 0xD431, 0xA8F3), Some(5553));
+        assert_eq!(socket_inode(table, 0xA8F3, 0xD431), Some(5552));
+        assert_eq!(socket_inode(table, 0xD432, 0xA8F3), None);
+        assert_eq!(socket_inode("garbage\n1 2", 1, 2), None);
+    }
 }

@@ -104,10 +104,26 @@ const LSM_LIST: &str = "/sys/kernel/security/lsm";
 pub fn bpf_lsm_active() -> Result<bool, String> {
     if !Path::new(LSM_LIST).exists() {
         // Failing leaves the error below.
-        super::doctor::mount_securityfs();
+        mount_securityfs();
     }
     let list = fs::read_to_string(LSM_LIST).map_err(|e| format!("reading {LSM_LIST}: {e}"))?;
     Ok(list.trim().split(',').any(|lsm| lsm == "bpf"))
+}
+
+/// Mounts securityfs at /sys/kernel/security, where some machines boot without it: as root
+/// that is harmless, and the lockdown mode and the active LSMs are read there. A failure
+/// (already mounted, no permission) leaves the callers' own fallbacks.
+pub(super) fn mount_securityfs() {
+    // SAFETY: mount(2) with valid NUL-terminated strings and no data.
+    unsafe {
+        libc::mount(
+            c"securityfs".as_ptr(),
+            c"/sys/kernel/security".as_ptr(),
+            c"securityfs".as_ptr(),
+            0,
+            std::ptr::null(),
+        );
+    }
 }
 
 /// The program loaded first, alone (see [`load_tracing`]): it only reports what the syscall's

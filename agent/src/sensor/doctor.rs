@@ -10,7 +10,7 @@ use aya::{
 };
 
 use super::{
-    backend::{bpf_lsm_active, Backend, SensorOptions},
+    backend::{self, bpf_lsm_active, Backend, SensorOptions},
     btf::Btf,
     cgroups::Hierarchies,
     hooks::fentry_hooks,
@@ -79,7 +79,7 @@ fn lockdown() -> Option<String> {
     const LOCKDOWN: &str = "/sys/kernel/security/lockdown";
     if !Path::new(LOCKDOWN).exists() {
         // Failure just leaves the command-line fallback below.
-        mount_securityfs();
+        backend::mount_securityfs();
     }
     if let Ok(text) = fs::read_to_string(LOCKDOWN) {
         let start = text.find('[')? + 1;
@@ -262,21 +262,5 @@ impl fmt::Display for DoctorReport {
             Some(sensor) => writeln!(f, "sensor:           {sensor}: {}", self.reason),
             None => writeln!(f, "sensor:           none: {}", self.reason),
         }
-    }
-}
-
-/// Mounts securityfs at /sys/kernel/security, where some machines boot without it: as root
-/// that is harmless, and the lockdown mode and the active LSMs are read there. A failure
-/// (already mounted, no permission) leaves the callers' own fallbacks.
-pub(crate) fn mount_securityfs() {
-    // SAFETY: mount(2) with valid NUL-terminated strings and no data.
-    unsafe {
-        libc::mount(
-            c"securityfs".as_ptr(),
-            c"/sys/kernel/security".as_ptr(),
-            c"securityfs".as_ptr(),
-            0,
-            std::ptr::null(),
-        );
     }
 }

@@ -220,4 +220,25 @@ mod tests {
             assert!(matches!(check_regs(&broken), Err(BtfError::Layout(_))), "{broken:?}");
         }
     }
+
+    #[test]
+    fn resolves_every_offset_on_this_kernel() {
+        let btf = Btf::from_sys_fs().expect("the test machine has /sys/kernel/btf/vmlinux");
+        let offsets = kernel_offsets(&btf).unwrap();
+        // mm_struct's arg_start sits in an anonymous struct on recent kernels; qstr's len in an
+        // anonymous struct inside an anonymous union.
+        assert_eq!(offsets.mm_struct_arg_end, offsets.mm_struct_arg_start + 8);
+        assert_eq!(offsets.mm_struct_env_start, offsets.mm_struct_arg_end + 8);
+        assert_eq!(offsets.qstr_len, 4);
+        assert_eq!(offsets.qstr_name, 8);
+        assert_eq!(offsets.path_dentry, offsets.path_mnt + 8);
+        assert_ne!(offsets.task_struct_tgid, 0);
+        assert_eq!(offsets.kernfs_node_name, offsets.kernfs_node_parent + 8);
+        // The fentry backend's syscall functions and the registers they take.
+        let mut offsets = offsets;
+        syscall_regs(&btf, &mut offsets).unwrap();
+        assert_eq!((offsets.pt_regs_di - offsets.pt_regs_si, offsets.pt_regs_orig_ax - offsets.pt_regs_di), (8, 8));
+        assert!(btf.has_function("__x64_sys_openat") && btf.has_function("__x64_sys_renameat2"));
+        assert!(!btf.has_function("__x64_sys_no_such_call"));
+    }
 }
