@@ -58,6 +58,14 @@ pub struct Alert {
     pub credwatch: AlertCredwatch,
 }
 
+/// An event time (ns since the epoch) as an alert's timestamp.
+pub fn rfc3339(time_ns: u64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(time_ns))
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_else(|| "1970-01-01T00:00:00Z".into())
+}
+
 impl Alert {
     /// A digest of what makes this alert the one it is: the host, the event's time, the
     /// process, the rule, what it acted on, and the repeat count or the sweep summary's mark

@@ -4,26 +4,22 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use time::{format_description::well_known::Rfc3339, OffsetDateTime};
-
 use super::{
-    matching::Judgement,
-    process::{agent_tree, Proc, Tree},
+    process::{agent_tree, Proc},
+    sweep::{contain_sweep, fold, SweepState, MAX_SWEEP_FILES},
     Engine, Id,
 };
 use crate::{
     alert::{
-        Alert, AlertAgent, AlertAncestor, AlertContainer, AlertCredwatch, AlertEvent, AlertFile, AlertHost,
-        AlertOrchestrator, AlertParent, AlertProcess, AlertRule, AlertSweep, AlertUser,
+        rfc3339, Alert, AlertAgent, AlertAncestor, AlertContainer, AlertCredwatch, AlertEvent, AlertFile, AlertHost,
+        AlertOrchestrator, AlertParent, AlertProcess, AlertRule, AlertSweep, AlertUser, Severity,
     },
-    rules::{Rule, RuleSet},
+    rules::Rule,
 };
 
 /// Most distinct alerts remembered per tree for deduplication; past it, new ones are printed
 /// but not remembered.
 const MAX_SEEN: usize = 4096;
-/// Most files a sweep alert lists; the others are counted.
-const MAX_SWEEP_FILES: usize = 100;
 /// Most alerts held at once for a configuration chain's window; past it the oldest goes out
 /// at its own severity without waiting.
 const MAX_HELD: usize = 256;
@@ -73,24 +69,6 @@ impl Held {
     /// When the window closes (event time): later events can no longer lower it.
     fn until_ns(&self) -> u64 {
         self.time_ns.saturating_add(self.within_ns)
-    }
-}
-
-pub(super) struct SweepState {
-    /// The sweep alert, its counts kept current.
-    alert: Alert,
-    /// Rules that fired in it (indices).
-    rules: BTreeSet<usize>,
-    /// Time of the latest folded alert.
-    last_ns: u64,
-    /// Alerts were folded since the last summary.
-    unreported: bool,
-}
-
-impl SweepState {
-    /// See [`super::process::Tree::remap_rules`].
-    pub(super) fn remap_rules(&mut self, remap: &[Option<usize>]) {
-        self.rules = self.rules.iter().filter_map(|&index| remap[index]).collect();
     }
 }
 
@@ -189,7 +167,7 @@ impl Engine {
         contain_sweep(&mut alert, &self.options.contained, rules, &indices);
         alert.credwatch.count = None;
         tree.recent.clear();
-        tree.sweep = Some(SweepState { alert: alert.clone(), rules: indices, last_ns: time_ns, unreported: false });
+        tree.sweep = Some(SweepState::new(alert.clone(), indices, time_ns));
         Some(alert)
     }
 
@@ -355,6 +333,14 @@ impl Engine {
     }
 }
 
+/// The severity an alert goes out at, and why it is not the rule's own when an actor lowered
+/// it.
+#[derive(Clone, Debug)]
+pub(super) struct Judgement {
+    pub(super) severity: Severity,
+    pub(super) why: Option<String>,
+}
+
 /// What the kernel did to the action an alert is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Stop {
@@ -408,72 +394,4 @@ pub(super) fn passes_power_of_ten(before: u64, after: u64) -> bool {
         power = next;
     }
     power <= after
-}
-
-fn fold(state: &mut SweepState, rule: &Rule, index: usize, file: Option<&str>, time_ns: u64) {
-    state.rules.insert(index);
-    state.last_ns = state.last_ns.max(time_ns);
-    state.unreported = true;
-    if let Some(sweep) = &mut state.alert.credwatch.sweep {
-        sweep.folded += 1;
-        if let Some(file) = file.filter(|file| !sweep.files.iter().any(|f| f == file)) {
-            if sweep.files.len() < MAX_SWEEP_FILES {
-                sweep.files.push(file.to_owned());
-            } else {
-                sweep.files_not_listed += 1;
-            }
-        }
-        *sweep.folded_by_category.entry(rule.category.clone()).or_insert(0) += 1;
-        insert_sorted(&mut sweep.categories, &rule.category);
-        insert_sorted(&mut sweep.rules, &rule.id);
-    }
-}
-
-fn insert_sorted(list: &mut Vec<String>, item: &str) {
-    if let Err(at) = list.binary_search_by(|x| x.as_str().cmp(item)) {
-        list.insert(at, item.to_owned());
-    }
-}
-
-/// The final summary of the tree's sweep, when alerts were folded since the last one.
-pub(super) fn sweep_summary(rules: &RuleSet, contained: &BTreeSet<String>, tree: &mut Tree) -> Option<Alert> {
-    let state = tree.sweep.as_mut().filter(|state| state.unreported)?;
-    state.unreported = false;
-    let mut alert = state.alert.clone();
-    alert.timestamp = rfc3339(state.last_ns);
-    contain_sweep(&mut alert, contained, rules, &state.rules);
-    if let Some(sweep) = &mut alert.credwatch.sweep {
-        sweep.is_final = true;
-    }
-    Some(alert)
-}
-
-/// A sweep alert's `contained` (every file of it was one the box replaced, none went unlisted)
-/// and its `rotate`: nothing when contained, else the advice of the rules of `indices`.
-fn contain_sweep(alert: &mut Alert, contained: &BTreeSet<String>, rules: &RuleSet, indices: &BTreeSet<usize>) {
-    alert.credwatch.contained = alert.credwatch.sweep.as_ref().is_some_and(|sweep| {
-        sweep.files_not_listed == 0
-            && !sweep.files.is_empty()
-            && sweep.files.iter().all(|file| contained.contains(file))
-    });
-    alert.credwatch.rotate = if alert.credwatch.contained { Vec::new() } else { sweep_rotate(rules, indices) };
-}
-
-/// What to rotate after a sweep over `indices`: each rule's advice once, then the sweep's.
-fn sweep_rotate(rules: &RuleSet, indices: &BTreeSet<usize>) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    let advice = indices.iter().flat_map(|i| &rules.rules()[*i].rotate);
-    for item in advice.chain(rules.sweep().into_iter().flat_map(|sweep| &sweep.rotate)) {
-        if !out.contains(item) {
-            out.push(item.clone());
-        }
-    }
-    out
-}
-
-pub(super) fn rfc3339(time_ns: u64) -> String {
-    OffsetDateTime::from_unix_timestamp_nanos(i128::from(time_ns))
-        .ok()
-        .and_then(|t| t.format(&Rfc3339).ok())
-        .unwrap_or_else(|| "1970-01-01T00:00:00Z".into())
 }

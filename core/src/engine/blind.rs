@@ -13,15 +13,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{
-    alerts::{rfc3339, Stop},
-    process::Proc,
-    Engine, Id,
-};
+use super::{alerts::Stop, process::Proc, Engine, Id};
 use crate::{
     alert::{
-        Alert, AlertAgent, AlertBlindSpot, AlertCredwatch, AlertEvent, AlertFile, AlertHost, AlertPackage, AlertParent,
-        AlertProcess, AlertRule, AlertUser, BlindSpotCause, BLIND_SPOT_ACTION,
+        rfc3339, Alert, AlertAgent, AlertBlindSpot, AlertCredwatch, AlertEvent, AlertFile, AlertHost, AlertPackage,
+        AlertParent, AlertProcess, AlertRule, AlertUser, BlindSpotCause, BLIND_SPOT_ACTION,
     },
     event::{normalize_path, AgentGap, BlindSpot, Event, EventData, Open},
     output::UNKNOWN_TREE_MANAGER,

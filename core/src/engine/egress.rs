@@ -15,7 +15,11 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::{alerts::Stop, matching::Judgement, process::Proc, Engine, Id};
+use super::{
+    alerts::{Judgement, Stop},
+    process::Proc,
+    Engine, Id,
+};
 use crate::{
     alert::{Alert, AlertBlindSpot, AlertDestination},
     event::{Connect, DnsQuery, Event},

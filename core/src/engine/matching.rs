@@ -2,12 +2,12 @@
 //! the severity each hit alerts at (or none, when an actor of the rule may do it).
 
 use super::{
-    alerts::{repeated, Held, Stop},
+    alerts::{repeated, Held, Judgement, Stop},
     process::{absolute, agent_tree, learn_from_open, resolved_path, Proc},
     Engine, Id,
 };
 use crate::{
-    alert::{Alert, AlertFile, AlertSyscall, Severity, FAIL_CLOSED, READ_ONLY_MOUNT},
+    alert::{Alert, AlertFile, AlertSyscall, FAIL_CLOSED, READ_ONLY_MOUNT},
     event::{normalize_path, Event, Open, Rename, Syscall},
     rules::{
         manager::basename,
@@ -467,14 +467,6 @@ impl Engine {
 /// closed): the alert's enforcement says so (`kernel-fail-closed`, `lsm-fail-closed`).
 pub(super) fn fail_closed(alert: &mut Alert) {
     alert.credwatch.enforcement = format!("{}-{FAIL_CLOSED}", alert.credwatch.enforcement);
-}
-
-/// The severity an alert goes out at, and why it is not the rule's own when an actor lowered
-/// it.
-#[derive(Clone, Debug)]
-pub(super) struct Judgement {
-    pub(super) severity: Severity,
-    pub(super) why: Option<String>,
 }
 
 /// Why an actor without a `why` of its own lowered an alert.

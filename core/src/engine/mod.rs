@@ -27,8 +27,9 @@
 //!
 //! Its parts: `process` keeps the process table (lineage, what each process runs, its tree),
 //! `matching` judges each event against the rules, `alerts` builds the alerts and decides
-//! which go out (dedup, sweeps); `egress` correlates connects and look-ups with credentials
-//! touched, and `attribution` names the package a process runs for.
+//! which go out (dedup, and `sweep` for sweeps); `blind` alerts on what the sensor missed,
+//! `egress` correlates connects and look-ups with credentials touched, and `attribution` names
+//! the package a process runs for.
 
 mod alerts;
 mod attribution;
@@ -36,6 +37,7 @@ mod blind;
 mod egress;
 mod matching;
 mod process;
+mod sweep;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
@@ -44,11 +46,12 @@ use std::{
 
 pub use self::matching::open_flags;
 use self::{
-    alerts::{sweep_summary, Held},
+    alerts::Held,
     process::{Proc, Tree},
+    sweep::sweep_summary,
 };
 use crate::{
-    alert::{Alert, AlertGap, BLIND_SPOT_ACTION},
+    alert::{rfc3339, Alert, AlertGap, BLIND_SPOT_ACTION},
     event::{Event, EventData},
     rules::RuleSet,
 };
@@ -283,8 +286,8 @@ impl Engine {
             EventData::AgentGap(gap) => {
                 self.gap_ns = (gap.since_ns, event.time_ns);
                 self.gap = Some(AlertGap {
-                    down_from: alerts::rfc3339(gap.since_ns),
-                    down_to: alerts::rfc3339(event.time_ns),
+                    down_from: rfc3339(gap.since_ns),
+                    down_to: rfc3339(event.time_ns),
                     seconds: event.time_ns.saturating_sub(gap.since_ns) as f64 / 1e9,
                     clean_stop: gap.clean_stop,
                     stopped: gap.stopped,
@@ -331,7 +334,7 @@ impl Engine {
         let mut alerts = self.release_all();
         alerts.extend(self.gap_due());
         let (rules, contained) = (&self.rules, &self.options.contained);
-        alerts.extend(self.trees.values_mut().filter_map(|tree| sweep_summary(rules, contained, tree)));
+        alerts.extend(self.trees.values_mut().filter_map(|tree| sweep_summary(rules, contained, &mut tree.sweep)));
         alerts.extend(self.blind_flush());
         self.out(alerts)
     }

@@ -7,8 +7,8 @@ use std::{
 };
 
 use super::{
-    alerts::{sweep_summary, SweepState},
     attribution::{self, Attribution, ProcMacroPackages, Rustc},
+    sweep::{sweep_summary, SweepState},
     Engine, Id,
 };
 use crate::{
@@ -345,7 +345,7 @@ impl Engine {
             return;
         }
         if let Some(mut tree) = self.trees.remove(&id) {
-            if let Some(summary) = sweep_summary(&self.rules, &self.options.contained, &mut tree) {
+            if let Some(summary) = sweep_summary(&self.rules, &self.options.contained, &mut tree.sweep) {
                 self.pending.push(summary);
             }
         }

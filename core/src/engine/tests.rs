@@ -522,8 +522,8 @@ fn alerts_on_events_of_an_agent_gap_say_how_long_it_was_down() {
     let during = run.engine.handle(&Event { time_ns: read_meanwhile, pid: 101, data: open("/home/alice/.ssh/id_rsa") });
     let gap = during[0].credwatch.gap.as_ref().expect("the alert of the gap says so");
     assert_eq!((gap.seconds, gap.clean_stop), (2.5, false));
-    assert_eq!(gap.down_from, super::alerts::rfc3339(down));
-    assert_eq!(gap.down_to, super::alerts::rfc3339(up));
+    assert_eq!(gap.down_from, crate::alert::rfc3339(down));
+    assert_eq!(gap.down_to, crate::alert::rfc3339(up));
     let after = run.engine.handle(&Event { time_ns: up + 1, pid: 101, data: open("/home/alice/.aws/credentials") });
     assert!(!after.is_empty() && after.iter().all(|alert| alert.credwatch.gap.is_none()), "{after:#?}");
 }

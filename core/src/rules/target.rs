@@ -41,7 +41,6 @@ impl TryFrom<String> for Pattern {
     }
 }
 
-
 #[derive(Clone, Debug)]
 pub struct Targets {
     home: GlobSet,

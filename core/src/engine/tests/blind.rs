@@ -66,7 +66,7 @@ impl Run {
 fn lost_records_name_the_trees_package_window_and_counts() {
     let mut run = Run::npm_evil();
     run.report(spot(BlindCause::Lost, Some(100), &[("open", 60_000), ("credential_open", 1)], true));
-    let (since, until) = (super::alerts::rfc3339(run.time_ns - SECOND), super::alerts::rfc3339(run.time_ns));
+    let (since, until) = (crate::alert::rfc3339(run.time_ns - SECOND), crate::alert::rfc3339(run.time_ns));
     let alert = run.one();
     assert_eq!((alert.rule.id.as_str(), alert.rule.severity), ("blind-spot-lost", Severity::High));
     assert_eq!(alert.event.action, BLIND_SPOT_ACTION);
