@@ -156,205 +156,263 @@ impl AuditdSource {
 
     /// Turns a complete event into credwatch events.
     fn finish(&mut self, partial: Partial) {
-        let Some(sc) = &partial.syscall else { return };
-        let field = |name: &str| sc.get(name).map(String::as_str);
-        let number = |name: &str| field(name).and_then(|v| v.parse::<i64>().ok());
-        let hex_arg = |name: &str| field(name).and_then(|v| u64::from_str_radix(v, 16).ok());
-        let Some(name) =
-            field("SYSCALL").map(str::to_owned).or_else(|| syscall_name(field("arch")?, number("syscall")?))
-        else {
-            return;
-        };
-        let (Some(pid), Some(ppid)) = (number("pid"), number("ppid")) else { return };
-        let (pid, ppid) = (pid as u32, ppid as u32);
-        let time = partial.time_ns;
-        let exit = number("exit");
-        let success = field("success") != Some("no");
+        let Some(call) = Call::of(&partial) else { return };
         // The first record of a process announces it as its parent's child: for vfork and
         // clone the child's records are often written before the parent's.
-        if let Some(fork) = self.known.announce(time, ppid, pid) {
+        if let Some(fork) = self.known.announce(call.time, call.ppid, call.pid) {
             self.out.push_back(fork);
         }
-        match name.as_str() {
-            "execve" | "execveat" if success => {
-                let args: Vec<String> = if partial.args.is_empty() {
-                    partial
-                        .proctitle
-                        .as_deref()
-                        .unwrap_or_default()
-                        .split(|&b| b == 0)
-                        .filter(|a| !a.is_empty())
-                        .map(|a| String::from_utf8_lossy(a).into_owned())
-                        .collect()
-                } else {
-                    partial.args.values().map(|a| String::from_utf8_lossy(a).into_owned()).collect()
-                };
-                let cwd = partial.cwd.clone().unwrap_or_default();
-                let filename = partial.paths.iter().find(|p| p.0 == 0).map(|p| p.1.clone()).unwrap_or_default();
-                let executable = field("exe")
-                    .map(untrusted)
-                    .filter(|e| e.starts_with('/'))
-                    .or_else(|| join(Some(&cwd), &filename))
-                    .unwrap_or_default();
-                self.out.push_back(Event {
-                    time_ns: time,
-                    pid,
-                    data: EventData::Exec(Exec {
-                        ppid,
-                        filename,
-                        executable,
-                        args,
-                        cwd,
-                        uid: number("uid").unwrap_or(0) as u32,
-                        gid: number("gid").unwrap_or(0) as u32,
-                        ..Exec::default()
-                    }),
-                });
-            }
-            "clone" | "clone3" | "fork" | "vfork" if success => {
+        let event = match call.name.as_str() {
+            "execve" | "execveat" if call.success => Some(call.exec()),
+            "clone" | "clone3" | "fork" | "vfork" if call.success => {
                 // clone3's flags are behind a pointer: its children are announced by their
                 // own first record instead, so that a thread is never taken for a process.
-                let thread =
-                    name == "clone3" || (name == "clone" && hex_arg("a0").is_some_and(|f| f & CLONE_THREAD != 0));
-                let child = exit.filter(|&c| c > 0).map(|c| c as u32);
-                if let (false, Some(child)) = (thread, child) {
-                    if !self.known.contains(child) {
+                let thread = call.name == "clone3"
+                    || (call.name == "clone" && call.hex_arg("a0").is_some_and(|f| f & CLONE_THREAD != 0));
+                let child = call.exit.filter(|&c| c > 0).map(|c| c as u32);
+                match (thread, child) {
+                    (false, Some(child)) if !self.known.contains(child) => {
                         self.known.insert(child);
-                        self.out.push_back(Event {
-                            time_ns: time,
-                            pid,
+                        Some(Event {
+                            time_ns: call.time,
+                            pid: call.pid,
                             data: EventData::Fork(Fork { child_pid: child }),
-                        });
+                        })
                     }
+                    _ => None,
                 }
             }
             "exit_group" => {
-                let code = hex_arg("a0").unwrap_or(0) as u32;
-                self.known.remove(pid);
-                self.out.push_back(Event {
-                    time_ns: time,
-                    pid,
+                let code = call.hex_arg("a0").unwrap_or(0) as u32;
+                self.known.remove(call.pid);
+                Some(Event {
+                    time_ns: call.time,
+                    pid: call.pid,
                     data: EventData::Exit(Exit { code: (code & 0xff) << 8, repeats: 0 }),
-                });
+                })
             }
-            "open" | "openat" | "openat2" | "creat" => {
-                // The file is the last PATH that is not the parent directory of a create.
-                let Some((_, path, _, dev, ino)) = partial.paths.iter().rev().find(|p| p.2 != "PARENT").cloned() else {
-                    return;
-                };
-                let dirfd = match name.as_str() {
-                    "openat" | "openat2" => hex_arg("a0").map(|d| d as u32 as i32).unwrap_or(AT_FDCWD),
-                    _ => AT_FDCWD,
-                };
-                let (flags, mode) = match name.as_str() {
-                    "open" => (hex_arg("a1").unwrap_or(0), hex_arg("a2").unwrap_or(0)),
-                    "openat" => (hex_arg("a2").unwrap_or(0), hex_arg("a3").unwrap_or(0)),
-                    "creat" => (0o1101, hex_arg("a1").unwrap_or(0)),
-                    // openat2's flags are in a struct behind a pointer.
-                    _ => (0, 0),
-                };
-                let ret = exit.unwrap_or(-1);
-                let abs_path = if path.starts_with('/') {
-                    Some(normalize_path(&path))
-                } else if dirfd == AT_FDCWD {
-                    join(partial.cwd.as_deref(), &path)
-                } else {
-                    None
-                };
-                self.out.push_back(Event {
-                    time_ns: time,
-                    pid,
-                    data: EventData::Open(Open {
-                        same_file_as: None,
-                        blocked: false,
-                        denied: false,
-                        fail_closed: false,
-                        tid: pid,
-                        syscall: name.clone(),
-                        dirfd,
-                        flags,
-                        mode,
-                        path,
-                        abs_path,
-                        truncated: false,
-                        ret,
-                        dev: if ret >= 0 { dev } else { 0 },
-                        ino: if ret >= 0 { ino } else { 0 },
-                        repeats: 0,
-                    }),
-                });
-            }
-            "rename" | "renameat" | "renameat2" | "link" | "linkat" | "symlink" | "symlinkat" => {
-                // The kernel logs the source as a DELETE item (NORMAL for links) and the
-                // destination as CREATE; a symlink's text is behind a pointer.
-                let item = |kind: &str| partial.paths.iter().find(|p| p.2 == kind).map(|p| p.1.clone());
-                let old_path = if name.starts_with("link") {
-                    item("NORMAL")
-                } else if name.starts_with("symlink") {
-                    None
-                } else {
-                    item("DELETE")
-                };
-                let new_path = item("CREATE");
-                let at = name.ends_with("at") || name == "renameat2";
-                let old_dirfd = if at { hex_arg("a0").map(|d| d as u32 as i32) } else { Some(AT_FDCWD) };
-                let new_dirfd = match name.as_str() {
-                    "symlinkat" => hex_arg("a1").map(|d| d as u32 as i32),
-                    _ if at => hex_arg("a2").map(|d| d as u32 as i32),
-                    _ => Some(AT_FDCWD),
-                };
-                let resolve = |path: &Option<String>, dirfd: Option<i32>| {
-                    let path = path.as_deref()?;
-                    if path.starts_with('/') {
-                        Some(normalize_path(path))
-                    } else if dirfd == Some(AT_FDCWD) {
-                        join(partial.cwd.as_deref(), path)
-                    } else {
-                        None
-                    }
-                };
-                let (old_abs, new_abs) = (resolve(&old_path, old_dirfd), resolve(&new_path, new_dirfd));
-                self.out.push_back(Event {
-                    time_ns: time,
-                    pid,
-                    data: EventData::Rename(Rename {
-                        tid: pid,
-                        syscall: name.clone(),
-                        old_path: old_path.unwrap_or_default(),
-                        new_path: new_path.unwrap_or_default(),
-                        old_abs,
-                        new_abs,
-                        ret: exit.unwrap_or(-1),
-                    }),
-                });
-            }
+            "open" | "openat" | "openat2" | "creat" => call.open(),
+            "rename" | "renameat" | "renameat2" | "link" | "linkat" | "symlink" | "symlinkat" => Some(call.rename()),
             "ptrace" | "process_vm_readv" | "process_vm_writev" | "bpf" | "init_module" | "finit_module" | "kill"
-            | "tkill" | "tgkill" | "io_uring_setup" => {
-                let pid_arg = |a: &str| hex_arg(a).and_then(|p| u32::try_from(p).ok());
-                let (target_pid, operation) = match name.as_str() {
-                    "ptrace" => (pid_arg("a1"), hex_arg("a0").and_then(ptrace_request).map(str::to_owned)),
-                    "process_vm_readv" | "process_vm_writev" => (pid_arg("a0"), None),
-                    "kill" | "tkill" => (pid_arg("a0"), hex_arg("a1").and_then(signal_name).map(str::to_owned)),
-                    "tgkill" => (pid_arg("a0"), hex_arg("a2").and_then(signal_name).map(str::to_owned)),
-                    "bpf" => (None, hex_arg("a0").and_then(bpf_command).map(str::to_owned)),
-                    _ => (None, None),
-                };
-                self.out.push_back(Event {
-                    time_ns: time,
-                    pid,
-                    data: EventData::Syscall(Syscall {
-                        tid: pid,
-                        name: name.clone(),
-                        target_pid,
-                        operation,
-                        ret: exit,
-                        blocked: false,
-                        denied: false,
-                        repeats: 0,
-                    }),
-                });
+            | "tkill" | "tgkill" | "io_uring_setup" => Some(call.syscall()),
+            _ => None,
+        };
+        self.out.extend(event);
+    }
+}
+
+/// The system call of a complete event: its SYSCALL record's fields, and the other records.
+struct Call<'a> {
+    partial: &'a Partial,
+    fields: &'a BTreeMap<String, String>,
+    name: String,
+    pid: u32,
+    ppid: u32,
+    time: u64,
+    /// The call's result.
+    exit: Option<i64>,
+    success: bool,
+}
+
+impl<'a> Call<'a> {
+    /// None without a SYSCALL record, or when it names no call or no process.
+    fn of(partial: &'a Partial) -> Option<Call<'a>> {
+        let fields = partial.syscall.as_ref()?;
+        let mut call = Call {
+            partial,
+            fields,
+            name: String::new(),
+            pid: 0,
+            ppid: 0,
+            time: partial.time_ns,
+            exit: None,
+            success: false,
+        };
+        call.name = call
+            .field("SYSCALL")
+            .map(str::to_owned)
+            .or_else(|| syscall_name(call.field("arch")?, call.number("syscall")?))?;
+        call.pid = call.number("pid")? as u32;
+        call.ppid = call.number("ppid")? as u32;
+        call.exit = call.number("exit");
+        call.success = call.field("success") != Some("no");
+        Some(call)
+    }
+
+    fn field(&self, name: &str) -> Option<&'a str> {
+        self.fields.get(name).map(String::as_str)
+    }
+
+    fn number(&self, name: &str) -> Option<i64> {
+        self.field(name).and_then(|v| v.parse::<i64>().ok())
+    }
+
+    /// An argument of the call (`a0` to `a3`), which audit writes in hex.
+    fn hex_arg(&self, name: &str) -> Option<u64> {
+        self.field(name).and_then(|v| u64::from_str_radix(v, 16).ok())
+    }
+
+    /// The exec of the process.
+    fn exec(&self) -> Event {
+        let &Call { partial, pid, ppid, time, .. } = self;
+        let args: Vec<String> = if partial.args.is_empty() {
+            partial
+                .proctitle
+                .as_deref()
+                .unwrap_or_default()
+                .split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
+        } else {
+            partial.args.values().map(|a| String::from_utf8_lossy(a).into_owned()).collect()
+        };
+        let cwd = partial.cwd.clone().unwrap_or_default();
+        let filename = partial.paths.iter().find(|p| p.0 == 0).map(|p| p.1.clone()).unwrap_or_default();
+        let executable = self
+            .field("exe")
+            .map(untrusted)
+            .filter(|e| e.starts_with('/'))
+            .or_else(|| join(Some(&cwd), &filename))
+            .unwrap_or_default();
+        Event {
+            time_ns: time,
+            pid,
+            data: EventData::Exec(Exec {
+                ppid,
+                filename,
+                executable,
+                args,
+                cwd,
+                uid: self.number("uid").unwrap_or(0) as u32,
+                gid: self.number("gid").unwrap_or(0) as u32,
+                ..Exec::default()
+            }),
+        }
+    }
+
+    /// An open, with its absolute path when the record tells it; none without a PATH record.
+    fn open(&self) -> Option<Event> {
+        let &Call { partial, ref name, pid, time, exit, .. } = self;
+        // The file is the last PATH that is not the parent directory of a create.
+        let Some((_, path, _, dev, ino)) = partial.paths.iter().rev().find(|p| p.2 != "PARENT").cloned() else {
+            return None;
+        };
+        let dirfd = match name.as_str() {
+            "openat" | "openat2" => self.hex_arg("a0").map(|d| d as u32 as i32).unwrap_or(AT_FDCWD),
+            _ => AT_FDCWD,
+        };
+        let (flags, mode) = match name.as_str() {
+            "open" => (self.hex_arg("a1").unwrap_or(0), self.hex_arg("a2").unwrap_or(0)),
+            "openat" => (self.hex_arg("a2").unwrap_or(0), self.hex_arg("a3").unwrap_or(0)),
+            "creat" => (0o1101, self.hex_arg("a1").unwrap_or(0)),
+            // openat2's flags are in a struct behind a pointer.
+            _ => (0, 0),
+        };
+        let ret = exit.unwrap_or(-1);
+        let abs_path = if path.starts_with('/') {
+            Some(normalize_path(&path))
+        } else if dirfd == AT_FDCWD {
+            join(partial.cwd.as_deref(), &path)
+        } else {
+            None
+        };
+        Some(Event {
+            time_ns: time,
+            pid,
+            data: EventData::Open(Open {
+                same_file_as: None,
+                blocked: false,
+                denied: false,
+                fail_closed: false,
+                tid: pid,
+                syscall: name.clone(),
+                dirfd,
+                flags,
+                mode,
+                path,
+                abs_path,
+                truncated: false,
+                ret,
+                dev: if ret >= 0 { dev } else { 0 },
+                ino: if ret >= 0 { ino } else { 0 },
+                repeats: 0,
+            }),
+        })
+    }
+
+    /// A rename or link, with both paths absolute when the records tell them.
+    fn rename(&self) -> Event {
+        let &Call { partial, ref name, pid, time, exit, .. } = self;
+        // The kernel logs the source as a DELETE item (NORMAL for links) and the
+        // destination as CREATE; a symlink's text is behind a pointer.
+        let item = |kind: &str| partial.paths.iter().find(|p| p.2 == kind).map(|p| p.1.clone());
+        let old_path = if name.starts_with("link") {
+            item("NORMAL")
+        } else if name.starts_with("symlink") {
+            None
+        } else {
+            item("DELETE")
+        };
+        let new_path = item("CREATE");
+        let at = name.ends_with("at") || name == "renameat2";
+        let old_dirfd = if at { self.hex_arg("a0").map(|d| d as u32 as i32) } else { Some(AT_FDCWD) };
+        let new_dirfd = match name.as_str() {
+            "symlinkat" => self.hex_arg("a1").map(|d| d as u32 as i32),
+            _ if at => self.hex_arg("a2").map(|d| d as u32 as i32),
+            _ => Some(AT_FDCWD),
+        };
+        let resolve = |path: &Option<String>, dirfd: Option<i32>| {
+            let path = path.as_deref()?;
+            if path.starts_with('/') {
+                Some(normalize_path(path))
+            } else if dirfd == Some(AT_FDCWD) {
+                join(partial.cwd.as_deref(), path)
+            } else {
+                None
             }
-            _ => {}
+        };
+        let (old_abs, new_abs) = (resolve(&old_path, old_dirfd), resolve(&new_path, new_dirfd));
+        Event {
+            time_ns: time,
+            pid,
+            data: EventData::Rename(Rename {
+                tid: pid,
+                syscall: name.clone(),
+                old_path: old_path.unwrap_or_default(),
+                new_path: new_path.unwrap_or_default(),
+                old_abs,
+                new_abs,
+                ret: exit.unwrap_or(-1),
+            }),
+        }
+    }
+
+    /// A call that matters on its own, with the process it targets when it has one.
+    fn syscall(&self) -> Event {
+        let &Call { ref name, pid, time, exit, .. } = self;
+        let pid_arg = |a: &str| self.hex_arg(a).and_then(|p| u32::try_from(p).ok());
+        let (target_pid, operation) = match name.as_str() {
+            "ptrace" => (pid_arg("a1"), self.hex_arg("a0").and_then(ptrace_request).map(str::to_owned)),
+            "process_vm_readv" | "process_vm_writev" => (pid_arg("a0"), None),
+            "kill" | "tkill" => (pid_arg("a0"), self.hex_arg("a1").and_then(signal_name).map(str::to_owned)),
+            "tgkill" => (pid_arg("a0"), self.hex_arg("a2").and_then(signal_name).map(str::to_owned)),
+            "bpf" => (None, self.hex_arg("a0").and_then(bpf_command).map(str::to_owned)),
+            _ => (None, None),
+        };
+        Event {
+            time_ns: time,
+            pid,
+            data: EventData::Syscall(Syscall {
+                tid: pid,
+                name: name.clone(),
+                target_pid,
+                operation,
+                ret: exit,
+                blocked: false,
+                denied: false,
+                repeats: 0,
+            }),
         }
     }
 }

@@ -335,253 +335,290 @@ impl StraceSource {
         }
         let (args, result) = split_call(&text[name.len()..])?;
         let (ret, annotation) = parse_result(result);
-        let tgid = self.tgid_of(tid);
+        let call = Call { time, tid, tgid: self.tgid_of(tid), name, args, ret, annotation };
         match name {
-            "execve" | "execveat" => {
-                if ret != Some(0) {
-                    return Ok(());
-                }
-                let at = usize::from(name == "execveat");
-                let dir = match at {
-                    1 => args.first().and_then(|a| fd_arg(a).1),
-                    _ => None,
-                };
-                let filename = args.get(at).and_then(|a| decode_string(a)).ok_or("execve without a file name")?;
-                let argv = args.get(at + 1).map(|a| string_array(a)).unwrap_or_default();
-                let env = args
-                    .get(at + 2)
-                    .filter(|a| a.starts_with('['))
-                    .map(|a| attribution_env(string_array(a).join("\0").as_bytes()))
-                    .unwrap_or_default();
-                let cwd = self.cwd.get(&tgid).cloned().unwrap_or_default();
-                let base = dir.or_else(|| (!cwd.is_empty()).then(|| cwd.clone()));
-                let executable = join(base.as_deref(), &filename).unwrap_or_default();
-                let ppid = self.parent.get(&tgid).copied().unwrap_or(0);
-                self.emit(Event {
-                    time_ns: time,
-                    pid: tgid,
-                    data: EventData::Exec(Exec { ppid, filename, executable, args: argv, cwd, env, ..Exec::default() }),
-                });
-            }
-            "clone" | "clone3" | "fork" | "vfork" => {
-                let Some(child) = ret.filter(|&r| r > 0).and_then(|r| u32::try_from(r).ok()) else { return Ok(()) };
-                if args.iter().any(|a| a.contains("CLONE_THREAD")) {
-                    bounded_insert(&mut self.tgid, child, tgid);
-                    for event in self.held.iter_mut().filter(|e| e.pid == child) {
-                        event.pid = tgid;
-                    }
-                    return Ok(());
-                }
-                bounded_insert(&mut self.parent, child, tgid);
-                if let Some(cwd) = self.cwd.get(&tgid).cloned() {
-                    bounded_insert(&mut self.cwd, child, cwd);
-                }
-                self.emit(Event { time_ns: time, pid: tgid, data: EventData::Fork(Fork { child_pid: child }) });
-                self.known.insert(child);
-                let (mine, others): (Vec<Event>, Vec<Event>) =
-                    std::mem::take(&mut self.held).into_iter().partition(|e| e.pid == child);
-                self.held = others;
-                self.out.extend(mine);
-            }
-            "open" | "openat" | "openat2" | "creat" => {
-                let at = usize::from(matches!(name, "openat" | "openat2"));
-                let (dirfd, dir) =
-                    if at == 1 { fd_arg(args.first().copied().unwrap_or("")) } else { (Some(AT_FDCWD), None) };
-                let dirfd = dirfd.ok_or("bad dirfd")?;
-                if dirfd == AT_FDCWD {
-                    if let Some(dir) = &dir {
-                        bounded_insert(&mut self.cwd, tgid, dir.clone());
-                    }
-                }
-                let path = args.get(at).and_then(|a| decode_string(a)).ok_or("open without a path")?;
-                let (flags, mode) = match name {
-                    "creat" => (0o1101, args.get(1).and_then(|m| parse_int(m)).unwrap_or(0) as u64),
-                    "openat2" => {
-                        let how = args.get(2).copied().unwrap_or("");
-                        (
-                            struct_field(how, "flags").and_then(parse_open_flags).unwrap_or(0),
-                            struct_field(how, "mode").and_then(parse_int).unwrap_or(0) as u64,
-                        )
-                    }
-                    _ => (
-                        args.get(at + 1).and_then(|f| parse_open_flags(f)).ok_or("bad open flags")?,
-                        args.get(at + 2).and_then(|m| parse_int(m)).unwrap_or(0) as u64,
-                    ),
-                };
-                let ret = ret.unwrap_or(-1);
-                // `-y` shows the file the kernel opened; without it, the path joined lexically
-                // with the directory strace showed or the tracked working directory.
-                let abs_path = if ret >= 0 { annotation.filter(|a| a.starts_with('/')) } else { None }.or_else(|| {
-                    let base = if dirfd == AT_FDCWD { dir.or_else(|| self.cwd.get(&tgid).cloned()) } else { dir };
-                    join(base.as_deref(), &path)
-                });
-                self.emit(Event {
-                    time_ns: time,
-                    pid: tgid,
-                    data: EventData::Open(Open {
-                        tid,
-                        syscall: name.to_owned(),
-                        dirfd,
-                        flags,
-                        mode,
-                        path,
-                        abs_path,
-                        ret,
-                        ..Open::default()
-                    }),
-                });
-            }
-            "chdir" | "fchdir" => {
-                if ret != Some(0) {
-                    return Ok(());
-                }
-                let arg = args.first().copied().unwrap_or("");
-                let dir = if name == "chdir" {
-                    decode_string(arg).and_then(|p| join(self.cwd.get(&tgid).map(String::as_str), &p))
-                } else {
-                    fd_arg(arg).1
-                };
-                match dir {
-                    Some(dir) => bounded_insert(&mut self.cwd, tgid, dir),
-                    None => {
-                        self.cwd.remove(&tgid);
-                    }
-                }
-            }
+            "execve" | "execveat" => self.exec(call),
+            "clone" | "clone3" | "fork" | "vfork" => self.fork(call),
+            "open" | "openat" | "openat2" | "creat" => self.open(call),
+            "chdir" | "fchdir" => self.chdir(call),
             "exit_group" => {
-                let code = args.first().and_then(|c| parse_int(c)).unwrap_or(0) as u32;
-                bounded_insert(&mut self.group_exited, tgid, ());
-                self.exit(time, tgid, (code & 0xff) << 8);
+                let code = call.args.first().and_then(|c| parse_int(c)).unwrap_or(0) as u32;
+                bounded_insert(&mut self.group_exited, call.tgid, ());
+                self.exit(call.time, call.tgid, (code & 0xff) << 8);
+                Ok(())
             }
-            _ if RENAMES.contains(&name) => {
-                let Some(ret) = ret else { return Ok(()) };
-                // (dirfd index, path index) of the source and of the destination.
-                let (old, new) = match name {
-                    "rename" | "link" | "symlink" => ((None, 0), (None, 1)),
-                    "symlinkat" => ((None, 0), (Some(1), 2)),
-                    _ => ((Some(0), 1), (Some(2), 3)),
-                };
-                let cwd = self.cwd.get(&tgid).cloned();
-                let side = |(dirfd, path): (Option<usize>, usize)| -> Result<(String, Option<String>), String> {
-                    let path = args.get(path).and_then(|a| decode_string(a)).ok_or("rename without a path")?;
-                    let (fd, dir) =
-                        dirfd.map(|i| fd_arg(args.get(i).copied().unwrap_or(""))).unwrap_or((Some(AT_FDCWD), None));
-                    let base = if fd == Some(AT_FDCWD) { dir.or_else(|| cwd.clone()) } else { dir };
-                    let abs = join(base.as_deref(), &path);
-                    Ok((path, abs))
-                };
-                let (old_path, mut old_abs) = side(old)?;
-                let (new_path, new_abs) = side(new)?;
-                if name.starts_with("symlink") {
-                    // A symlink's source is the link's text, not a file name to resolve.
-                    old_abs = None;
-                }
-                self.emit(Event {
-                    time_ns: time,
-                    pid: tgid,
-                    data: EventData::Rename(Rename {
-                        tid,
-                        syscall: name.to_owned(),
-                        old_path,
-                        new_path,
-                        old_abs,
-                        new_abs,
-                        ret,
-                    }),
-                });
+            _ if RENAMES.contains(&name) => self.rename(call),
+            _ if SYSCALLS.contains(&name) => self.syscall(call),
+            "connect" => self.connect(call),
+            _ => self.send(call),
+        }
+    }
+
+    /// An `execve` or `execveat` that succeeded: the exec of the process.
+    fn exec(&mut self, call: Call) -> Result<(), String> {
+        let Call { time, tgid, name, args, ret, .. } = call;
+        if ret != Some(0) {
+            return Ok(());
+        }
+        let at = usize::from(name == "execveat");
+        let dir = match at {
+            1 => args.first().and_then(|a| fd_arg(a).1),
+            _ => None,
+        };
+        let filename = args.get(at).and_then(|a| decode_string(a)).ok_or("execve without a file name")?;
+        let argv = args.get(at + 1).map(|a| string_array(a)).unwrap_or_default();
+        let env = args
+            .get(at + 2)
+            .filter(|a| a.starts_with('['))
+            .map(|a| attribution_env(string_array(a).join("\0").as_bytes()))
+            .unwrap_or_default();
+        let cwd = self.cwd.get(&tgid).cloned().unwrap_or_default();
+        let base = dir.or_else(|| (!cwd.is_empty()).then(|| cwd.clone()));
+        let executable = join(base.as_deref(), &filename).unwrap_or_default();
+        let ppid = self.parent.get(&tgid).copied().unwrap_or(0);
+        self.emit(Event {
+            time_ns: time,
+            pid: tgid,
+            data: EventData::Exec(Exec { ppid, filename, executable, args: argv, cwd, env, ..Exec::default() }),
+        });
+        Ok(())
+    }
+
+    /// A clone or fork that made a process (a thread is remembered as one of its process).
+    fn fork(&mut self, call: Call) -> Result<(), String> {
+        let Call { time, tgid, args, ret, .. } = call;
+        let Some(child) = ret.filter(|&r| r > 0).and_then(|r| u32::try_from(r).ok()) else { return Ok(()) };
+        if args.iter().any(|a| a.contains("CLONE_THREAD")) {
+            bounded_insert(&mut self.tgid, child, tgid);
+            for event in self.held.iter_mut().filter(|e| e.pid == child) {
+                event.pid = tgid;
             }
-            _ if SYSCALLS.contains(&name) => {
-                let number = |i: usize| args.get(i).and_then(|a| parse_int(a)).and_then(|n| u32::try_from(n).ok());
-                let word = |i: usize| {
-                    args.get(i).filter(|a| a.starts_with(|c: char| c.is_ascii_uppercase())).map(|a| (*a).to_owned())
-                };
-                let (target_pid, operation) = match name {
-                    "ptrace" => (number(1), word(0)),
-                    "process_vm_readv" | "process_vm_writev" | "pidfd_open" => (number(0), None),
-                    "kill" | "tkill" => (number(0), word(1)),
-                    "tgkill" => (number(0), word(2)),
-                    "bpf" => (None, word(0)),
-                    _ => (None, None),
-                };
-                self.emit(Event {
-                    time_ns: time,
-                    pid: tgid,
-                    data: EventData::Syscall(Syscall {
-                        tid,
-                        name: name.to_owned(),
-                        target_pid,
-                        operation,
-                        ret,
-                        blocked: false,
-                        denied: false,
-                        repeats: 0,
-                    }),
-                });
-            }
-            "connect" => {
-                let (fd, socket) = fd_arg(args.first().copied().unwrap_or_default());
-                let addr = args.get(1).map(|a| sockaddr(a)).unwrap_or_default();
-                if let Some(fd) = fd {
-                    if addr.port == Some(DNS_PORT) && matches!(addr.family.as_str(), "inet" | "inet6") {
-                        if self.dns_sockets.len() >= MAX_TABLE {
-                            self.dns_sockets.clear();
-                        }
-                        let server = addr.address.as_deref().zip(addr.port).map(|(a, p)| net::host_port(a, p));
-                        self.dns_sockets.insert((tgid, fd), server);
-                    } else {
-                        self.dns_sockets.remove(&(tgid, fd));
-                    }
-                }
-                self.emit(Event {
-                    time_ns: time,
-                    pid: tgid,
-                    data: EventData::Connect(Connect {
-                        tid,
-                        family: addr.family,
-                        socket_type: socket.as_deref().and_then(socket_type),
-                        address: addr.address,
-                        port: addr.port,
-                        path: addr.path,
-                        ret,
-                        held: false,
-                        fail_closed: false,
-                        proxy_refused: None,
-                        repeats: 0,
-                    }),
-                });
-            }
-            // sendto(fd, buf, len, flags, addr, addrlen); sendmsg(fd, {msg_name=..., msg_iov=[...]},
-            // flags); sendmmsg(fd, [{msg_hdr={...}, ...}, ...], n, flags): the first message.
-            _ => {
-                let (fd, _) = fd_arg(args.first().copied().unwrap_or_default());
-                let (payload, to) = if name == "sendto" {
-                    (args.get(1).and_then(|a| quoted_bytes(a)), args.get(4).map(|a| sockaddr(a)))
-                } else {
-                    let message = args.get(1).copied().unwrap_or_default();
-                    let to = message.find("msg_name={").map(|at| sockaddr(&message[at + "msg_name=".len()..]));
-                    (message.find("iov_base=").and_then(|at| quoted_bytes(&message[at + "iov_base=".len()..])), to)
-                };
-                let server = match to.filter(|to| !to.family.is_empty() && to.family != "unknown") {
-                    Some(to) if to.port == Some(DNS_PORT) => {
-                        to.address.as_deref().zip(to.port).map(|(a, p)| net::host_port(a, p))
-                    }
-                    Some(_) => return Ok(()),
-                    None => match fd.and_then(|fd| self.dns_sockets.get(&(tgid, fd))) {
-                        Some(server) => server.clone(),
-                        None => return Ok(()),
-                    },
-                };
-                // A payload cut by `-s` that no longer holds the whole question is no query.
-                let Some(Ok((query, qtype))) = payload.map(|bytes| net::dns_question_any(&bytes)) else {
-                    return Ok(());
-                };
-                self.emit(Event {
-                    time_ns: time,
-                    pid: tgid,
-                    data: EventData::DnsQuery(DnsQuery { tid, name: query, qtype: net::qtype_name(qtype), server }),
-                });
+            return Ok(());
+        }
+        bounded_insert(&mut self.parent, child, tgid);
+        if let Some(cwd) = self.cwd.get(&tgid).cloned() {
+            bounded_insert(&mut self.cwd, child, cwd);
+        }
+        self.emit(Event { time_ns: time, pid: tgid, data: EventData::Fork(Fork { child_pid: child }) });
+        self.known.insert(child);
+        let (mine, others): (Vec<Event>, Vec<Event>) =
+            std::mem::take(&mut self.held).into_iter().partition(|e| e.pid == child);
+        self.held = others;
+        self.out.extend(mine);
+        Ok(())
+    }
+
+    /// An open, with the absolute path of what it opened.
+    fn open(&mut self, call: Call) -> Result<(), String> {
+        let Call { time, tid, tgid, name, args, ret, annotation } = call;
+        let at = usize::from(matches!(name, "openat" | "openat2"));
+        let (dirfd, dir) = if at == 1 { fd_arg(args.first().copied().unwrap_or("")) } else { (Some(AT_FDCWD), None) };
+        let dirfd = dirfd.ok_or("bad dirfd")?;
+        if dirfd == AT_FDCWD {
+            if let Some(dir) = &dir {
+                bounded_insert(&mut self.cwd, tgid, dir.clone());
             }
         }
+        let path = args.get(at).and_then(|a| decode_string(a)).ok_or("open without a path")?;
+        let (flags, mode) = match name {
+            "creat" => (0o1101, args.get(1).and_then(|m| parse_int(m)).unwrap_or(0) as u64),
+            "openat2" => {
+                let how = args.get(2).copied().unwrap_or("");
+                (
+                    struct_field(how, "flags").and_then(parse_open_flags).unwrap_or(0),
+                    struct_field(how, "mode").and_then(parse_int).unwrap_or(0) as u64,
+                )
+            }
+            _ => (
+                args.get(at + 1).and_then(|f| parse_open_flags(f)).ok_or("bad open flags")?,
+                args.get(at + 2).and_then(|m| parse_int(m)).unwrap_or(0) as u64,
+            ),
+        };
+        let ret = ret.unwrap_or(-1);
+        // `-y` shows the file the kernel opened; without it, the path joined lexically
+        // with the directory strace showed or the tracked working directory.
+        let abs_path = if ret >= 0 { annotation.filter(|a| a.starts_with('/')) } else { None }.or_else(|| {
+            let base = if dirfd == AT_FDCWD { dir.or_else(|| self.cwd.get(&tgid).cloned()) } else { dir };
+            join(base.as_deref(), &path)
+        });
+        self.emit(Event {
+            time_ns: time,
+            pid: tgid,
+            data: EventData::Open(Open {
+                tid,
+                syscall: name.to_owned(),
+                dirfd,
+                flags,
+                mode,
+                path,
+                abs_path,
+                ret,
+                ..Open::default()
+            }),
+        });
+        Ok(())
+    }
+
+    /// A change of working directory, remembered to make later paths absolute.
+    fn chdir(&mut self, call: Call) -> Result<(), String> {
+        let Call { tgid, name, args, ret, .. } = call;
+        if ret != Some(0) {
+            return Ok(());
+        }
+        let arg = args.first().copied().unwrap_or("");
+        let dir = if name == "chdir" {
+            decode_string(arg).and_then(|p| join(self.cwd.get(&tgid).map(String::as_str), &p))
+        } else {
+            fd_arg(arg).1
+        };
+        match dir {
+            Some(dir) => bounded_insert(&mut self.cwd, tgid, dir),
+            None => {
+                self.cwd.remove(&tgid);
+            }
+        }
+        Ok(())
+    }
+
+    /// A rename or link: both paths, absolute.
+    fn rename(&mut self, call: Call) -> Result<(), String> {
+        let Call { time, tid, tgid, name, args, ret, .. } = call;
+        let Some(ret) = ret else { return Ok(()) };
+        // (dirfd index, path index) of the source and of the destination.
+        let (old, new) = match name {
+            "rename" | "link" | "symlink" => ((None, 0), (None, 1)),
+            "symlinkat" => ((None, 0), (Some(1), 2)),
+            _ => ((Some(0), 1), (Some(2), 3)),
+        };
+        let cwd = self.cwd.get(&tgid).cloned();
+        let side = |(dirfd, path): (Option<usize>, usize)| -> Result<(String, Option<String>), String> {
+            let path = args.get(path).and_then(|a| decode_string(a)).ok_or("rename without a path")?;
+            let (fd, dir) = dirfd.map(|i| fd_arg(args.get(i).copied().unwrap_or(""))).unwrap_or((Some(AT_FDCWD), None));
+            let base = if fd == Some(AT_FDCWD) { dir.or_else(|| cwd.clone()) } else { dir };
+            let abs = join(base.as_deref(), &path);
+            Ok((path, abs))
+        };
+        let (old_path, mut old_abs) = side(old)?;
+        let (new_path, new_abs) = side(new)?;
+        if name.starts_with("symlink") {
+            // A symlink's source is the link's text, not a file name to resolve.
+            old_abs = None;
+        }
+        self.emit(Event {
+            time_ns: time,
+            pid: tgid,
+            data: EventData::Rename(Rename {
+                tid,
+                syscall: name.to_owned(),
+                old_path,
+                new_path,
+                old_abs,
+                new_abs,
+                ret,
+            }),
+        });
+        Ok(())
+    }
+
+    /// A call that matters on its own, with the process it targets when it has one.
+    fn syscall(&mut self, call: Call) -> Result<(), String> {
+        let Call { time, tid, tgid, name, args, ret, .. } = call;
+        let number = |i: usize| args.get(i).and_then(|a| parse_int(a)).and_then(|n| u32::try_from(n).ok());
+        let word =
+            |i: usize| args.get(i).filter(|a| a.starts_with(|c: char| c.is_ascii_uppercase())).map(|a| (*a).to_owned());
+        let (target_pid, operation) = match name {
+            "ptrace" => (number(1), word(0)),
+            "process_vm_readv" | "process_vm_writev" | "pidfd_open" => (number(0), None),
+            "kill" | "tkill" => (number(0), word(1)),
+            "tgkill" => (number(0), word(2)),
+            "bpf" => (None, word(0)),
+            _ => (None, None),
+        };
+        self.emit(Event {
+            time_ns: time,
+            pid: tgid,
+            data: EventData::Syscall(Syscall {
+                tid,
+                name: name.to_owned(),
+                target_pid,
+                operation,
+                ret,
+                blocked: false,
+                denied: false,
+                repeats: 0,
+            }),
+        });
+        Ok(())
+    }
+
+    /// A connect; a socket connected to port 53 is remembered, for the queries sent on it.
+    fn connect(&mut self, call: Call) -> Result<(), String> {
+        let Call { time, tid, tgid, args, ret, .. } = call;
+        let (fd, socket) = fd_arg(args.first().copied().unwrap_or_default());
+        let addr = args.get(1).map(|a| sockaddr(a)).unwrap_or_default();
+        if let Some(fd) = fd {
+            if addr.port == Some(DNS_PORT) && matches!(addr.family.as_str(), "inet" | "inet6") {
+                if self.dns_sockets.len() >= MAX_TABLE {
+                    self.dns_sockets.clear();
+                }
+                let server = addr.address.as_deref().zip(addr.port).map(|(a, p)| net::host_port(a, p));
+                self.dns_sockets.insert((tgid, fd), server);
+            } else {
+                self.dns_sockets.remove(&(tgid, fd));
+            }
+        }
+        self.emit(Event {
+            time_ns: time,
+            pid: tgid,
+            data: EventData::Connect(Connect {
+                tid,
+                family: addr.family,
+                socket_type: socket.as_deref().and_then(socket_type),
+                address: addr.address,
+                port: addr.port,
+                path: addr.path,
+                ret,
+                held: false,
+                fail_closed: false,
+                proxy_refused: None,
+                repeats: 0,
+            }),
+        });
+        Ok(())
+    }
+
+    /// A DNS query sent with `sendto(fd, buf, len, flags, addr, addrlen)`,
+    /// `sendmsg(fd, {msg_name=..., msg_iov=[...]}, flags)` or
+    /// `sendmmsg(fd, [{msg_hdr={...}, ...}, ...], n, flags)` (its first message).
+    fn send(&mut self, call: Call) -> Result<(), String> {
+        let Call { time, tid, tgid, name, args, .. } = call;
+        let (fd, _) = fd_arg(args.first().copied().unwrap_or_default());
+        let (payload, to) = if name == "sendto" {
+            (args.get(1).and_then(|a| quoted_bytes(a)), args.get(4).map(|a| sockaddr(a)))
+        } else {
+            let message = args.get(1).copied().unwrap_or_default();
+            let to = message.find("msg_name={").map(|at| sockaddr(&message[at + "msg_name=".len()..]));
+            (message.find("iov_base=").and_then(|at| quoted_bytes(&message[at + "iov_base=".len()..])), to)
+        };
+        let server = match to.filter(|to| !to.family.is_empty() && to.family != "unknown") {
+            Some(to) if to.port == Some(DNS_PORT) => {
+                to.address.as_deref().zip(to.port).map(|(a, p)| net::host_port(a, p))
+            }
+            Some(_) => return Ok(()),
+            None => match fd.and_then(|fd| self.dns_sockets.get(&(tgid, fd))) {
+                Some(server) => server.clone(),
+                None => return Ok(()),
+            },
+        };
+        // A payload cut by `-s` that no longer holds the whole question is no query.
+        let Some(Ok((query, qtype))) = payload.map(|bytes| net::dns_question_any(&bytes)) else {
+            return Ok(());
+        };
+        self.emit(Event {
+            time_ns: time,
+            pid: tgid,
+            data: EventData::DnsQuery(DnsQuery { tid, name: query, qtype: net::qtype_name(qtype), server }),
+        });
         Ok(())
     }
 
@@ -714,6 +751,20 @@ fn quoted_bytes(text: &str) -> Option<Vec<u8>> {
     let inner = text.strip_prefix('"')?;
     let end = skip_quoted(inner.as_bytes(), 0, b'"');
     Some(unescape(&inner[..end.min(inner.len())]))
+}
+
+/// One complete call, split into what the handler of its family reads.
+struct Call<'a> {
+    time: u64,
+    tid: u32,
+    /// The process of the thread.
+    tgid: u32,
+    name: &'a str,
+    args: Vec<&'a str>,
+    /// The result, when it is a number.
+    ret: Option<i64>,
+    /// What `-y` shows after the result: the file an fd opened.
+    annotation: Option<String>,
 }
 
 /// The name of a call line (`openat(...`), if it is one.
