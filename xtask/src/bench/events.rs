@@ -269,9 +269,132 @@ fn agent_ns_per_event(steps: &[Step]) -> (f64, f64, u64) {
     (cpu_ns / events as f64, cpu_ns, events)
 }
 
+/// (a) The producer's ceiling and (b) the consumer's capacity, from the open floods.
+struct Capacity {
+    cores: f64,
+    /// Driver CPU ns per open, step by step (the producer's own cost).
+    ns_per_open_of_steps: Vec<f64>,
+    /// The cheapest step's: the ceiling is the most generous that the run supports.
+    producer_ns: f64,
+    producer_ceiling: f64,
+    consumer_ns: f64,
+    agent_cpu_ns: f64,
+    agent_events: u64,
+    consumer_one_core: f64,
+    shared_bound: f64,
+    clock_ticks: i64,
+}
+
+impl Capacity {
+    fn of(opens: &[Step]) -> Capacity {
+        let cores = thread::available_parallelism().map_or(1, usize::from) as f64;
+        // Driver CPU ns per open, step by step (the producer's own cost).
+        let ns_per_open_of_steps: Vec<f64> = opens.iter().map(|step| step.driver_ns_per_event).collect();
+        // The cheapest step: the ceiling is the most generous that the run supports.
+        let producer_ns = ns_per_open_of_steps.iter().copied().filter(|v| v.is_finite()).fold(f64::NAN, f64::min);
+        let producer_ceiling = cores * 1e9 / producer_ns;
+        let (consumer_ns, agent_cpu_ns, agent_events) = agent_ns_per_event(opens);
+        let consumer_one_core = 1e9 / consumer_ns;
+        let shared_bound = cores * 1e9 / (producer_ns + consumer_ns);
+        // SAFETY: sysconf has no preconditions.
+        let clock_ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        Capacity {
+            cores,
+            ns_per_open_of_steps,
+            producer_ns,
+            producer_ceiling,
+            consumer_ns,
+            agent_cpu_ns,
+            agent_events,
+            consumer_one_core,
+            shared_bound,
+            clock_ticks,
+        }
+    }
+
+    /// (a), (b) and what bounds the zero-loss rate of opens (`opens_best`).
+    fn notes(&self, opens_best: f64) -> Vec<String> {
+        let Capacity {
+            cores,
+            producer_ns,
+            producer_ceiling,
+            consumer_ns,
+            agent_cpu_ns,
+            agent_events,
+            consumer_one_core,
+            shared_bound,
+            clock_ticks,
+            ..
+        } = *self;
+        let mut notes = Vec::new();
+        notes.push(format!(
+            "(a) Producer's ceiling: one event-producing open costs the marked driver **{} ns** of its own user+system CPU (the syscall and credwatch's eBPF programs in it; `getrusage` of each driver process; the cheapest step, so that the ceiling is the most generous this run supports), so {cores:.0} cores doing nothing but opens could make at most **{} events/s** ({} per core).",
+            fmt(producer_ns, 0),
+            fmt(producer_ceiling, 0),
+            fmt(producer_ceiling / cores, 0),
+        ));
+        notes.push(format!(
+            "(b) Consumer's capacity: the agent used **{} ns** of CPU per event received ({} ms of utime+stime from /proc/PID/stat, in 1/{clock_ticks} s ticks, read once it was attached and again once it had drained each open flood, over {agent_events} events), so one core of agent could take **{} events/s**. Producer and agent sharing the {cores:.0} cores: at most {} events/s.",
+            fmt(consumer_ns, 0),
+            fmt(agent_cpu_ns / 1e6, 0),
+            fmt(consumer_one_core, 0),
+            fmt(shared_bound, 0),
+        ));
+        notes.push(format!(
+            "{} {}",
+            if producer_ceiling < 1e6 {
+                format!(
+                    "The zero-loss rate of opens ({} /s) is bounded by (a): opens from marked processes cannot reach 1M events/s on this machine ({} /s at most on {cores:.0} cores with nothing else running); 3b drives cheaper events.",
+                    fmt(opens_best, 0),
+                    fmt(producer_ceiling, 0)
+                )
+            } else {
+                format!(
+                    "(a) is above 1M events/s ({} /s), so the producer alone does not bound the zero-loss rate of opens ({} /s).",
+                    fmt(producer_ceiling, 0),
+                    fmt(opens_best, 0)
+                )
+            },
+            if consumer_one_core >= 1e6 {
+                format!("(b) would reach 1M events/s: one core of agent takes {} /s.", fmt(consumer_one_core, 0))
+            } else if consumer_one_core.is_finite() {
+                format!(
+                    "(b) would not reach 1M events/s: one core of agent takes {} /s, {:.1}× short.",
+                    fmt(consumer_one_core, 0),
+                    1e6 / consumer_one_core
+                )
+            } else {
+                "(b) could not be measured.".to_owned()
+            }
+        ));
+        notes
+    }
+
+    fn producer_json(&self) -> Value {
+        json!({
+            "driver_cpu_ns_per_open": nan_null(self.producer_ns),
+            "from": "the cheapest open step",
+            "steps_ns_per_open": self.ns_per_open_of_steps,
+            "cores": self.cores,
+            "ceiling_events_per_s": nan_null(self.producer_ceiling),
+            "ceiling_events_per_s_one_core": nan_null(self.producer_ceiling / self.cores),
+        })
+    }
+
+    fn consumer_json(&self) -> Value {
+        json!({
+            "agent_cpu_ns_per_event": nan_null(self.consumer_ns),
+            "agent_cpu_ns": self.agent_cpu_ns,
+            "events_received": self.agent_events,
+            "clock_ticks_per_s": self.clock_ticks,
+            "events_per_s_one_core": nan_null(self.consumer_one_core),
+        })
+    }
+}
+
 pub fn throughput(ctx: &mut Ctx) -> Result<Section> {
     // (total rate, processes); rate 0 = as fast as the processes go.
-    let open_steps: &[(u64, u32)] = if ctx.quick {
+    let open_rates: &[(u64, u32)] = if ctx.quick {
         &[(100_000, 1), (0, 2)]
     } else {
         &[(50_000, 1), (100_000, 1), (200_000, 1), (300_000, 1), (400_000, 2), (0, 1), (0, 2)]
@@ -279,64 +402,12 @@ pub fn throughput(ctx: &mut Ctx) -> Result<Section> {
     let uring_rates: &[u64] =
         if ctx.quick { &[1_000_000, 0] } else { &[250_000, 500_000, 1_000_000, 1_500_000, 2_000_000, 0] };
     let seconds = if ctx.quick { 1.0 } else { 2.0 };
-    let mut section = Section::new(
-        "throughput",
-        "3. Event throughput (marked driver under `credwatch run`)",
-        &[
-            "asked opens/s",
-            "procs",
-            "made opens/s",
-            "opens made",
-            "events received",
-            "lost (agent)",
-            "zero loss",
-            "driver CPU ns/open",
-            "agent CPU ns/event",
-        ],
-    );
-    let mut opens = Vec::new();
-    for &(rate, procs) in open_steps {
-        let step = Step::run(ctx, Driver::Opens { procs }, rate, seconds)?;
-        section.rows.push(step.row(&[procs.to_string()]));
-        let mut json = step.json();
-        json["procs"] = json!(procs);
-        opens.push((step, json));
-    }
-    let (opens, opens_json): (Vec<Step>, Vec<Value>) = opens.into_iter().unzip();
+    let (mut section, opens, opens_json) = open_steps(ctx, open_rates, seconds)?;
 
-    let mut uring_table = Section::new(
-        "throughput",
-        "3b. Event throughput, io_uring submissions (marked driver under `credwatch run`)",
-        &[
-            "asked events/s",
-            "made events/s",
-            "events made",
-            "events received",
-            "lost (agent)",
-            "zero loss",
-            "driver CPU ns/event",
-            "agent CPU ns/event",
-        ],
-    );
-    let mut uring = Vec::new();
-    for &rate in uring_rates {
-        let step = Step::run(ctx, Driver::Uring { batch: URING_BATCH }, rate, seconds)?;
-        uring_table.rows.push(step.row(&[]));
-        uring.push(step);
-    }
+    let (mut uring_table, uring) = uring_steps(ctx, uring_rates, seconds)?;
 
-    // (a) the producer's ceiling and (b) the consumer's capacity, from the open floods.
-    let cores = thread::available_parallelism().map_or(1, usize::from) as f64;
-    // Driver CPU ns per open, step by step (the producer's own cost).
-    let ns_per_open_of_steps: Vec<f64> = opens.iter().map(|step| step.driver_ns_per_event).collect();
-    // The cheapest step: the ceiling is the most generous that the run supports.
-    let producer_ns = ns_per_open_of_steps.iter().copied().filter(|v| v.is_finite()).fold(f64::NAN, f64::min);
-    let producer_ceiling = cores * 1e9 / producer_ns;
-    let (consumer_ns, agent_cpu_ns, agent_events) = agent_ns_per_event(&opens);
-    let consumer_one_core = 1e9 / consumer_ns;
-    let shared_bound = cores * 1e9 / (producer_ns + consumer_ns);
-    // SAFETY: sysconf has no preconditions.
-    let clock_ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let capacity = Capacity::of(&opens);
+    let (cores, producer_ns) = (capacity.cores, capacity.producer_ns);
     let opens_best = best_zero_loss(&opens).map_or(0.0, |step| step.made);
     let uring_best = best_zero_loss(&uring);
     let uring_best_rate = uring_best.map_or(0.0, |step| step.made);
@@ -346,42 +417,8 @@ pub fn throughput(ctx: &mut Ctx) -> Result<Section> {
     let ring =
         ring_bytes.map_or("of unknown size".to_owned(), |bytes| format!("{} MiB", fmt(bytes as f64 / 1048576.0, 1)));
 
-    // Exact accounting: a flood recorded to a trace while the agent is stopped for a while (its
-    // ring buffer fills, the kernel counts what it drops), opens counted in the trace.
-    let trace = ctx.work.join("flood.jsonl");
-    let flood_seconds = if ctx.quick { 2.0 } else { 3.0 };
-    let stall = Duration::from_millis(500);
-    let record = Command::new(&ctx.credwatch)
-        .args(["record", "-o"])
-        .arg(&trace)
-        .arg("--")
-        .arg(ctx.bin.join("opener"))
-        .args(["0".to_owned(), flood_seconds.to_string(), MISSING.to_owned(), "2".to_owned()])
-        .env("HOME", &ctx.home)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting credwatch record -- opener")?;
-    let waited = Instant::now();
-    // Events flowing: the trace has grown past its header and the first execs.
-    while fs::metadata(&trace).map_or(0, |m| m.len()) < 1 << 20 && waited.elapsed() < Duration::from_secs(10) {
-        thread::sleep(Duration::from_millis(10));
-    }
-    signal(record.id(), libc::SIGSTOP);
-    thread::sleep(stall);
-    signal(record.id(), libc::SIGCONT);
-    let output = record.wait_with_output().context("waiting for credwatch record")?;
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    if !output.status.success() {
-        bail!("credwatch record -- opener failed ({}): {}", output.status, stderr.trim());
-    }
-    let drive = parse_drive(&String::from_utf8_lossy(&output.stdout))?;
-    let (received, lost_in_trace) = count_trace(&trace)?;
-    let _ = fs::remove_file(&trace);
-    let summary = parse_summary(&stderr).unwrap_or_default();
-    let missed = drive.events as i64 - received as i64;
-    let exact = missed == lost_in_trace as i64;
+    let Accounting { flood_seconds, stall, drive, received, lost_in_trace, summary, missed, exact } =
+        loss_accounting(ctx)?;
     section.notes.push(format!(
         "Each step drives opens of a missing path for {seconds} s (one event each, no path walk: the cheapest event). The agent's bulk ring buffer is {ring} (the largest ring buffer in its /proc/PID/fdinfo); it reads it every 10 ms while records flow, and is woken by the first record after it caught up or past a fill watermark."
     ));
@@ -389,46 +426,7 @@ pub fn throughput(ctx: &mut Ctx) -> Result<Section> {
         "Zero loss (this table and 3b): the agent's summary counts 0 lost **and** at least as many events received as the driver made (the agent's count also has the driver's exec, exit and set-up records, a handful per step).".to_owned(),
     );
     section.notes.push(format!("Highest rate with zero loss from opens: **{} events/s**.", fmt(opens_best, 0)));
-    section.notes.push(format!(
-        "(a) Producer's ceiling: one event-producing open costs the marked driver **{} ns** of its own user+system CPU (the syscall and credwatch's eBPF programs in it; `getrusage` of each driver process; the cheapest step, so that the ceiling is the most generous this run supports), so {cores:.0} cores doing nothing but opens could make at most **{} events/s** ({} per core).",
-        fmt(producer_ns, 0),
-        fmt(producer_ceiling, 0),
-        fmt(producer_ceiling / cores, 0),
-    ));
-    section.notes.push(format!(
-        "(b) Consumer's capacity: the agent used **{} ns** of CPU per event received ({} ms of utime+stime from /proc/PID/stat, in 1/{clock_ticks} s ticks, read once it was attached and again once it had drained each open flood, over {agent_events} events), so one core of agent could take **{} events/s**. Producer and agent sharing the {cores:.0} cores: at most {} events/s.",
-        fmt(consumer_ns, 0),
-        fmt(agent_cpu_ns / 1e6, 0),
-        fmt(consumer_one_core, 0),
-        fmt(shared_bound, 0),
-    ));
-    section.notes.push(format!(
-        "{} {}",
-        if producer_ceiling < 1e6 {
-            format!(
-                "The zero-loss rate of opens ({} /s) is bounded by (a): opens from marked processes cannot reach 1M events/s on this machine ({} /s at most on {cores:.0} cores with nothing else running); 3b drives cheaper events.",
-                fmt(opens_best, 0),
-                fmt(producer_ceiling, 0)
-            )
-        } else {
-            format!(
-                "(a) is above 1M events/s ({} /s), so the producer alone does not bound the zero-loss rate of opens ({} /s).",
-                fmt(producer_ceiling, 0),
-                fmt(opens_best, 0)
-            )
-        },
-        if consumer_one_core >= 1e6 {
-            format!("(b) would reach 1M events/s: one core of agent takes {} /s.", fmt(consumer_one_core, 0))
-        } else if consumer_one_core.is_finite() {
-            format!(
-                "(b) would not reach 1M events/s: one core of agent takes {} /s, {:.1}× short.",
-                fmt(consumer_one_core, 0),
-                1e6 / consumer_one_core
-            )
-        } else {
-            "(b) could not be measured.".to_owned()
-        }
-    ));
+    section.notes.extend(capacity.notes(opens_best));
     section.notes.push(format!(
         "Loss accounting (`credwatch record` of a 2-process flood, {flood_seconds} s, the agent stopped with SIGSTOP for {} ms meanwhile): driver made {} opens, the trace has {received} of them, so {missed} missed; `lost` events in the trace count {lost_in_trace} (agent summary: {} lost): {}.",
         stall.as_millis(),
@@ -491,22 +489,9 @@ pub fn throughput(ctx: &mut Ctx) -> Result<Section> {
             "agent_cpu_ns": uring_agent_cpu_ns,
             "events_received": uring_agent_events,
         },
-        "producer": {
-            "driver_cpu_ns_per_open": nan_null(producer_ns),
-            "from": "the cheapest open step",
-            "steps_ns_per_open": ns_per_open_of_steps,
-            "cores": cores,
-            "ceiling_events_per_s": nan_null(producer_ceiling),
-            "ceiling_events_per_s_one_core": nan_null(producer_ceiling / cores),
-        },
-        "consumer": {
-            "agent_cpu_ns_per_event": nan_null(consumer_ns),
-            "agent_cpu_ns": agent_cpu_ns,
-            "events_received": agent_events,
-            "clock_ticks_per_s": clock_ticks,
-            "events_per_s_one_core": nan_null(consumer_one_core),
-        },
-        "producer_and_consumer_sharing_cores_events_per_s": nan_null(shared_bound),
+        "producer": capacity.producer_json(),
+        "consumer": capacity.consumer_json(),
+        "producer_and_consumer_sharing_cores_events_per_s": nan_null(capacity.shared_bound),
         "accounting": {
             "opens_made": drive.events, "opens_in_trace": received, "missed": missed,
             "lost_in_trace": lost_in_trace, "lost_in_summary": summary.lost, "exact": exact,
@@ -536,6 +521,117 @@ pub fn throughput(ctx: &mut Ctx) -> Result<Section> {
         Some(exact),
     );
     Ok(section)
+}
+
+/// Section 3's open floods: each of `steps` (total rate, processes; rate 0: as fast as they go)
+/// for `seconds`, a row each.
+fn open_steps(ctx: &Ctx, steps: &[(u64, u32)], seconds: f64) -> Result<(Section, Vec<Step>, Vec<Value>)> {
+    let mut section = Section::new(
+        "throughput",
+        "3. Event throughput (marked driver under `credwatch run`)",
+        &[
+            "asked opens/s",
+            "procs",
+            "made opens/s",
+            "opens made",
+            "events received",
+            "lost (agent)",
+            "zero loss",
+            "driver CPU ns/open",
+            "agent CPU ns/event",
+        ],
+    );
+    let mut opens = Vec::new();
+    for &(rate, procs) in steps {
+        let step = Step::run(ctx, Driver::Opens { procs }, rate, seconds)?;
+        section.rows.push(step.row(&[procs.to_string()]));
+        let mut json = step.json();
+        json["procs"] = json!(procs);
+        opens.push((step, json));
+    }
+    let (opens, opens_json) = opens.into_iter().unzip();
+    Ok((section, opens, opens_json))
+}
+
+/// Table 3b's io_uring floods: each of `rates` (0: as fast as the driver goes) for `seconds`.
+fn uring_steps(ctx: &Ctx, rates: &[u64], seconds: f64) -> Result<(Section, Vec<Step>)> {
+    let mut uring_table = Section::new(
+        "throughput",
+        "3b. Event throughput, io_uring submissions (marked driver under `credwatch run`)",
+        &[
+            "asked events/s",
+            "made events/s",
+            "events made",
+            "events received",
+            "lost (agent)",
+            "zero loss",
+            "driver CPU ns/event",
+            "agent CPU ns/event",
+        ],
+    );
+    let mut uring = Vec::new();
+    for &rate in rates {
+        let step = Step::run(ctx, Driver::Uring { batch: URING_BATCH }, rate, seconds)?;
+        uring_table.rows.push(step.row(&[]));
+        uring.push(step);
+    }
+    Ok((uring_table, uring))
+}
+
+/// What [`loss_accounting`] found.
+struct Accounting {
+    flood_seconds: f64,
+    stall: Duration,
+    drive: Drive,
+    /// Opens of the flood in the trace.
+    received: u64,
+    /// The `lost` events of the trace, summed.
+    lost_in_trace: u64,
+    summary: Summary,
+    /// Opens made and not in the trace.
+    missed: i64,
+    /// Every missed open counted lost.
+    exact: bool,
+}
+
+/// Exact accounting: a flood recorded to a trace while the agent is stopped for a while (its
+/// ring buffer fills, the kernel counts what it drops), opens counted in the trace.
+fn loss_accounting(ctx: &Ctx) -> Result<Accounting> {
+    let trace = ctx.work.join("flood.jsonl");
+    let flood_seconds = if ctx.quick { 2.0 } else { 3.0 };
+    let stall = Duration::from_millis(500);
+    let record = Command::new(&ctx.credwatch)
+        .args(["record", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(ctx.bin.join("opener"))
+        .args(["0".to_owned(), flood_seconds.to_string(), MISSING.to_owned(), "2".to_owned()])
+        .env("HOME", &ctx.home)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting credwatch record -- opener")?;
+    let waited = Instant::now();
+    // Events flowing: the trace has grown past its header and the first execs.
+    while fs::metadata(&trace).map_or(0, |m| m.len()) < 1 << 20 && waited.elapsed() < Duration::from_secs(10) {
+        thread::sleep(Duration::from_millis(10));
+    }
+    signal(record.id(), libc::SIGSTOP);
+    thread::sleep(stall);
+    signal(record.id(), libc::SIGCONT);
+    let output = record.wait_with_output().context("waiting for credwatch record")?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() {
+        bail!("credwatch record -- opener failed ({}): {}", output.status, stderr.trim());
+    }
+    let drive = parse_drive(&String::from_utf8_lossy(&output.stdout))?;
+    let (received, lost_in_trace) = count_trace(&trace)?;
+    let _ = fs::remove_file(&trace);
+    let summary = parse_summary(&stderr).unwrap_or_default();
+    let missed = drive.events as i64 - received as i64;
+    let exact = missed == lost_in_trace as i64;
+    Ok(Accounting { flood_seconds, stall, drive, received, lost_in_trace, summary, missed, exact })
 }
 
 /// Opens of [`MISSING`] in a trace, and the sum of its `lost` events of the ring buffer.

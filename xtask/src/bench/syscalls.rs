@@ -358,20 +358,17 @@ struct AgentLoad {
     wall_s: f64,
 }
 
-pub fn run(ctx: &mut Ctx) -> Result<Section> {
-    let sizes = if ctx.quick {
-        Sizes { open: 200_000, getppid: 500_000, strace_open: 10_000, strace_getppid: 20_000 }
-    } else {
-        Sizes { open: 1_000_000, getppid: 2_000_000, strace_open: 50_000, strace_getppid: 100_000 }
-    };
-    let rounds = ctx.rounds(5);
-    let hooks = credwatch_hooks(ctx)?;
-    super::say(&format!("bench: syscalls: floor hooks (from credwatch watch): {}", hooks.join(" ")));
-    let file = ctx.work.join("open-target");
-    fs::write(&file, "harmless\n")?;
-    let script = ctx.work.join("credwatch-equivalent.bt");
-    fs::write(&script, bpftrace_script(&ctx.home))?;
+/// Every configuration's samples (or why it could not be measured), and the agent's load under
+/// (c) and under (d) and (d2).
+struct Rounds {
+    samples: Vec<Vec<Sample>>,
+    errors: Vec<Option<String>>,
+    watch_load: AgentLoad,
+    marked_load: AgentLoad,
+}
 
+/// `rounds` rounds of every configuration, interleaved.
+fn measure_rounds(ctx: &Ctx, rounds: usize, hooks: &[String], script: &Path, file: &Path, sizes: &Sizes) -> Rounds {
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); CONFIGS.len()];
     let mut errors: Vec<Option<String>> = CONFIGS
         .iter()
@@ -397,12 +394,57 @@ pub fn run(ctx: &mut Ctx) -> Result<Section> {
                 Config::Watch => &mut watch_load,
                 _ => &mut marked_load,
             };
-            match measure(ctx, config, &hooks, &script, &file, &sizes, load) {
+            match measure(ctx, config, hooks, script, file, sizes, load) {
                 Ok(sample) => samples[index].push(sample),
                 Err(error) => errors[index] = Some(format!("{error:#}")),
             }
         }
     }
+    Rounds { samples, errors, watch_load, marked_load }
+}
+
+/// The targets for the open loop's CPU per configuration (`open`).
+fn check_targets(ctx: &mut Ctx, open: impl Fn(Config) -> f64) {
+    let (floor, c, e, f, d) =
+        (open(Config::Floor), open(Config::Watch), open(Config::Bpftrace), open(Config::Auditd), open(Config::Marked));
+    let nothing = open(Config::Nothing);
+    let finite = |v: f64| v.is_finite().then_some(v);
+    ctx.target(
+        "(c) over (b), open loop (CPU)",
+        format!("{:+.1}% ({} vs {} ns)", (c / floor - 1.0) * 100.0, fmt(c, 0), fmt(floor, 0)),
+        "≤ +10%",
+        finite(c / floor).map(|r| r <= 1.10),
+    );
+    ctx.target(
+        "(c) cheaper than (e) bpftrace and (f) auditd, open loop (CPU)",
+        format!("{} vs {} / {} ns", fmt(c, 0), fmt(e, 0), fmt(f, 0)),
+        "(c) < (e), (c) < (f)",
+        finite(c).and_then(|c| Some(c < finite(e)? && c < finite(f)?)),
+    );
+    ctx.target(
+        "(d) added per open, vs (a) (CPU)",
+        format!("{} ns", fmt(d - nothing, 0)),
+        "≤ 1500 ns",
+        finite(d - nothing).map(|v| v <= 1500.0),
+    );
+}
+
+pub fn run(ctx: &mut Ctx) -> Result<Section> {
+    let sizes = if ctx.quick {
+        Sizes { open: 200_000, getppid: 500_000, strace_open: 10_000, strace_getppid: 20_000 }
+    } else {
+        Sizes { open: 1_000_000, getppid: 2_000_000, strace_open: 50_000, strace_getppid: 100_000 }
+    };
+    let rounds = ctx.rounds(5);
+    let hooks = credwatch_hooks(ctx)?;
+    super::say(&format!("bench: syscalls: floor hooks (from credwatch watch): {}", hooks.join(" ")));
+    let file = ctx.work.join("open-target");
+    fs::write(&file, "harmless\n")?;
+    let script = ctx.work.join("credwatch-equivalent.bt");
+    fs::write(&script, bpftrace_script(&ctx.home))?;
+
+    let Rounds { samples, errors, watch_load, marked_load } =
+        measure_rounds(ctx, rounds, &hooks, &script, &file, &sizes);
 
     let column = |index: usize, pick: fn(&Sample) -> f64| median(&samples[index].iter().map(pick).collect::<Vec<_>>());
     let position = |config: Config| CONFIGS.iter().position(|c| *c == config).expect("listed");
@@ -513,29 +555,7 @@ pub fn run(ctx: &mut Ctx) -> Result<Section> {
     }
     section.json = Value::Object(figures);
 
-    let open = |config: Config| column(position(config), open_cpu);
-    let (floor, c, e, f, d) =
-        (open(Config::Floor), open(Config::Watch), open(Config::Bpftrace), open(Config::Auditd), open(Config::Marked));
-    let nothing = open(Config::Nothing);
-    let finite = |v: f64| v.is_finite().then_some(v);
-    ctx.target(
-        "(c) over (b), open loop (CPU)",
-        format!("{:+.1}% ({} vs {} ns)", (c / floor - 1.0) * 100.0, fmt(c, 0), fmt(floor, 0)),
-        "≤ +10%",
-        finite(c / floor).map(|r| r <= 1.10),
-    );
-    ctx.target(
-        "(c) cheaper than (e) bpftrace and (f) auditd, open loop (CPU)",
-        format!("{} vs {} / {} ns", fmt(c, 0), fmt(e, 0), fmt(f, 0)),
-        "(c) < (e), (c) < (f)",
-        finite(c).and_then(|c| Some(c < finite(e)? && c < finite(f)?)),
-    );
-    ctx.target(
-        "(d) added per open, vs (a) (CPU)",
-        format!("{} ns", fmt(d - nothing, 0)),
-        "≤ 1500 ns",
-        finite(d - nothing).map(|v| v <= 1500.0),
-    );
+    check_targets(ctx, |config| column(position(config), open_cpu));
     Ok(section)
 }
 
