@@ -602,6 +602,46 @@ struct Ctx {
     contain_net: bool,
 }
 
+impl Ctx {
+    /// The run's tools (python, cargo and npm; uv is added when a uv install is selected) and
+    /// settings from `options`.
+    fn new(options: &Options, out: PathBuf, cache: PathBuf, work: PathBuf) -> Result<Ctx> {
+        let python = python_executable()?;
+        let cargo = PathBuf::from(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        let cargo = if cargo.is_absolute() {
+            cargo
+        } else {
+            crate::toolchain::find_in_path("cargo").context("cargo is not on PATH")?
+        };
+        let npm = crate::toolchain::find_in_path("npm").context("npm is not on PATH")?;
+        // rustup's and pyenv's shims look in HOME, which each install replaces: the real tools
+        // first.
+        let mut dirs: Vec<PathBuf> =
+            [&cargo, &python, &npm].iter().filter_map(|p| p.parent().map(Path::to_path_buf)).collect();
+        dirs.extend(env::split_paths(&env::var_os("PATH").unwrap_or_default()));
+        let path = env::join_paths(dirs).context("building PATH")?;
+        let cores = thread::available_parallelism().map_or(1, usize::from);
+        Ok(Ctx {
+            out,
+            cache,
+            work,
+            binary: fs::canonicalize(&options.binary)
+                .with_context(|| format!("resolving {}", options.binary.display()))?,
+            python,
+            npm,
+            cargo,
+            uv: None,
+            path,
+            // node-gyp fetches Node's headers from outside the registries unless it is given them.
+            node_dir: Path::new("/usr/include/node/node.h").is_file().then(|| PathBuf::from("/usr")),
+            build_jobs: (cores / options.jobs).max(1),
+            timeout: options.timeout,
+            contain: options.contain,
+            contain_net: options.contain_net,
+        })
+    }
+}
+
 /// target/corpus, or the name of another `--list` (target/contain-sample), so that a subset's run
 /// leaves the whole list's report alone; `-contain` or `-contain-net` after it for a boxed run.
 fn out_dir_name(options: &Options) -> String {
@@ -643,53 +683,8 @@ pub fn corpus(args: &[&str]) -> Result<()> {
     let out = crate::workspace().join("target").join(out_dir_name(&options));
     // One cache for both kinds of run: a contained run downloads nothing the other has.
     let cache = crate::workspace().join("target/corpus/cache");
-    for dir in ["alerts", "logs"] {
-        let _ = fs::remove_dir_all(out.join(dir));
-    }
-    for eco in Eco::ALL {
-        for dir in ["alerts", "logs"] {
-            fs::create_dir_all(out.join(dir).join(eco.key()))
-                .with_context(|| format!("creating {}/{dir}", out.display()))?;
-        }
-    }
-    for dir in ["npm", "pip", "uv", "cargo/registry", "cargo/git"] {
-        fs::create_dir_all(cache.join(dir)).with_context(|| format!("creating {}", cache.join(dir).display()))?;
-    }
-    forget_built_wheels(&cache)?;
-    let work = env::temp_dir().join(format!("credwatch-corpus-{}", std::process::id()));
-    fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-
-    let python = python_executable()?;
-    let cargo = PathBuf::from(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    let cargo = if cargo.is_absolute() {
-        cargo
-    } else {
-        crate::toolchain::find_in_path("cargo").context("cargo is not on PATH")?
-    };
-    let npm = crate::toolchain::find_in_path("npm").context("npm is not on PATH")?;
-    // rustup's and pyenv's shims look in HOME, which each install replaces: the real tools first.
-    let mut dirs: Vec<PathBuf> =
-        [&cargo, &python, &npm].iter().filter_map(|p| p.parent().map(Path::to_path_buf)).collect();
-    dirs.extend(env::split_paths(&env::var_os("PATH").unwrap_or_default()));
-    let path = env::join_paths(dirs).context("building PATH")?;
-    let cores = thread::available_parallelism().map_or(1, usize::from);
-    let mut ctx = Ctx {
-        out: out.clone(),
-        cache: cache.clone(),
-        work: work.clone(),
-        binary: fs::canonicalize(&options.binary).with_context(|| format!("resolving {}", options.binary.display()))?,
-        python,
-        npm,
-        cargo,
-        uv: None,
-        path,
-        // node-gyp fetches Node's headers from outside the registries unless it is given them.
-        node_dir: Path::new("/usr/include/node/node.h").is_file().then(|| PathBuf::from("/usr")),
-        build_jobs: (cores / options.jobs).max(1),
-        timeout: options.timeout,
-        contain: options.contain,
-        contain_net: options.contain_net,
-    };
+    let work = prepare_dirs(&out, &cache)?;
+    let mut ctx = Ctx::new(&options, out.clone(), cache, work.clone())?;
     if selected.iter().any(|e| e.eco == Eco::Uv) {
         ctx.uv = Some(ensure_uv(&ctx)?);
     }
@@ -727,11 +722,63 @@ pub fn corpus(args: &[&str]) -> Result<()> {
     };
     println!("corpus: {} installs, {} at a time; output in {}", selected.len(), options.jobs, out.display());
 
+    let outcomes = install_all(&ctx, &selected, options.jobs, |snapshot| {
+        write_outputs(&out, snapshot, &header(snapshot.len(), started.elapsed()))
+    });
+    write_outputs(&out, &outcomes, &header(outcomes.len(), started.elapsed()))?;
+    let resolved: HashMap<(Eco, String), String> =
+        outcomes.iter().filter_map(|o| Some(((o.eco, o.name.clone()), o.version.clone()?))).collect();
+    let pinned = out.join("packages.pinned.txt");
+    fs::write(&pinned, pin_list(&list_text, &entries, &resolved))
+        .with_context(|| format!("writing {}", pinned.display()))?;
+    let _ = fs::remove_dir_all(&work);
+    let tables = aggregate(&outcomes);
+    println!(
+        "corpus: packages with medium-or-higher alerts: {} of {}; {} and {} written in {:.0} min",
+        tables.medium_or_higher,
+        tables.tried,
+        out.join("corpus.md").display(),
+        out.join("corpus.json").display(),
+        started.elapsed().as_secs_f64() / 60.0
+    );
+    Ok(())
+}
+
+/// Empties the run's alerts and logs, makes the cache's folders, and returns this run's work
+/// folder (in the system's temporary folder), made.
+fn prepare_dirs(out: &Path, cache: &Path) -> Result<PathBuf> {
+    for dir in ["alerts", "logs"] {
+        let _ = fs::remove_dir_all(out.join(dir));
+    }
+    for eco in Eco::ALL {
+        for dir in ["alerts", "logs"] {
+            fs::create_dir_all(out.join(dir).join(eco.key()))
+                .with_context(|| format!("creating {}/{dir}", out.display()))?;
+        }
+    }
+    for dir in ["npm", "pip", "uv", "cargo/registry", "cargo/git"] {
+        fs::create_dir_all(cache.join(dir)).with_context(|| format!("creating {}", cache.join(dir).display()))?;
+    }
+    forget_built_wheels(cache)?;
+    let work = env::temp_dir().join(format!("credwatch-corpus-{}", std::process::id()));
+    fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    Ok(work)
+}
+
+/// Installs `selected`, `jobs` at a time, printing a line per install and handing `report` what
+/// is done after each one (the report is written as the run goes, so that a long run can be
+/// read while it goes). The outcomes come in the list's order.
+fn install_all(
+    ctx: &Ctx,
+    selected: &[Entry],
+    jobs: usize,
+    report: impl Fn(&[Outcome]) -> Result<()> + Sync,
+) -> Vec<Outcome> {
     let next = Mutex::new(0usize);
     let results: Mutex<Vec<Option<Outcome>>> = Mutex::new(vec![None; selected.len()]);
     let report_lock = Mutex::new(());
     thread::scope(|scope| {
-        for _ in 0..options.jobs {
+        for _ in 0..jobs {
             scope.spawn(|| loop {
                 let index = {
                     let mut next = next.lock().expect("no worker panics holding the index");
@@ -740,7 +787,7 @@ pub fn corpus(args: &[&str]) -> Result<()> {
                     index
                 };
                 let Some(entry) = selected.get(index) else { break };
-                let outcome = install(&ctx, entry);
+                let outcome = install(ctx, entry);
                 let alerts = outcome.alerts.len();
                 let worst = outcome.alerts.iter().map(|a| a.severity.as_str()).max_by_key(|s| severity_rank(s));
                 println!(
@@ -760,32 +807,14 @@ pub fn corpus(args: &[&str]) -> Result<()> {
                     results[index] = Some(outcome);
                     results.iter().flatten().cloned().collect()
                 };
-                // Written after every install so that a long run can be read while it goes.
                 let _guard = report_lock.lock().expect("no worker panics holding the report");
-                if let Err(error) = write_outputs(&out, &snapshot, &header(snapshot.len(), started.elapsed())) {
+                if let Err(error) = report(&snapshot) {
                     eprintln!("corpus: writing the report: {error:#}");
                 }
             });
         }
     });
-    let outcomes: Vec<Outcome> = results.into_inner().expect("workers finished").into_iter().flatten().collect();
-    write_outputs(&out, &outcomes, &header(outcomes.len(), started.elapsed()))?;
-    let resolved: HashMap<(Eco, String), String> =
-        outcomes.iter().filter_map(|o| Some(((o.eco, o.name.clone()), o.version.clone()?))).collect();
-    let pinned = out.join("packages.pinned.txt");
-    fs::write(&pinned, pin_list(&list_text, &entries, &resolved))
-        .with_context(|| format!("writing {}", pinned.display()))?;
-    let _ = fs::remove_dir_all(&work);
-    let tables = aggregate(&outcomes);
-    println!(
-        "corpus: packages with medium-or-higher alerts: {} of {}; {} and {} written in {:.0} min",
-        tables.medium_or_higher,
-        tables.tried,
-        out.join("corpus.md").display(),
-        out.join("corpus.json").display(),
-        started.elapsed().as_secs_f64() / 60.0
-    );
-    Ok(())
+    results.into_inner().expect("workers finished").into_iter().flatten().collect()
 }
 
 fn write_outputs(out: &Path, outcomes: &[Outcome], header: &[String]) -> Result<()> {
