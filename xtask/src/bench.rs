@@ -1,4 +1,4 @@
-//! `cargo xtask bench [--quick] [--no-build] [--only SECTION,...]`: credwatch's costs, measured
+//! `cargo xtask bench [--quick] [--no-build] [--binary PATH] [--only SECTION,...]`: credwatch's costs, measured
 //! side by side with the hook's floor, bpftrace, auditd and strace, written to
 //! `target/bench/bench.md` and `target/bench/bench.json`.
 //!
@@ -73,16 +73,24 @@ pub const CREDENTIAL_FILES: &[&str] = &[
 pub struct Options {
     pub quick: bool,
     pub build: bool,
+    /// `--binary PATH`: the agent measured, instead of target/release/credwatch (not built then).
+    pub binary: Option<PathBuf>,
     pub only: Vec<String>,
 }
 
 fn parse_options(args: &[&str]) -> Result<Options> {
-    let mut options = Options { quick: false, build: true, only: SECTIONS.iter().map(|s| (*s).to_owned()).collect() };
+    let mut options =
+        Options { quick: false, build: true, binary: None, only: SECTIONS.iter().map(|s| (*s).to_owned()).collect() };
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         match *arg {
             "--quick" => options.quick = true,
             "--no-build" => options.build = false,
+            "--binary" => {
+                let path = args.next().context("--binary needs the path of a credwatch binary")?;
+                options.binary = Some(PathBuf::from(path));
+                options.build = false;
+            }
             "--only" => {
                 let list = args.next().context("--only needs a list of sections")?;
                 options.only = list.split(',').map(str::to_owned).collect();
@@ -266,7 +274,7 @@ fn run_bench(options: &Options) -> Result<()> {
     }
     let mut ctx = Ctx {
         quick: options.quick,
-        credwatch: workspace.join("target/release/credwatch"),
+        credwatch: options.binary.clone().unwrap_or_else(|| workspace.join("target/release/credwatch")),
         xtask_release: workspace.join("target/release/xtask"),
         home: make_home()?,
         out: out.clone(),
@@ -835,7 +843,15 @@ mod tests {
         assert!(parse_options(&["--only", "syscalls,nope"]).is_err());
         assert!(parse_options(&["--fast"]).is_err());
         let options = parse_options(&["--quick", "--only", "replay"]).unwrap();
-        assert!(options.quick && options.build);
+        assert!(options.quick && options.build && options.binary.is_none());
         assert_eq!(options.only, ["replay"]);
+    }
+
+    #[test]
+    fn a_binary_given_is_measured_unbuilt() {
+        let options = parse_options(&["--binary", "/tmp/credwatch", "--only", "footprint"]).unwrap();
+        assert!(!options.build && options.binary == Some(PathBuf::from("/tmp/credwatch")));
+        assert_eq!(options.only, ["footprint"]);
+        assert!(parse_options(&["--binary"]).is_err());
     }
 }

@@ -61,12 +61,15 @@ const USAGE: &str = "usage: cargo xtask <command>
                          container image's among them), and the package installed, checked and
                          purged with dpkg; --quick (root): the core's, the host's unit and the
                          end-to-end tests on this kernel alone (tests/README.md)
-  bench [--quick] [--no-build] [--only syscalls,install,throughput,replay,memory,outputs,idle,footprint,kernels]
+  bench [--quick] [--no-build] [--binary PATH]
+        [--only syscalls,install,throughput,replay,memory,outputs,idle,footprint,kernels]
                          (root) build, then measure overhead, install workloads, event and replay
                          throughput, memory and start-up, side by side with the hook's floor,
                          bpftrace, auditd and strace, the outputs' delivery to real local
-                         receivers, the idle agent, and both sensor backends in the 6.12 qemu
-                         guest with lsm=bpf (`kernels`): target/bench/bench.md and bench.json
+                         receivers, the idle agent, the footprint against xtask/budget.toml (over
+                         it: fails) and both sensor backends in the 6.12 qemu guest with lsm=bpf
+                         (`kernels`): target/bench/bench.md and bench.json; --binary: measure
+                         that agent, not built
   corpus [--only npm,pip,uv,cargo] [--jobs N] [--list FILE] [--binary PATH] [--timeout SECS] [--contain]
                          (root, network) install each package of xtask/corpus/packages.txt from its
                          registry under `credwatch run`, with a throwaway HOME of fake credentials:
