@@ -14,8 +14,9 @@ use super::{
     btf::Btf,
     cgroups::Hierarchies,
     hooks::fentry_hooks,
+    kernel_object,
     offsets::{kernel_offsets, syscall_regs},
-    Sensor, Unwatched, OBJECT, TRACEFS,
+    Sensor, Unwatched, TRACEFS,
 };
 
 /// One probed feature: `Ok(true)` loads, `Ok(false)` does not, `Err` the probe itself failed.
@@ -114,7 +115,9 @@ pub fn doctor() -> DoctorReport {
     let loads = |name: &str| programs.iter().any(|(n, probe)| *n == name && matches!(probe, Ok(true)));
     let (fentry, unwatched, lsm_program) = probe_fentry();
     let bpf_lsm = bpf_lsm_active();
-    let (sensor, reason) = if !btf {
+    let (sensor, reason) = if let Err(error) = kernel_object() {
+        (None, error.to_string())
+    } else if !btf {
         (None, "no kernel BTF, so the kernel struct offsets cannot be resolved".to_owned())
     } else if let Err(error) = &offsets {
         (None, format!("kernel BTF lacks what the programs need: {error}"))
@@ -194,7 +197,8 @@ fn probe_fentry() -> (Result<(), String>, Vec<Unwatched>, Result<(), String>) {
         // The programs as the sensor loads them: aya-log's default level would keep every log call.
         .and_then(|aya_btf| {
             let level = super::kernel_log::level_byte();
-            let loader = EbpfLoader::new().btf(None).override_global(aya_log::LEVEL, &level, true).load(OBJECT);
+            let object = kernel_object().map_err(|e| chain(&e))?;
+            let loader = EbpfLoader::new().btf(None).override_global(aya_log::LEVEL, &level, true).load(object);
             Ok((aya_btf, loader.map_err(|e| chain(&e))?))
         });
     let (aya_btf, mut ebpf) = match loaded {

@@ -24,9 +24,9 @@ use super::{
         fentry_hooks, fentry_work, fill_syscalls, hook_programs, syscall_hooks, uring_opcode_offset, uring_tracepoint,
         SyscallHook, COSTLIEST_TO_VERIFY, RAW_TRACEPOINTS, URING_PROGRAM,
     },
-    kernel_log, map_err, offsets,
+    kernel_log, kernel_object, map_err, offsets,
     pins::{self, Gap, Pins, Started},
-    program_err, Sensor, SensorError, SensorStats, OBJECT, TRACEFS,
+    program_err, Sensor, SensorError, SensorStats, TRACEFS,
 };
 use credwatch_core::record::Decoder;
 
@@ -204,6 +204,8 @@ impl Sensor {
         dir: &Path,
         options: SensorOptions,
     ) -> Result<(Sensor, Started), SensorError> {
+        // Before the pinned set is looked at: a binary without programs replaces nothing.
+        kernel_object()?;
         warn_in_a_pid_namespace();
         pins::ensure_bpffs()?;
         pins::remove_abandoned(dir)?;
@@ -380,6 +382,7 @@ impl Sensor {
         // once, on two threads, since start-up time is what `credwatch run` adds to a command.
         // The fentry backend's loads need aya's own parse of the BTF (their attach targets).
         let want_fentry = options.backend != Backend::Tracepoint;
+        let object = kernel_object()?;
         let ((mut offsets, cgroup_subsys, btf), mut ebpf, aya_btf) = std::thread::scope(|scope| {
             let loader = scope.spawn(|| {
                 // The verifier takes the level as a constant and drops the log calls above it.
@@ -393,7 +396,7 @@ impl Sensor {
                         loader.map_max_entries("PROCESS_REPEATS", size);
                     }
                 }
-                loader.load(OBJECT)
+                loader.load(object)
             });
             let aya_btf = want_fentry.then(|| scope.spawn(AyaBtf::from_sys_fs));
             let offsets = btf::Btf::from_sys_fs()

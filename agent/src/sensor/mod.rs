@@ -69,8 +69,22 @@ use credwatch_core::{
     rules::{manager::Manager, schema::Action, Rule, RuleSet},
 };
 
-/// The kernel programs, built by `cargo xtask build` and embedded by build.rs.
+/// The kernel programs, built by `cargo xtask build` and embedded by build.rs; empty when the
+/// binary was built without them (see [`kernel_object`]).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/credwatch.bpf.o"));
+
+/// The embedded kernel programs, or [`SensorError::NoKernelPrograms`] where build.rs found no
+/// object and embedded an empty stand-in (a clone checked with stable Rust alone).
+fn kernel_object() -> Result<&'static [u8], SensorError> {
+    embedded_object(OBJECT)
+}
+
+fn embedded_object(object: &'static [u8]) -> Result<&'static [u8], SensorError> {
+    if object.is_empty() {
+        return Err(SensorError::NoKernelPrograms);
+    }
+    Ok(object)
+}
 
 /// `Mark::manager` of a root made by [`Sensor::mark_root`]: no manager exec made it.
 pub use credwatch_common::NO_MANAGER;
@@ -149,6 +163,11 @@ pub enum SensorError {
         "credwatch (pid {pid}) is already running the kernel programs pinned in {dir}; `credwatch stop --pin-dir {dir}` stops it"
     )]
     AlreadyRunning { pid: u32, dir: String },
+    #[error(
+        "this credwatch was built without its kernel programs (the eBPF object was missing at build time); \
+         build it with `cargo xtask build`, which sets up the eBPF toolchain"
+    )]
+    NoKernelPrograms,
 }
 
 /// The `Lost` event sources (`Lost::source`) of the sensor.
@@ -566,6 +585,13 @@ impl Sensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_empty_stand_in_object_is_refused_naming_how_to_build_the_real_one() {
+        let error = embedded_object(&[]).unwrap_err().to_string();
+        assert!(error.contains("built without its kernel programs") && error.contains("cargo xtask build"), "{error}");
+        assert_eq!(embedded_object(b"\x7fELF").unwrap(), b"\x7fELF");
+    }
 
     #[test]
     fn blocks_the_syscalls_that_kill_rules_name_without_operations() {
