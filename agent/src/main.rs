@@ -1,4 +1,17 @@
-//! The `credwatch` command.
+//! The `credwatch` command: the command line, and each command's entry point.
+//!
+//! - `config`: the configuration of the live modes (file, environment, flags);
+//! - `live`: `watch`, `run` and `record`, the sensor driven through the engine to the outputs;
+//! - `replay`: `replay`, traces through the same pipeline and rules;
+//! - `delivery`: what both share about alerts leaving (the outputs, the exit status);
+//! - `contain`: `run --contain`, CMD's tree in a box without the credential files;
+//! - `local`: the agent's local alert log and its socket (`credwatch alerts`, `show`);
+//! - `notify`: `credwatch notify`, the agent's alerts as desktop notifications;
+//! - `fleet`: `credwatch fleet report`, the fleet's alerts per package;
+//! - `selftest`: `credwatch selftest`, safe reproductions of real attacks;
+//! - `log`: the agent's own log (not its alerts).
+//!
+//! The kernel side is the library's `sensor` (lib.rs); detection is credwatch-core's.
 
 mod config;
 mod contain;
