@@ -616,7 +616,6 @@ impl Session {
     }
 }
 
-/// One line on how the pinned kernel side was found.
 /// Which kernel programs run, and how `--enforce` blocks with them.
 fn say_which_sensor(sensor: &Sensor, enforce: bool) {
     let backend = sensor.backend().to_string();
@@ -637,6 +636,7 @@ fn say_which_sensor(sensor: &Sensor, enforce: bool) {
     }
 }
 
+/// One line on how the pinned kernel side was found.
 fn say_how_started(dir: &Path, started: &Started) {
     let dir = escape(&dir.display().to_string()).into_owned();
     match started {
