@@ -151,6 +151,47 @@ impl Proc {
     pub(super) fn is_one_of(&self, execs: &[String]) -> bool {
         execs.iter().any(|e| e == basename(&self.executable) || e == basename(&self.filename))
     }
+    /// What an exec tells of the process, in place of what its previous program did.
+    fn take_exec(&mut self, filename: &str, exec: &Exec) {
+        self.filename = filename.to_owned();
+        // Rules, project globs and agent entries all see one absolute path, however the exec
+        // named the file (`target/debug/app`, `./app`, `/proc/self/cwd/app`): the kernel's, else
+        // the given one resolved against the cwd.
+        self.executable = absolute(if exec.executable.is_empty() { filename } else { &exec.executable }, &exec.cwd);
+        self.args = exec.args.clone();
+        self.cwd = exec.cwd.clone();
+        self.uid = exec.uid;
+        // No cgroups is "not known" (a source that has none), not the host: the fork's stay.
+        if let Some(stated) = &exec.stated_container {
+            self.container = Some(Arc::new(AlertContainer::stated(stated)));
+        } else if !exec.cgroups.is_empty() {
+            self.container = container_of(&exec.cgroups).map(|c| Arc::new(AlertContainer::with_pod(&c)));
+        }
+        if self.parent.is_none() {
+            self.ppid = exec.ppid;
+            self.ci = AlertCi::from_env(&exec.env).map(Arc::new);
+        }
+        if let Some(home) = exec.env.get("HOME") {
+            self.home = Some(home.clone());
+        }
+        if let Some(socket) = exec.env.get("SSH_AUTH_SOCK") {
+            self.ssh_auth_sock = Some(socket.clone());
+        }
+        self.rustc = None;
+        self.opened_foreign = false;
+    }
+
+    /// The project of a coding agent started here: its working directory, but not `/`, nor the
+    /// home or a directory above it: that would make every file "the project's". An unknown home
+    /// leaves only the homes of the usual layout to rule out.
+    fn agent_project(&self) -> Option<Arc<str>> {
+        let cwd = self.cwd.trim_end_matches('/');
+        let above_home = |home: &str| format!("{home}/").starts_with(&format!("{cwd}/"));
+        let usual_home =
+            cwd == "/root" || cwd == "/home" || cwd.strip_prefix("/home/").is_some_and(|user| !user.contains('/'));
+        (self.cwd.starts_with('/') && !cwd.is_empty() && !usual_home && !self.home.as_deref().is_some_and(above_home))
+            .then(|| Arc::from(cwd))
+    }
 }
 
 /// What the engine keeps per tree, by the root's table id.
@@ -379,50 +420,14 @@ impl Engine {
         }
         let (managers, agent_roots) = (self.rules.managers(), self.rules.agent_roots());
         let p = self.procs.get_mut(&id).expect("just found or inserted");
-        p.filename = filename.clone();
-        // Rules, project globs and agent entries all see one absolute path, however the exec
-        // named the file (`target/debug/app`, `./app`, `/proc/self/cwd/app`): the kernel's, else
-        // the given one resolved against the cwd.
-        p.executable = absolute(if exec.executable.is_empty() { filename } else { &exec.executable }, &exec.cwd);
-        p.args = exec.args.clone();
-        p.cwd = exec.cwd.clone();
-        p.uid = exec.uid;
-        // No cgroups is "not known" (a source that has none), not the host: the fork's stay.
-        if let Some(stated) = &exec.stated_container {
-            p.container = Some(Arc::new(AlertContainer::stated(stated)));
-        } else if !exec.cgroups.is_empty() {
-            p.container = container_of(&exec.cgroups).map(|c| Arc::new(AlertContainer::with_pod(&c)));
-        }
-        if p.parent.is_none() {
-            p.ppid = exec.ppid;
-            p.ci = AlertCi::from_env(&exec.env).map(Arc::new);
-        }
-        if let Some(home) = exec.env.get("HOME") {
-            p.home = Some(home.clone());
-        }
-        if let Some(socket) = exec.env.get("SSH_AUTH_SOCK") {
-            p.ssh_auth_sock = Some(socket.clone());
-        }
-        p.rustc = None;
-        p.opened_foreign = false;
+        p.take_exec(filename, exec);
         // `node /usr/bin/claude` after `/usr/bin/claude` (its shebang) is the same agent.
         let agent_hop = p.agent.as_ref().is_some_and(|of| {
             of.id == id
                 && exec.args.iter().skip(1).any(|arg| agent_roots[of.index].execs.iter().any(|e| e == basename(arg)))
         });
         if let Some(index) = agent.filter(|_| !agent_hop) {
-            // Not `/`, nor the home or a directory above it: that would make every file "the
-            // project's". An unknown home leaves only the homes of the usual layout to rule out.
-            let cwd = p.cwd.trim_end_matches('/');
-            let above_home = |home: &str| format!("{home}/").starts_with(&format!("{cwd}/"));
-            let usual_home =
-                cwd == "/root" || cwd == "/home" || cwd.strip_prefix("/home/").is_some_and(|user| !user.contains('/'));
-            let project = (p.cwd.starts_with('/')
-                && !cwd.is_empty()
-                && !usual_home
-                && !p.home.as_deref().is_some_and(above_home))
-            .then(|| Arc::from(cwd));
-            p.agent = Some(AgentOf { index, id, pid, project });
+            p.agent = Some(AgentOf { index, id, pid, project: p.agent_project() });
         }
         // `npm` is a script: the kernel runs `/usr/bin/npm`, then env execs `node /usr/bin/npm`
         // in the same process, which is still the manager; so is a version manager's shim
