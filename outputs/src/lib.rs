@@ -1,6 +1,21 @@
 //! Where alerts go beyond the terminal. The sensor and the engine never wait for an output: each
 //! alert is rendered once into an [`Outgoing`] and queued per output; each output's
 //! [`Transport`] delivers from its queue and its spool at its own pace (see [`dispatch`]).
+//!
+//! The modules:
+//! - `transport`: what every output implements ([`Transport`]) and what it carries ([`Outgoing`]).
+//! - `destination`: the `--to DEST` and `to:` spellings of an output.
+//! - `filter`: an output's configuration, and which alerts it takes.
+//! - `dispatch`: the sink that queues each alert for every output, never waiting for one.
+//! - `spool`: an output's alerts not delivered yet, on disk.
+//! - `file`: JSON lines appended to a file, rotated by size.
+//! - `syslog`: RFC 5424 (or 3164) messages to a local socket, over UDP, TCP or RELP.
+//! - `relp`: the RELP client, syslog with acknowledgements.
+//! - `timed`: socket I/O that gives up when it makes no progress.
+//! - `webhook`: HTTP POSTs of each alert (ECS JSON, NDJSON batches, or Falco's shape).
+//! - `falco`: the alert in Falco's shape.
+//! - `nats`: NATS JetStream, the fleet's bus.
+//! - `metrics`: the agent's Prometheus metrics and the endpoint that serves them.
 
 pub mod destination;
 pub mod dispatch;
