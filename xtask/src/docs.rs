@@ -739,7 +739,8 @@ mod rules_reference {
         }
         let parent = path.parent().context("the reference has a folder")?;
         fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-        fs::write(path, out).with_context(|| format!("writing {}", path.display()))
+        // mdBook would expand a `{{#...}}` of the rule files' text.
+        fs::write(path, out.replace("{{#", "\\{{#")).with_context(|| format!("writing {}", path.display()))
     }
 
     fn kind(kind: RuleKind) -> String {
@@ -760,8 +761,9 @@ mod rules_reference {
         writeln!(out, "- {what}: {}", patterns.join(", "))
     }
 
-    /// Markdown prose from the rule files: `<`, `>` and `&` outside code spans as entities (mdBook
-    /// passes HTML through), code spans as written (entities would show there literally).
+    /// Markdown prose from the rule files: outside code spans, `<`, `>` and `&` as entities (mdBook
+    /// passes HTML through) and `*`, `_`, `[`, `]` escaped (they would start emphasis or links);
+    /// code spans as written (escapes would show there literally).
     fn escape(text: &str) -> String {
         text.split('`')
             .enumerate()
@@ -769,11 +771,37 @@ mod rules_reference {
                 if i % 2 == 1 {
                     part.to_owned()
                 } else {
-                    part.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+                    let mut escaped = String::with_capacity(part.len());
+                    for c in part.chars() {
+                        match c {
+                            '&' => escaped.push_str("&amp;"),
+                            '<' => escaped.push_str("&lt;"),
+                            '>' => escaped.push_str("&gt;"),
+                            '*' | '_' | '[' | ']' => {
+                                escaped.push('\\');
+                                escaped.push(c);
+                            }
+                            c => escaped.push(c),
+                        }
+                    }
+                    escaped
                 }
             })
             .collect::<Vec<_>>()
             .join("`")
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::escape;
+
+        #[test]
+        fn prose_is_escaped_outside_code_spans_only() {
+            assert_eq!(
+                escape("keys in ~/.ssh/id_* <dir> & `npm token revoke <id>` [x]"),
+                "keys in ~/.ssh/id\\_\\* &lt;dir&gt; &amp; `npm token revoke <id>` \\[x\\]"
+            );
+        }
     }
 }
 
