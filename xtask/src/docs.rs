@@ -89,7 +89,7 @@ fn mdbook_errors(log: &str) -> Vec<&str> {
 }
 
 /// mdbook of [`MDBOOK_VERSION`]: the one on PATH, else the one installed before, else installed now.
-fn mdbook() -> Result<PathBuf> {
+pub fn mdbook() -> Result<PathBuf> {
     let installed = crate::workspace().join(TOOLS_ROOT).join("bin/mdbook");
     for candidate in [PathBuf::from("mdbook"), installed.clone()] {
         if mdbook_version(&candidate).as_deref() == Some(MDBOOK_VERSION) {

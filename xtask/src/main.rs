@@ -272,6 +272,9 @@ fn test(mode: TestMode) -> Result<()> {
     if env::var_os("CI").is_some() {
         lean_ci_builds();
     }
+    // mdbook's install (a few minutes of compiling, most of it waiting on crates.io when the
+    // machine is fresh) overlaps the core's tests and the build rather than following them.
+    let mdbook_ready = plan.book.then(|| std::thread::spawn(docs::mdbook));
     core_alone()?;
     phases.done("core unit tests");
     build()?;
@@ -298,7 +301,8 @@ fn test(mode: TestMode) -> Result<()> {
         ]),
     )?;
     phases.done("host unit tests");
-    if plan.book {
+    if let Some(mdbook_ready) = mdbook_ready {
+        mdbook_ready.join().map_err(|_| anyhow::anyhow!("mdbook's install panicked"))??;
         docs::build_book()?;
         phases.done("docs");
     }
