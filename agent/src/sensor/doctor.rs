@@ -6,6 +6,7 @@ use aya::{
     maps::MapType,
     programs::{Lsm, LsmAttachType, ProgramType},
     sys::{is_map_supported, is_program_supported},
+    util::KernelVersion,
     Btf as AyaBtf, EbpfLoader,
 };
 
@@ -16,6 +17,7 @@ use super::{
     hooks::fentry_hooks,
     kernel_object,
     offsets::{kernel_offsets, syscall_regs},
+    task_marks::Globals,
     Sensor, Unwatched, TRACEFS,
 };
 
@@ -198,8 +200,12 @@ fn probe_fentry() -> (Result<(), String>, Vec<Unwatched>, Result<(), String>) {
         .and_then(|aya_btf| {
             let level = super::kernel_log::level_byte();
             let object = kernel_object().map_err(|e| chain(&e))?;
-            let loader = EbpfLoader::new().btf(None).override_global(aya_log::LEVEL, &level, true).load(object);
-            Ok((aya_btf, loader.map_err(|e| chain(&e))?))
+            let globals = Globals::resolve(KernelVersion::current().ok(), Some(&btf));
+            let mut loader = EbpfLoader::new();
+            loader.btf(None).override_global(aya_log::LEVEL, &level, true);
+            let _stand_in = globals.prepare(&mut loader).map_err(|e| chain(&e))?;
+            let loaded = loader.load(object).map_err(|e| chain(&e))?;
+            Ok((aya_btf, loaded))
         });
     let (aya_btf, mut ebpf) = match loaded {
         Ok(loaded) => loaded,

@@ -13,6 +13,15 @@ use super::{
 
 /// The raw tracepoints: program (function) name = tracepoint name.
 pub(super) const RAW_TRACEPOINTS: &[&str] = &["sched_process_exec", "sched_process_fork", "sched_process_exit"];
+/// Fork's BTF-typed tracepoint program, in place of its raw one where marks are also kept in
+/// task storage (see [`super::task_marks`]): it gives the child's task storage its value.
+pub(super) const FORK_BTF: &str = "sched_process_fork_btf";
+pub(super) const FORK_TRACEPOINT: &str = "sched_process_fork";
+
+/// The raw tracepoints loaded: all but fork's where `task_marks` puts [`FORK_BTF`] there.
+pub(super) fn raw_tracepoints(task_marks: bool) -> Vec<&'static str> {
+    RAW_TRACEPOINTS.iter().copied().filter(|&name| !(task_marks && name == FORK_TRACEPOINT)).collect()
+}
 
 /// A hooked syscall: its `syscalls:sys_enter_NAME` and `sys_exit_NAME` tracepoints run the
 /// entry and exit programs of its family, which learn which syscall it is from `SYSCALLS`.

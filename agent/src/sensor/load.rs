@@ -5,7 +5,8 @@ use std::{io, path::Path, time::Instant};
 
 use aya::{
     maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, RingBuf},
-    programs::{links::FdLink, Program, RawTracePoint, TracePoint},
+    programs::{links::FdLink, BtfTracePoint, Program, RawTracePoint, TracePoint},
+    util::KernelVersion,
     Btf as AyaBtf, Ebpf, EbpfLoader,
 };
 use credwatch_common::{
@@ -21,12 +22,14 @@ use super::{
     canary::CANARY_INTERVAL,
     cgroups,
     hooks::{
-        fentry_hooks, fentry_work, fill_syscalls, hook_programs, syscall_hooks, uring_opcode_offset, uring_tracepoint,
-        SyscallHook, COSTLIEST_TO_VERIFY, RAW_TRACEPOINTS, URING_PROGRAM,
+        fentry_hooks, fentry_work, fill_syscalls, hook_programs, raw_tracepoints, syscall_hooks, uring_opcode_offset,
+        uring_tracepoint, SyscallHook, COSTLIEST_TO_VERIFY, FORK_BTF, FORK_TRACEPOINT, URING_PROGRAM,
     },
     kernel_log, kernel_object, map_err, offsets,
     pins::{self, Gap, Pins, Started},
-    program_err, Sensor, SensorError, SensorStats, TRACEFS,
+    program_err,
+    task_marks::{Globals, TaskMarks},
+    Sensor, SensorError, SensorStats, TRACEFS,
 };
 use credwatch_core::record::Decoder;
 
@@ -321,6 +324,7 @@ impl Sensor {
         Ok(Sensor {
             _ebpf: None,
             marks: pins::open_map(dir, "MARKS", Map::HashMap)?,
+            task_marks: TaskMarks::open_pinned(dir)?,
             events: pins::open_map(dir, "EVENTS", Map::RingBuf)?,
             priority: pins::open_map(dir, "PRIORITY", Map::RingBuf)?,
             lost: pins::open_map(dir, "LOST", Map::PerCpuArray)?,
@@ -383,12 +387,19 @@ impl Sensor {
         // The fentry backend's loads need aya's own parse of the BTF (their attach targets).
         let want_fentry = options.backend != Backend::Tracepoint;
         let object = kernel_object()?;
-        let ((mut offsets, cgroup_subsys, btf), mut ebpf, aya_btf) = std::thread::scope(|scope| {
-            let loader = scope.spawn(|| {
+        let kernel = KernelVersion::current().ok();
+        // Marks in task storage take fork's BTF-typed program, loaded with aya's parse.
+        let want_aya_btf = want_fentry || Globals::kernel_allows(kernel);
+        let ((mut offsets, cgroup_subsys, btf), (mut ebpf, globals), aya_btf) = std::thread::scope(|scope| {
+            let (globals_sent, globals_received) = std::sync::mpsc::channel::<Globals>();
+            let loader = scope.spawn(move || {
                 // The verifier takes the level as a constant and drops the log calls above it.
                 let level = kernel_log::level_byte();
+                // Two offsets from the BTF parse below: the load waits for it.
+                let globals = globals_received.recv().unwrap_or_default();
                 let mut loader = EbpfLoader::new();
                 loader.btf(None).override_global(aya_log::LEVEL, &level, true);
+                let _stand_in = globals.prepare(&mut loader)?;
                 for (name, size) in options.map_sizes.iter() {
                     loader.map_max_entries(name, size);
                     // One entry per marked process, as MARKS (the kernel's repeats.rs).
@@ -396,11 +407,12 @@ impl Sensor {
                         loader.map_max_entries("PROCESS_REPEATS", size);
                     }
                 }
-                loader.load(object)
+                Ok::<_, SensorError>((loader.load(object)?, globals))
             });
-            let aya_btf = want_fentry.then(|| scope.spawn(AyaBtf::from_sys_fs));
+            let aya_btf = want_aya_btf.then(|| scope.spawn(AyaBtf::from_sys_fs));
             let offsets = btf::Btf::from_sys_fs()
                 .and_then(|btf| Ok((offsets::kernel_offsets(&btf)?, hierarchies.subsys_index(&btf)?, btf)));
+            let _ = globals_sent.send(Globals::resolve(kernel, offsets.as_ref().ok().map(|(_, _, btf)| btf)));
             let ebpf = loader.join().map_err(|_| SensorError::LoaderPanicked)?;
             let aya_btf = aya_btf
                 .map(|thread| thread.join().map_err(|_| SensorError::LoaderPanicked))
@@ -408,6 +420,7 @@ impl Sensor {
                 .map(|parsed| parsed.map_err(|e| e.to_string()));
             Ok::<_, SensorError>((offsets?, ebpf?, aya_btf))
         })?;
+        let task_marks = TaskMarks::take(&mut ebpf, &globals)?;
         // Without the registers' layout the fentry programs cannot read a syscall's arguments.
         let regs = want_fentry.then(|| offsets::syscall_regs(&btf, &mut offsets).map_err(|e| e.to_string()));
         if let Some(dir) = pin_to {
@@ -416,7 +429,9 @@ impl Sensor {
                 let path = dir.join(name);
                 map.pin(&path).map_err(|source| SensorError::Pin { path, source })?;
             }
+            task_marks.pin(dir)?;
         }
+        let lineage = raw_tracepoints(globals.on());
 
         let uring = uring_tracepoint();
         let mut config = Config {
@@ -466,18 +481,20 @@ impl Sensor {
             let attempt = regs
                 .unwrap_or(Err(String::new()))
                 .map_err(|e| format!("struct pt_regs: {e}"))
-                .and_then(|()| aya_btf.unwrap_or(Err(String::new())).map_err(|e| format!("kernel BTF: {e}")))
+                .and_then(|()| {
+                    aya_btf.as_ref().ok_or_else(String::new)?.as_ref().map_err(|e| format!("kernel BTF: {e}"))
+                })
                 .and_then(|aya_btf| {
                     let (hooks, unwatched) = fentry_hooks(&btf);
                     let lsm_active = options.enforce && backend::bpf_lsm_active().unwrap_or(false);
                     let (mut work, lsm_syscalls) = fentry_work(&hooks, lsm_active);
                     // The raw tracepoints (and io_uring's) both backends run load meanwhile,
                     // on the same threads: exec's (two path walks) right after the open exit.
-                    let plain = RAW_TRACEPOINTS.iter().chain(uring.map(|_| &URING_PROGRAM));
+                    let plain = lineage.iter().chain(uring.map(|_| &URING_PROGRAM));
                     for (at, &program) in plain.enumerate() {
                         work.insert((at + 1).min(work.len()), backend::Work { program, targets: Vec::new() });
                     }
-                    backend::load_tracing(&mut ebpf, work, &aya_btf)
+                    backend::load_tracing(&mut ebpf, work, aya_btf)
                         .map(|links| (hooks, unwatched, links, lsm_syscalls))
                         .map_err(|e| e.to_string())
                 });
@@ -505,7 +522,7 @@ impl Sensor {
         } else {
             Vec::new()
         };
-        let mut wanted: Vec<&'static str> = RAW_TRACEPOINTS.to_vec();
+        let mut wanted: Vec<&'static str> = lineage.clone();
         for hook in &hooks {
             let (enter, exit) = hook_programs(hook);
             for program in std::iter::once(enter).chain(exit) {
@@ -542,7 +559,26 @@ impl Sensor {
                 None => links.push(link),
             }
         }
-        for &name in RAW_TRACEPOINTS {
+        if globals.on() {
+            let aya_btf = match &aya_btf {
+                Some(Ok(aya_btf)) => aya_btf,
+                Some(Err(why)) => return Err(SensorError::ForkBtf(why.clone())),
+                None => return Err(SensorError::ForkBtf(String::new())),
+            };
+            let name = FORK_BTF;
+            let program: &mut BtfTracePoint = ebpf
+                .program_mut(name)
+                .ok_or(SensorError::Missing { what: "program", name })?
+                .try_into()
+                .map_err(program_err(name))?;
+            program.load(FORK_TRACEPOINT, aya_btf).map_err(program_err(name))?;
+            let link = program.attach().map_err(program_err(name))?;
+            programs_attached += 1;
+            if pin_to.is_some() {
+                pin_link(name, FORK_TRACEPOINT, Ok(FdLink::from(program.take_link(link).map_err(program_err(name))?)))?;
+            }
+        }
+        for &name in &lineage {
             let program: &mut RawTracePoint = ebpf
                 .program_mut(name)
                 .ok_or(SensorError::Missing { what: "program", name })?
@@ -585,6 +621,7 @@ impl Sensor {
         Ok(Sensor {
             _ebpf: Some(ebpf),
             marks,
+            task_marks,
             events,
             priority,
             lost,

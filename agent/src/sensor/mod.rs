@@ -14,7 +14,8 @@
 //! - `kernel_log`: the programs' own log;
 //! - `pins`: a kernel side that outlives the agent (`watch`);
 //! - `project`, `script`: what an exec runs (its project, its script);
-//! - `seed`: the package trees already running at start.
+//! - `seed`: the package trees already running at start;
+//! - `task_marks`: marks also kept in task storage (5.12 and later), for the early exit.
 //!
 //! This module keeps the public types, the credential table's upkeep and seeding.
 
@@ -34,6 +35,7 @@ mod project;
 mod reader;
 mod script;
 mod seed;
+mod task_marks;
 
 use std::{
     io,
@@ -123,6 +125,10 @@ pub enum SensorError {
     Memlock(io::Error),
     #[error("loading the eBPF object: {0}")]
     Load(#[from] EbpfError),
+    #[error("giving pid {pid} its value in task storage (TASK_MARKS): {source}")]
+    TaskMark { pid: u32, source: io::Error },
+    #[error("fork's BTF-typed program (marks in task storage) needs the kernel BTF as aya parses it: {0}")]
+    ForkBtf(String),
     #[error("the eBPF object has no {what} `{name}`")]
     Missing { what: &'static str, name: &'static str },
     #[error("program `{name}` of the eBPF object is not a tracepoint program")]
@@ -219,6 +225,7 @@ pub struct Sensor {
     /// dropping it detaches them. None when the kernel side was adopted from pins.
     _ebpf: Option<Ebpf>,
     marks: HashMap<MapData, u32, Mark>,
+    task_marks: task_marks::TaskMarks,
     events: RingBuf<MapData>,
     priority: RingBuf<MapData>,
     lost: PerCpuArray<MapData, u64>,
@@ -500,7 +507,8 @@ impl Sensor {
     /// Makes `pid` a package root (`credwatch run`: call it before CMD execs).
     pub fn mark_root(&mut self, pid: u32) -> Result<(), SensorError> {
         let mark = Mark { root_pid: pid, depth: 0, manager: NO_MANAGER, flags: mark_flag::BY_AGENT };
-        self.marks.insert(pid, mark, 0).map_err(map_err("MARKS"))
+        self.marks.insert(pid, mark, 0).map_err(map_err("MARKS"))?;
+        self.task_marks.mark(pid)
     }
 
     /// Finds the package trees already running (processes under a manager, per
@@ -521,6 +529,7 @@ impl Sensor {
             if marks.get(&event.pid, 0).is_err() {
                 let mark = Mark { flags: mark.flags | mark_flag::BY_AGENT, ..mark };
                 marks.insert(event.pid, mark, 0).map_err(map_err("MARKS"))?;
+                self.task_marks.mark(event.pid)?;
                 // Exited between the scan and the mark: no exit will remove it, and a stale
                 // mark would land on whatever process reuses the pid.
                 if !Path::new(&format!("/proc/{}", event.pid)).exists() {

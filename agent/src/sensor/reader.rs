@@ -287,9 +287,10 @@ impl Sensor {
             return Ok(());
         };
         let mark = Mark { root_pid: canary.pid, depth: 0, manager: NO_MANAGER, flags: mark_flag::BY_AGENT };
-        if self.marks.insert(canary.pid, mark, 0).is_err() {
+        if self.marks.insert(canary.pid, mark, 0).is_err() || self.task_marks.mark(canary.pid).is_err() {
             // MARKS full (package code can fill it: that is a blind spot of its own, reported
-            // with its tree): the next interval tries again.
+            // with its tree), or no room for its task storage: the next interval tries again.
+            let _ = self.marks.remove(&canary.pid);
             canary.finish();
             self.next_canary = Instant::now() + CANARY_INTERVAL;
             return Ok(());

@@ -25,7 +25,7 @@ use aya_ebpf::{
 use credwatch_common::{KernelOffsets, PT_REGS_WINDOW};
 
 use crate::{
-    helpers::{config, current_mark, read, Res},
+    helpers::{config, current_mark, may_be_marked, read, Res},
     net::handle_net_enter,
     open::{handle_open, handle_open_enter},
     rename::{handle_rename_enter, handle_rename_exit},
@@ -79,6 +79,9 @@ fn syscall_args(regs: u64) -> Res<(u32, [u64; 6])> {
 /// saves gives a refused open its given path (see [`crate::open::deny_open`]).
 #[fentry]
 pub fn fentry_open(ctx: FEntryContext) -> u32 {
+    if !may_be_marked() {
+        return 0;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     if current_mark((pid_tgid >> 32) as u32).is_none() {
         return 0;
@@ -92,6 +95,9 @@ pub fn fentry_open(ctx: FEntryContext) -> u32 {
 /// Exit of every `__x64_sys_*` of the open family (see [`handle_open`]).
 #[fexit]
 pub fn fexit_open(ctx: FExitContext) -> u32 {
+    if !may_be_marked() {
+        return 0;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
     if let Ok((nr, args)) = regs_arg(&ctx).and_then(syscall_args) {
@@ -103,6 +109,9 @@ pub fn fexit_open(ctx: FExitContext) -> u32 {
 /// Entry of every `__x64_sys_*` of the rename family.
 #[fentry]
 pub fn fentry_rename(ctx: FEntryContext) -> u32 {
+    if !may_be_marked() {
+        return 0;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     if current_mark((pid_tgid >> 32) as u32).is_none() {
         return 0;
@@ -116,6 +125,9 @@ pub fn fentry_rename(ctx: FEntryContext) -> u32 {
 /// Exit of every `__x64_sys_*` of the rename family.
 #[fexit]
 pub fn fexit_rename(ctx: FExitContext) -> u32 {
+    if !may_be_marked() {
+        return 0;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
     handle_rename_exit(pid_tgid, mark, ctx.arg(1));
@@ -125,6 +137,9 @@ pub fn fexit_rename(ctx: FExitContext) -> u32 {
 /// Entry of every `__x64_sys_*` of the tamper family.
 #[fentry]
 pub fn fentry_tamper(ctx: FEntryContext) -> u32 {
+    if !may_be_marked() {
+        return 0;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
     if let Ok((nr, args)) = regs_arg(&ctx).and_then(syscall_args) {
@@ -136,6 +151,9 @@ pub fn fentry_tamper(ctx: FEntryContext) -> u32 {
 /// Exit of every `__x64_sys_*` of the tamper family.
 #[fexit]
 pub fn fexit_tamper(ctx: FExitContext) -> u32 {
+    if !may_be_marked() {
+        return 0;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
     handle_tamper_exit(pid_tgid, mark, ctx.arg(1));
@@ -145,6 +163,9 @@ pub fn fexit_tamper(ctx: FExitContext) -> u32 {
 /// Entry of every `__x64_sys_*` of the net family (reported at entry only).
 #[fentry]
 pub fn fentry_net(ctx: FEntryContext) -> u32 {
+    if !may_be_marked() {
+        return 0;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
     if let Ok((nr, args)) = regs_arg(&ctx).and_then(syscall_args) {

@@ -18,13 +18,19 @@ use core::{
 };
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_cgroup_id, bpf_get_current_uid_gid, bpf_ktime_get_boot_ns},
+    bindings::task_struct,
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_uid_gid, bpf_ktime_get_boot_ns, generated::bpf_get_current_task_btf,
+    },
     maps::ring_buf::RingBufEntry,
 };
 use aya_log_ebpf::warn;
 use credwatch_common::{lost_index, lost_kind, Config, EventHeader, LostTree, Mark};
 
-use crate::maps::{CONFIG, EVENTS, LOST, LOST_TREES, MARKS, PRIORITY, TAINTED, WAKEUP_COUNTDOWN};
+use crate::maps::{
+    CONFIG, EVENTS, LOST, LOST_TREES, MARKS, PRIORITY, TAINTED, TASK_BPF_STORAGE, TASK_GROUP_LEADER, TASK_MARKS,
+    TASK_MARKS_ON, WAKEUP_COUNTDOWN,
+};
 
 /// Wake the reader when this much is waiting, although it has not caught up (while records flow
 /// it reads them on a short timer).
@@ -52,6 +58,68 @@ pub(crate) fn read<T>(base: u64, offset: u32) -> Res<T> {
 pub(crate) fn current_mark(tgid: u32) -> Option<Mark> {
     // SAFETY: the value is copied out at once.
     unsafe { MARKS.get(&tgid).copied() }
+}
+
+/// Whether the current process may be marked: false only when it certainly is not, so that the
+/// syscall programs of an unmarked process return without hashing its tgid for `MARKS`. Where
+/// `TASK_MARKS` is off, true (the `MARKS` lookup decides).
+#[inline(always)]
+pub(crate) fn may_be_marked() -> bool {
+    if TASK_MARKS_ON.load() == 0 {
+        return true;
+    }
+    let leader = current_leader();
+    // A task without any task storage (of any map, whoever's) holds no mark: one load, where
+    // the helper call would cost more than the rest of the early exit.
+    // SAFETY: a load at task_struct.bpf_storage of a task, which the verifier checks against BTF.
+    let storage = unsafe { *((leader as *const u8).add(TASK_BPF_STORAGE.load() as usize) as *const u64) };
+    if storage == 0 {
+        return false;
+    }
+    // SAFETY: leader is a BTF pointer to a task.
+    unsafe { TASK_MARKS.get(leader) }.is_some()
+}
+
+/// Gives `task` (the group leader of a process of tree `root` that was just marked) its
+/// `TASK_MARKS` value; nothing where `TASK_MARKS` is off. A task the kernel cannot give storage
+/// to (no memory) goes unseen by the syscall programs: counted as a mark not made, as when
+/// `MARKS` is full.
+///
+/// # Safety
+///
+/// `task` is a BTF pointer to a task (the verifier checks it).
+#[inline(always)]
+pub(crate) unsafe fn mark_task(task: *mut task_struct, root: u32) {
+    if TASK_MARKS_ON.load() == 0 {
+        return;
+    }
+    let mut marked = 1u32;
+    // SAFETY: the caller's task.
+    if !unsafe { TASK_MARKS.get_or_insert(task, &mut marked) } {
+        count_unmarked(root);
+    }
+}
+
+/// [`mark_task`] for the current process (its group leader).
+#[inline(always)]
+pub(crate) fn mark_current_task(root: u32) {
+    if TASK_MARKS_ON.load() == 0 {
+        return;
+    }
+    // SAFETY: current_leader is a BTF pointer to a task.
+    unsafe { mark_task(current_leader(), root) }
+}
+
+/// The current process's group leader, a BTF pointer: a process's threads share its mark, kept
+/// in their leader's task storage.
+#[inline(always)]
+fn current_leader() -> *mut task_struct {
+    // SAFETY: a helper without arguments, then a load at task_struct.group_leader, at an offset
+    // the verifier knows (a read-only global) and checks against BTF.
+    unsafe {
+        let task = bpf_get_current_task_btf() as *const u8;
+        *(task.add(TASK_GROUP_LEADER.load() as usize) as *const *mut task_struct)
+    }
 }
 
 #[inline(always)]

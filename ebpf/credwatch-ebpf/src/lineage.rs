@@ -17,12 +17,13 @@ use core::{
 };
 
 use aya_ebpf::{
+    bindings::task_struct,
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_current_task,
         generated::{bpf_probe_read_kernel_str, bpf_probe_read_user},
     },
-    macros::raw_tracepoint,
-    programs::RawTracePointContext,
+    macros::{btf_tracepoint, raw_tracepoint},
+    programs::{BtfTracePointContext, RawTracePointContext},
     EbpfContext,
 };
 use aya_log_ebpf::{debug, warn};
@@ -36,7 +37,8 @@ use crate::{
     cgroup::{cgroup_node, cgroup_path},
     file::exe_key,
     helpers::{
-        bounded, config, count_unmarked, current_mark, fill_header, fill_identity, output, read, reserve, submit, Res,
+        bounded, config, count_unmarked, current_mark, fill_header, fill_identity, mark_current_task, mark_task,
+        output, read, reserve, submit, Res,
     },
     maps::{EXEC_SCRATCH, MARKS, MAX_MARKS, SPARED_EXES},
     path::resolve_at,
@@ -92,6 +94,9 @@ pub(crate) fn try_sched_process_exec(bprm: u64) -> Res<()> {
             None => return Ok(()),
         },
     };
+    // Every exec of a marked process, not only a root's: an exec from a thread other than the
+    // leader makes that thread the leader, whose task storage is new.
+    mark_current_task(mark.root_pid);
     let root_bit = if mark.manager < 32 { 1u32 << mark.manager } else { 0 };
     let agents_own = exec_root == Some(mark.manager) && config.agent_roots & root_bit != 0;
     let mark = actor_chain(config, tgid, mark, agents_own);
@@ -224,21 +229,40 @@ unsafe fn fill_exec(config: &Config, bprm: u64, scratch: *mut ExecScratch) -> Re
     }
 }
 
+/// Where `TASK_MARKS` is off (5.10): the child is only an address.
 #[raw_tracepoint(tracepoint = "sched_process_fork")]
 pub fn sched_process_fork(ctx: RawTracePointContext) -> i32 {
     // sched_process_fork(parent, child)
     match try_sched_process_fork(ctx.arg(1)) {
-        Ok(()) => 0,
+        Ok(_) => 0,
         Err(_) => 1,
     }
 }
 
-/// Marks the child (the `struct task_struct` at `child`) of a marked process.
-pub(crate) fn try_sched_process_fork(child: u64) -> Res<()> {
+/// Where `TASK_MARKS` is on: the BTF-typed tracepoint gives the child as a task the verifier
+/// knows, which its task storage needs.
+#[btf_tracepoint(function = "sched_process_fork")]
+pub fn sched_process_fork_btf(ctx: BtfTracePointContext) -> i32 {
+    // sched_process_fork(parent, child)
+    let child: *mut task_struct = ctx.arg(1);
+    match try_sched_process_fork(child as u64) {
+        Ok(Some(root)) => {
+            // SAFETY: the tracepoint's child, a BTF pointer; a new process is its own leader.
+            unsafe { mark_task(child, root) };
+            0
+        }
+        Ok(None) => 0,
+        Err(_) => 1,
+    }
+}
+
+/// Marks the child (the `struct task_struct` at `child`) of a marked process; returns the root
+/// of its tree when the child is a new process.
+pub(crate) fn try_sched_process_fork(child: u64) -> Res<Option<u32>> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    let Some(mark) = current_mark(tgid) else { return Ok(()) };
-    let Some(config) = config() else { return Ok(()) };
+    let Some(mark) = current_mark(tgid) else { return Ok(None) };
+    let Some(config) = config() else { return Ok(None) };
     let Ok(child_tgid) = read::<u32>(child, config.offsets.task_struct_tgid) else {
         warn!(
             &(),
@@ -248,7 +272,7 @@ pub(crate) fn try_sched_process_fork(child: u64) -> Res<()> {
     };
     if child_tgid == tgid {
         // A new thread, not a new process.
-        return Ok(());
+        return Ok(None);
     }
     let manager_root = mark.depth == 0 && mark.manager != NO_MANAGER;
     let parent_in_chain =
@@ -259,7 +283,9 @@ pub(crate) fn try_sched_process_fork(child: u64) -> Res<()> {
         count_unmarked(mark.root_pid);
         warn!(&(), "MARKS full ({} entries): child pid {} of pid {} not marked", MAX_MARKS, child_tgid, tgid);
     }
-    let Some(mut entry) = reserve::<ForkEvent>(false, mark.root_pid, lost_kind::FORK) else { return Ok(()) };
+    let Some(mut entry) = reserve::<ForkEvent>(false, mark.root_pid, lost_kind::FORK) else {
+        return Ok(Some(mark.root_pid));
+    };
     let event = entry.as_mut_ptr();
     // SAFETY: event points to a reserved record of the right size.
     unsafe {
@@ -268,7 +294,7 @@ pub(crate) fn try_sched_process_fork(child: u64) -> Res<()> {
         (*event).child_depth = child_mark.depth;
     }
     submit(entry, false);
-    Ok(())
+    Ok(Some(mark.root_pid))
 }
 
 #[raw_tracepoint(tracepoint = "sched_process_exit")]

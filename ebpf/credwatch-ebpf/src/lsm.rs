@@ -14,13 +14,20 @@
 
 use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::lsm, programs::LsmContext};
 
-use crate::{helpers::current_mark, open::deny_open, tamper::deny_syscall};
+use crate::{
+    helpers::{current_mark, may_be_marked},
+    open::deny_open,
+    tamper::deny_syscall,
+};
 
 /// What a hook returns to refuse: `-EPERM`.
 const DENY: i32 = -1;
 
 #[lsm(hook = "file_open")]
 pub fn lsm_file_open(ctx: LsmContext) -> i32 {
+    if !may_be_marked() {
+        return 0;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
     if deny_open(pid_tgid, mark, ctx.arg(0)) {
@@ -33,6 +40,9 @@ pub fn lsm_file_open(ctx: LsmContext) -> i32 {
 /// The tamper syscall in flight on this thread, when its entry left the refusal to a hook.
 #[inline(always)]
 fn tamper() -> i32 {
+    if !may_be_marked() {
+        return 0;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     if current_mark((pid_tgid >> 32) as u32).is_none() {
         return 0;

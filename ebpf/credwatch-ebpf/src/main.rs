@@ -2,8 +2,8 @@
 //! links, tamper syscalls, io_uring submissions and network egress of the processes inside
 //! package trees.
 //!
-//! - Every program starts with a lookup in `MARKS` ([`maps`]) and returns on a miss, so an
-//!   unmarked process costs one lookup.
+//! - Every program starts with the mark of the current process (see Marks below) and returns
+//!   without one, so an unmarked process costs one lookup.
 //! - One module per hook family: [`lineage`] (exec, fork, exit; [`roots`] finds a manager at
 //!   exec, [`cgroup`] walks its cgroups), [`open`], [`rename`], [`tamper`], [`uring`] and
 //!   [`net`]. The syscall families' logic takes the syscall number and its arguments (and, at
@@ -15,10 +15,14 @@
 //!   scratch room, what an entry saw for its exit, repeat keys), [`helpers`] (ring buffers,
 //!   marks, probe reads, per-CPU scratch), [`repeats`] (repeated acts as counts), [`path`] (the
 //!   dentry walk), [`file`] (fds, files, inodes), [`enforce`] (`--enforce`).
-//! - Layers, each naming only those below it: `values` < `maps` < `helpers`, `syscall` <
-//!   `file` < `path`, `repeats`, `enforce`, `roots`, `cgroup` < the hook families (`uring` uses
-//!   `tamper`) < `fentry`,
-//!   `lsm`.
+//! - Layers, each naming only those below it: `task_storage`, `values` < `maps` < `helpers`,
+//!   `syscall` < `file` < `path`, `repeats`, `enforce`, `roots`, `cgroup` < the hook families
+//!   (`uring` uses `tamper`) < `fentry`, `lsm`.
+//! - Marks: `MARKS`, a hash by tgid, holds every mark. Where the kernel allows (5.12 and later,
+//!   the agent's choice: [`maps::TASK_MARKS_ON`]), a marked process's group leader also holds a
+//!   value in `TASK_MARKS`, a task storage map ([`task_storage`]), and the syscall programs look
+//!   there first ([`helpers::may_be_marked`]): an unmarked process returns after two loads from
+//!   its task, without hashing its tgid.
 //! - Verifier cost: values that would otherwise be followed one by one (a path's length, where
 //!   a basename starts, map keys built byte by byte) go through memory, where the verifier
 //!   keeps no per-value state, and are bounded again after (see [`helpers::launder`]).
@@ -59,6 +63,8 @@ mod roots;
 mod syscall;
 #[cfg(target_arch = "bpf")]
 mod tamper;
+#[cfg(target_arch = "bpf")]
+mod task_storage;
 #[cfg(target_arch = "bpf")]
 mod uring;
 #[cfg(target_arch = "bpf")]

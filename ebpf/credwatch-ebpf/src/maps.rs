@@ -3,14 +3,18 @@
 use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+    Global,
 };
 use credwatch_common::{
     lost_index, Config, CredInode, DnsSocket, HookedSyscall, InodeKey, LostTree, ManagerValue, Mark, RenameEvent,
     SparedExe, MANAGER_NAME_LEN, MODULE_KEY_LEN,
 };
 
-use crate::values::{
-    ExecScratch, OpenScratch, OpenSlot, PendingOpen, PendingSyscall, ProcessRepeats, Repeat, RepeatKey, Scratch,
+use crate::{
+    task_storage::TaskStorage,
+    values::{
+        ExecScratch, OpenScratch, OpenSlot, PendingOpen, PendingSyscall, ProcessRepeats, Repeat, RepeatKey, Scratch,
+    },
 };
 
 /// Processes that can be marked at once; a full map is counted in `LOST[MARKS_FULL]` and in the
@@ -56,9 +60,29 @@ pub(crate) const MAX_REPEATS: u32 = 16384;
 const BPF_F_NO_COMMON_LRU: u32 = 2;
 
 /// tgid -> [`Mark`] of every process in a package tree. Every program starts with a lookup
-/// here and returns on a miss, so an unmarked process costs one lookup.
+/// here (the syscall programs after `TASK_MARKS`, where it is on) and returns on a miss, so an
+/// unmarked process costs one lookup.
 #[map]
 pub(crate) static MARKS: HashMap<u32, Mark> = HashMap::with_max_entries(MAX_MARKS, 0);
+/// Where the kernel allows it (`TASK_MARKS_ON`), every marked process's group leader also holds
+/// a value here, kept in its `struct task_struct`: the syscall programs look here first, and an
+/// unmarked process returns without hashing its tgid (see [`crate::helpers::may_be_marked`]).
+/// Set wherever a process gets a mark (exec, fork, the agent through a pidfd); never removed
+/// (it goes with the task), so a hit only says "look in `MARKS`".
+#[unsafe(link_section = ".maps")]
+#[unsafe(export_name = "TASK_MARKS")]
+pub(crate) static TASK_MARKS: TaskStorage<u32> = TaskStorage::new();
+/// 1 where `TASK_MARKS` is used (5.12 and later): a read-only global the agent sets before
+/// load, so that the verifier drops the task storage code as dead where it is 0 (5.10 has
+/// neither the map type nor the helpers).
+#[unsafe(no_mangle)]
+pub(crate) static TASK_MARKS_ON: Global<u8> = Global::new(0);
+/// Offsets of `task_struct.group_leader` and `task_struct.bpf_storage` (from BTF), read-only
+/// globals as well: a load from a BTF pointer must be at an offset the verifier knows.
+#[unsafe(no_mangle)]
+pub(crate) static TASK_GROUP_LEADER: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+pub(crate) static TASK_BPF_STORAGE: Global<u32> = Global::new(0);
 /// NUL-padded exec basename -> [`ManagerValue`] (filled from the rules).
 #[map]
 pub(crate) static MANAGERS: HashMap<[u8; MANAGER_NAME_LEN], ManagerValue> = HashMap::with_max_entries(MAX_MANAGERS, 0);

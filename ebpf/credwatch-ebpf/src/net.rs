@@ -30,7 +30,7 @@ use credwatch_common::{
 use crate::{
     enforce::{failing_closed, kill_current, spared, stop_current},
     file::fd_file,
-    helpers::{checked, config, current_mark, fill_header, read, read_user, reserve, submit, Res},
+    helpers::{checked, config, current_mark, fill_header, may_be_marked, read, read_user, reserve, submit, Res},
     maps::{DNS_SOCKETS, TAINTED},
     repeats::{check, unsend},
     syscall::{enter_args, hooked_syscall},
@@ -44,6 +44,9 @@ const DNS_PORT: u16 = 53;
 /// Every `sys_enter_*` of the net family (connect, sendto, sendmsg, sendmmsg).
 #[tracepoint]
 pub fn net_enter(ctx: TracePointContext) -> u32 {
+    if !may_be_marked() {
+        return 0;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
     let (nr, args) = enter_args(&ctx);

@@ -34,7 +34,7 @@ use credwatch_common::{
 use crate::{
     enforce::{failing_closed, kill_current, spared},
     file::{fd_file, inode_key, opened_file, Location},
-    helpers::{config, current_mark, fill_header, launder, output, read, taint, zero, Res},
+    helpers::{config, current_mark, fill_header, launder, may_be_marked, output, read, taint, zero, Res},
     maps::{CRED_INODES, MAX_PENDING_OPENS, OPEN_SCRATCH, OPEN_SLOTS, OPEN_SLOT_COUNT, PENDING_OPENS},
     path::resolve_into,
     repeats::{check, unsend},
@@ -53,6 +53,9 @@ const EPERM: i64 = 1;
 /// have four arguments, all loaded directly (see [`openat_args`]).
 #[tracepoint]
 pub fn openat_enter(ctx: TracePointContext) -> u32 {
+    if !may_be_marked() {
+        return 0;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     if current_mark((pid_tgid >> 32) as u32).is_none() {
         return 0;
@@ -65,6 +68,9 @@ pub fn openat_enter(ctx: TracePointContext) -> u32 {
 /// The other `sys_enter_*` of the open family (`open`, `creat`, `open_by_handle_at`).
 #[tracepoint]
 pub fn open_enter(ctx: TracePointContext) -> u32 {
+    if !may_be_marked() {
+        return 0;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     if current_mark((pid_tgid >> 32) as u32).is_none() {
         return 0;
@@ -173,6 +179,9 @@ fn take_pending_open(tid: u32) -> Option<PendingOpen> {
 /// Every `sys_exit_*` of the open family.
 #[tracepoint]
 pub fn open_exit(ctx: TracePointContext) -> u32 {
+    if !may_be_marked() {
+        return 0;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
     let (nr, ret) = exit_result(&ctx);

@@ -16,7 +16,7 @@ use aya_log_ebpf::warn;
 use credwatch_common::{kind, lost_kind, rename_syscall, syscall_family, Mark, RenameEvent, MAX_GIVEN_PATH};
 
 use crate::{
-    helpers::{config, current_mark, fill_header, reserve, submit, Res},
+    helpers::{config, current_mark, fill_header, may_be_marked, reserve, submit, Res},
     maps::{MAX_PENDING_RENAMES, PENDING_RENAMES, RENAME_SCRATCH},
     path::{resolve_dir, unresolved},
     syscall::{enter_args, exit_result, hooked_syscall, AT_FDCWD},
@@ -25,6 +25,9 @@ use crate::{
 /// Every `sys_enter_*` of the rename family (renames, links, symlinks).
 #[tracepoint]
 pub fn rename_enter(ctx: TracePointContext) -> u32 {
+    if !may_be_marked() {
+        return 0;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     if current_mark((pid_tgid >> 32) as u32).is_none() {
         return 0;
@@ -99,6 +102,9 @@ fn save_rename(arg: &[u64; 6], syscall: u32, tid: u32) -> Res<()> {
 /// Every `sys_exit_*` of the rename family.
 #[tracepoint]
 pub fn rename_exit(ctx: TracePointContext) -> u32 {
+    if !may_be_marked() {
+        return 0;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
     let (_, ret) = exit_result(&ctx);

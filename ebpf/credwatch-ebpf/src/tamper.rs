@@ -16,7 +16,7 @@ use credwatch_common::{
 use crate::{
     enforce::{kill_current, spared},
     file::fd_file,
-    helpers::{config, current_mark, fill_header, read, reserve, submit, Res},
+    helpers::{config, current_mark, fill_header, may_be_marked, read, reserve, submit, Res},
     maps::{MAX_PENDING_SYSCALLS, PENDING_SYSCALLS},
     repeats::{check, unsend},
     syscall::{enter_args, exit_result, hooked_syscall},
@@ -30,6 +30,9 @@ const LSM_DENY: u32 = 1 << 31;
 /// Every `sys_enter_*` of the tamper family.
 #[tracepoint]
 pub fn tamper_enter(ctx: TracePointContext) -> u32 {
+    if !may_be_marked() {
+        return 0;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
     let (nr, args) = enter_args(&ctx);
@@ -172,6 +175,9 @@ pub(crate) fn emit_syscall(
 /// Every `sys_exit_*` of the tamper family.
 #[tracepoint]
 pub fn tamper_exit(ctx: TracePointContext) -> u32 {
+    if !may_be_marked() {
+        return 0;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
     let (_, ret) = exit_result(&ctx);

@@ -5,7 +5,7 @@ use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::
 use credwatch_common::{tamper_syscall, Mark};
 
 use crate::{
-    helpers::{config, current_mark},
+    helpers::{config, current_mark, may_be_marked},
     tamper::emit_syscall,
 };
 
@@ -17,6 +17,9 @@ const IORING_OP_OPENAT2: u8 = 28;
 /// without `openat`): each request a marked process submits is reported with its opcode.
 #[tracepoint(category = "io_uring", name = "io_uring_submit_req")]
 pub fn io_uring_submit_req(ctx: TracePointContext) -> u32 {
+    if !may_be_marked() {
+        return 0;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(mark) = current_mark((pid_tgid >> 32) as u32) else { return 0 };
     let Some(config) = config() else { return 0 };
