@@ -295,9 +295,7 @@ impl<'a> Call<'a> {
     fn open(&self) -> Option<Event> {
         let &Call { partial, ref name, pid, time, exit, .. } = self;
         // The file is the last PATH that is not the parent directory of a create.
-        let Some((_, path, _, dev, ino)) = partial.paths.iter().rev().find(|p| p.2 != "PARENT").cloned() else {
-            return None;
-        };
+        let (_, path, _, dev, ino) = partial.paths.iter().rev().find(|p| p.2 != "PARENT").cloned()?;
         let dirfd = match name.as_str() {
             "openat" | "openat2" => self.hex_arg("a0").map(|d| d as u32 as i32).unwrap_or(AT_FDCWD),
             _ => AT_FDCWD,
