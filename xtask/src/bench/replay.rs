@@ -211,8 +211,7 @@ mod generator {
                 gid: 1000,
                 cgroup_id: 4242,
                 env: vars,
-                seeded: false,
-                project: None,
+                ..Exec::default()
             };
             self.emit(pid, EventData::Exec(exec))
         }
@@ -231,8 +230,7 @@ mod generator {
                 ret: if failed { -2 } else { 3 + self.random(20) as i64 },
                 dev: if failed { 0 } else { 2049 },
                 ino: if failed { 0 } else { 100_000 + self.random(1_000_000) },
-                same_file_as: None,
-                blocked: false,
+                ..Open::default()
             };
             self.emit(pid, EventData::Open(open))
         }
@@ -244,7 +242,7 @@ mod generator {
         }
 
         fn exit(&mut self, pid: u32) -> Result<()> {
-            self.emit(pid, EventData::Exit(Exit { code: 0 }))
+            self.emit(pid, EventData::Exit(Exit { code: 0, ..Exit::default() }))
         }
 
         fn npm_tree(&mut self, tree: u64) -> Result<()> {
