@@ -94,12 +94,14 @@ pub(crate) fn try_sched_process_exec(bprm: u64) -> Res<()> {
             None => return Ok(()),
         },
     };
-    // Every exec of a marked process, not only a root's: an exec from a thread other than the
-    // leader makes that thread the leader, whose task storage is new.
-    mark_current_task(mark.root_pid);
     let root_bit = if mark.manager < 32 { 1u32 << mark.manager } else { 0 };
     let agents_own = exec_root == Some(mark.manager) && config.agent_roots & root_bit != 0;
     let mark = actor_chain(config, tgid, mark, agents_own);
+    // Every exec of a marked process, not only a root's: an exec from a thread other than the
+    // leader makes that thread the leader, whose task storage is new. After `exec_root` is
+    // used: LLVM reads an Option's payload even where it is None, and 5.10's verifier refuses a
+    // read of stack no path wrote, which a join after this call's branch exposed.
+    mark_current_task(mark.root_pid);
     let scratch = EXEC_SCRATCH.get_ptr_mut(0).ok_or(-1i64)?;
     // SAFETY: per-CPU scratch owned by this program run. The header goes first (its size is set
     // last), so that the mark is not held across the path walks (see report_open).
