@@ -10,8 +10,8 @@ use aya::{
     Btf as AyaBtf, Ebpf, EbpfLoader,
 };
 use credwatch_common::{
-    config_flag, manager_flag, Config, CredInode, InodeKey, LostTree, ManagerValue, Mark, SparedExe, MANAGER_NAME_LEN,
-    MODULE_KEY_LEN, NO_CGROUP_SUBSYS,
+    config_flag, manager_flag, Config, CredInode, InodeKey, KernelOffsets, LostTree, ManagerValue, Mark, SparedExe,
+    MANAGER_NAME_LEN, MODULE_KEY_LEN, NO_CGROUP_SUBSYS,
 };
 use credwatch_core::rules::manager::Manager;
 
@@ -381,45 +381,9 @@ impl Sensor {
         let keys = manager_keys(managers)?;
         let decoder = Decoder::new();
         let hierarchies = cgroups::Hierarchies::of_this_namespace().map_err(SensorError::Proc)?;
-        // aya's loader parses the kernel BTF whatever it is told (the programs carry no CO-RE
-        // relocations: offsets come through CONFIG), and so does the offset resolver: both at
-        // once, on two threads, since start-up time is what `credwatch run` adds to a command.
-        // The fentry backend's loads need aya's own parse of the BTF (their attach targets).
         let want_fentry = options.backend != Backend::Tracepoint;
-        let object = kernel_object()?;
-        let kernel = KernelVersion::current().ok();
-        // Marks in task storage take fork's BTF-typed program, loaded with aya's parse.
-        let want_aya_btf = want_fentry || Globals::kernel_allows(kernel);
-        let ((mut offsets, cgroup_subsys, btf), (mut ebpf, globals), aya_btf) = std::thread::scope(|scope| {
-            let (globals_sent, globals_received) = std::sync::mpsc::channel::<Globals>();
-            let loader = scope.spawn(move || {
-                // The verifier takes the level as a constant and drops the log calls above it.
-                let level = kernel_log::level_byte();
-                // Two offsets from the BTF parse below: the load waits for it.
-                let globals = globals_received.recv().unwrap_or_default();
-                let mut loader = EbpfLoader::new();
-                loader.btf(None).override_global(aya_log::LEVEL, &level, true);
-                let _stand_in = globals.prepare(&mut loader)?;
-                for (name, size) in options.map_sizes.iter() {
-                    loader.map_max_entries(name, size);
-                    // One entry per marked process, as MARKS (the kernel's repeats.rs).
-                    if name == "MARKS" {
-                        loader.map_max_entries("PROCESS_REPEATS", size);
-                    }
-                }
-                Ok::<_, SensorError>((loader.load(object)?, globals))
-            });
-            let aya_btf = want_aya_btf.then(|| scope.spawn(AyaBtf::from_sys_fs));
-            let offsets = btf::Btf::from_sys_fs()
-                .and_then(|btf| Ok((offsets::kernel_offsets(&btf)?, hierarchies.subsys_index(&btf)?, btf)));
-            let _ = globals_sent.send(Globals::resolve(kernel, offsets.as_ref().ok().map(|(_, _, btf)| btf)));
-            let ebpf = loader.join().map_err(|_| SensorError::LoaderPanicked)?;
-            let aya_btf = aya_btf
-                .map(|thread| thread.join().map_err(|_| SensorError::LoaderPanicked))
-                .transpose()?
-                .map(|parsed| parsed.map_err(|e| e.to_string()));
-            Ok::<_, SensorError>((offsets?, ebpf?, aya_btf))
-        })?;
+        let Opened { mut offsets, cgroup_subsys, btf, mut ebpf, globals, aya_btf } =
+            open_object(kernel_object()?, &options, &hierarchies, want_fentry)?;
         let task_marks = TaskMarks::take(&mut ebpf, &globals)?;
         // Without the registers' layout the fentry programs cannot read a syscall's arguments.
         let regs = want_fentry.then(|| offsets::syscall_regs(&btf, &mut offsets).map_err(|e| e.to_string()));
@@ -448,18 +412,7 @@ impl Sensor {
         };
         let mut config_map: Array<MapData, Config> = take_typed(&mut ebpf, "CONFIG")?;
         config_map.set(0, config, 0).map_err(map_err("CONFIG"))?;
-        let mut manager_map: HashMap<_, [u8; MANAGER_NAME_LEN], ManagerValue> = take_typed(&mut ebpf, "MANAGERS")?;
-        for (key, value) in &keys.names {
-            manager_map.insert(key, value, 0).map_err(map_err("MANAGERS"))?;
-        }
-        let mut module_map: HashMap<_, [u8; MODULE_KEY_LEN], u32> = take_typed(&mut ebpf, "MANAGER_MODULES")?;
-        for (key, value) in &keys.modules {
-            module_map.insert(key, value, 0).map_err(map_err("MANAGER_MODULES"))?;
-        }
-        let mut script_map: HashMap<_, [u8; MANAGER_NAME_LEN], u32> = take_typed(&mut ebpf, "MANAGER_SCRIPTS")?;
-        for (key, value) in &keys.scripts {
-            script_map.insert(key, value, 0).map_err(map_err("MANAGER_SCRIPTS"))?;
-        }
+        let _manager_maps = fill_managers(&mut ebpf, &keys)?;
         let events: RingBuf<MapData> = take_typed(&mut ebpf, "EVENTS")?;
         let priority: RingBuf<MapData> = take_typed(&mut ebpf, "PRIORITY")?;
         let lost: PerCpuArray<MapData, u64> = take_typed(&mut ebpf, "LOST")?;
@@ -522,100 +475,11 @@ impl Sensor {
         } else {
             Vec::new()
         };
-        let mut wanted: Vec<&'static str> = lineage.clone();
-        for hook in &hooks {
-            let (enter, exit) = hook_programs(hook);
-            for program in std::iter::once(enter).chain(exit) {
-                if !wanted.contains(&program) {
-                    wanted.push(program);
-                }
-            }
-        }
-        if uring.is_some() {
-            wanted.push(URING_PROGRAM);
-        }
-        // Costliest to verify first (see load_programs); the sort is stable.
-        wanted.sort_by_key(|name| {
-            COSTLIEST_TO_VERIFY.iter().position(|costly| costly == name).unwrap_or(COSTLIEST_TO_VERIFY.len())
-        });
+        let wanted = tracepoint_programs(&lineage, &hooks, uring);
         load_programs(&mut ebpf, &wanted)?;
         kernel_log::start_reader(&mut ebpf);
-        let mut programs_attached = tracing_links.len() as u64;
-        // A pinned link keeps its program attached once this process has closed it.
-        let pin_link = |name: &'static str, tracepoint: &str, link: Result<FdLink, _>| -> Result<(), SensorError> {
-            let Some(dir) = pin_to else { return Ok(()) };
-            let path = dir.join(format!("link_{tracepoint}"));
-            let link = link.map_err(|source| SensorError::Link { name, source })?;
-            link.pin(&path).map_err(|source| SensorError::Pin { path, source })?;
-            Ok(())
-        };
-        let mut links = Vec::new();
-        for (name, link) in tracing_links {
-            match pin_to {
-                Some(dir) => {
-                    let path = dir.join(format!("link_{name}"));
-                    link.pin(&path).map_err(|source| SensorError::Pin { path, source })?;
-                }
-                None => links.push(link),
-            }
-        }
-        if globals.on() {
-            let aya_btf = match &aya_btf {
-                Some(Ok(aya_btf)) => aya_btf,
-                Some(Err(why)) => return Err(SensorError::ForkBtf(why.clone())),
-                None => return Err(SensorError::ForkBtf(String::new())),
-            };
-            let name = FORK_BTF;
-            let program: &mut BtfTracePoint = ebpf
-                .program_mut(name)
-                .ok_or(SensorError::Missing { what: "program", name })?
-                .try_into()
-                .map_err(program_err(name))?;
-            program.load(FORK_TRACEPOINT, aya_btf).map_err(program_err(name))?;
-            let link = program.attach().map_err(program_err(name))?;
-            programs_attached += 1;
-            if pin_to.is_some() {
-                pin_link(name, FORK_TRACEPOINT, Ok(FdLink::from(program.take_link(link).map_err(program_err(name))?)))?;
-            }
-        }
-        for &name in &lineage {
-            let program: &mut RawTracePoint = ebpf
-                .program_mut(name)
-                .ok_or(SensorError::Missing { what: "program", name })?
-                .try_into()
-                .map_err(program_err(name))?;
-            let link = program.attach(name).map_err(program_err(name))?;
-            programs_attached += 1;
-            if pin_to.is_some() {
-                pin_link(name, name, Ok(FdLink::from(program.take_link(link).map_err(program_err(name))?)))?;
-            }
-        }
-        let mut attach = |name: &'static str, category: &'static str, tracepoint: String| -> Result<(), SensorError> {
-            programs_attached += 1;
-            let loaded: &mut TracePoint = ebpf
-                .program_mut(name)
-                .ok_or(SensorError::Missing { what: "program", name })?
-                .try_into()
-                .map_err(program_err(name))?;
-            match loaded.attach(category, &tracepoint) {
-                Ok(link) if pin_to.is_some() => {
-                    let link = loaded.take_link(link).map_err(program_err(name))?;
-                    pin_link(name, &tracepoint, FdLink::try_from(link))
-                }
-                Ok(_) => Ok(()),
-                Err(source) => Err(SensorError::Attach { name, category, tracepoint, source: Box::new(source) }),
-            }
-        };
-        for hook in &hooks {
-            let (enter, exit) = hook_programs(hook);
-            attach(enter, "syscalls", format!("sys_enter_{}", hook.name))?;
-            if let Some(exit) = exit {
-                attach(exit, "syscalls", format!("sys_exit_{}", hook.name))?;
-            }
-        }
-        if let Some(tracepoint) = uring {
-            attach(URING_PROGRAM, "io_uring", tracepoint.to_owned())?;
-        }
+        let (programs_attached, links) =
+            attach_programs(&mut ebpf, pin_to, tracing_links, (&lineage, &hooks, uring), &globals, aya_btf.as_ref())?;
         let pins = pin_to.map(Pins::create).transpose()?;
         let kept = pin_to.map(|dir| pins::open_map(dir, pins::LOST_REPORTED, Map::HashMap)).transpose()?;
         Ok(Sensor {
@@ -655,6 +519,208 @@ impl Sensor {
             hierarchies,
         })
     }
+}
+
+/// The object loaded and the kernel's BTF parsed (see [`Sensor::load`]).
+struct Opened {
+    offsets: KernelOffsets,
+    cgroup_subsys: u32,
+    btf: btf::Btf,
+    ebpf: Ebpf,
+    globals: Globals,
+    /// aya's own parse, when the fentry backend or fork's BTF-typed program needs it.
+    aya_btf: Option<Result<AyaBtf, String>>,
+}
+
+/// Loads `object` sized by `options`. aya's loader parses the kernel BTF whatever it is told
+/// (the programs carry no CO-RE relocations: offsets come through CONFIG), and so does the
+/// offset resolver: both at once, on two threads, since start-up time is what `credwatch run`
+/// adds to a command. The fentry backend's loads (their attach targets) and fork's BTF-typed
+/// program need aya's own parse of the BTF: on a third, when `want_fentry` or the kernel keeps
+/// marks in task storage.
+fn open_object(
+    object: &'static [u8],
+    options: &SensorOptions,
+    hierarchies: &cgroups::Hierarchies,
+    want_fentry: bool,
+) -> Result<Opened, SensorError> {
+    let kernel = KernelVersion::current().ok();
+    // Marks in task storage take fork's BTF-typed program, loaded with aya's parse.
+    let want_aya_btf = want_fentry || Globals::kernel_allows(kernel);
+    let ((offsets, cgroup_subsys, btf), (ebpf, globals), aya_btf) = std::thread::scope(|scope| {
+        let (globals_sent, globals_received) = std::sync::mpsc::channel::<Globals>();
+        let loader = scope.spawn(move || {
+            // The verifier takes the level as a constant and drops the log calls above it.
+            let level = kernel_log::level_byte();
+            // Two offsets from the BTF parse below: the load waits for it.
+            let globals = globals_received.recv().unwrap_or_default();
+            let mut loader = EbpfLoader::new();
+            loader.btf(None).override_global(aya_log::LEVEL, &level, true);
+            let _stand_in = globals.prepare(&mut loader)?;
+            for (name, size) in options.map_sizes.iter() {
+                loader.map_max_entries(name, size);
+                // One entry per marked process, as MARKS (the kernel's repeats.rs).
+                if name == "MARKS" {
+                    loader.map_max_entries("PROCESS_REPEATS", size);
+                }
+            }
+            Ok::<_, SensorError>((loader.load(object)?, globals))
+        });
+        let aya_btf = want_aya_btf.then(|| scope.spawn(AyaBtf::from_sys_fs));
+        let offsets = btf::Btf::from_sys_fs()
+            .and_then(|btf| Ok((offsets::kernel_offsets(&btf)?, hierarchies.subsys_index(&btf)?, btf)));
+        let _ = globals_sent.send(Globals::resolve(kernel, offsets.as_ref().ok().map(|(_, _, btf)| btf)));
+        let ebpf = loader.join().map_err(|_| SensorError::LoaderPanicked)?;
+        let aya_btf = aya_btf
+            .map(|thread| thread.join().map_err(|_| SensorError::LoaderPanicked))
+            .transpose()?
+            .map(|parsed| parsed.map_err(|e| e.to_string()));
+        Ok::<_, SensorError>((offsets?, ebpf?, aya_btf))
+    })?;
+    Ok(Opened { offsets, cgroup_subsys, btf, ebpf, globals, aya_btf })
+}
+
+/// The kernel's tables of managers, taken from the object.
+type ManagerMaps = (
+    HashMap<MapData, [u8; MANAGER_NAME_LEN], ManagerValue>,
+    HashMap<MapData, [u8; MODULE_KEY_LEN], u32>,
+    HashMap<MapData, [u8; MANAGER_NAME_LEN], u32>,
+);
+
+/// Fills the kernel's tables of managers (`MANAGERS`, `MANAGER_MODULES`, `MANAGER_SCRIPTS`).
+/// The caller holds them until the programs are loaded: a taken map is closed when dropped, and
+/// a program loaded after would refer to a closed fd.
+fn fill_managers(ebpf: &mut Ebpf, keys: &ManagerKeys) -> Result<ManagerMaps, SensorError> {
+    let mut manager_map: HashMap<_, [u8; MANAGER_NAME_LEN], ManagerValue> = take_typed(ebpf, "MANAGERS")?;
+    for (key, value) in &keys.names {
+        manager_map.insert(key, value, 0).map_err(map_err("MANAGERS"))?;
+    }
+    let mut module_map: HashMap<_, [u8; MODULE_KEY_LEN], u32> = take_typed(ebpf, "MANAGER_MODULES")?;
+    for (key, value) in &keys.modules {
+        module_map.insert(key, value, 0).map_err(map_err("MANAGER_MODULES"))?;
+    }
+    let mut script_map: HashMap<_, [u8; MANAGER_NAME_LEN], u32> = take_typed(ebpf, "MANAGER_SCRIPTS")?;
+    for (key, value) in &keys.scripts {
+        script_map.insert(key, value, 0).map_err(map_err("MANAGER_SCRIPTS"))?;
+    }
+    Ok((manager_map, module_map, script_map))
+}
+
+/// The tracepoint programs to load: the lineage's, those of `hooks` and io_uring's, the costliest
+/// to verify first (see [`load_programs`]).
+fn tracepoint_programs(
+    lineage: &[&'static str],
+    hooks: &[SyscallHook],
+    uring: Option<&'static str>,
+) -> Vec<&'static str> {
+    let mut wanted: Vec<&'static str> = lineage.to_vec();
+    for hook in hooks {
+        let (enter, exit) = hook_programs(hook);
+        for program in std::iter::once(enter).chain(exit) {
+            if !wanted.contains(&program) {
+                wanted.push(program);
+            }
+        }
+    }
+    if uring.is_some() {
+        wanted.push(URING_PROGRAM);
+    }
+    // Costliest to verify first (see load_programs); the sort is stable.
+    wanted.sort_by_key(|name| {
+        COSTLIEST_TO_VERIFY.iter().position(|costly| costly == name).unwrap_or(COSTLIEST_TO_VERIFY.len())
+    });
+    wanted
+}
+
+/// Attaches the loaded programs: the fentry backend's links (`tracing_links`), fork's BTF-typed
+/// program where marks are kept in task storage, the lineage's raw tracepoints, the syscall
+/// tracepoints of `hooks` and io_uring's. With `pin_to`, each link is pinned there, else the
+/// fentry backend's are returned to be held. Returns the count of programs attached.
+fn attach_programs(
+    ebpf: &mut Ebpf,
+    pin_to: Option<&Path>,
+    tracing_links: Vec<backend::NamedLink>,
+    (lineage, hooks, uring): (&[&'static str], &[SyscallHook], Option<&'static str>),
+    globals: &Globals,
+    aya_btf: Option<&Result<AyaBtf, String>>,
+) -> Result<(u64, Vec<FdLink>), SensorError> {
+    let mut programs_attached = tracing_links.len() as u64;
+    // A pinned link keeps its program attached once this process has closed it.
+    let pin_link = |name: &'static str, tracepoint: &str, link: Result<FdLink, _>| -> Result<(), SensorError> {
+        let Some(dir) = pin_to else { return Ok(()) };
+        let path = dir.join(format!("link_{tracepoint}"));
+        let link = link.map_err(|source| SensorError::Link { name, source })?;
+        link.pin(&path).map_err(|source| SensorError::Pin { path, source })?;
+        Ok(())
+    };
+    let mut links = Vec::new();
+    for (name, link) in tracing_links {
+        match pin_to {
+            Some(dir) => {
+                let path = dir.join(format!("link_{name}"));
+                link.pin(&path).map_err(|source| SensorError::Pin { path, source })?;
+            }
+            None => links.push(link),
+        }
+    }
+    if globals.on() {
+        let aya_btf = match aya_btf {
+            Some(Ok(aya_btf)) => aya_btf,
+            Some(Err(why)) => return Err(SensorError::ForkBtf(why.clone())),
+            None => return Err(SensorError::ForkBtf(String::new())),
+        };
+        let name = FORK_BTF;
+        let program: &mut BtfTracePoint = ebpf
+            .program_mut(name)
+            .ok_or(SensorError::Missing { what: "program", name })?
+            .try_into()
+            .map_err(program_err(name))?;
+        program.load(FORK_TRACEPOINT, aya_btf).map_err(program_err(name))?;
+        let link = program.attach().map_err(program_err(name))?;
+        programs_attached += 1;
+        if pin_to.is_some() {
+            pin_link(name, FORK_TRACEPOINT, Ok(FdLink::from(program.take_link(link).map_err(program_err(name))?)))?;
+        }
+    }
+    for &name in lineage {
+        let program: &mut RawTracePoint = ebpf
+            .program_mut(name)
+            .ok_or(SensorError::Missing { what: "program", name })?
+            .try_into()
+            .map_err(program_err(name))?;
+        let link = program.attach(name).map_err(program_err(name))?;
+        programs_attached += 1;
+        if pin_to.is_some() {
+            pin_link(name, name, Ok(FdLink::from(program.take_link(link).map_err(program_err(name))?)))?;
+        }
+    }
+    let mut attach = |name: &'static str, category: &'static str, tracepoint: String| -> Result<(), SensorError> {
+        programs_attached += 1;
+        let loaded: &mut TracePoint = ebpf
+            .program_mut(name)
+            .ok_or(SensorError::Missing { what: "program", name })?
+            .try_into()
+            .map_err(program_err(name))?;
+        match loaded.attach(category, &tracepoint) {
+            Ok(link) if pin_to.is_some() => {
+                let link = loaded.take_link(link).map_err(program_err(name))?;
+                pin_link(name, &tracepoint, FdLink::try_from(link))
+            }
+            Ok(_) => Ok(()),
+            Err(source) => Err(SensorError::Attach { name, category, tracepoint, source: Box::new(source) }),
+        }
+    };
+    for hook in hooks {
+        let (enter, exit) = hook_programs(hook);
+        attach(enter, "syscalls", format!("sys_enter_{}", hook.name))?;
+        if let Some(exit) = exit {
+            attach(exit, "syscalls", format!("sys_exit_{}", hook.name))?;
+        }
+    }
+    if let Some(tracepoint) = uring {
+        attach(URING_PROGRAM, "io_uring", tracepoint.to_owned())?;
+    }
+    Ok((programs_attached, links))
 }
 
 /// Makes `map` hold exactly `entries`.
