@@ -28,6 +28,8 @@ use super::{btf::Btf, pins, SensorError};
 
 /// The map's name in the object (and its pin's in a pinned set).
 pub const MAP: &str = "TASK_MARKS";
+/// Tries of an update that lost the race to create a task's storage (EAGAIN).
+const MAX_TRIES: u32 = 8;
 /// The first kernel whose tracing programs can use task storage (5.11 had it for BPF LSM only).
 const FIRST_KERNEL: KernelVersion = KernelVersion::new(5, 12, 0);
 
@@ -147,9 +149,15 @@ impl TaskMarks {
     /// alone: whoever marked it removes its mark.
     pub fn mark(&self, pid: u32) -> Result<(), SensorError> {
         let Some(map) = &self.map else { return Ok(()) };
-        match update_by_pid(map.fd().as_fd(), pid, 1) {
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
-            result => result.map_err(|source| SensorError::TaskMark { pid, source }),
+        let mut tries = 0;
+        loop {
+            match update_by_pid(map.fd().as_fd(), pid, 1) {
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(()),
+                // The kernel gave the task its first storage meanwhile (its exec, marked in
+                // MARKS just before, sets it too): the next try finds that storage.
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && tries < MAX_TRIES => tries += 1,
+                result => return result.map_err(|source| SensorError::TaskMark { pid, source }),
+            }
         }
     }
 }

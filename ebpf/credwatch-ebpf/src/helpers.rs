@@ -94,8 +94,9 @@ pub(crate) unsafe fn mark_task(task: *mut task_struct, root: u32) {
         return;
     }
     let mut marked = 1u32;
-    // SAFETY: the caller's task.
-    if !unsafe { TASK_MARKS.get_or_insert(task, &mut marked) } {
+    // SAFETY: the caller's task. A creation that lost the race with another (the agent's, through
+    // a pidfd) fails, but the storage is there: only a task still without one goes unseen.
+    if !unsafe { TASK_MARKS.get_or_insert(task, &mut marked) } && unsafe { TASK_MARKS.get(task) }.is_none() {
         count_unmarked(root);
     }
 }
