@@ -490,11 +490,6 @@ enum RulesCommand {
 }
 
 fn main() -> ExitCode {
-    // One malloc arena: the threads that load the kernel programs (one per core) would each
-    // leave an arena behind when they end (3.2 MiB resident measured on an idle `watch` with two
-    // cores) for threads that allocate little after start-up (the bench's `footprint` section).
-    // SAFETY: mallopt takes any parameter and value; it returns 0 for one it refuses.
-    unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
     let cli = Cli::parse();
     // The live modes set the log up as their configuration says.
     if !matches!(cli.command, Commands::Watch(_) | Commands::Run(_) | Commands::Record(_) | Commands::Stop(_)) {

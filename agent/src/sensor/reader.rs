@@ -31,13 +31,6 @@ use super::{
 /// the first record after it caught up, so an idle agent sleeps.
 pub(super) const BATCH_INTERVAL: Duration = Duration::from_millis(10);
 
-/// The bulk records one drain takes at most, once it has taken every bulk record older than
-/// the priority records it took. Under a flood the ring refills as fast as it is read: a drain
-/// that read until it found it empty held the flood's events all at once (a million opens in the
-/// bench's `footprint` section: 84 to 390 MB resident at the peak, against 32). The rest waits
-/// in the ring for the next drain, which follows at once.
-pub(super) const DRAIN_BOUND: usize = 8192;
-
 /// How often the agent writes `HEARTBEAT` (after a drain, and so at least this often while
 /// idle): the kernel fails closed under `--enforce` when it is older than
 /// `FAIL_CLOSED_AFTER_NS`, 5 of these.
@@ -155,14 +148,10 @@ impl Sensor {
 
     /// Reads the priority ring buffer first, then the bulk one, then the priority one again,
     /// and puts what it read in time order: a priority record made before a bulk record just
-    /// read (an open before its process's exit) is then in the same batch, before it. A bulk
-    /// read cut short at [`DRAIN_BOUND`] has every bulk record older than the priority records
-    /// read first, and skips the second read of the priority ring, whose records could be newer
-    /// than the bulk records left.
+    /// read (an open before its process's exit) is then in the same batch, before it.
     fn drain(&mut self, out: &mut Vec<Event>) {
         let before = out.len();
         let mut bulk = 0;
-        let (mut newest_priority_ns, mut cut) = (0, false);
         let Sensor { events, priority, decoder, stats, credentials, canary, pins, last_scan, .. } = self;
         let mut homes = Vec::new();
         let mut unconfirmed = false;
@@ -170,16 +159,12 @@ impl Sensor {
             let table = credentials.as_ref().map(|(table, _)| table);
             let cred_path = |index: u32| table.and_then(|t| t.path(index)).map(str::to_owned);
             for ring in [0, 1, 0] {
-                if cut {
-                    break;
-                }
                 let is_bulk = ring == 1;
                 let ring = if is_bulk { &mut *events } else { &mut *priority };
                 while let Some(item) = ring.next() {
                     bulk += usize::from(is_bulk);
                     match decoder.decode(&item, &cred_path) {
                         Ok(mut event) => {
-                            let time_ns = event.time_ns;
                             if let Some(canary) = canary.as_mut().filter(|c| c.pid == event.pid) {
                                 canary.saw(&event.data);
                                 continue;
@@ -199,12 +184,6 @@ impl Sensor {
                             }
                             stats.events += 1;
                             out.push(event);
-                            if !is_bulk {
-                                newest_priority_ns = newest_priority_ns.max(time_ns);
-                            } else if bulk_read_done(bulk, time_ns, newest_priority_ns) {
-                                cut = true;
-                                break;
-                            }
                         }
                         Err(_) => stats.malformed += 1,
                     }
@@ -223,8 +202,7 @@ impl Sensor {
                 }
             }
         }
-        // Cut short, the bulk ring still holds records: the next drain reads them at once.
-        self.last_drain = (bulk > 0 && !cut).then(Instant::now);
+        self.last_drain = (bulk > 0).then(Instant::now);
     }
 
     /// Sleeps until the programs wake the reader (a record after it caught up, the bulk
@@ -383,25 +361,5 @@ fn keep(pins: &mut Pins, record: &[u8], event: &Event) {
             let _ = pins.forks.remove(&event.pid);
         }
         _ => {}
-    }
-}
-
-/// A drain's bulk read ends after the record read `bulk`-th, made at `time_ns`, when it has
-/// [`DRAIN_BOUND`] records and none older than the newest priority record read before it.
-fn bulk_read_done(bulk: usize, time_ns: u64, newest_priority_ns: u64) -> bool {
-    bulk >= DRAIN_BOUND && time_ns >= newest_priority_ns
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_bulk_read_ends_at_the_bound_once_past_the_priority_records() {
-        assert!(!bulk_read_done(DRAIN_BOUND - 1, 500, 0));
-        assert!(bulk_read_done(DRAIN_BOUND, 500, 0));
-        assert!(bulk_read_done(DRAIN_BOUND, 500, 500));
-        // Bulk records older than an exit read first are read in the same batch, bound or not.
-        assert!(!bulk_read_done(DRAIN_BOUND * 4, 499, 500));
     }
 }
