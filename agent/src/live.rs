@@ -725,6 +725,9 @@ pub fn watch_machine(config: &Config, layers: Layers, local_alerts: bool) -> Res
     session.live.queued = session.live.sensor.seed(&managers).context("seeding running package trees from /proc")?;
     let (rules, startup_ms) = (session.engine.rules().rules().len(), session.started.elapsed().as_millis() as u64);
     info!(rules, startup_ms, "watching package trees ({rules} rules) after {startup_ms} ms; Ctrl-C to stop");
+    // Start-up's BTF parses and program loads freed megabytes that glibc keeps in its arenas.
+    // SAFETY: malloc_trim only returns free pages to the kernel.
+    unsafe { libc::malloc_trim(0) };
     session.systemd.notify(&[sd_notify::NotifyState::Ready]);
     session.drive(|_, _| if stop.load(Ordering::Relaxed) { Control::Stop } else { Control::Continue })?;
     session.systemd.notify(&[sd_notify::NotifyState::Stopping]);

@@ -490,6 +490,12 @@ enum RulesCommand {
 }
 
 fn main() -> ExitCode {
+    // One malloc arena: each thread that parses BTF or loads programs at start-up would leave an
+    // arena of its own behind, whose free pages `malloc_trim` (after start-up) cannot all return;
+    // with one arena the trim takes the idle heap from 22.5 to 15.9 MB. The threads that live
+    // on allocate little.
+    // SAFETY: mallopt takes any parameter and value; it returns 0 for one it refuses.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
     let cli = Cli::parse();
     // The live modes set the log up as their configuration says.
     if !matches!(cli.command, Commands::Watch(_) | Commands::Run(_) | Commands::Record(_) | Commands::Stop(_)) {
