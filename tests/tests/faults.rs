@@ -584,8 +584,11 @@ impl MemoryCgroup {
         fs::read_to_string(self.0.join("memory.usage_in_bytes")).unwrap().trim().parse().unwrap()
     }
 
+    /// At most `bytes`, swap included: a host with swap would page the agent out rather than
+    /// kill it.
     fn limit(&self, bytes: u64) {
         fs::write(self.0.join("memory.limit_in_bytes"), bytes.to_string()).unwrap();
+        fs::write(self.0.join("memory.memsw.limit_in_bytes"), bytes.to_string()).unwrap();
     }
 
     fn enter(&self, pid: u32) {
@@ -633,7 +636,12 @@ impl Drop for StopFile {
     }
 }
 
-/// Memory the agent may take in its cgroup beyond what it had when put there.
+/// Memory the agent may take in its cgroup beyond what it is charged there once in. The kernel
+/// (6.18) refuses `memory.move_charge_at_immigrate` (EINVAL): the pages the agent has stay
+/// charged where they were, and only the pages it takes afterwards count. A reload takes far
+/// more: it compiles the rules again while the running set is held, and the first one after
+/// start-up grows the heap by 14.4 to 14.7 MB (`[heap]` 15 MB to 29 MB, 3 runs). What a flood
+/// makes the agent hold depends on timing, so the kill is made by the reload, not by the flood.
 const HEADROOM_MIB: u64 = 4;
 
 fn rule_is(alert: &Value, id: &str) -> bool {
@@ -646,46 +654,41 @@ fn ring_loss(alert: &Value) -> bool {
     rule_is(alert, "blind-spot-lost") || rule_is(alert, "blind-spot-overflow")
 }
 
-/// The agent OOM-killed in a memory cgroup a little above its idle size, during a flood of a
-/// package tree's alerts to an output that is down (what it holds in memory grows): started
-/// again as systemd would, it adopts the pins, reports the gap as an alert naming the tree and
-/// counts the records lost meanwhile in a blind-spot alert.
+/// The agent OOM-killed in a memory cgroup a little above its size, by a reload (SIGHUP) during
+/// a flood of a package tree's opens: started again as systemd would, it adopts the pins,
+/// reports the gap as an alert naming the tree and counts the records lost meanwhile in a
+/// blind-spot alert.
 #[test]
 fn an_agent_killed_for_memory_reports_the_gap_and_what_was_lost() {
     let sandbox = Sandbox::new();
-    let spool = sandbox.top().join("spool");
-    let (_rsyslog, options) = syslog_down(&sandbox, &spool);
-    let mut options: Vec<&str> = options.iter().map(String::as_str).collect();
     // A small bulk ring, which the flood overflows while no agent reads.
-    options.extend(["--map-size", "EVENTS=4096"]);
-    let secrets = sandbox.secrets(6000);
-    let list = sandbox.work().join("oom.list");
-    fs::write(&list, secrets.join("\n") + "\n").unwrap();
-    // Reads every secret (an alert each, paced so that the agent keeps up), then keeps opening
-    // the system's files, two processes at once (a record each, none a repeat within a second)
-    // until told to stop, for two minutes at most; it creates none.
+    let options = ["--map-size", "EVENTS=4096"];
+    // Says it started, then keeps opening the system's files, two processes at once (a record
+    // each, none a repeat within a second) until told to stop, for two minutes at most; it
+    // creates none.
+    let started = sandbox.top().join("oom-started");
     let stop = StopFile(sandbox.top().join("oom-stop"));
     let script = format!(
-        "n=0; while read -r f; do : < \"$f\"; n=$((n+1)); [ $((n % 50)) -ne 0 ] || sleep 0.02; done < '{}'\n\
+        ": > '{}'\n\
          end=$(($(date +%s) + 120))\n\
          flood() {{ while [ ! -e '{}' ] && [ $(date +%s) -lt $end ]; do\n\
          while read -r f; do : < \"$f\"; done < '{}' 2>/dev/null; done; }}\n\
          flood & flood; wait\n",
-        list.display(),
+        started.display(),
         stop.0.display(),
         system_files(sandbox.work().join("flood.list"), 20_000).display()
     );
     let tarball = package(&sandbox, "oom-flood", &script);
     let go = detached_install(&sandbox, &tarball);
     let watch = sandbox.watch_with(&options);
-    let idle = rss_kib(watch.pid());
-    let cgroup = MemoryCgroup::new(&format!("credwatch-faults-{}", std::process::id()));
-    cgroup.enter(watch.pid());
-    // What it is charged once in (its pages may stay charged where they were), and a little more.
-    let limit = cgroup.usage() + (HEADROOM_MIB << 20);
-    cgroup.limit(limit);
-    go();
     let pid = watch.pid();
+    let idle = rss_kib(pid);
+    let cgroup = MemoryCgroup::new(&format!("credwatch-faults-{}", std::process::id()));
+    cgroup.enter(pid);
+    cgroup.limit(cgroup.usage() + (HEADROOM_MIB << 20));
+    go();
+    wait_until("the flood's start", Duration::from_secs(60), || started.exists());
+    kill(pid, libc::SIGHUP);
     wait_until("the agent's OOM kill", Duration::from_secs(60), || {
         fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| stat.contains(") Z "))
     });
@@ -700,8 +703,8 @@ fn an_agent_killed_for_memory_reports_the_gap_and_what_was_lost() {
     let restarted_in = killed_at.elapsed();
     let gap = sandbox
         .wait_for(|a| rule_is(a, "blind-spot-gap") && a["package"]["name"] == "oom-flood", Duration::from_secs(30));
-    // The flood's opens overflow the bulk ring (`overflow`); a read of a secret the priority
-    // ring refused would be `lost`.
+    // The flood's opens overflow the bulk ring (`overflow`); a record the priority ring refused
+    // would be `lost`.
     let lost = sandbox.wait_for(|a| ring_loss(a) && a["package"]["name"] == "oom-flood", Duration::from_secs(30));
     drop(stop);
     wait_detached(&sandbox, &tarball);
@@ -716,7 +719,8 @@ fn an_agent_killed_for_memory_reports_the_gap_and_what_was_lost() {
     let total: u64 = counts.as_object().map(|c| c.values().filter_map(Value::as_u64).sum()).unwrap_or(0);
     assert!(total > 0, "{lost:#}");
     eprintln!(
-        "fault: OOM kill at {HEADROOM_MIB} MiB over {idle} KiB idle: restarted after {restarted_in:?}, gap {seconds:.1} s, {total} records lost and counted ({counts})"
+        "fault: OOM kill by a reload at {HEADROOM_MIB} MiB over the agent's charge once in its cgroup ({idle} KiB RSS \
+         then): restarted after {restarted_in:?}, gap {seconds:.1} s, {total} records lost and counted ({counts})"
     );
 }
 
