@@ -79,6 +79,7 @@ use std::{
     collections::HashMap,
     fmt, fs, io,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use serde_saphyr::Spanned;
@@ -91,7 +92,7 @@ use self::{
         Access, Action, Actor, BlindSpotMatch, Conditions, ConnectMatch, Contain, ExecMatch, FileDoc, HomeFiles,
         KindName, ProjectCode, RuleDoc, RunsCode, Samples, SchemaVersion, Sweep, SyscallMatch, UsualDestinations, Who,
     },
-    target::{Pattern, TargetIndex, Targets},
+    target::{Pattern, RuleTargets, TargetIndex, Targets},
 };
 use crate::alert::{BlindSpotCause, Severity};
 
@@ -177,7 +178,9 @@ pub struct Rule {
     /// The rule's mapping in its file.
     pub origin: Origin,
     patterns: Vec<Pattern>,
-    matcher: Targets,
+    exclude_patterns: Vec<Pattern>,
+    /// Its view of the set's [`TargetIndex`] (set by `finish`).
+    matcher: RuleTargets,
     /// The managers the rule names (`conditions`, `actors`), and where: checked against the
     /// whole set.
     references: Vec<(String, Origin)>,
@@ -215,7 +218,7 @@ pub struct RuleSet {
     /// The rules of the policy's `writes`, by index (set by `finish`).
     agent_writes: Vec<usize>,
     rules: Vec<Rule>,
-    index: TargetIndex,
+    index: Arc<TargetIndex>,
     /// Exec rules by the basenames they name, and those that name none.
     exec_by_name: HashMap<String, Vec<usize>>,
     exec_any: Vec<usize>,
@@ -584,9 +587,13 @@ impl RuleSet {
                 }
             }
         }
-        self.index = TargetIndex::build(self.rules.iter().map(|r| r.patterns.as_slice())).map_err(|e| {
-            RulesError::invalid(Origin { file: "rules".into(), line: None, column: None }, e.to_string())
-        })?;
+        let index =
+            TargetIndex::build(self.rules.iter().map(|r| (r.patterns.as_slice(), r.exclude_patterns.as_slice())))
+                .map_err(|e| self.index_error(e))?;
+        self.index = Arc::new(index);
+        for (index, rule) in self.rules.iter_mut().enumerate() {
+            rule.matcher = RuleTargets::new(Arc::clone(&self.index), index);
+        }
         for (index, rule) in self.rules.iter().enumerate() {
             if let Some(exec) = &rule.exec {
                 if exec.names.is_empty() {
@@ -614,6 +621,17 @@ impl RuleSet {
             }
         }
         Ok(self)
+    }
+
+    /// The index of every rule's patterns failed to build: the first rule whose own patterns fail
+    /// is named (compiling each rule apart costs start-up time only on this path).
+    fn index_error(&self, error: globset::Error) -> RulesError {
+        for rule in &self.rules {
+            if let Err(own) = Targets::compile(&rule.patterns, &rule.exclude_patterns) {
+                return RulesError::invalid(rule.origin.clone(), format!("rule {}: {own}", rule.id));
+            }
+        }
+        RulesError::invalid(Origin { file: "rules".into(), line: None, column: None }, error.to_string())
     }
 
     /// Checks what needs the whole set: references to managers.
@@ -879,10 +897,8 @@ fn build_rule(file: &str, schema: SchemaVersion, rule: Spanned<RuleDoc>) -> Resu
         KindName::Connect => RuleKind::Connect,
         KindName::BlindSpot => RuleKind::BlindSpot,
     };
-    let targets_at = doc.targets.as_ref().map(|t| t.referenced).unwrap_or(rule.referenced);
     let patterns = doc.targets.map(|t| t.value.0).unwrap_or_default();
     let exclude = doc.exclude.map(|e| e.value).unwrap_or_default();
-    let matcher = Targets::compile(&patterns, &exclude).map_err(|e| invalid(targets_at, e.to_string()))?;
     let (conditions, conditions_at) = doc.conditions.map(|c| (c.conditions, c.managers)).unwrap_or_default();
     let mut references: Vec<(String, Origin)> = conditions
         .managers
@@ -918,7 +934,8 @@ fn build_rule(file: &str, schema: SchemaVersion, rule: Spanned<RuleDoc>) -> Resu
         samples: doc.samples,
         origin,
         patterns,
-        matcher,
+        exclude_patterns: exclude,
+        matcher: RuleTargets::default(),
         references,
     })
 }

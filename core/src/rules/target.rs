@@ -2,6 +2,8 @@
 //! patterns are tried against the path relative to every home it lies under, the others against
 //! the absolute path.
 
+use std::sync::Arc;
+
 use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
 use serde::Deserialize;
 
@@ -74,11 +76,69 @@ impl Targets {
     }
 }
 
-/// All rules' targets in two glob sets, so that an open costs a few matches however many
-/// rules there are. It yields candidates; [`Targets::matches`] confirms (and applies
-/// exclusions).
+/// All rules' targets, and all their exclusions, each in two glob sets (one per anchor), so that
+/// an open costs a few matches however many rules there are, and the rules share four compiled
+/// sets instead of four each (most of the compiled rules' memory: every set with a glob that is
+/// no literal, prefix or suffix compiles a regex). [`TargetIndex::candidates`] yields the rules
+/// whose targets match; [`RuleTargets`] confirms one rule (and applies its exclusions).
 #[derive(Clone, Debug, Default)]
 pub struct TargetIndex {
+    targets: AnchoredSets,
+    exclude: AnchoredSets,
+}
+
+impl TargetIndex {
+    /// `rules[i]` are the target and exclude patterns of rule `i`.
+    pub fn build<'a>(
+        rules: impl IntoIterator<Item = (&'a [Pattern], &'a [Pattern])>,
+    ) -> Result<TargetIndex, globset::Error> {
+        let (targets, exclude): (Vec<_>, Vec<_>) = rules.into_iter().unzip();
+        Ok(TargetIndex { targets: AnchoredSets::build(targets)?, exclude: AnchoredSets::build(exclude)? })
+    }
+
+    /// Indices of the rules that may match `path`, sorted, without repeats.
+    pub fn candidates(&self, path: &str, home: Option<&str>) -> Vec<usize> {
+        let mut out = self.targets.rules(path, &home_relatives(path, home));
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+}
+
+/// One rule's view of the [`TargetIndex`] of its set.
+#[derive(Clone, Default)]
+pub struct RuleTargets {
+    index: Arc<TargetIndex>,
+    rule: usize,
+}
+
+/// The index is the whole set's: a rule shows its number alone.
+impl std::fmt::Debug for RuleTargets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuleTargets").field("rule", &self.rule).finish_non_exhaustive()
+    }
+}
+
+impl RuleTargets {
+    pub fn new(index: Arc<TargetIndex>, rule: usize) -> RuleTargets {
+        RuleTargets { index, rule }
+    }
+
+    /// Whether the absolute `path` is one of the rule's targets (as [`Targets::matches`]).
+    pub fn matches(&self, path: &str, home: Option<&str>) -> bool {
+        let relatives = home_relatives(path, home);
+        self.index.targets.hit(self.rule, path, &relatives) && !self.index.exclude.hit(self.rule, path, &relatives)
+    }
+
+    /// Whether the absolute `path` is in the rule's `exclude`.
+    pub fn excludes(&self, path: &str, home: Option<&str>) -> bool {
+        self.index.exclude.hit(self.rule, path, &home_relatives(path, home))
+    }
+}
+
+/// Many rules' patterns by anchor, with the rule of each glob.
+#[derive(Clone, Debug, Default)]
+struct AnchoredSets {
     home: GlobSet,
     absolute: GlobSet,
     /// Rule index of each glob, in the order the sets were built.
@@ -86,12 +146,11 @@ pub struct TargetIndex {
     absolute_rules: Vec<usize>,
 }
 
-impl TargetIndex {
-    /// `targets[i]` are the patterns of rule `i`.
-    pub fn build<'a>(targets: impl IntoIterator<Item = &'a [Pattern]>) -> Result<TargetIndex, globset::Error> {
+impl AnchoredSets {
+    fn build(rules: Vec<&[Pattern]>) -> Result<AnchoredSets, globset::Error> {
         let (mut home, mut absolute) = (GlobSetBuilder::new(), GlobSetBuilder::new());
         let (mut home_rules, mut absolute_rules) = (Vec::new(), Vec::new());
-        for (rule, patterns) in targets.into_iter().enumerate() {
+        for (rule, patterns) in rules.into_iter().enumerate() {
             for pattern in patterns {
                 match pattern.anchor {
                     Anchor::Home => {
@@ -105,18 +164,26 @@ impl TargetIndex {
                 }
             }
         }
-        Ok(TargetIndex { home: home.build()?, absolute: absolute.build()?, home_rules, absolute_rules })
+        Ok(AnchoredSets { home: home.build()?, absolute: absolute.build()?, home_rules, absolute_rules })
     }
 
-    /// Indices of the rules that may match `path`, sorted, without repeats.
-    pub fn candidates(&self, path: &str, home: Option<&str>) -> Vec<usize> {
+    /// The rules with a glob that matches `path` (or, home-anchored, one of its `relatives`), in
+    /// no order, with repeats.
+    fn rules(&self, path: &str, relatives: &[&str]) -> Vec<usize> {
         let mut out: Vec<usize> = self.absolute.matches(path).into_iter().map(|i| self.absolute_rules[i]).collect();
-        for rel in home_relatives(path, home) {
+        for rel in relatives {
             out.extend(self.home.matches(rel).into_iter().map(|i| self.home_rules[i]));
         }
-        out.sort_unstable();
-        out.dedup();
         out
+    }
+
+    /// Whether a glob of `rule` matches `path` (or, home-anchored, one of its `relatives`).
+    fn hit(&self, rule: usize, path: &str, relatives: &[&str]) -> bool {
+        let of_rule = |set: &GlobSet, rules: &[usize], text: &str| {
+            rules.contains(&rule) && set.matches(text).into_iter().any(|i| rules[i] == rule)
+        };
+        of_rule(&self.absolute, &self.absolute_rules, path)
+            || relatives.iter().any(|rel| of_rule(&self.home, &self.home_rules, rel))
     }
 }
 
