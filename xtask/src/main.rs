@@ -185,6 +185,11 @@ fn run(what: &str, command: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// The kernel programs as bpf-linker leaves them, with their DWARF, for debugging (`llvm-objdump -S`).
+const EBPF_OBJECT: &str = "target/bpf/bpfel-unknown-none/release/credwatch";
+/// The same without DWARF, which the agent embeds (agent/build.rs).
+const EBPF_OBJECT_STRIPPED: &str = "target/bpf/bpfel-unknown-none/release/credwatch.stripped";
+
 fn build() -> Result<()> {
     let route = toolchain::ensure(false)?.expect("ensure without dry-run returns a route or an error");
     let ebpf_args =
@@ -213,8 +218,28 @@ fn build() -> Result<()> {
         }
     };
     ebpf.env("CARGO_TARGET_BPFEL_UNKNOWN_NONE_RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf");
-    run("build the eBPF object (target/bpf/bpfel-unknown-none/release/credwatch)", &mut ebpf)?;
+    run(&format!("build the eBPF object ({EBPF_OBJECT})"), &mut ebpf)?;
+    strip_ebpf(&toolchain::objcopy(&route)?)?;
     package::build_static()
+}
+
+/// Strips the object's DWARF: BTF is made from it at link time, but the loaders (aya, aya-log)
+/// read only .BTF, .BTF.ext, the programs, maps and symbols, and embedded it would be 2.9 of the
+/// object's 3.4 MB in every agent binary.
+fn strip_ebpf(objcopy: &Path) -> Result<()> {
+    let (object, stripped) = (workspace().join(EBPF_OBJECT), workspace().join(EBPF_OBJECT_STRIPPED));
+    let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified());
+    // A copy made anew for an unchanged object would make cargo rebuild the agent, whose build
+    // script watches it.
+    if let (Ok(made), Ok(from)) = (modified(&stripped), modified(&object)) {
+        if made >= from {
+            return Ok(());
+        }
+    }
+    run(
+        &format!("strip the eBPF object's DWARF ({EBPF_OBJECT_STRIPPED})"),
+        Command::new(objcopy).arg("--strip-debug").arg(&object).arg(&stripped),
+    )
 }
 
 /// Which run of `cargo xtask test`: everything (CI's), or the contributor's loop.

@@ -75,6 +75,17 @@ pub enum Route {
     Nightly,
 }
 
+/// The llvm-objcopy that strips the object's DWARF (GNU objcopy does not know BPF objects):
+/// LLVM 22's on the Debian route, any on PATH on the nightly one.
+pub fn objcopy(route: &Route) -> Result<PathBuf> {
+    match route {
+        Route::Debian { llvm_bin, .. } => Ok(llvm_bin.join("llvm-objcopy")),
+        Route::Nightly => find_in_path("llvm-objcopy").context(NIGHTLY_OBJCOPY),
+    }
+}
+
+const NIGHTLY_OBJCOPY: &str = "llvm-objcopy on PATH (package llvm, any version)";
+
 /// The state of both routes on this machine.
 pub struct Survey {
     pub debian_missing: Vec<Missing>,
@@ -334,6 +345,9 @@ fn nightly_missing() -> Vec<String> {
         .is_some_and(|o| o.status.success());
     if !linker_runs {
         missing.push("a working bpf-linker on PATH (cargo install bpf-linker)".into());
+    }
+    if find_in_path("llvm-objcopy").is_none() {
+        missing.push(NIGHTLY_OBJCOPY.into());
     }
     missing
 }
