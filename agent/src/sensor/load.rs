@@ -386,7 +386,7 @@ impl Sensor {
             open_object(kernel_object()?, &options, &hierarchies, want_fentry)?;
         let task_marks = TaskMarks::take(&mut ebpf, &globals)?;
         // Without the registers' layout the fentry programs cannot read a syscall's arguments.
-        let regs = want_fentry.then(|| offsets::syscall_regs(&btf, &mut offsets).map_err(|e| e.to_string()));
+        let regs = btf.as_ref().map(|btf| offsets::syscall_regs(btf, &mut offsets).map_err(|e| e.to_string()));
         if let Some(dir) = pin_to {
             for &name in pins::PINNED_MAPS {
                 let map = ebpf.map(name).ok_or(SensorError::Missing { what: "map", name })?;
@@ -413,8 +413,6 @@ impl Sensor {
         let mut config_map: Array<MapData, Config> = take_typed(&mut ebpf, "CONFIG")?;
         config_map.set(0, config, 0).map_err(map_err("CONFIG"))?;
         let _manager_maps = fill_managers(&mut ebpf, &keys)?;
-        let events: RingBuf<MapData> = take_typed(&mut ebpf, "EVENTS")?;
-        let priority: RingBuf<MapData> = take_typed(&mut ebpf, "PRIORITY")?;
         let lost: PerCpuArray<MapData, u64> = take_typed(&mut ebpf, "LOST")?;
         let cred_map: HashMap<MapData, InodeKey, CredInode> = take_typed(&mut ebpf, "CRED_INODES")?;
         let spared_map: HashMap<MapData, InodeKey, SparedExe> = take_typed(&mut ebpf, "SPARED_EXES")?;
@@ -438,7 +436,8 @@ impl Sensor {
                     aya_btf.as_ref().ok_or_else(String::new)?.as_ref().map_err(|e| format!("kernel BTF: {e}"))
                 })
                 .and_then(|aya_btf| {
-                    let (hooks, unwatched) = fentry_hooks(&btf);
+                    // Kept whenever the fentry backend is wanted (see open_object).
+                    let (hooks, unwatched) = fentry_hooks(btf.as_ref().ok_or_else(String::new)?);
                     let lsm_active = options.enforce && backend::bpf_lsm_active().unwrap_or(false);
                     let (mut work, lsm_syscalls) = fentry_work(&hooks, lsm_active);
                     // The raw tracepoints (and io_uring's) both backends run load meanwhile,
@@ -475,11 +474,21 @@ impl Sensor {
         } else {
             Vec::new()
         };
+        // Both parses of the kernel's BTF are done with once fork's BTF-typed program is loaded:
+        // dropped before the verifier's wait, and before the rings are mapped (9 MiB resident at
+        // once), so that they do not add to the start-up peak.
+        drop(btf);
+        if globals.on() {
+            load_fork_btf(&mut ebpf, aya_btf.as_ref())?;
+        }
+        drop(aya_btf);
         let wanted = tracepoint_programs(&lineage, &hooks, uring);
         load_programs(&mut ebpf, &wanted)?;
         kernel_log::start_reader(&mut ebpf);
+        let events: RingBuf<MapData> = take_typed(&mut ebpf, "EVENTS")?;
+        let priority: RingBuf<MapData> = take_typed(&mut ebpf, "PRIORITY")?;
         let (programs_attached, links) =
-            attach_programs(&mut ebpf, pin_to, tracing_links, (&lineage, &hooks, uring), &globals, aya_btf.as_ref())?;
+            attach_programs(&mut ebpf, pin_to, tracing_links, (&lineage, &hooks, uring), &globals)?;
         let pins = pin_to.map(Pins::create).transpose()?;
         let kept = pin_to.map(|dir| pins::open_map(dir, pins::LOST_REPORTED, Map::HashMap)).transpose()?;
         Ok(Sensor {
@@ -525,7 +534,8 @@ impl Sensor {
 struct Opened {
     offsets: KernelOffsets,
     cgroup_subsys: u32,
-    btf: btf::Btf,
+    /// credwatch's own parse, kept only for the fentry backend (its registers and hooks).
+    btf: Option<btf::Btf>,
     ebpf: Ebpf,
     globals: Globals,
     /// aya's own parse, when the fentry backend or fork's BTF-typed program needs it.
@@ -569,7 +579,10 @@ fn open_object(
         let aya_btf = want_aya_btf.then(|| scope.spawn(AyaBtf::from_sys_fs));
         let offsets = btf::Btf::from_sys_fs()
             .and_then(|btf| Ok((offsets::kernel_offsets(&btf)?, hierarchies.subsys_index(&btf)?, btf)));
-        let _ = globals_sent.send(Globals::resolve(kernel, offsets.as_ref().ok().map(|(_, _, btf)| btf)));
+        let globals = Globals::resolve(kernel, offsets.as_ref().ok().map(|(_, _, btf)| btf));
+        // Dropped before aya's loader parses the BTF again (see the start-up peak in load).
+        let offsets = offsets.map(|(offsets, subsys, btf)| (offsets, subsys, want_fentry.then_some(btf)));
+        let _ = globals_sent.send(globals);
         let ebpf = loader.join().map_err(|_| SensorError::LoaderPanicked)?;
         let aya_btf = aya_btf
             .map(|thread| thread.join().map_err(|_| SensorError::LoaderPanicked))
@@ -632,6 +645,23 @@ fn tracepoint_programs(
     wanted
 }
 
+/// Loads fork's BTF-typed program (where marks are kept in task storage), which needs aya's
+/// parse of the kernel's BTF for its attach target.
+fn load_fork_btf(ebpf: &mut Ebpf, aya_btf: Option<&Result<AyaBtf, String>>) -> Result<(), SensorError> {
+    let aya_btf = match aya_btf {
+        Some(Ok(aya_btf)) => aya_btf,
+        Some(Err(why)) => return Err(SensorError::ForkBtf(why.clone())),
+        None => return Err(SensorError::ForkBtf(String::new())),
+    };
+    let name = FORK_BTF;
+    let program: &mut BtfTracePoint = ebpf
+        .program_mut(name)
+        .ok_or(SensorError::Missing { what: "program", name })?
+        .try_into()
+        .map_err(program_err(name))?;
+    program.load(FORK_TRACEPOINT, aya_btf).map_err(program_err(name))
+}
+
 /// Attaches the loaded programs: the fentry backend's links (`tracing_links`), fork's BTF-typed
 /// program where marks are kept in task storage, the lineage's raw tracepoints, the syscall
 /// tracepoints of `hooks` and io_uring's. With `pin_to`, each link is pinned there, else the
@@ -642,7 +672,6 @@ fn attach_programs(
     tracing_links: Vec<backend::NamedLink>,
     (lineage, hooks, uring): (&[&'static str], &[SyscallHook], Option<&'static str>),
     globals: &Globals,
-    aya_btf: Option<&Result<AyaBtf, String>>,
 ) -> Result<(u64, Vec<FdLink>), SensorError> {
     let mut programs_attached = tracing_links.len() as u64;
     // A pinned link keeps its program attached once this process has closed it.
@@ -664,18 +693,12 @@ fn attach_programs(
         }
     }
     if globals.on() {
-        let aya_btf = match aya_btf {
-            Some(Ok(aya_btf)) => aya_btf,
-            Some(Err(why)) => return Err(SensorError::ForkBtf(why.clone())),
-            None => return Err(SensorError::ForkBtf(String::new())),
-        };
         let name = FORK_BTF;
         let program: &mut BtfTracePoint = ebpf
             .program_mut(name)
             .ok_or(SensorError::Missing { what: "program", name })?
             .try_into()
             .map_err(program_err(name))?;
-        program.load(FORK_TRACEPOINT, aya_btf).map_err(program_err(name))?;
         let link = program.attach().map_err(program_err(name))?;
         programs_attached += 1;
         if pin_to.is_some() {
