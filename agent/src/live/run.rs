@@ -147,7 +147,7 @@ pub fn run_command(config: &Config, command: &[String], linger: Option<Duration>
         "--keep needs --contain-writes overlay"
     );
     let containment = if config.contain {
-        let rules = RuleSet::load(config.rules.as_deref()).context("loading rules")?;
+        let rules = RuleSet::load_without_samples(config.rules.as_deref()).context("loading rules")?;
         let env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
         let mut containment = Containment::prepare(&rules, &env)?;
         if config.contain_writes == ContainWrites::Overlay {

@@ -90,7 +90,8 @@ use self::{
     manager::Manager,
     schema::{
         Access, Action, Actor, BlindSpotMatch, Conditions, ConnectMatch, Contain, ExecMatch, FileDoc, HomeFiles,
-        KindName, ProjectCode, RuleDoc, RunsCode, Samples, SchemaVersion, Sweep, SyscallMatch, UsualDestinations, Who,
+        KindName, ProjectCode, RuleDoc, RunsCode, Samples, SamplesField, SchemaVersion, Sweep, SyscallMatch,
+        UsualDestinations, Who,
     },
     target::{Pattern, RuleTargets, TargetIndex, Targets},
 };
@@ -273,15 +274,18 @@ impl Program<'_> {
 impl RuleSet {
     /// The rules built into the binary.
     pub fn defaults() -> Result<RuleSet, RulesError> {
-        parse_sources(default_sources())?.finish()
+        parse_sources::<Samples>(default_sources())?.finish()
     }
 
     /// The defaults, then `extra_dir`'s files on top (same id or name replaces, new ones add).
     pub fn load(extra_dir: Option<&Path>) -> Result<RuleSet, RulesError> {
-        match extra_dir {
-            Some(dir) => load_dir_over_defaults(dir).map(|loaded| loaded.merged),
-            None => RuleSet::defaults(),
-        }
+        load_with::<Samples>(extra_dir)
+    }
+
+    /// As [`RuleSet::load`], each rule's `samples` skipped unparsed (left empty): for the modes
+    /// that apply the rules and never replay their samples (`watch`, `run`, `record`).
+    pub fn load_without_samples(extra_dir: Option<&Path>) -> Result<RuleSet, RulesError> {
+        load_with::<serde::de::IgnoredAny>(extra_dir)
     }
 
     /// Only the files of `dir`.
@@ -291,7 +295,7 @@ impl RuleSet {
 
     /// Rules from (file name, text) pairs alone: no defaults, no filesystem.
     pub fn from_sources(sources: impl IntoIterator<Item = (String, String)>) -> Result<RuleSet, RulesError> {
-        parse_sources(sources)?.finish()
+        parse_sources::<Samples>(sources)?.finish()
     }
 
     pub fn managers(&self) -> &[Manager] {
@@ -705,13 +709,25 @@ pub struct DirOverDefaults {
 
 /// Parses and validates `dir`, and merges it over the defaults.
 pub fn load_dir_over_defaults(dir: &Path) -> Result<DirOverDefaults, RulesError> {
+    dir_over_defaults::<Samples>(dir)
+}
+
+fn dir_over_defaults<S: SamplesField>(dir: &Path) -> Result<DirOverDefaults, RulesError> {
     let sources = read_dir(dir)?;
     let files = sources.len();
-    let own = parse_sources(sources)?;
+    let own = parse_sources::<S>(sources)?;
     let (managers, rules) = (own.managers.len(), own.rules.len());
-    let mut merged = parse_sources(default_sources())?;
+    let mut merged = parse_sources::<S>(default_sources())?;
     merged.overlay(own);
     Ok(DirOverDefaults { files, managers, rules, merged: merged.finish()? })
+}
+
+/// The defaults, and `extra_dir` over them, their samples read as `S`.
+fn load_with<S: SamplesField>(extra_dir: Option<&Path>) -> Result<RuleSet, RulesError> {
+    match extra_dir {
+        Some(dir) => dir_over_defaults::<S>(dir).map(|loaded| loaded.merged),
+        None => parse_sources::<S>(default_sources())?.finish(),
+    }
 }
 
 /// The `*.yaml` and `*.yml` files of `dir`, sorted by name: (path, text).
@@ -744,14 +760,14 @@ fn default_sources() -> impl Iterator<Item = (String, String)> {
 
 /// Parses one set of files (the defaults, or one directory): a rule id or a manager name may
 /// appear once.
-fn parse_sources(sources: impl IntoIterator<Item = (String, String)>) -> Result<RuleSet, RulesError> {
+fn parse_sources<S: SamplesField>(sources: impl IntoIterator<Item = (String, String)>) -> Result<RuleSet, RulesError> {
     use sha2::Digest as _;
     let mut set = RuleSet::default();
     for (file, text) in sources {
         for part in [file.as_bytes(), &[0], text.as_bytes(), &[0]] {
             set.digest.update(part);
         }
-        let doc: FileDoc = yaml::parse(&file, &text)?;
+        let doc: FileDoc<S> = yaml::parse(&file, &text)?;
         let at = |spanned_at| yaml::origin(&file, Some(spanned_at));
         if let Some(sweep) = doc.sweep {
             let origin = at(sweep.referenced);
@@ -796,7 +812,11 @@ fn parse_sources(sources: impl IntoIterator<Item = (String, String)>) -> Result<
 
 /// A rule from its document: its kind (named in schema 2, inferred in schema 1) and the keys
 /// that go with it.
-fn build_rule(file: &str, schema: SchemaVersion, rule: Spanned<RuleDoc>) -> Result<Rule, RulesError> {
+fn build_rule<S: SamplesField>(
+    file: &str,
+    schema: SchemaVersion,
+    rule: Spanned<RuleDoc<S>>,
+) -> Result<Rule, RulesError> {
     let (doc, origin) = (rule.value, yaml::origin(file, Some(rule.referenced)));
     let id = doc.id.value.0;
     let invalid = |at: serde_saphyr::Location, message: String| {
@@ -931,7 +951,7 @@ fn build_rule(file: &str, schema: SchemaVersion, rule: Spanned<RuleDoc>) -> Resu
         conditions,
         rotate: doc.rotate,
         contain: doc.contain.map(|c| c.value).unwrap_or_default(),
-        samples: doc.samples,
+        samples: doc.samples.into_samples(),
         origin,
         patterns,
         exclude_patterns: exclude,

@@ -737,3 +737,25 @@ fn managers_are_declared_once_and_an_overlay_replaces_or_adds_them_by_name() {
     assert_eq!(set.managers().len(), defaults.managers().len() + 1);
     assert_eq!(set.managers().last().unwrap().name, "tool");
 }
+
+#[test]
+fn rules_loaded_without_samples_are_the_same_rules_with_their_samples_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    // Steps no sample parser takes: read, this file is an error; skipped, it loads.
+    let unreadable = MINIMAL_RULE.replace("- exec: {pid: 1, args: [npm, install]}", "- nonsense: {pid: 1}");
+    write(dir.path(), "demo.yaml", &unreadable);
+    assert!(RuleSet::load(Some(dir.path())).is_err());
+    let without = RuleSet::load_without_samples(Some(dir.path())).unwrap();
+    let ids = |set: &RuleSet| set.rules().iter().map(|r| r.id.clone()).collect::<Vec<_>>();
+    assert_eq!(
+        ids(&without),
+        ids(&RuleSet::defaults().unwrap()).into_iter().chain(["demo".into()]).collect::<Vec<_>>()
+    );
+    assert!(without.rules().iter().all(|r| r.samples.positive.is_empty() && r.samples.negative.is_empty()));
+    let demo = without.rules().iter().find(|r| r.id == "demo").unwrap();
+    assert!(demo.matches_path("/home/alice/.demo-token", None));
+    // Unread, `samples` is still required.
+    let (start, end) = (MINIMAL_RULE.find("    samples:").unwrap(), MINIMAL_RULE.len());
+    write(dir.path(), "demo.yaml", &MINIMAL_RULE.replace(&MINIMAL_RULE[start..end], ""));
+    assert!(RuleSet::load_without_samples(Some(dir.path())).is_err());
+}
