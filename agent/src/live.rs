@@ -421,7 +421,7 @@ impl Session {
     /// its box replaced (`run --contain`).
     fn start(outputs: &Outputs, command: &[String], contained: BTreeSet<String>) -> Result<Session> {
         let started = Instant::now();
-        let rules = RuleSet::load(outputs.rules).context("loading rules")?;
+        let rules = RuleSet::load_without_samples(outputs.rules).context("loading rules")?;
         let recorder = outputs.trace.map(|path| open_trace(path, &rules, command)).transpose()?;
         // Before the sensor: an output that cannot start stops credwatch before it watches.
         let mut dispatcher = start_outputs(outputs.outputs, outputs.spool_dir)?;
@@ -567,7 +567,7 @@ impl Session {
             anyhow::bail!("{} cannot change while credwatch runs: restart it for that", restart.join(", "));
         }
         let outputs = Outputs::from_config(&config);
-        let rules = RuleSet::load(outputs.rules).context("loading rules")?;
+        let rules = RuleSet::load_without_samples(outputs.rules).context("loading rules")?;
         self.engine.check_reload(&rules)?;
         let sink = AlertSink::new(outputs.json, outputs.alerts_file, false)
             .with_context(|| format!("opening {}", outputs.alerts_file.unwrap_or(Path::new("")).display()))?;
