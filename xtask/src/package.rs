@@ -40,6 +40,12 @@ pub fn build_static() -> Result<()> {
         cargo()
             .args(["build", "--release", "-p", "credwatch", "--target", STATIC_TARGET])
             .env("CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS", "-C target-feature=+crt-static")
+            // One fat-LTO unit: idle RSS of `watch` 41.0 -> 35.5 MB (binary pages 15.7 -> 14.5,
+            // RssAnon 16.8 -> 12.1), VmHWM 67.2 -> 55.5 MB, file 31.0 -> 23.1 MB, for a cold
+            // build of 404 s instead of 382 s on 2 cores. Here, not in the workspace's profile,
+            // so that the eBPF object and xtask build as before.
+            .env("CARGO_PROFILE_RELEASE_LTO", "fat")
+            .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1")
             // agent/build.rs fails without the eBPF object, rather than embed an empty stand-in.
             .env("CREDWATCH_EBPF_REQUIRED", "1"),
     )?;
