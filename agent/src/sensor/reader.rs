@@ -105,8 +105,8 @@ impl Sensor {
                 signalled = self.wait(until.min(deadline).saturating_duration_since(now), rings)? == Wake::Signal;
             }
             let before = out.len();
-            self.report_stop(out);
-            self.drain(out);
+            let gap_end_ns = self.report_stop(out);
+            self.drain(out, gap_end_ns);
             self.beat()?;
             self.check_lost(out)?;
             self.tend_canary(out)?;
@@ -131,14 +131,17 @@ impl Sensor {
     /// An `AgentGap { stopped }` when the last drain is more than [`STOPPED_GAP`] ago on the
     /// monotonic clock (this agent did not run, or did not read): before the records that
     /// waited. Its ends are `CLOCK_BOOTTIME` readings converted now, so a wall clock stepped
-    /// meanwhile changes neither its length nor where it lies among the records.
-    fn report_stop(&mut self, out: &mut Vec<Event>) {
-        let Some((drained, drained_ns)) = self.last_read else { return };
-        if drained.elapsed() > STOPPED_GAP {
-            let (since_ns, until_ns) = blind::window(&self.decoder, drained_ns, boot_ns());
-            let data = EventData::AgentGap(AgentGap { since_ns, clean_stop: false, stopped: true });
-            out.push(Event { time_ns: until_ns, pid: 0, data });
+    /// meanwhile changes neither its length nor where it lies among the records. Returns its
+    /// end.
+    fn report_stop(&mut self, out: &mut Vec<Event>) -> u64 {
+        let Some((drained, drained_ns)) = self.last_read else { return 0 };
+        if drained.elapsed() <= STOPPED_GAP {
+            return 0;
         }
+        let (since_ns, until_ns) = blind::window(&self.decoder, drained_ns, boot_ns());
+        let data = EventData::AgentGap(AgentGap { since_ns, clean_stop: false, stopped: true });
+        out.push(Event { time_ns: until_ns, pid: 0, data });
+        until_ns
     }
 
     /// After a drain: `HEARTBEAT` when one is due (one map write), and the drain's time.
@@ -161,11 +164,13 @@ impl Sensor {
     /// them (an exec left in the ring, then the new program's open): the bulk ring is then read
     /// again up to the newest priority record, so that the next batch has no bulk record older
     /// than one of this batch. That second read takes at most what the ring held when the
-    /// priority ring was read.
-    fn drain(&mut self, out: &mut Vec<Event>) {
+    /// priority ring was read. Nor is a bulk read cut before `gap_end_ns`: the engine holds a
+    /// tree's gap alert until the batch that has the gap's records is over, and names the
+    /// packages that ran in it.
+    fn drain(&mut self, out: &mut Vec<Event>, gap_end_ns: u64) {
         let before = out.len();
         let mut bulk = 0;
-        let (mut newest_priority_ns, mut newest_bulk_ns, mut cut) = (0, 0, false);
+        let (mut newest_priority_ns, mut newest_bulk_ns, mut cut) = (gap_end_ns, 0, false);
         let Sensor { events, priority, decoder, stats, credentials, canary, pins, last_scan, .. } = self;
         let mut homes = Vec::new();
         let mut unconfirmed = false;
