@@ -253,6 +253,9 @@ pub struct Sensor {
     /// When the rings were last drained, on the monotonic clock and on `CLOCK_BOOTTIME` (see
     /// [`STOPPED_GAP`]).
     last_read: Option<(Instant, u64)>,
+    /// Adopted: the end of the gap since the agent before, until the first drain, which reads
+    /// the records that waited up to it uncut (see `drain`).
+    adopted_gap_end_ns: u64,
     /// `HEARTBEAT`, and when it is next written.
     heartbeat: Array<MapData, u64>,
     next_beat: Instant,
@@ -571,6 +574,7 @@ impl Sensor {
         }
         kept.sort_by_key(|event| event.time_ns);
         let data = EventData::AgentGap(AgentGap { since_ns: gap.since_ns, clean_stop: gap.clean_stop, stopped: false });
+        self.adopted_gap_end_ns = gap.until_ns;
         let mut events = vec![Event { time_ns: gap.until_ns, pid: 0, data }];
         events.append(&mut kept);
         events

@@ -105,7 +105,7 @@ impl Sensor {
                 signalled = self.wait(until.min(deadline).saturating_duration_since(now), rings)? == Wake::Signal;
             }
             let before = out.len();
-            let gap_end_ns = self.report_stop(out);
+            let gap_end_ns = self.report_stop(out).max(std::mem::take(&mut self.adopted_gap_end_ns));
             self.drain(out, gap_end_ns);
             self.beat()?;
             self.check_lost(out)?;
