@@ -655,13 +655,12 @@ fn load_fork_btf(ebpf: &mut Ebpf, aya_btf: Option<&Result<AyaBtf, String>>) -> R
         Some(Err(why)) => return Err(SensorError::ForkBtf(why.clone())),
         None => return Err(SensorError::ForkBtf(String::new())),
     };
+    fork_btf_program(ebpf)?.load(FORK_TRACEPOINT, aya_btf).map_err(program_err(FORK_BTF))
+}
+
+fn fork_btf_program(ebpf: &mut Ebpf) -> Result<&mut BtfTracePoint, SensorError> {
     let name = FORK_BTF;
-    let program: &mut BtfTracePoint = ebpf
-        .program_mut(name)
-        .ok_or(SensorError::Missing { what: "program", name })?
-        .try_into()
-        .map_err(program_err(name))?;
-    program.load(FORK_TRACEPOINT, aya_btf).map_err(program_err(name))
+    ebpf.program_mut(name).ok_or(SensorError::Missing { what: "program", name })?.try_into().map_err(program_err(name))
 }
 
 /// Attaches the loaded programs: the fentry backend's links (`tracing_links`), fork's BTF-typed
@@ -696,11 +695,7 @@ fn attach_programs(
     }
     if globals.on() {
         let name = FORK_BTF;
-        let program: &mut BtfTracePoint = ebpf
-            .program_mut(name)
-            .ok_or(SensorError::Missing { what: "program", name })?
-            .try_into()
-            .map_err(program_err(name))?;
+        let program = fork_btf_program(ebpf)?;
         let link = program.attach().map_err(program_err(name))?;
         programs_attached += 1;
         if pin_to.is_some() {
