@@ -439,12 +439,12 @@ impl Walker<'_> {
             },
             _ => path.to_string_lossy().into_owned(),
         };
-        // The set's index narrows ~100 rules to the few that may match: measured on a tree of
+        // The set's index finds the few of ~100 rules that match: measured on a tree of
         // 15,362 entries (debug build), 0.49 s against 1.44 s trying every rule.
         let home_text = home.and_then(|index| self.home_texts[index].as_deref());
         let all = self.rules.rules();
-        let rules: Vec<usize> = (self.rules.candidates(&text, home_text).into_iter())
-            .filter(|&index| all[index].is_credential() && all[index].matches_path(&text, home_text))
+        let rules: Vec<usize> = (self.rules.matching_targets(&text, home_text).into_iter())
+            .filter(|&index| all[index].is_credential())
             .collect();
         if !rules.is_empty() {
             self.found.insert(path.to_path_buf(), Found { rules, home, meta, symlink_to });

@@ -108,10 +108,8 @@ impl Engine {
         homes.extend(self.procs.values().map(|p| p.home.as_deref()));
         let mut indices = BTreeSet::new();
         for home in homes {
-            let hits = self.rules.candidates(judged, home).into_iter().filter(|&index| {
-                let rule = &self.rules.rules()[index];
-                matches!(rule.kind, RuleKind::Target(_)) && rule.matches_path(judged, home)
-            });
+            let hits = (self.rules.matching_targets(judged, home).into_iter())
+                .filter(|&index| matches!(self.rules.rules()[index].kind, RuleKind::Target(_)));
             indices.extend(hits);
         }
         let stop = Stop::of(open.blocked || open.fail_closed, open.denied);

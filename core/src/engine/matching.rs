@@ -254,7 +254,7 @@ impl Engine {
             .and_then(|of| of.project.as_deref())
             .is_some_and(|project| path.strip_prefix(project).is_some_and(|rest| rest.starts_with('/')));
         self.rules
-            .candidates(path, home)
+            .matching_targets(path, home)
             .into_iter()
             .filter_map(|index| {
                 let rule = &self.rules.rules()[index];
@@ -267,10 +267,7 @@ impl Engine {
                 }
                 // The kernel stops any open of a `kill` target, whatever its access: a kill or
                 // a refusal is never silent.
-                if !(blocked || accesses.contains(&access))
-                    || !rule.matches_path(path, home)
-                    || !self.conditions_hold(&rule.conditions, p, other)
-                {
+                if !(blocked || accesses.contains(&access)) || !self.conditions_hold(&rule.conditions, p, other) {
                     return None;
                 }
                 self.verdict(p, rule, blocked, open_time.map(|t| (path, t))).map(|judgement| (index, judgement))

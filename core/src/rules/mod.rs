@@ -557,10 +557,10 @@ impl RuleSet {
         self.loader_inputs.iter().any(|inputs| inputs.matches(path, home))
     }
 
-    /// Indices (into [`RuleSet::rules`]) of the rules that may match `path`; confirm with
-    /// [`Rule::matches_path`].
-    pub fn candidates(&self, path: &str, home: Option<&str>) -> Vec<usize> {
-        self.index.candidates(path, home)
+    /// Indices (into [`RuleSet::rules`]) of the rules of which `path` is a target (as
+    /// [`Rule::matches_path`] of each).
+    pub fn matching_targets(&self, path: &str, home: Option<&str>) -> Vec<usize> {
+        self.index.matching(path, home)
     }
 
     fn finish(mut self) -> Result<RuleSet, RulesError> {

@@ -79,8 +79,8 @@ impl Targets {
 /// All rules' targets, and all their exclusions, each in two glob sets (one per anchor), so that
 /// an open costs a few matches however many rules there are, and the rules share four compiled
 /// sets instead of four each (most of the compiled rules' memory: every set with a glob that is
-/// no literal, prefix or suffix compiles a regex). [`TargetIndex::candidates`] yields the rules
-/// whose targets match; [`RuleTargets`] confirms one rule (and applies its exclusions).
+/// no literal, prefix or suffix compiles a regex). [`TargetIndex::matching`] gives the rules that
+/// match a path; [`RuleTargets`] is one rule's view of the index.
 #[derive(Clone, Debug, Default)]
 pub struct TargetIndex {
     targets: AnchoredSets,
@@ -96,9 +96,14 @@ impl TargetIndex {
         Ok(TargetIndex { targets: AnchoredSets::build(targets)?, exclude: AnchoredSets::build(exclude)? })
     }
 
-    /// Indices of the rules that may match `path`, sorted, without repeats.
-    pub fn candidates(&self, path: &str, home: Option<&str>) -> Vec<usize> {
-        let mut out = self.targets.rules(path, &home_relatives(path, home));
+    /// Indices of the rules whose targets match `path` and whose exclusions do not (what
+    /// [`RuleTargets::matches`] says of each rule), sorted, without repeats: each set is
+    /// matched once for all the rules.
+    pub fn matching(&self, path: &str, home: Option<&str>) -> Vec<usize> {
+        let relatives = home_relatives(path, home);
+        let mut out = self.targets.rules(path, &relatives);
+        let excluded = self.exclude.rules(path, &relatives);
+        out.retain(|rule| !excluded.contains(rule));
         out.sort_unstable();
         out.dedup();
         out

@@ -99,15 +99,15 @@ fn default_targets_cover_the_credential_paths() {
             .filter(|r| r.is_credential() && r.matches_path(path, None))
             .map(|r| r.id.as_str())
             .collect();
-        // The merged index finds the same rules (before exclusions).
-        let confirmed: Vec<&str> = set
-            .candidates(path, None)
+        // The merged index finds the same rules, exclusions applied.
+        let indexed: Vec<&str> = set
+            .matching_targets(path, None)
             .into_iter()
             .map(|i| &set.rules()[i])
-            .filter(|r| r.is_credential() && r.matches_path(path, None))
+            .filter(|r| r.is_credential())
             .map(|r| r.id.as_str())
             .collect();
-        assert_eq!(hits, confirmed, "{path}");
+        assert_eq!(hits, indexed, "{path}");
         hits
     };
     for path in [
