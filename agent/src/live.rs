@@ -4,8 +4,10 @@
 //! when to stop (Ctrl-C, `run`'s command and its tree done, `--linger`), and `SIGHUP`'s reload of
 //! the configuration and rules while the kernel programs stay attached.
 //!
-//! `run` and `record -- CMD`, CMD held before its exec and watched to the end of its tree, are in `run`.
+//! `run` and `record -- CMD`, CMD held before its exec and watched to the end of its tree, are in `run`;
+//! what the agent gives back once start-up or a reload is over, in `resident`.
 
+mod resident;
 mod run;
 
 use std::{
@@ -547,6 +549,8 @@ impl Session {
                 if let Some((_, reload)) = &mut self.reload {
                     reload.config = config;
                 }
+                // The old rules are dropped, and the new ones were parsed with code idle otherwise.
+                resident::release_after_loading();
             }
             Err(error) => {
                 let error = escape(&format!("{error:#}")).into_owned();
@@ -725,9 +729,7 @@ pub fn watch_machine(config: &Config, layers: Layers, local_alerts: bool) -> Res
     session.live.queued = session.live.sensor.seed(&managers).context("seeding running package trees from /proc")?;
     let (rules, startup_ms) = (session.engine.rules().rules().len(), session.started.elapsed().as_millis() as u64);
     info!(rules, startup_ms, "watching package trees ({rules} rules) after {startup_ms} ms; Ctrl-C to stop");
-    // Start-up's BTF parses and program loads freed megabytes that glibc keeps in its arenas.
-    // SAFETY: malloc_trim only returns free pages to the kernel.
-    unsafe { libc::malloc_trim(0) };
+    resident::release_after_loading();
     session.systemd.notify(&[sd_notify::NotifyState::Ready]);
     session.drive(|_, _| if stop.load(Ordering::Relaxed) { Control::Stop } else { Control::Continue })?;
     session.systemd.notify(&[sd_notify::NotifyState::Stopping]);
