@@ -4,7 +4,7 @@
 use std::{io, path::Path, time::Instant};
 
 use aya::{
-    maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray},
     programs::{links::FdLink, BtfTracePoint, Program, RawTracePoint, TracePoint},
     util::KernelVersion,
     Btf as AyaBtf, Ebpf, EbpfLoader,
@@ -486,8 +486,8 @@ impl Sensor {
         let wanted = tracepoint_programs(&lineage, &hooks, uring);
         load_programs(&mut ebpf, &wanted)?;
         kernel_log::start_reader(&mut ebpf);
-        let events: RingBuf<MapData> = take_typed(&mut ebpf, "EVENTS")?;
-        let priority: RingBuf<MapData> = take_typed(&mut ebpf, "PRIORITY")?;
+        let events: super::ring::Ring = take_typed(&mut ebpf, "EVENTS")?;
+        let priority: super::ring::Ring = take_typed(&mut ebpf, "PRIORITY")?;
         let (programs_attached, links) =
             attach_programs(&mut ebpf, pin_to, tracing_links, (&lineage, &hooks, uring), &globals)?;
         let pins = pin_to.map(Pins::create).transpose()?;

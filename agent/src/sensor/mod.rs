@@ -4,6 +4,7 @@
 //! - `load`: opening the eBPF object (or adopting a pinned set), BTF offsets, map sizes, attaching;
 //! - `hooks`: which programs serve which syscalls, for each backend;
 //! - `reader`: the ring reader, decoding records into events, and its timers;
+//! - `ring`: a ring buffer's consumer that maps its data once;
 //! - `backend`: the tracepoint and fentry backends, and the fentry one's loading;
 //! - `blind`: map sizes, and the blind spots of trees whose records were lost;
 //! - `btf`, `offsets`: the kernel's BTF, and the struct offsets the programs read by;
@@ -33,6 +34,7 @@ pub mod offsets;
 pub mod pins;
 mod project;
 mod reader;
+mod ring;
 mod script;
 mod seed;
 mod task_marks;
@@ -45,7 +47,7 @@ use std::{
 };
 
 use aya::{
-    maps::{Array, HashMap, IterableMap, Map, MapData, MapError, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, IterableMap, Map, MapData, MapError, PerCpuArray},
     programs::{links::FdLink, ProgramError},
     Ebpf, EbpfError,
 };
@@ -226,8 +228,8 @@ pub struct Sensor {
     _ebpf: Option<Ebpf>,
     marks: HashMap<MapData, u32, Mark>,
     task_marks: task_marks::TaskMarks,
-    events: RingBuf<MapData>,
-    priority: RingBuf<MapData>,
+    events: ring::Ring,
+    priority: ring::Ring,
     lost: PerCpuArray<MapData, u64>,
     config_map: Array<MapData, Config>,
     config: Config,
