@@ -449,8 +449,9 @@ impl Session {
             Sensor::start(&rules.kernel_roots(), false, options).context("starting the eBPF sensor")?
         };
         say_which_sensor(&sensor, outputs.enforce);
+        let rules = Arc::new(rules);
         sensor
-            .protect(Protection { rules: rules.clone(), homes: system_homes(), enforce: outputs.enforce })
+            .protect(Protection { rules: Arc::clone(&rules), homes: system_homes(), enforce: outputs.enforce })
             .context("registering credential files with the kernel")?;
         if let Some(telemetry) = &telemetry {
             telemetry.watch_kernel(&sensor)?;
@@ -571,15 +572,18 @@ impl Session {
             anyhow::bail!("{} cannot change while credwatch runs: restart it for that", restart.join(", "));
         }
         let outputs = Outputs::from_config(&config);
-        let rules = RuleSet::load_without_samples(outputs.rules).context("loading rules")?;
+        let rules = Arc::new(RuleSet::load_without_samples(outputs.rules).context("loading rules")?);
         self.engine.check_reload(&rules)?;
         let sink = AlertSink::new(outputs.json, outputs.alerts_file, false)
             .with_context(|| format!("opening {}", outputs.alerts_file.unwrap_or(Path::new("")).display()))?;
-        let protection = Protection { rules: rules.clone(), homes: system_homes(), enforce: outputs.enforce };
+        let protection = Protection { rules: Arc::clone(&rules), homes: system_homes(), enforce: outputs.enforce };
         if let Err(error) = self.live.sensor.protect(protection) {
             // Back to what was in force: the kernel's maps are only ever brought in line with a table.
-            let running =
-                Protection { rules: self.engine.rules().clone(), homes: system_homes(), enforce: old.enforce };
+            let running = Protection {
+                rules: Arc::clone(self.engine.shared_rules()),
+                homes: system_homes(),
+                enforce: old.enforce,
+            };
             if let Err(again) = self.live.sensor.protect(running) {
                 warn!("re-registering the running rules' credential files failed too: {again}");
             }

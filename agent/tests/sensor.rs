@@ -549,7 +549,7 @@ fn sized_sensor(h: &Home, enforce: bool, sizes: &[&str]) -> Sensor {
     }
     let options = SensorOptions { backend: backend(), enforce, map_sizes };
     let mut sensor = Sensor::start(&[], false, options).expect("sensor starts (run as root)");
-    sensor.protect(Protection { rules: h.rules.clone(), homes: vec![h.home.clone()], enforce }).unwrap();
+    sensor.protect(Protection { rules: h.rules.clone().into(), homes: vec![h.home.clone()], enforce }).unwrap();
     assert_eq!(sensor.stats().credential_files, 3, "id_rsa, id_ed25519, .npmrc");
     sensor
 }
@@ -1142,7 +1142,7 @@ fn enforce_spares_a_kill_rules_actor_only_in_a_chain_from_the_manager() {
     let rules = RuleSet::load_dir(&rules_dir).unwrap();
     let managers = vec![Manager { name: "fake".into(), execs: vec!["sparemgr".into()], ..Manager::default() }];
     let mut sensor = start(&managers, true).unwrap();
-    sensor.protect(Protection { rules, homes: vec![h.home.clone()], enforce: true }).unwrap();
+    sensor.protect(Protection { rules: rules.into(), homes: vec![h.home.clone()], enforce: true }).unwrap();
 
     let manager = fake_manager(&h.work, "sparemgr");
     let key = path(&h.home.join(".ssh/id_rsa"));
@@ -1567,10 +1567,10 @@ fn credential_indexes_survive_a_reload_and_an_adoption() {
     }
 
     let (mut sensor, _) = start_pinned(&[], &dir).unwrap();
-    sensor.protect(Protection { rules: h.rules.clone(), homes: vec![h.home.clone()], enforce: false }).unwrap();
+    sensor.protect(Protection { rules: h.rules.clone().into(), homes: vec![h.home.clone()], enforce: false }).unwrap();
     let first = pinned_cred_index(&dir, &npmrc);
     let both = vec![earlier.clone(), h.home.clone()];
-    sensor.protect(Protection { rules: h.rules.clone(), homes: both.clone(), enforce: false }).unwrap();
+    sensor.protect(Protection { rules: h.rules.clone().into(), homes: both.clone(), enforce: false }).unwrap();
     assert_eq!(pinned_cred_index(&dir, &npmrc), first, "after a reload");
     let earlier_index = pinned_cred_index(&dir, &earlier.join(".npmrc"));
     assert_ne!(earlier_index, first);
@@ -1579,7 +1579,7 @@ fn credential_indexes_survive_a_reload_and_an_adoption() {
     let (mut sensor, started) = start_pinned(&[], &dir).unwrap();
     assert!(matches!(started, Started::Adopted(_)), "{started:?}");
     sensor
-        .protect(Protection { rules: h.rules.clone(), homes: both.into_iter().rev().collect(), enforce: false })
+        .protect(Protection { rules: h.rules.clone().into(), homes: both.into_iter().rev().collect(), enforce: false })
         .unwrap();
     assert_eq!(pinned_cred_index(&dir, &npmrc), first, "after an adoption");
     assert_eq!(pinned_cred_index(&dir, &earlier.join(".npmrc")), earlier_index);
@@ -1600,7 +1600,7 @@ fn enforce_passes_an_agents_chain_through_its_tool_shells_and_own_program_only()
     fs::write(rules_dir.join("agents.yaml"), agents).unwrap();
     let rules = RuleSet::load_dir(&rules_dir).unwrap();
     let mut sensor = start(&rules.kernel_roots(), true).unwrap();
-    sensor.protect(Protection { rules, homes: vec![h.home.clone()], enforce: true }).unwrap();
+    sensor.protect(Protection { rules: rules.into(), homes: vec![h.home.clone()], enforce: true }).unwrap();
 
     let (agent, manager) = (fake_manager(&h.work, "sparebot"), fake_manager(&h.work, "sparemgr"));
     let key = path(&h.home.join(".ssh/id_rsa"));

@@ -31,6 +31,7 @@ use std::{
         unix::fs::{MetadataExt as _, OpenOptionsExt as _},
     },
     path::{Path, PathBuf},
+    sync::Arc,
     time::Duration,
 };
 
@@ -42,7 +43,7 @@ use credwatch_core::{
     event::Open,
     rules::{
         schema::{Action, Who},
-        Rule, RuleSet,
+        RuleSet,
     },
 };
 
@@ -78,7 +79,8 @@ const NAME_ONLY_ROOTS: &[&str] = &["/proc/", "/sys/", "/dev/"];
 /// The rules, the homes, and the paths the kernel's indexes refer to.
 #[derive(Debug)]
 pub struct CredentialTable {
-    rules: Vec<Rule>,
+    /// Shared with the engine and the sensor: one copy of the rules.
+    rules: Arc<RuleSet>,
     homes: BTreeSet<PathBuf>,
     /// Index -> path. Append-only, so that a record in flight still names the right file after
     /// a rescan.
@@ -140,7 +142,7 @@ pub fn system_homes() -> Vec<PathBuf> {
 }
 
 impl CredentialTable {
-    pub fn new(rules: Vec<Rule>, homes: impl IntoIterator<Item = PathBuf>) -> CredentialTable {
+    pub fn new(rules: Arc<RuleSet>, homes: impl IntoIterator<Item = PathBuf>) -> CredentialTable {
         let mut table = CredentialTable {
             rules,
             homes: BTreeSet::new(),
@@ -210,13 +212,14 @@ impl CredentialTable {
         let mut budget = MAX_WALK_ENTRIES;
         let homes: Vec<Option<PathBuf>> =
             if self.homes.is_empty() { vec![None] } else { self.homes.iter().cloned().map(Some).collect() };
-        for rule_index in 0..self.rules.len() {
-            for target_index in 0..self.rules[rule_index].targets.len() {
-                let target = self.rules[rule_index].targets[target_index].clone();
+        // A handle of its own, so that the walks below can update the table.
+        let rules = Arc::clone(&self.rules);
+        for (rule_index, rule) in rules.rules().iter().enumerate() {
+            for target in &rule.targets {
                 let starts: Vec<(PathBuf, Option<PathBuf>)> = if let Some(rest) = target.strip_prefix("~/") {
                     homes.iter().flatten().map(|home| (home.join(rest), Some(home.clone()))).collect()
                 } else if target.starts_with('/') && !NAME_ONLY_ROOTS.iter().any(|root| target.starts_with(root)) {
-                    vec![(PathBuf::from(&target), None)]
+                    vec![(PathBuf::from(target), None)]
                 } else {
                     // `**/.env` and the like: name-only, matched in userspace.
                     Vec::new()
@@ -282,11 +285,11 @@ impl CredentialTable {
     fn consider(&mut self, rule: usize, path: &Path, home: Option<&Path>, scan: &mut Scan) {
         let Some(text) = path.to_str() else { return };
         let home_text = home.and_then(Path::to_str);
-        if !self.rules[rule].matches_path(text, home_text) {
+        if !self.rules.rules()[rule].matches_path(text, home_text) {
             return;
         }
         let Some((key, known)) = identify(path, &self.identities) else { return };
-        let kill = if self.rules[rule].action == Action::Kill { cred_flag::KILL } else { 0 };
+        let kill = if self.rules.rules()[rule].action == Action::Kill { cred_flag::KILL } else { 0 };
         if let Some(existing) = scan.inodes.get_mut(&key) {
             existing.flags |= kill;
             return;
@@ -485,10 +488,10 @@ mod tests {
     use super::*;
     use credwatch_core::rules::RuleSet;
 
-    fn rules(yaml: &str) -> Vec<Rule> {
+    fn rules(yaml: &str) -> Arc<RuleSet> {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join("test.yaml"), yaml).unwrap();
-        RuleSet::load_dir(dir.path()).unwrap().rules().to_vec()
+        Arc::new(RuleSet::load_dir(dir.path()).unwrap())
     }
 
     const RULES: &str = r#"schema: 1

@@ -43,6 +43,7 @@ use std::{
     io,
     os::{fd::AsFd, unix::net::UnixStream},
     path::{Path, PathBuf},
+    sync::Arc,
     time::Instant,
 };
 
@@ -214,8 +215,8 @@ pub struct SensorStats {
 /// What [`Sensor::protect`] watches for by inode, and whether it blocks.
 pub struct Protection {
     /// The rules whose targets are looked for (all of them: `kill` ones are blocked, their
-    /// actors spared).
-    pub rules: RuleSet,
+    /// actors spared), shared with the engine.
+    pub rules: Arc<RuleSet>,
     /// Homes to scan; `HOME`s of watched processes are added as execs show them.
     pub homes: Vec<std::path::PathBuf>,
     /// Kill on opens of `kill` targets and on the syscalls `kill` rules name.
@@ -236,7 +237,7 @@ pub struct Sensor {
     cred_map: HashMap<MapData, InodeKey, CredInode>,
     spared_map: HashMap<MapData, InodeKey, SparedExe>,
     /// The rules of [`Sensor::protect`], for the spared executables at each rescan.
-    protected: Option<RuleSet>,
+    protected: Option<Arc<RuleSet>>,
     /// With [`Sensor::protect`]: the table and when to scan it next.
     credentials: Option<(CredentialTable, Instant)>,
     /// inotify on the directories of the table's targets (none if inotify could not start:
@@ -436,7 +437,7 @@ impl Sensor {
     /// with `enforce`, turns blocking on.
     pub fn protect(&mut self, protection: Protection) -> Result<(), SensorError> {
         self.config.block_syscalls = block_syscalls(protection.rules.rules());
-        let mut table = CredentialTable::new(protection.rules.rules().to_vec(), protection.homes);
+        let mut table = CredentialTable::new(Arc::clone(&protection.rules), protection.homes);
         // The indexes in flight (records not yet read, and the pinned set's) stay valid: the
         // table before this one (a reload), or the one of the agent before (an adoption).
         let before = match self.credentials.take() {

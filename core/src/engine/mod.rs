@@ -112,7 +112,8 @@ pub struct EngineStats {
 type Id = u64;
 
 pub struct Engine {
-    rules: RuleSet,
+    /// Shared with the sensor, which registers the same rules' files with the kernel: one copy.
+    rules: Arc<RuleSet>,
     options: EngineOptions,
     /// By id, so the oldest entry is the first.
     procs: BTreeMap<Id, Proc>,
@@ -139,9 +140,9 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub fn new(rules: RuleSet, options: EngineOptions) -> Engine {
+    pub fn new(rules: impl Into<Arc<RuleSet>>, options: EngineOptions) -> Engine {
         Engine {
-            rules,
+            rules: rules.into(),
             options,
             procs: BTreeMap::new(),
             by_pid: HashMap::new(),
@@ -168,6 +169,11 @@ impl Engine {
         &self.rules
     }
 
+    /// The rules, to share rather than copy.
+    pub fn shared_rules(&self) -> &Arc<RuleSet> {
+        &self.rules
+    }
+
     /// Whether [`Engine::reload`] takes `rules`: their package managers must be the running
     /// ones (the kernel programs and the process table know them by position).
     pub fn check_reload(&self, rules: &RuleSet) -> Result<(), ReloadError> {
@@ -181,7 +187,8 @@ impl Engine {
     /// New rules and options (a reload), keeping the process table: running trees stay
     /// attributed, and what they already raised stays deduplicated and in their sweeps under
     /// the rules of the same id (a rule gone is forgotten).
-    pub fn reload(&mut self, rules: RuleSet, options: EngineOptions) -> Result<(), ReloadError> {
+    pub fn reload(&mut self, rules: impl Into<Arc<RuleSet>>, options: EngineOptions) -> Result<(), ReloadError> {
+        let rules = rules.into();
         self.check_reload(&rules)?;
         let by_id: HashMap<&str, usize> = rules.rules().iter().enumerate().map(|(i, r)| (r.id.as_str(), i)).collect();
         let remap: Vec<Option<usize>> =
