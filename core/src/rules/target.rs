@@ -17,29 +17,44 @@ pub enum Anchor {
 }
 
 /// A path glob: `~/...` (under any home), `/...` or `**/...`. `*` stops at `/`, `**` does not.
+///
+/// Its [`Glob`] is parsed again when a set is built rather than kept: a parsed glob holds its
+/// tokens, most of a rule set's memory after its compiled sets, and only the sets need them.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(try_from = "String")]
 pub struct Pattern {
     pub text: String,
     pub anchor: Anchor,
-    pub glob: Glob,
 }
 
 impl TryFrom<String> for Pattern {
     type Error = String;
     fn try_from(text: String) -> Result<Self, String> {
-        let (anchor, body) = if let Some(rest) = text.strip_prefix("~/") {
-            (Anchor::Home, rest)
+        let anchor = if text.starts_with("~/") {
+            Anchor::Home
         } else if text.starts_with('/') || text.starts_with("**/") {
-            (Anchor::Absolute, text.as_str())
+            Anchor::Absolute
         } else {
             return Err(format!("path pattern {text:?} must start with `~/`, `/` or `**/`"));
         };
-        let glob = GlobBuilder::new(body)
-            .literal_separator(true)
-            .build()
-            .map_err(|e| format!("bad glob {text:?}: {}", e.kind()))?;
-        Ok(Pattern { text, anchor, glob })
+        let pattern = Pattern { text, anchor };
+        pattern.parse().map_err(|e| format!("bad glob {:?}: {}", pattern.text, e.kind()))?;
+        Ok(pattern)
+    }
+}
+
+impl Pattern {
+    /// The glob to add to a set (a `~/` pattern's is relative to the home).
+    fn glob(&self) -> Glob {
+        self.parse().expect("checked when the pattern was read")
+    }
+
+    fn parse(&self) -> Result<Glob, globset::Error> {
+        let body = match self.anchor {
+            Anchor::Home => &self.text[2..],
+            Anchor::Absolute => &self.text,
+        };
+        GlobBuilder::new(body).literal_separator(true).build()
     }
 }
 
@@ -159,11 +174,11 @@ impl AnchoredSets {
             for pattern in patterns {
                 match pattern.anchor {
                     Anchor::Home => {
-                        home.add(pattern.glob.clone());
+                        home.add(pattern.glob());
                         home_rules.push(rule);
                     }
                     Anchor::Absolute => {
-                        absolute.add(pattern.glob.clone());
+                        absolute.add(pattern.glob());
                         absolute_rules.push(rule);
                     }
                 }
@@ -197,8 +212,8 @@ fn split(patterns: &[Pattern]) -> Result<(GlobSet, GlobSet), globset::Error> {
     let mut absolute = GlobSetBuilder::new();
     for pattern in patterns {
         match pattern.anchor {
-            Anchor::Home => home.add(pattern.glob.clone()),
-            Anchor::Absolute => absolute.add(pattern.glob.clone()),
+            Anchor::Home => home.add(pattern.glob()),
+            Anchor::Absolute => absolute.add(pattern.glob()),
         };
     }
     Ok((home.build()?, absolute.build()?))
