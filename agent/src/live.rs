@@ -424,6 +424,8 @@ impl Session {
     fn start(outputs: &Outputs, command: &[String], contained: BTreeSet<String>) -> Result<Session> {
         let started = Instant::now();
         let rules = RuleSet::load_without_samples(outputs.rules).context("loading rules")?;
+        // Before the sensor's BTF parses, start-up's peak: what parsing the rules ran and freed.
+        resident::release_after_loading();
         let recorder = outputs.trace.map(|path| open_trace(path, &rules, command)).transpose()?;
         // Before the sensor: an output that cannot start stops credwatch before it watches.
         let mut dispatcher = start_outputs(outputs.outputs, outputs.spool_dir)?;
