@@ -197,7 +197,7 @@ fn real(path: &Path) -> PathBuf {
 
 /// The existing directories under `home` that `components` (each a literal name or a glob)
 /// name.
-fn expand(home: &Path, components: &[globset::GlobMatcher]) -> Vec<PathBuf> {
+fn expand(home: &Path, components: &[crate::rules::schema::Matcher]) -> Vec<PathBuf> {
     let mut found = vec![home.to_path_buf()];
     for component in components {
         let mut next = Vec::new();

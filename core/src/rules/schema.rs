@@ -78,7 +78,7 @@ pub struct UsualDestinations {
 #[serde(try_from = "String")]
 pub struct NamePattern {
     pub text: String,
-    pub matcher: globset::GlobMatcher,
+    pub matcher: Matcher,
 }
 
 impl TryFrom<String> for NamePattern {
@@ -88,7 +88,7 @@ impl TryFrom<String> for NamePattern {
             .case_insensitive(true)
             .build()
             .map_err(|e| format!("bad name pattern {text:?}: {}", e.kind()))?;
-        Ok(NamePattern { matcher: glob.compile_matcher(), text })
+        Ok(NamePattern { matcher: Matcher::new(glob, true), text })
     }
 }
 
@@ -346,7 +346,7 @@ pub struct HomeFiles {
 pub struct HomeWrite {
     pub text: String,
     /// Its components, each a literal name or a glob.
-    pub components: Vec<globset::GlobMatcher>,
+    pub components: Vec<Matcher>,
     /// No component is a glob: credwatch can create it.
     pub literal: bool,
 }
@@ -363,7 +363,7 @@ impl TryFrom<String> for HomeWrite {
                 GlobBuilder::new(part)
                     .literal_separator(true)
                     .build()
-                    .map(|glob| glob.compile_matcher())
+                    .map(|glob| Matcher::new(glob, false))
                     .map_err(|e| format!("bad home write pattern {text:?}: {}", e.kind()))
             })
             .collect::<Result<_, _>>()?;
@@ -378,7 +378,7 @@ impl TryFrom<String> for HomeWrite {
 pub struct HomeFile {
     /// `/` and the first component (`/.npm`), looked for in the opened path.
     pub needle: String,
-    pub matcher: globset::GlobMatcher,
+    pub matcher: Matcher,
 }
 
 impl TryFrom<String> for HomeFile {
@@ -392,7 +392,7 @@ impl TryFrom<String> for HomeFile {
             .literal_separator(true)
             .build()
             .map_err(|e| format!("bad home file pattern {text:?}: {}", e.kind()))?;
-        Ok(HomeFile { needle: format!("/{first}"), matcher: glob.compile_matcher() })
+        Ok(HomeFile { needle: format!("/{first}"), matcher: Matcher::new(glob, false) })
     }
 }
 
@@ -600,14 +600,55 @@ pub enum Access {
 #[serde(try_from = "String")]
 pub struct WordPattern {
     pub text: String,
-    pub matcher: globset::GlobMatcher,
+    pub matcher: Matcher,
 }
 
 impl TryFrom<String> for WordPattern {
     type Error = String;
     fn try_from(text: String) -> Result<Self, String> {
         let glob = Glob::new(&text).map_err(|e| format!("bad argument pattern {text:?}: {}", e.kind()))?;
-        Ok(WordPattern { matcher: glob.compile_matcher(), text })
+        Ok(WordPattern { matcher: Matcher::new(glob, false), text })
+    }
+}
+
+/// A glob matched as [`globset::GlobMatcher`] matches it, but without its regex when the glob
+/// has no special character: most names and words of the rules are plain, and a compiled regex
+/// costs kilobytes each.
+#[derive(Clone, Debug)]
+pub enum Matcher {
+    /// The same bytes; with `fold`, ASCII letters in either case (a case-insensitive glob:
+    /// globset's regexes fold ASCII only).
+    Literal {
+        text: String,
+        fold: bool,
+    },
+    Glob(globset::GlobMatcher),
+}
+
+impl Matcher {
+    /// `fold`: `glob` was built case-insensitive.
+    pub fn new(glob: Glob, fold: bool) -> Matcher {
+        // Every character the glob syntax gives a meaning to (`,` and `}` only inside `{}`,
+        // `!` only after `[`, but a plain reading is not worth the doubt).
+        if glob.glob().contains(['*', '?', '[', ']', '{', '}', ',', '!', '\\']) {
+            Matcher::Glob(glob.compile_matcher())
+        } else {
+            Matcher::Literal { text: glob.glob().to_owned(), fold }
+        }
+    }
+
+    pub fn is_match(&self, text: impl AsRef<std::path::Path>) -> bool {
+        match self {
+            Matcher::Literal { text: literal, fold } => {
+                let text = text.as_ref().as_os_str().as_encoded_bytes();
+                if *fold {
+                    text.eq_ignore_ascii_case(literal.as_bytes())
+                } else {
+                    text == literal.as_bytes()
+                }
+            }
+            Matcher::Glob(matcher) => matcher.is_match(text),
+        }
     }
 }
 

@@ -759,3 +759,24 @@ fn rules_loaded_without_samples_are_the_same_rules_with_their_samples_unread() {
     write(dir.path(), "demo.yaml", &MINIMAL_RULE.replace(&MINIMAL_RULE[start..end], ""));
     assert!(RuleSet::load_without_samples(Some(dir.path())).is_err());
 }
+
+#[test]
+fn a_plain_glob_matches_without_its_regex_as_the_regex_does() {
+    use schema::Matcher;
+    let texts = ["npm", "npM", "NPM", "np", "npmx", "", "registry.npmjs.org", "Registry.NPMJS.org", ".npmrc", "a/b"];
+    for (pattern, fold) in
+        [("npm", false), ("npm", true), ("registry.npmjs.org", true), (".npmrc", false), ("a/b", false)]
+    {
+        let glob = globset::GlobBuilder::new(pattern).case_insensitive(fold).build().unwrap();
+        let matcher = Matcher::new(glob.clone(), fold);
+        assert!(matches!(matcher, Matcher::Literal { .. }), "{pattern}");
+        let regex = glob.compile_matcher();
+        for text in texts {
+            assert_eq!(matcher.is_match(text), regex.is_match(text), "{pattern:?} (fold {fold}) on {text:?}");
+        }
+    }
+    for pattern in ["np*", "{npm,yarn}", "[n]pm", "n\\pm", "np?"] {
+        let matcher = Matcher::new(globset::Glob::new(pattern).unwrap(), false);
+        assert!(matches!(matcher, Matcher::Glob(_)), "{pattern}");
+    }
+}
