@@ -383,7 +383,7 @@ impl Sensor {
         let decoder = Decoder::new();
         let hierarchies = cgroups::Hierarchies::of_this_namespace().map_err(SensorError::Proc)?;
         let want_fentry = options.backend != Backend::Tracepoint;
-        let Opened { mut offsets, cgroup_subsys, btf, mut ebpf, globals, aya_btf } =
+        let Opened { mut offsets, cgroup_subsys, btf, mut ebpf, globals, aya_btf, fork_btf } =
             open_object(kernel_object()?, &options, &hierarchies, want_fentry)?;
         let task_marks = TaskMarks::take(&mut ebpf, &globals)?;
         // Without the registers' layout the fentry programs cannot read a syscall's arguments.
@@ -475,14 +475,15 @@ impl Sensor {
         } else {
             Vec::new()
         };
-        // Both parses of the kernel's BTF are done with once fork's BTF-typed program is loaded:
-        // dropped before the verifier's wait, and before the rings are mapped (9 MiB resident at
-        // once), so that they do not add to the start-up peak.
+        // Both parses of the kernel's BTF are done with: dropped before the verifier's wait, and
+        // before the rings are mapped (9 MiB resident at once), so that they do not add to the
+        // start-up peak.
         drop(btf);
-        if globals.on() {
-            load_fork_btf(&mut ebpf, aya_btf.as_ref())?;
-        }
         drop(aya_btf);
+        if globals.on() {
+            load_fork_btf(&mut ebpf, fork_btf.as_ref())?;
+        }
+        drop(fork_btf);
         let wanted = tracepoint_programs(&lineage, &hooks, uring);
         load_programs(&mut ebpf, &wanted)?;
         kernel_log::start_reader(&mut ebpf);
@@ -540,16 +541,19 @@ struct Opened {
     btf: Option<btf::Btf>,
     ebpf: Ebpf,
     globals: Globals,
-    /// aya's own parse, when the fentry backend or fork's BTF-typed program needs it.
+    /// aya's own parse, when the fentry backend is wanted.
     aya_btf: Option<Result<AyaBtf, String>>,
+    /// Fork's tracepoint as aya looks it up, where marks are kept in task storage (see
+    /// [`btf::Btf::aya_typedef`]).
+    fork_btf: Option<Result<AyaBtf, String>>,
 }
 
 /// Loads `object` sized by `options`. aya's loader parses the kernel BTF whatever it is told
 /// (the programs carry no CO-RE relocations: offsets come through CONFIG), and so does the
 /// offset resolver: both at once, on two threads, since start-up time is what `credwatch run`
-/// adds to a command. The fentry backend's loads (their attach targets) and fork's BTF-typed
-/// program need aya's own parse of the BTF: on a third, when `want_fentry` or the kernel keeps
-/// marks in task storage.
+/// adds to a command. The fentry backend's loads (their attach targets) need aya's own parse
+/// of the BTF: on a third, when `want_fentry`. Fork's BTF-typed program takes only its
+/// tracepoint's id, which the offset resolver gives aya.
 fn open_object(
     object: &'static [u8],
     options: &SensorOptions,
@@ -557,9 +561,7 @@ fn open_object(
     want_fentry: bool,
 ) -> Result<Opened, SensorError> {
     let kernel = KernelVersion::current().ok();
-    // Marks in task storage take fork's BTF-typed program, loaded with aya's parse.
-    let want_aya_btf = want_fentry || Globals::kernel_allows(kernel);
-    let ((offsets, cgroup_subsys, btf), (ebpf, globals), aya_btf) = std::thread::scope(|scope| {
+    let ((offsets, cgroup_subsys, btf, fork_btf), (ebpf, globals), aya_btf) = std::thread::scope(|scope| {
         let (globals_sent, globals_received) = std::sync::mpsc::channel::<Globals>();
         let loader = scope.spawn(move || {
             // The verifier takes the level as a constant and drops the log calls above it.
@@ -578,12 +580,16 @@ fn open_object(
             }
             Ok::<_, SensorError>((loader.load(object)?, globals))
         });
-        let aya_btf = want_aya_btf.then(|| scope.spawn(AyaBtf::from_sys_fs));
+        let aya_btf = want_fentry.then(|| scope.spawn(AyaBtf::from_sys_fs));
         let offsets = btf::Btf::from_sys_fs()
             .and_then(|btf| Ok((offsets::kernel_offsets(&btf)?, hierarchies.subsys_index(&btf)?, btf)));
         let globals = Globals::resolve(kernel, offsets.as_ref().ok().map(|(_, _, btf)| btf));
+        let fork_typedef = format!("btf_trace_{FORK_TRACEPOINT}");
         // Dropped before aya's loader parses the BTF again (see the start-up peak in load).
-        let offsets = offsets.map(|(offsets, subsys, btf)| (offsets, subsys, want_fentry.then_some(btf)));
+        let offsets = offsets.map(|(offsets, subsys, btf)| {
+            let fork_btf = globals.on().then(|| btf.aya_typedef(&fork_typedef).map_err(|e| e.to_string()));
+            (offsets, subsys, want_fentry.then_some(btf), fork_btf)
+        });
         let _ = globals_sent.send(globals);
         let ebpf = loader.join().map_err(|_| SensorError::LoaderPanicked)?;
         let aya_btf = aya_btf
@@ -592,7 +598,7 @@ fn open_object(
             .map(|parsed| parsed.map_err(|e| e.to_string()));
         Ok::<_, SensorError>((offsets?, ebpf?, aya_btf))
     })?;
-    Ok(Opened { offsets, cgroup_subsys, btf, ebpf, globals, aya_btf })
+    Ok(Opened { offsets, cgroup_subsys, btf, ebpf, globals, aya_btf, fork_btf })
 }
 
 /// The kernel's tables of managers, taken from the object.
@@ -648,9 +654,9 @@ fn tracepoint_programs(
 }
 
 /// Loads fork's BTF-typed program (where marks are kept in task storage), which needs aya's
-/// parse of the kernel's BTF for its attach target.
-fn load_fork_btf(ebpf: &mut Ebpf, aya_btf: Option<&Result<AyaBtf, String>>) -> Result<(), SensorError> {
-    let aya_btf = match aya_btf {
+/// view of its attach target (see [`btf::Btf::aya_typedef`]).
+fn load_fork_btf(ebpf: &mut Ebpf, fork_btf: Option<&Result<AyaBtf, String>>) -> Result<(), SensorError> {
+    let aya_btf = match fork_btf {
         Some(Ok(aya_btf)) => aya_btf,
         Some(Err(why)) => return Err(SensorError::ForkBtf(why.clone())),
         None => return Err(SensorError::ForkBtf(String::new())),
