@@ -4,15 +4,10 @@
 use aya_ebpf::helpers::bpf_get_current_task;
 use credwatch_common::{InodeKey, KernelOffsets, FILE_WINDOW};
 
-use crate::helpers::{read, Res};
-
-/// What a `struct path` holds: the mount and the dentry (`path_mnt`, then `path_dentry`).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct Location {
-    pub(crate) vfsmount: u64,
-    pub(crate) dentry: u64,
-}
+use crate::{
+    helpers::{read, Res},
+    values::Location,
+};
 
 /// The `struct file` behind `fd` of the current task: task->files->fdt->fd[fd].
 #[inline(always)]

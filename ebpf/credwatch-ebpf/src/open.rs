@@ -33,7 +33,7 @@ use credwatch_common::{
 
 use crate::{
     enforce::{failing_closed, kill_current, spared},
-    file::{fd_file, inode_key, opened_file, Location},
+    file::{fd_file, inode_key, opened_file},
     helpers::{config, current_mark, fill_header, launder, may_be_marked, output, read, taint, zero, Res},
     maps::{CRED_INODES, MAX_PENDING_OPENS, OPEN_SCRATCH, OPEN_SLOTS, OPEN_SLOT_COUNT, PENDING_OPENS},
     path::resolve_into,
@@ -303,12 +303,6 @@ fn emit_open(
     let scratch = OPEN_SCRATCH.get_ptr_mut(0).ok_or(-1i64)?;
     let event = unsafe { addr_of_mut!((*scratch).event) };
     let mut record_flags = record_flags;
-    let mut at = Location { vfsmount: 0, dentry: 0 };
-    // SAFETY: a local (see zero).
-    unsafe {
-        zero(addr_of_mut!(at.vfsmount));
-        zero(addr_of_mut!(at.dentry));
-    }
     // SAFETY: per-CPU scratch owned by this program run; kernel memory read through probe
     // helpers only. Everything known before the path walk goes into the record now and is read
     // back after it: values left in registers across the walk would make the verifier check it
@@ -323,10 +317,11 @@ fn emit_open(
         zero(addr_of_mut!((*event).ino));
         zero(addr_of_mut!((*event).cred_index));
         zero(addr_of_mut!((*event).repeats));
-        zero(addr_of_mut!((*scratch).mount));
+        zero(addr_of_mut!((*scratch).at.vfsmount));
+        zero(addr_of_mut!((*scratch).at.dentry));
         if let Ok(opened) = opened_file(off, file) {
-            at = opened.at;
-            write_volatile(addr_of_mut!((*scratch).mount), opened.at.vfsmount);
+            write_volatile(addr_of_mut!((*scratch).at.vfsmount), opened.at.vfsmount);
+            write_volatile(addr_of_mut!((*scratch).at.dentry), opened.at.dentry);
             if let Ok(key) = inode_key(off, opened.inode) {
                 (*event).dev = key.dev;
                 (*event).ino = key.ino;
@@ -371,10 +366,13 @@ fn emit_open(
         let n = bpf_probe_read_user_str(tail as *mut c_void, MAX_GIVEN_PATH as u32, pending.given_ptr as *const c_void);
         let given_len = if n > 0 { (n - 1) as usize & (MAX_GIVEN_PATH - 1) } else { 0 };
         write_volatile(addr_of_mut!((*event).given_len), given_len as u32);
+        // Read back: the walk then starts from one pointer range (0 to MAX_GIVEN_PATH - 1), not
+        // a second one for a constant 0 (half of open_exit's verification before).
+        let given_len = read_volatile(addr_of_mut!((*event).given_len)) as usize & (MAX_GIVEN_PATH - 1);
         let path_len = addr_of_mut!((*event).path_len);
         let path_flags = addr_of_mut!((*event).path_flags);
-        if at.dentry != 0 {
-            resolve_into(off, &at, tail.add(given_len), path_len, path_flags);
+        if read_volatile(addr_of_mut!((*scratch).at.dentry)) != 0 {
+            resolve_into(off, &*addr_of_mut!((*scratch).at), tail.add(given_len), path_len, path_flags);
         } else {
             write_volatile(path_len, 0);
             write_volatile(path_flags, path_flag::UNRESOLVED);
@@ -421,7 +419,7 @@ unsafe fn repeat_key(scratch: *mut OpenScratch, tgid: u32) -> Option<RepeatKey> 
             tgid,
             read_volatile(addr_of_mut!((*event).dev)),
             ino,
-            read_volatile(addr_of_mut!((*scratch).mount)),
+            read_volatile(addr_of_mut!((*scratch).at.vfsmount)),
             read_volatile(addr_of_mut!((*event).flags)) & O_ACCMODE,
             read_volatile(addr_of_mut!((*event).record_flags)) & enforced,
         ))

@@ -13,9 +13,10 @@ use aya_log_ebpf::warn;
 use credwatch_common::{path_flag, KernelOffsets, ResolvedPath, MAX_PATH_COMPONENTS, MAX_RESOLVED_PATH};
 
 use crate::{
-    file::{fd_file, Location},
+    file::fd_file,
     helpers::{checked, read, Res},
     syscall::AT_FDCWD,
+    values::Location,
 };
 
 /// A dentry name is at most NAME_MAX (255) bytes plus its NUL.

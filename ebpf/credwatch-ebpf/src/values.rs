@@ -8,6 +8,14 @@ use credwatch_common::{
     MODULE_KEY_LEN,
 };
 
+/// What a `struct path` holds: the mount and the dentry (`path_mnt`, then `path_dentry`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct Location {
+    pub(crate) vfsmount: u64,
+    pub(crate) dentry: u64,
+}
+
 /// Power-of-two sizes of [`Scratch`]'s buffers, so that masked indexes stay inside them.
 pub(crate) const SCRATCH_NAME: usize = 1024;
 pub(crate) const SCRATCH_ARGS: usize = 512;
@@ -52,8 +60,11 @@ pub(crate) struct OpenScratch {
     pub(crate) tail: [u8; MAX_GIVEN_PATH + MAX_RESOLVED_PATH],
     /// See [`crate::helpers::launder`].
     pub(crate) slot: u64,
-    /// The opened file's mount, for its repeat key (see `open::repeat_key`); 0 without a file.
-    pub(crate) mount: u64,
+    /// Where the opened file is, for its path walk and its repeat key (see `open::repeat_key`);
+    /// zeros without a file. Here rather than on the stack: read back from a map value it is
+    /// unknown to the verifier, which then walks the path once per call site, not once more
+    /// for each thing it knew of it (zero, checked non-zero).
+    pub(crate) at: Location,
 }
 
 /// Per-CPU room to find the manager of an exec (see `SCRATCH`).
