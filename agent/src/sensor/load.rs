@@ -566,9 +566,11 @@ fn open_object(
         let loader = scope.spawn(move || {
             // The verifier takes the level as a constant and drops the log calls above it.
             let level = kernel_log::level_byte();
+            // aya 0.14 parses the kernel's BTF here whatever is asked after (`btf(None)` drops
+            // it): begun at once, that parse runs beside credwatch's own instead of after it.
+            let mut loader = EbpfLoader::new();
             // Two offsets from the BTF parse below: the load waits for it.
             let globals = globals_received.recv().unwrap_or_default();
-            let mut loader = EbpfLoader::new();
             loader.btf(None).override_global(aya_log::LEVEL, &level, true);
             let _stand_in = globals.prepare(&mut loader)?;
             for (name, size) in options.map_sizes.iter() {
