@@ -2,7 +2,14 @@
 //! against the budget in `xtask/budget.toml` (which says how each figure is measured). A figure
 //! over its limit fails the bench, after the report is written.
 
-use std::{fs, os::unix::fs::symlink, path::Path, process::Command, thread, time::Duration};
+use std::{
+    fs,
+    os::unix::fs::symlink,
+    path::Path,
+    process::Command,
+    thread,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context, Result};
 use serde::Deserialize;
@@ -19,6 +26,27 @@ use super::{
 pub const BUDGET_FILE: &str = "xtask/budget.toml";
 /// Past start-up before the idle window: the first rescans and the first canary (as `idle`).
 const SETTLE: Duration = Duration::from_secs(6);
+
+/// A tracefs file whose read takes the kernel's `event_mutex`, as attaching a tracepoint does.
+const EVENT_FORMAT: &str = "/sys/kernel/tracing/events/syscalls/sys_enter_openat/format";
+
+/// Waits until the kernel has finished detaching the previous agent's tracepoints. It does that
+/// after the agent is gone, holding `event_mutex` through an RCU grace period per tracepoint
+/// (55-75 ms each here, 1.6 s for an agent's), and an agent starting meanwhile waits for that
+/// mutex in `perf_event_open`: 1 s after a stop, 4 of 8 starts took 60-160 ms longer. Each round
+/// starts as on a machine where no agent was just stopped.
+fn wait_for_tracepoints_detached() {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut uncontended = 0;
+    while uncontended < 3 && Instant::now() < deadline {
+        let began = Instant::now();
+        if fs::read(EVENT_FORMAT).is_err() {
+            return;
+        }
+        uncontended = if began.elapsed() < Duration::from_millis(5) { uncontended + 1 } else { 0 };
+        thread::sleep(Duration::from_millis(100));
+    }
+}
 
 /// The limits of `xtask/budget.toml`.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq)]
@@ -153,6 +181,7 @@ fn round(ctx: &Ctx, rules: &Path, driver: &Path, idle: Duration, flood: u64) -> 
         .env_remove("CREDWATCH_BENCH_STATUS")
         .env_remove("RUST_BACKTRACE")
         .env_remove("RUST_LIB_BACKTRACE");
+    wait_for_tracepoints_detached();
     let (agent, _, start_ms) = start_watch_with(ctx, &mut command)?;
     thread::sleep(SETTLE);
     let before = usage(agent.pid())?;
