@@ -476,7 +476,7 @@ impl Sensor {
             Vec::new()
         };
         // Both parses of the kernel's BTF are done with: dropped before the verifier's wait, and
-        // before the rings are mapped (9 MiB resident at once), so that they do not add to the
+        // before the rings are mapped (4.5 MiB resident at once), so that they do not add to the
         // start-up peak.
         drop(btf);
         drop(aya_btf);
