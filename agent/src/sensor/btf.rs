@@ -192,19 +192,17 @@ pub struct Btf {
 }
 
 fn u16_at(data: &[u8], at: usize) -> Result<u16, BtfError> {
-    data.get(at..at + 2).map(|b| u16::from_le_bytes([b[0], b[1]])).ok_or_else(|| BtfError::Malformed("truncated"))
+    data.get(at..at + 2).map(|b| u16::from_le_bytes([b[0], b[1]])).ok_or(BtfError::Malformed("truncated"))
 }
 
 fn u32_at(data: &[u8], at: usize) -> Result<u32, BtfError> {
-    data.get(at..at + 4)
-        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .ok_or_else(|| BtfError::Malformed("truncated"))
+    data.get(at..at + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).ok_or(BtfError::Malformed("truncated"))
 }
 
 /// The NUL-terminated string at `offset` of `strings`, without its NUL.
 fn str_at(strings: &[u8], offset: u32) -> Result<&[u8], BtfError> {
-    let tail = strings.get(offset as usize..).ok_or_else(|| BtfError::Malformed("string offset out of range"))?;
-    let end = tail.iter().position(|&b| b == 0).ok_or_else(|| BtfError::Malformed("unterminated string"))?;
+    let tail = strings.get(offset as usize..).ok_or(BtfError::Malformed("string offset out of range"))?;
+    let end = tail.iter().position(|&b| b == 0).ok_or(BtfError::Malformed("unterminated string"))?;
     Ok(&tail[..end])
 }
 
