@@ -733,6 +733,7 @@ pub fn watch_machine(config: &Config, layers: Layers, local_alerts: bool) -> Res
     }
     let managers = session.engine.rules().kernel_roots();
     session.live.queued = session.live.sensor.seed(&managers).context("seeding running package trees from /proc")?;
+    session.live.sensor.count_stops_from_now();
     let (rules, startup_ms) = (session.engine.rules().rules().len(), session.started.elapsed().as_millis() as u64);
     info!(rules, startup_ms, "watching package trees ({rules} rules) after {startup_ms} ms; Ctrl-C to stop");
     resident::release_after_loading();

@@ -76,6 +76,13 @@ impl Sensor {
         Ok(())
     }
 
+    /// From now on a stop of the agent is a gap (see [`STOPPED_GAP`]), as if the rings had just
+    /// been read: `watch` says so once it is watching, before its first read, so that an agent
+    /// stopped right after start-up still reports the stop.
+    pub fn count_stops_from_now(&mut self) {
+        self.last_read = Some((Instant::now(), boot_ns()));
+    }
+
     /// Now in the events' clock (their `time_ns`: boot time as wall-clock time).
     pub fn now_ns(&self) -> u64 {
         self.decoder.wall_ns(boot_ns())
