@@ -34,7 +34,7 @@ fn release_clean_binary_pages() -> io::Result<()> {
             releasable.extend(current.take().filter(Mapping::is_clean));
             current = (mapping.is_file(exe.dev(), exe.ino()) && !mapping.writable).then_some(mapping);
         } else if let (Some(mapping), Some(kb)) = (current.as_mut(), line.strip_prefix("Anonymous:")) {
-            mapping.private_kb = kb.trim().trim_end_matches("kB").trim().parse().ok();
+            mapping.private_kb = kilobytes(kb);
         }
     }
     releasable.extend(current.filter(Mapping::is_clean));
@@ -47,6 +47,11 @@ fn release_clean_binary_pages() -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The figure of a smaps field's value (`      12 kB`).
+fn kilobytes(value: &str) -> Option<u64> {
+    value.trim().trim_end_matches("kB").trim().parse().ok()
 }
 
 /// One mapping of /proc/self/smaps.
@@ -125,9 +130,9 @@ mod tests {
                 if let Some(mapping) = Mapping::parse_header(line) {
                     in_exe = mapping.is_file(exe.dev(), exe.ino()) && !mapping.writable;
                 } else if let (true, Some(kb)) = (in_exe, line.strip_prefix("Rss:")) {
-                    resident += kb.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap();
+                    resident += kilobytes(kb).unwrap();
                 } else if let (true, Some(kb)) = (in_exe, line.strip_prefix("Anonymous:")) {
-                    private += kb.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap();
+                    private += kilobytes(kb).unwrap();
                 }
             }
             (resident, private)

@@ -44,11 +44,8 @@ impl TryFrom<String> for Pattern {
 }
 
 impl Pattern {
-    /// The glob to add to a set (a `~/` pattern's is relative to the home).
-    fn glob(&self) -> Glob {
-        self.parse().expect("checked when the pattern was read")
-    }
-
+    /// The glob to add to a set (a `~/` pattern's is relative to the home); checked when the
+    /// pattern was read.
     fn parse(&self) -> Result<Glob, globset::Error> {
         let body = match self.anchor {
             Anchor::Home => &self.text[2..],
@@ -174,11 +171,11 @@ impl AnchoredSets {
             for pattern in patterns {
                 match pattern.anchor {
                     Anchor::Home => {
-                        home.add(pattern.glob());
+                        home.add(pattern.parse()?);
                         home_rules.push(rule);
                     }
                     Anchor::Absolute => {
-                        absolute.add(pattern.glob());
+                        absolute.add(pattern.parse()?);
                         absolute_rules.push(rule);
                     }
                 }
@@ -212,8 +209,8 @@ fn split(patterns: &[Pattern]) -> Result<(GlobSet, GlobSet), globset::Error> {
     let mut absolute = GlobSetBuilder::new();
     for pattern in patterns {
         match pattern.anchor {
-            Anchor::Home => home.add(pattern.glob()),
-            Anchor::Absolute => absolute.add(pattern.glob()),
+            Anchor::Home => home.add(pattern.parse()?),
+            Anchor::Absolute => absolute.add(pattern.parse()?),
         };
     }
     Ok((home.build()?, absolute.build()?))
